@@ -1,0 +1,72 @@
+"""Service settings: every default in one place, overridable by ``PRORL_*`` environment variables.
+
+A TOML file named by ``PRORL_CONFIG_FILE`` may set the same fields (lower-case names, no prefix);
+environment variables win over the file, the file wins over the defaults below.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import tomllib
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _file_values() -> dict[str, Any]:
+    path = os.environ.get("PRORL_CONFIG_FILE")
+    if not path:
+        return {}
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRORL_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0",
+                           description="Broker and job store. The result backend uses the next db.")
+    result_url: str | None = Field(None, description="Result backend URL; default: redis_url with db+1.")
+
+    init_budget_s: float = Field(300.0, description="Time budget of the init stage, seconds.")
+    run_budget_s: float = Field(1800.0, description="Time budget of the run stage, seconds.")
+    eval_budget_s: float = Field(1200.0, description="Time budget of the eval stage, seconds.")
+    action_timeout_s: float = Field(120.0, description="Default timeout of one sandbox command.")
+
+    stage_lease_s: float = Field(30.0, description="Expiry of a running stage's lease; renewed every third of it.")
+    stage_max_attempts: int = Field(3, description="Deliveries of one stage before the job ends failed.")
+    sweep_interval_s: float = Field(15.0, description="Period of the beat sweep.")
+
+    worker_concurrency: int = Field(32, description="Threads per stage worker (stages wait on I/O).")
+    result_expires_s: int = Field(86400, description="How long Celery keeps task results.")
+    job_ttl_s: int = Field(7 * 86400, description="How long a finished job record is kept.")
+
+    sandbox_runtime: str = Field("local", description="Default sandbox runtime when the instance names none.")
+    sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")
+    sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")
+    host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")
+    output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
+
+    api_token: str | None = Field(None, description="Bearer token the API requires (none: open on loopback).")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (init_settings, env_settings, lambda: _file_values())
+
+    @property
+    def backend_url(self) -> str:
+        if self.result_url:
+            return self.result_url
+        base, _, db = self.redis_url.rpartition("/")
+        return f"{base}/{int(db) + 1}" if db.isdigit() else f"{self.redis_url.rstrip('/')}/1"
+
+    @property
+    def largest_budget_s(self) -> float:
+        return max(self.init_budget_s, self.run_budget_s, self.eval_budget_s)
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,25 @@
+"""The HTTP API: ``create_app()`` builds it; one blueprint per area."""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+
+from config.settings import get_settings
+
+
+def create_app(test_config: dict[str, Any] | None = None) -> Flask:
+    from flask_api import errors, health, jobs
+    from prorl_celery.connections import get_store
+
+    app = Flask(__name__)
+    settings = get_settings()
+    app.config.from_mapping(MAX_CONTENT_LENGTH=64 * 1024 * 1024, API_TOKEN=settings.api_token,
+                            WAIT_MAX_S=600.0)
+    if test_config:
+        app.config.from_mapping(test_config)
+    app.extensions["prorl_store"] = get_store()
+    errors.init_app(app)
+    app.register_blueprint(jobs.bp)
+    app.register_blueprint(health.bp)
+    return app

@@ -1,0 +1,66 @@
+"""Errors as JSON: ``{"error": {"type", "message", "field"?}}`` with a stable ``type``."""
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from flask import Flask, Response, current_app, jsonify, request
+from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException
+
+from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, ProrlError, UnknownJob
+
+log = logging.getLogger(__name__)
+_STATUS = {InvalidRequest: 400, UnknownJob: 404, JobAlreadyTerminal: 409}
+
+
+def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
+    return jsonify({"error": {"type": type_, "message": message, **extra}}), status
+
+
+def parse_body(model: type[BaseModel]) -> BaseModel:
+    """The request's JSON body validated against ``model``; InvalidRequest names the field."""
+    data = request.get_json(silent=True)
+    if data is None:
+        raise InvalidRequest("the body must be a JSON document (Content-Type: application/json)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or None
+        raise InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field) from None
+
+
+def _handle_prorl(exc: ProrlError):
+    status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
+    body = exc.to_dict()
+    if isinstance(exc, JobAlreadyTerminal):
+        body["status"] = exc.status
+    return jsonify({"error": body}), status
+
+
+def _handle_http(exc: HTTPException):
+    return error_response(exc.code or 500, exc.name.lower().replace(" ", "_"), exc.description or "")
+
+
+def _handle_other(exc: Exception):
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _check_token():
+    token = current_app.config.get("API_TOKEN")
+    if not token or request.path == "/healthz":
+        return None
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given, token):
+        return error_response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' is required")
+    return None
+
+
+def init_app(app: Flask) -> None:
+    app.register_error_handler(ProrlError, _handle_prorl)
+    app.register_error_handler(HTTPException, _handle_http)
+    app.register_error_handler(Exception, _handle_other)
+    app.before_request(_check_token)

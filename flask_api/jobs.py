@@ -1,0 +1,69 @@
+"""Jobs: submit (one or a batch), read, wait for, cancel."""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, current_app, jsonify, request
+
+from flask_api.errors import parse_body
+from prorl_celery.errors import InvalidRequest, UnknownJob
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import BatchRequest, JobRequest
+from tasks.chain import cancel, submit
+
+bp = Blueprint("jobs", __name__)
+
+
+def _store() -> JobStore:
+    return current_app.extensions["prorl_store"]
+
+
+def _view(job_id: str) -> dict:
+    record = _store().get(job_id)
+    if record is None:
+        raise UnknownJob(job_id)
+    return record.view().model_dump(mode="json")
+
+
+@bp.post("/jobs")
+def submit_jobs():
+    body = request.get_json(silent=True)
+    model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest
+    parsed = parse_body(model)
+    requests = parsed.jobs if isinstance(parsed, BatchRequest) else [parsed]
+    ids = [req.job_id for req in requests if req.job_id]
+    if len(ids) != len(set(ids)):
+        raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
+    return jsonify({"job_ids": submit(_store(), requests)}), 202
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    return jsonify(_view(job_id))
+
+
+@bp.get("/jobs/<job_id>/wait")
+def wait_job(job_id: str):
+    try:
+        timeout = float(request.args.get("timeout", "30"))
+    except ValueError:
+        raise InvalidRequest("timeout must be a number of seconds", field="timeout") from None
+    if not 0 <= timeout <= current_app.config["WAIT_MAX_S"]:
+        raise InvalidRequest(f"timeout must be within 0..{current_app.config['WAIT_MAX_S']}",
+                             field="timeout")
+    store, deadline, pause = _store(), time.monotonic() + timeout, 0.005
+    while True:
+        status = store.status(job_id)
+        if status is None:
+            raise UnknownJob(job_id)
+        if status.terminal or time.monotonic() >= deadline:
+            break
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 1.5, 0.1)
+    return jsonify(_view(job_id)), 200 if status.terminal else 202
+
+
+@bp.delete("/jobs/<job_id>")
+def cancel_job(job_id: str):
+    record = cancel(_store(), job_id)
+    return jsonify(record.view().model_dump(mode="json"))

@@ -1,0 +1,7 @@
+"""The Celery application: ``celery -A prorl_celery worker -Q run`` finds it here."""
+from __future__ import annotations
+
+from celery import Celery
+
+app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep"])
+app.config_from_object("config.celeryconfig")

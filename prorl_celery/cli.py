@@ -1,0 +1,95 @@
+"""``prorl-celery``: run the service (``up``), or one of its parts (``api``, ``sandbox-host``)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+
+def _cmd_api(args: argparse.Namespace) -> int:
+    import waitress
+
+    from flask_api import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"api listening on http://{args.host}:{args.port}", flush=True)
+    waitress.serve(create_app(), host=args.host, port=args.port, threads=args.threads,
+                   channel_timeout=900, ident="prorl-celery")
+    return 0
+
+
+def _cmd_sandbox_host(args: argparse.Namespace) -> int:
+    from sandboxes import host
+
+    return host.main(args) or 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from prorl_celery.launcher import Stack, StackOptions
+
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-"))
+    stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
+                               port=args.port))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"starting prorl-celery (state and logs in {state_dir}) ...", flush=True)
+    try:
+        stack.start()
+        print(f"redis   {stack.redis_url}", flush=True)
+        print(f"api     {stack.api_url}", flush=True)
+        print("ready", flush=True)
+        if args.demo:
+            from prorl_celery.demo import run_demo
+
+            run_demo(stack.api_url, stop)
+            if not args.stay:
+                return 0
+        stop.wait()
+    finally:
+        print("stopping ...", flush=True)
+        stack.stop()
+        print("stopped", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prorl-celery", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start Redis (unless given), sandbox host, workers, beat and the API")
+    up.add_argument("--host", default="127.0.0.1", help="interface the API listens on")
+    up.add_argument("--port", type=int, default=8000, help="API port (0: any free port)")
+    up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    up.add_argument("--state-dir", default=os.environ.get("PRORL_STATE_DIR"),
+                    help="where the private Redis keeps its data and where logs go")
+    up.add_argument("--demo", action="store_true", help="submit a handful of jobs and show them run")
+    up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
+    up.set_defaults(func=_cmd_up)
+
+    api = sub.add_parser("api", help="serve the HTTP API (needs PRORL_REDIS_URL)")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument("--threads", type=int, default=64, help="concurrent requests (long polls hold one)")
+    api.set_defaults(func=_cmd_api)
+
+    from sandboxes import host
+
+    box = sub.add_parser("sandbox-host", help="serve sandboxes on this node")
+    host.add_arguments(box)
+    box.set_defaults(func=_cmd_sandbox_host)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Exceptions raised inside the service.
+
+Task-level outcomes (a command exits 1, a test fails, a wrong answer) are data in the result, not
+exceptions. What follows is for infrastructure faults and bad input::
+
+    ProrlError
+    ├── InvalidRequest(ValueError)        bad input from a client; carries the field
+    ├── UnknownJob(KeyError)              no such job id
+    ├── JobAlreadyTerminal                the job ended before the operation could act
+    ├── JobCancelled                      raised inside a stage when its job was cancelled
+    ├── StageBudgetExceeded(TimeoutError) a stage ran past its time budget
+    ├── UnknownPlugin(LookupError)        a handler or runtime name that is not registered
+    └── SandboxError                      a sandbox or sandbox host failed
+        ├── NoSandboxCapacity             every live host is full (retried by init)
+        └── SandboxGone                   the sandbox no longer exists (lease lapsed, host died)
+"""
+from __future__ import annotations
+
+
+class ProrlError(Exception):
+    """Root of every exception the service raises on purpose."""
+
+    type: str = "error"
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "message": str(self)}
+
+
+class InvalidRequest(ProrlError, ValueError):
+    type = "invalid_request"
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if self.field:
+            out["field"] = self.field
+        return out
+
+
+class UnknownJob(ProrlError, KeyError):
+    type = "not_found"
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return f"unknown job id {self.args[0]!r}"
+
+
+class JobAlreadyTerminal(ProrlError):
+    type = "conflict"
+
+    def __init__(self, job_id: str, status: str):
+        super().__init__(f"job {job_id!r} already ended with status {status!r}")
+        self.job_id = job_id
+        self.status = status
+
+
+class JobCancelled(ProrlError):
+    type = "cancelled"
+
+
+class StageBudgetExceeded(ProrlError, TimeoutError):
+    type = "timeout"
+
+
+class UnknownPlugin(ProrlError, LookupError):
+    type = "unknown_plugin"
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class SandboxError(ProrlError):
+    type = "sandbox"
+
+
+class NoSandboxCapacity(SandboxError):
+    type = "no_sandbox_capacity"
+
+
+class SandboxGone(SandboxError):
+    type = "sandbox_gone"

@@ -1,0 +1,193 @@
+"""The job store: one Redis hash per job, changed only through compare-and-set scripts.
+
+Fields of the hash: ``job_id status stage_state data_source group_id instance sampling_params
+sandbox state result workers attempts error`` (JSON where structured) and the timing fields
+``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s`` (seconds, floats).
+
+``status`` is one :class:`JobStatus`. While a stage executes, ``status`` names it and
+``stage_state`` is ``running``; once it finished, ``stage_state`` is ``done`` until the next stage
+starts. A terminal status is final: the scripts refuse any change to a terminal job.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable
+
+import redis
+from pydantic import BaseModel, Field
+
+from prorl_celery import keys
+from prorl_celery.models import JobRequest, JobResult, JobView, Timings
+from prorl_celery.status import TERMINAL, JobStatus
+
+_JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts", "error")
+_TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
+
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('SADD', KEYS[2], ARGV[1])
+if KEYS[3] ~= '' then
+  redis.call('SADD', KEYS[3], ARGV[1])
+  redis.call('EXPIRE', KEYS[3], %(ttl)d)
+end
+return 1
+"""
+
+# ARGV: allowed sources (csv, '' = any), target ('' = keep), required stage_state ('' = any),
+#       status-set prefix, counts key, ttl for terminal records, then field/value pairs.
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {0, ''} end
+local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. ',', 1, true) end
+if member('%(terminal)s', cur) then return {0, cur} end
+if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
+local target = ARGV[2]
+if target == '' then target = cur end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if target ~= cur then
+  local id = redis.call('HGET', KEYS[1], 'job_id')
+  redis.call('HSET', KEYS[1], 'status', target)
+  redis.call('SREM', ARGV[4] .. cur, id)
+  if member('%(terminal)s', target) then
+    redis.call('HINCRBY', ARGV[5], target, 1)
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+  else
+    redis.call('SADD', ARGV[4] .. target, id)
+  end
+end
+return {1, target}
+"""
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class JobRecord(BaseModel):
+    """A job as stored, decoded."""
+
+    job_id: str
+    status: JobStatus
+    stage_state: str = ""
+    data_source: str
+    group_id: str | None = None
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    sandbox: dict[str, Any] | None = None
+    state: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    workers: dict[str, str] = Field(default_factory=dict)
+    attempts: dict[str, int] = Field(default_factory=dict)
+    t_created: float
+    t_enqueued: float = 0.0
+    t_finished: float = 0.0
+    t_stage_start: float = 0.0
+    queue_s: float = 0.0
+    init_s: float = 0.0
+    run_s: float = 0.0
+    eval_s: float = 0.0
+
+    @property
+    def stage(self) -> str | None:
+        return None if self.status is JobStatus.QUEUED or self.status.terminal else self.status.value
+
+    def timings(self) -> Timings:
+        end = self.t_finished or time.time()
+        return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,
+                       total=round(end - self.t_created, 6))
+
+    def view(self) -> JobView:
+        return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,
+                       data_source=self.data_source, timings=self.timings(), workers=self.workers,
+                       result=JobResult.model_validate(self.result) if self.result else None)
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, job_ttl_s: int = 7 * 86400):
+        self.redis = client
+        self.job_ttl_s = job_ttl_s
+        self._create = client.register_script(_CREATE % {"ttl": job_ttl_s})
+        self._transition = client.register_script(_TRANSITION % {"terminal": _TERMINAL_CSV})
+
+    # -- creation -------------------------------------------------------------------------
+    def create_many(self, requests: Iterable[tuple[str, JobRequest]]) -> list[bool]:
+        """Store new jobs as ``queued``; returns, per job, whether it was new."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = time.time()
+        for job_id, req in requests:
+            fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": "",
+                      "data_source": req.instance["data_source"], "group_id": req.group_id or "",
+                      "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
+                      "t_created": now, "t_enqueued": now}
+            flat = [job_id] + [x for kv in fields.items() for x in kv]
+            group_key = keys.group(req.group_id) if req.group_id else ""
+            self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key],
+                         args=flat, client=pipe)
+        return [bool(x) for x in pipe.execute()]
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, job_id: str) -> JobRecord | None:
+        raw = self.redis.hgetall(keys.job(job_id))
+        return _decode(raw) if raw else None
+
+    def status(self, job_id: str) -> JobStatus | None:
+        value = self.redis.hget(keys.job(job_id), "status")
+        return JobStatus(value.decode() if isinstance(value, bytes) else value) if value else None
+
+    def ids_in(self, status: JobStatus) -> list[str]:
+        return sorted(_text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))
+
+    def group_ids(self, group_id: str) -> list[str]:
+        return sorted(_text(x) for x in self.redis.smembers(keys.group(group_id)))
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per status: live sets for active ones, counters for terminal ones."""
+        pipe = self.redis.pipeline(transaction=False)
+        active = [s for s in JobStatus if not s.terminal]
+        for status in active:
+            pipe.scard(keys.jobs_by_status(status.value))
+        pipe.hgetall(keys.job_counts())
+        *sizes, ended = pipe.execute()
+        out = {s.value: n for s, n in zip(active, sizes)}
+        out.update({s.value: 0 for s in TERMINAL})
+        out.update({_text(k): int(v) for k, v in ended.items()})
+        return out
+
+    # -- changing -------------------------------------------------------------------------
+    def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] = (),
+                   require_state: str = "", **fields: Any) -> tuple[bool, JobStatus | None]:
+        """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
+        not terminal, its status is one of ``sources`` (empty: any) and, if given, its
+        ``stage_state`` equals ``require_state``. Returns (changed, status after the call)."""
+        args = [",".join(s.value for s in sources), target.value if target else "", require_state,
+                keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s]
+        for name, value in fields.items():
+            args += [name, _dump(value) if name in _JSON_FIELDS else value]
+        ok, status = self._transition(keys=[keys.job(job_id)], args=args)
+        status = _text(status)
+        return bool(ok), JobStatus(status) if status else None
+
+    def update(self, job_id: str, **fields: Any) -> bool:
+        """Set fields on a job that is still active; False once it is terminal (or unknown)."""
+        return self.transition(job_id, None, **fields)[0]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decode(raw: dict) -> JobRecord:
+    data: dict[str, Any] = {}
+    for key, value in raw.items():
+        key, value = _text(key), _text(value)
+        if key in _JSON_FIELDS:
+            data[key] = json.loads(value) if value else None
+        else:
+            data[key] = value
+    data["group_id"] = data.get("group_id") or None
+    for name in ("state", "workers", "attempts"):
+        data[name] = data.get(name) or {}
+    return JobRecord.model_validate(data)

@@ -1,0 +1,43 @@
+"""Every Redis key the service uses, built in one place.
+
+All keys share the prefix ``prorl:`` so that one Redis can host the service beside other users,
+and a scratch database can be wiped by pattern.
+"""
+from __future__ import annotations
+
+PREFIX = "prorl"
+
+
+def job(job_id: str) -> str:
+    """Hash: the job record (status, stage, instance, timings, result ...)."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def stage_lease(job_id: str) -> str:
+    """String with a TTL: held by the worker running the job's current stage."""
+    return f"{PREFIX}:job:{job_id}:lease"
+
+
+def jobs_by_status(status: str) -> str:
+    """Set of job ids currently in ``status``."""
+    return f"{PREFIX}:status:{status}"
+
+
+def group(group_id: str) -> str:
+    """Set of job ids submitted with ``group_id``."""
+    return f"{PREFIX}:group:{group_id}"
+
+
+def hosts() -> str:
+    """Sorted set: sandbox host id -> time of its last heartbeat."""
+    return f"{PREFIX}:hosts"
+
+
+def host(host_id: str) -> str:
+    """Hash: a sandbox host's address, token, runtimes, capacity and live count."""
+    return f"{PREFIX}:host:{host_id}"
+
+
+def job_counts() -> str:
+    """Hash: terminal status -> number of jobs that ended in it."""
+    return f"{PREFIX}:counts"

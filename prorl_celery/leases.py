@@ -1,0 +1,93 @@
+"""Leases: Redis keys with an expiry that their holder renews while it lives.
+
+One renewal thread per process keeps every lease the process holds; when the process dies the
+keys lapse, which is how the sweep learns that a stage's worker is gone.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import redis
+
+log = logging.getLogger(__name__)
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    def __init__(self, client: redis.Redis, key: str, ttl_s: float, owner: str = ""):
+        self.redis = client
+        self.key = key
+        self.ttl_ms = max(int(ttl_s * 1000), 100)
+        self.token = f"{owner}:{uuid.uuid4().hex}"
+
+    def acquire(self) -> bool:
+        if not self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            return False
+        _keeper().hold(self)
+        return True
+
+    def renew(self) -> bool:
+        return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+
+    def release(self) -> None:
+        _keeper().drop(self)
+        try:
+            self.redis.eval(_RELEASE, 1, self.key, self.token)
+        except redis.RedisError:
+            log.warning("could not release lease %s; it will lapse", self.key)
+
+
+class _Keeper(threading.Thread):
+    """Renews held leases every third of their expiry."""
+
+    def __init__(self) -> None:
+        super().__init__(name="lease-keeper", daemon=True)
+        self.leases: dict[str, Lease] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+
+    def hold(self, lease: Lease) -> None:
+        with self.lock:
+            self.leases[lease.token] = lease
+        self.wake.set()
+
+    def drop(self, lease: Lease) -> None:
+        with self.lock:
+            self.leases.pop(lease.token, None)
+
+    def run(self) -> None:
+        while True:
+            with self.lock:
+                held = list(self.leases.values())
+            period = min((lease.ttl_ms for lease in held), default=3000) / 3000
+            for lease in held:
+                try:
+                    if not lease.renew():
+                        log.warning("lease %s was lost before renewal", lease.key)
+                except redis.RedisError as exc:
+                    log.warning("lease renewal failed: %s", exc)
+            self.wake.wait(period)
+            self.wake.clear()
+
+
+_the_keeper: _Keeper | None = None
+_keeper_lock = threading.Lock()
+
+
+def _keeper() -> _Keeper:
+    global _the_keeper
+    with _keeper_lock:
+        if _the_keeper is None or not _the_keeper.is_alive():
+            _the_keeper = _Keeper()
+            _the_keeper.start()
+        return _the_keeper

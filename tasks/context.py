@@ -1,0 +1,102 @@
+"""What a handler sees while one of its stages runs."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prorl_celery.errors import JobCancelled, NoSandboxCapacity, StageBudgetExceeded
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.status import JobStatus
+from sandboxes.base import SandboxHandle, SandboxSpec
+
+
+class StageContext:
+    """One stage of one job: its record, its budget, its sandbox, and a place to keep state.
+
+    ``state`` is saved to the job store by :meth:`save`, so a stage that is delivered again after
+    its worker died starts from the last saved state.
+    """
+
+    def __init__(self, store: JobStore, record: JobRecord, stage: JobStatus, budget_s: float,
+                 resumed: bool = False):
+        self.store = store
+        self.record = record
+        self.stage = stage
+        self.resumed = resumed
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
+        self.state: dict[str, Any] = dict(record.state)
+        self._sandbox = None
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def instance(self) -> dict[str, Any]:
+        return self.record.instance
+
+    @property
+    def sampling_params(self) -> dict[str, Any]:
+        return self.record.sampling_params
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def check(self) -> None:
+        """Raise if the job was cancelled (or ended elsewhere) or the stage ran out of budget."""
+        status = self.store.status(self.job_id)
+        if status is None or status.terminal:
+            raise JobCancelled(f"job {self.job_id} ended ({status}) while in {self.stage}")
+        if self.remaining() <= 0:
+            raise StageBudgetExceeded(f"{self.stage} stage exceeded its budget")
+
+    def save(self) -> None:
+        """Persist ``state``; raises :class:`JobCancelled` if the job ended meanwhile."""
+        if not self.store.update(self.job_id, state=self.state):
+            raise JobCancelled(f"job {self.job_id} ended while in {self.stage}")
+
+    # -- sandbox --------------------------------------------------------------------------
+    def open_sandbox(self, spec: SandboxSpec):
+        """Start a sandbox on the least-loaded live host and record its handle in the job.
+
+        A full cluster is waited out (cancellable) until the stage budget ends."""
+        from sandboxes.client import close_handle, open_sandbox
+
+        self.close_sandbox()  # a redelivered init must not leave the first attempt's sandbox
+        pause = 0.2
+        while True:
+            self.check()
+            try:
+                box = open_sandbox(self.store.redis, spec, self.job_id)
+                break
+            except NoSandboxCapacity:
+                if self.remaining() < pause:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+        handle = box.handle.model_dump()
+        if not self.store.update(self.job_id, sandbox=handle):
+            close_handle(box.handle)
+            raise JobCancelled(f"job {self.job_id} ended while its sandbox started")
+        self.record.sandbox = handle
+        self._sandbox = box
+        return box
+
+    def close_sandbox(self) -> None:
+        """Close the job's sandbox if it has one; closing twice is harmless."""
+        from sandboxes.client import close_handle
+
+        if self.record.sandbox:
+            close_handle(SandboxHandle.model_validate(self.record.sandbox))
+
+    @property
+    def sandbox(self):
+        """The job's sandbox, driven by its handle (it may live on another node)."""
+        from sandboxes.client import RemoteSandbox
+
+        if self._sandbox is None:
+            if not self.record.sandbox:
+                raise RuntimeError("this job has no sandbox; open one in init")
+            self._sandbox = RemoteSandbox(SandboxHandle.model_validate(self.record.sandbox))
+        return self._sandbox

@@ -1,0 +1,39 @@
+"""The handler interface: one task domain's init, run and eval stages."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.context import StageContext
+
+
+class AgentHandler:
+    """A task domain. Subclass it, or point ``instance["data_source"]`` at any class with these
+    methods by dotted path (``"my_pkg.my_module:MyHandler"``).
+
+    Each stage may run on a different worker and node: whatever a later stage needs goes into
+    ``ctx.state`` (saved in the job store) or into the sandbox.
+    """
+
+    name: str = "base"
+
+    def init(self, ctx: StageContext) -> None:
+        """Prepare the job: open its sandbox, put the task's files in place."""
+
+    def run(self, ctx: StageContext) -> None:
+        """Do the rollout; call ``ctx.save()`` after each step so a redelivered run resumes."""
+
+    def eval(self, ctx: StageContext) -> dict[str, Any]:
+        """Score the rollout. Returns result fields, at least ``reward`` and ``resolved``."""
+        return {"reward": 0.0, "resolved": False}
+
+    def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Fields of the result derivable from the saved state; used for partial results too."""
+        return {}
+
+    def on_exception(self, ctx: StageContext, exc: BaseException) -> None:
+        """Called when a stage raised; by default the sandbox is closed."""
+        ctx.close_sandbox()
+
+    def finish(self, ctx: StageContext) -> None:
+        """Called after eval succeeded; by default the sandbox is closed."""
+        ctx.close_sandbox()

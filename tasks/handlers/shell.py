@@ -1,0 +1,55 @@
+"""The diagnostic ``shell`` domain: run a list of commands in one sandbox shell session.
+
+Instance: ``{"data_source": "shell", "commands": ["...", ...], "sandbox"?: {...},
+"timeout"?: seconds per command}``. Reward 1.0 when every command exited 0, else 0.0.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.settings import get_settings
+from sandboxes.base import SandboxSpec
+from tasks.context import StageContext
+from tasks.handlers.base import AgentHandler
+
+
+class ShellInstance(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    commands: list[str] = Field(default_factory=list, description="Commands, run in order.")
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec, description="Where they run.")
+    timeout: float | None = Field(None, description="Per-command timeout, seconds.")
+
+
+class ShellHandler(AgentHandler):
+    name = "shell"
+
+    def init(self, ctx: StageContext) -> None:
+        spec = ShellInstance.model_validate(ctx.instance).sandbox
+        ctx.open_sandbox(spec)
+        ctx.state["steps"] = []
+        ctx.save()
+
+    def run(self, ctx: StageContext) -> None:
+        instance = ShellInstance.model_validate(ctx.instance)
+        steps: list[dict[str, Any]] = ctx.state.setdefault("steps", [])
+        if ctx.resumed:
+            ctx.sandbox.interrupt()  # whatever the dead worker started may still be running
+        per_command = instance.timeout or get_settings().action_timeout_s
+        for command in instance.commands[len(steps):]:
+            ctx.check()
+            out = ctx.sandbox.exec(command, timeout=min(per_command, max(ctx.remaining(), 0.1)))
+            steps.append({"command": command, "exit_code": out.exit_code, "output": out.output,
+                          "timed_out": out.timed_out})
+            ctx.save()
+        ctx.check()
+
+    def eval(self, ctx: StageContext) -> dict[str, Any]:
+        steps = ctx.state.get("steps", [])
+        ok = all(step["exit_code"] == 0 for step in steps)
+        return {"reward": 1.0 if ok else 0.0, "resolved": ok, "finish_reason": "done"}
+
+    def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"steps": state.get("steps", [])}

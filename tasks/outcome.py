@@ -1,0 +1,58 @@
+"""Ending a job: the one place that builds the typed result and makes the job terminal."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prorl_celery.errors import UnknownPlugin
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.models import ErrorInfo, JobResult
+from prorl_celery.status import JobStatus
+
+log = logging.getLogger(__name__)
+
+
+def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] | None = None,
+                 critical_error: str | None = None, error: ErrorInfo | None = None,
+                 fields: dict[str, Any] | None = None, now: float | None = None) -> JobResult:
+    from tasks.handlers import get_handler
+
+    state = record.state if state is None else state
+    try:
+        partial = get_handler(record.data_source).result_fields(state)
+    except UnknownPlugin:
+        partial = {}
+    record.t_finished = now or time.time()
+    instance = record.instance
+    data = {**partial, **(fields or {})}
+    data.setdefault("filter", status is not JobStatus.COMPLETED)
+    return JobResult(job_id=record.job_id, status=status, critical_error=critical_error, error=error,
+                     timing=record.timings(), instance_id=_maybe_str(instance.get("instance_id")),
+                     trajectory_id=_maybe_int(instance.get("trajectory_id")), **data)
+
+
+def finish(store: JobStore, record: JobRecord, status: JobStatus, **kwargs: Any) -> JobResult | None:
+    """Make the job terminal with its result. Returns None if it had already ended."""
+    result = build_result(record, status, **kwargs)
+    ok, current = store.transition(record.job_id, status, result=result.model_dump(mode="json"),
+                                   t_finished=record.t_finished, **_stage_time(record))
+    if not ok:
+        log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
+        return None
+    return result
+
+
+def _stage_time(record: JobRecord) -> dict[str, float]:
+    return {f"{name}_s": getattr(record, f"{name}_s") for name in ("init", "run", "eval")}
+
+
+def _maybe_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _maybe_int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,160 @@
+"""The three stage tasks. Each takes only a job id; all state lives in the job store.
+
+A delivery first decides whether it should run at all (the job may have ended, the stage may be
+done already, or another delivery may hold the stage's lease), then runs the handler's stage
+under a lease, and records what happened. Every way out leaves the job either ready for the next
+stage or terminal with a typed result.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.celery_app import app
+from prorl_celery.connections import get_store
+from prorl_celery.errors import JobCancelled, ProrlError, SandboxError, StageBudgetExceeded
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.leases import Lease
+from prorl_celery.models import ErrorInfo
+from prorl_celery.status import JobStatus, stage_index
+from tasks.context import StageContext
+from tasks.handlers import get_handler
+from tasks.outcome import finish
+
+log = logging.getLogger(__name__)
+_PREVIOUS = {JobStatus.INIT: JobStatus.QUEUED, JobStatus.RUN: JobStatus.INIT, JobStatus.EVAL: JobStatus.RUN}
+
+
+def _budget(record: JobRecord, stage: JobStatus) -> float:
+    override = record.sampling_params.get(f"{stage.value}_budget_s")
+    return float(override) if override else getattr(get_settings(), f"{stage.value}_budget_s")
+
+
+def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool]:
+    """Take the stage's lease and mark it running. Raises Ignore for a delivery that must not run."""
+    if stage_index(record.status) > stage_index(stage):
+        raise Ignore()  # this stage is done already: a duplicate delivery
+    if record.status is stage and record.stage_state == "done":
+        raise Ignore()
+    if record.status is _PREVIOUS[stage] and record.stage_state == "running":
+        raise Ignore()  # the previous stage still runs; its chain will send us again
+    settings = get_settings()
+    lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
+                  owner=f"{stage.value}@{task.request.hostname}")
+    if not lease.acquire():
+        raise Ignore()  # another delivery of this job's stage is alive
+    resumed = record.status is stage
+    attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
+    now = time.time()
+    wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
+    ok, _ = store.transition(record.job_id, stage, sources=[_PREVIOUS[stage], stage],
+                             stage_state="running", attempts=attempts,
+                             workers={**record.workers, stage.value: task.request.hostname or "?"},
+                             queue_s=record.queue_s + wait, t_stage_start=now)
+    if not ok:
+        lease.release()
+        raise Ignore()
+    record.attempts, record.queue_s = attempts, record.queue_s + wait
+    return lease, resumed
+
+
+def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | None:
+    store = get_store()
+    record = store.get(job_id)
+    if record is None:
+        log.warning("%s: unknown job %s (expired?); nothing to do", stage, job_id)
+        return None
+    if record.status.terminal:
+        return record.result
+    lease, resumed = _admit(store, task, record, stage)
+    try:
+        limit = get_settings().stage_max_attempts
+        if resumed and record.attempts[stage.value] > limit:
+            StageContext(store, record, stage, 0).close_sandbox()
+            return _end(store, record, JobStatus.FAILED, stage, None, "worker_lost",
+                        f"{stage} was started {limit} times and never finished")
+        return _execute(store, record, stage, resumed)
+    finally:
+        lease.release()
+
+
+def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool) -> dict[str, Any] | None:
+    ctx = StageContext(store, record, stage, _budget(record, stage), resumed=resumed)
+    elapsed_field = f"{stage.value}_s"
+    try:
+        handler = get_handler(record.data_source)
+        outcome = getattr(handler, stage.value)(ctx)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
+        setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
+        return _fail(store, record, stage, ctx, exc)
+    setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
+    if stage is JobStatus.EVAL:
+        handler.finish(ctx)
+        result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {})
+        return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
+    ok, status = store.transition(record.job_id, None, sources=[stage], stage_state="done",
+                                  state=ctx.state, t_enqueued=time.time(),
+                                  **{elapsed_field: getattr(record, elapsed_field)})
+    if not ok:
+        ctx.close_sandbox()
+        return _current_result(store, record.job_id)
+    return {"job_id": record.job_id, "status": status.value, "stage_done": stage.value}
+
+
+def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContext,
+          exc: BaseException) -> dict[str, Any] | None:
+    try:
+        get_handler(record.data_source).on_exception(ctx, exc)
+    except Exception:  # noqa: BLE001 - cleanup must not hide the original failure
+        log.exception("on_exception of %s failed", record.data_source)
+        ctx.close_sandbox()
+    if isinstance(exc, JobCancelled):
+        return _current_result(store, record.job_id)
+    if isinstance(exc, StageBudgetExceeded):
+        return _end(store, record, JobStatus.TIMEOUT, stage, ctx.state, "timeout", str(exc),
+                    critical="timeout")
+    if not isinstance(exc, Exception):
+        raise exc  # SystemExit / KeyboardInterrupt: let the worker shut down; the lease lapses
+    critical = "sandbox" if isinstance(exc, SandboxError) else stage.value
+    etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
+    log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
+    return _end(store, record, JobStatus.FAILED, stage, ctx.state, etype, str(exc), critical=critical)
+
+
+def _end(store: JobStore, record: JobRecord, status: JobStatus, stage: JobStatus,
+         state: dict[str, Any] | None, etype: str, message: str, critical: str | None = None):
+    result = finish(store, record, status, state=state, critical_error=critical or stage.value,
+                    error=ErrorInfo(type=etype, message=message[:2000]), fields={"stage": stage.value})
+    return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
+
+
+def _current_result(store: JobStore, job_id: str) -> dict[str, Any] | None:
+    record = store.get(job_id)
+    return record.result if record else None
+
+
+@app.task(name="prorl.init", bind=True)
+def init(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
+    """Init stage: open the sandbox and prepare the task."""
+    return run_stage(self, JobStatus.INIT, job_id)
+
+
+@app.task(name="prorl.run", bind=True)
+def run(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
+    """Run stage: the rollout itself."""
+    return run_stage(self, JobStatus.RUN, job_id)
+
+
+@app.task(name="prorl.eval", bind=True)
+def eval_(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
+    """Eval stage: score the rollout and record the final result."""
+    return run_stage(self, JobStatus.EVAL, job_id)
+
+
+STAGE_TASKS = {JobStatus.INIT: init, JobStatus.RUN: run, JobStatus.EVAL: eval_}
