@@ -6,10 +6,11 @@ import time
 from flask import Blueprint, current_app, jsonify, request
 
 from flask_api.errors import parse_body
-from prorl_celery.errors import InvalidRequest, UnknownJob
+from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest
 from tasks.chain import cancel, submit
+from tasks.handlers import get_handler
 
 bp = Blueprint("jobs", __name__)
 
@@ -34,6 +35,11 @@ def submit_jobs():
     ids = [req.job_id for req in requests if req.job_id]
     if len(ids) != len(set(ids)):
         raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
+    for req in requests:
+        try:
+            get_handler(req.instance["data_source"])
+        except UnknownPlugin as exc:
+            raise InvalidRequest(str(exc), field="instance.data_source") from None
     return jsonify({"job_ids": submit(_store(), requests)}), 202
 
 

@@ -3,5 +3,5 @@ from __future__ import annotations
 
 from celery import Celery
 
-app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep"])
+app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep", "tasks.diagnostics"])
 app.config_from_object("config.celeryconfig")

@@ -102,6 +102,7 @@ class JobRecord(BaseModel):
     def view(self) -> JobView:
         return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,
                        data_source=self.data_source, timings=self.timings(), workers=self.workers,
+                       attempts=self.attempts,
                        result=JobResult.model_validate(self.result) if self.result else None)
 
 

@@ -66,8 +66,8 @@ class Stack:
         return child
 
     # -- the parts ------------------------------------------------------------------------
-    def start_redis(self) -> None:
-        port = free_port()
+    def start_redis(self, port: int | None = None) -> None:
+        port = port or free_port()
         data = self.state_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.options.persist \

@@ -92,4 +92,5 @@ class JobView(BaseModel):
     data_source: str
     timings: Timings
     workers: dict[str, str] = Field(default_factory=dict, description="Stage -> worker that ran it.")
+    attempts: dict[str, int] = Field(default_factory=dict, description="Stage -> times it was started.")
     result: JobResult | None = None

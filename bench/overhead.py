@@ -1,0 +1,90 @@
+"""Overhead of the service over bare Celery, measured side by side on the same Redis and workers.
+
+Ours: no-op rollouts (the shell handler running one ``true``: sandbox open, one command, close,
+result) submitted through the API in one batch and read back through it. Bare: a chain of three
+no-op tasks on the init, run and eval queues, sent with ``apply_async`` and read with ``get``.
+
+    python bench/overhead.py [--jobs 200] [--rounds 2]
+
+Last line: ``overhead_ratio=<ours/bare> p50_ms=<ours p50 submit-to-done>``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prorl_celery.procs import free_port  # noqa: E402
+
+os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+
+import requests  # noqa: E402
+from celery import chain  # noqa: E402
+
+from prorl_celery.celery_app import app  # noqa: E402
+from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+
+
+def ours(api: str, n: int) -> tuple[float, list[float]]:
+    jobs = [{"instance": {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}}
+            for _ in range(n)]
+    start = time.perf_counter()
+    ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=120).json()["job_ids"]
+    views = [requests.get(f"{api}/jobs/{i}/wait", params={"timeout": 300}, timeout=320).json() for i in ids]
+    elapsed = time.perf_counter() - start
+    assert all(v["status"] == "completed" for v in views), [v["status"] for v in views if v["status"] != "completed"][:3]
+    return n / elapsed, [v["timings"]["total"] * 1000 for v in views]
+
+
+def bare(n: int) -> tuple[float, list[float]]:
+    noop = app.signature("prorl.noop", immutable=True)
+    start = time.perf_counter()
+    sent = []
+    with app.producer_or_acquire() as producer:
+        for _ in range(n):
+            links = [noop.clone().set(queue=q, routing_key=q) for q in ("init", "run", "eval")]
+            sent.append((time.time(), chain(*links).apply_async(producer=producer)))
+    for _, result in sent:
+        result.get(timeout=300)
+    elapsed = time.perf_counter() - start
+    latencies = [(_utc(result.date_done) - t0) * 1000 for t0, result in sent]
+    return n / elapsed, latencies
+
+
+def _utc(moment: datetime) -> float:
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
+                           redis_url=None, beat=False, persist=False)
+    stack = Stack(options)
+    stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
+    with stack:
+        ours(stack.api_url, 10), bare(10)  # warm up both paths
+        rows = []
+        for _ in range(args.rounds):
+            rows.append((ours(stack.api_url, args.jobs), bare(args.jobs)))
+        ours_rate = statistics.median(r[0][0] for r in rows)
+        bare_rate = statistics.median(r[1][0] for r in rows)
+        ours_p50 = statistics.median(x for r in rows for x in r[0][1])
+        bare_p50 = statistics.median(x for r in rows for x in r[1][1])
+    print(f"jobs per round: {args.jobs}, rounds: {args.rounds}, workers: {options.concurrency}")
+    print(f"ours: {ours_rate:8.1f} rollouts/s   p50 submit-to-done {ours_p50:8.1f} ms")
+    print(f"bare: {bare_rate:8.1f} chains/s     p50 submit-to-done {bare_p50:8.1f} ms")
+    print(f"overhead_ratio={ours_rate / bare_rate:.2f} p50_ms={ours_p50:.1f}")
+
+
+if __name__ == "__main__":
+    main()

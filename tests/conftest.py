@@ -1,0 +1,81 @@
+"""Shared fixtures: a private Redis, and the whole service started as real processes.
+
+The Redis URL is fixed before any project module is imported, so the Celery app and settings in
+this process and in every child process point at the same private Redis.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from prorl_celery.procs import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_PORT = free_port()
+os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"
+TEST_ENV = {
+    "PRORL_SWEEP_INTERVAL_S": "1",
+    "PRORL_STAGE_LEASE_S": "3",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+}
+os.environ.update(TEST_ENV)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    from prorl_celery.launcher import Stack, StackOptions
+
+    stack = Stack(StackOptions(state_dir=tmp_path_factory.mktemp("redis"), persist=False))
+    stack.start_redis(REDIS_PORT)
+    assert stack.redis_url == os.environ["PRORL_REDIS_URL"]
+    yield stack.redis_url
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(redis_url, tmp_path_factory):
+    """Sandbox host, one worker per queue (init, run, eval, maint), beat and the API."""
+    from prorl_celery.launcher import Stack, StackOptions
+
+    options = StackOptions(state_dir=tmp_path_factory.mktemp("stack"), redis_url=redis_url,
+                           concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=TEST_ENV)
+    with Stack(options) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def api(stack) -> str:
+    return stack.api_url
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    import redis
+
+    return redis.Redis.from_url(redis_url)
+
+
+def submit(api: str, instance: dict, **extra) -> str:
+    resp = requests.post(f"{api}/jobs", json={"instance": instance, **extra}, timeout=30)
+    assert resp.status_code == 202, resp.text
+    return resp.json()["job_ids"][0]
+
+
+def wait(api: str, job_id: str, timeout: float = 60.0) -> dict:
+    resp = requests.get(f"{api}/jobs/{job_id}/wait", params={"timeout": timeout}, timeout=timeout + 10)
+    assert resp.status_code == 200, f"job {job_id} not terminal after {timeout}s: {resp.text}"
+    return resp.json()
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,79 @@
+"""The job store against a real Redis: compare-and-set transitions, terminal states, counts."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobRequest
+from prorl_celery.status import TERMINAL, JobStatus
+
+
+@pytest.fixture
+def store(redis_client):
+    return JobStore(redis_client, job_ttl_s=60)
+
+
+def _new(store: JobStore, **extra) -> str:
+    job_id = uuid.uuid4().hex
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}, **extra))]) == [True]
+    return job_id
+
+
+def test_create_is_idempotent(store):
+    job_id = _new(store, group_id="g1")
+    again = JobRequest(instance={"data_source": "other"}, group_id="g2")
+    assert store.create_many([(job_id, again)]) == [False]
+    record = store.get(job_id)
+    assert record.data_source == "shell" and record.group_id == "g1"
+    assert record.status is JobStatus.QUEUED
+    assert job_id in store.group_ids("g1")
+
+
+def test_transition_follows_the_table(store):
+    job_id = _new(store)
+    assert store.transition(job_id, JobStatus.RUN, sources=[JobStatus.INIT]) == (False, JobStatus.QUEUED)
+    assert store.transition(job_id, JobStatus.INIT, sources=[JobStatus.QUEUED], stage_state="running") \
+        == (True, JobStatus.INIT)
+    assert store.get(job_id).stage_state == "running"
+    assert job_id in store.ids_in(JobStatus.INIT) and job_id not in store.ids_in(JobStatus.QUEUED)
+
+
+@pytest.mark.parametrize("ending", sorted(TERMINAL, key=str))
+def test_terminal_is_final(store, ending):
+    job_id = _new(store)
+    assert store.transition(job_id, ending, result={"job_id": job_id, "status": ending.value})[0]
+    for target in [*JobStatus, None]:
+        ok, status = store.transition(job_id, target, state={"x": 1})
+        assert not ok and status is ending
+    record = store.get(job_id)
+    assert record.status is ending and record.state == {}
+    assert job_id not in store.ids_in(ending)  # terminal jobs are counted, not kept in sets
+    assert store.redis.ttl(f"prorl:job:{job_id}") > 0
+
+
+def test_concurrent_endings_only_one_wins(store):
+    job_id = _new(store)
+    wins: list[JobStatus] = []
+    barrier = threading.Barrier(8)
+
+    def end(status: JobStatus) -> None:
+        barrier.wait()
+        if store.transition(job_id, status)[0]:
+            wins.append(status)
+
+    threads = [threading.Thread(target=end, args=(s,)) for s in
+               [JobStatus.COMPLETED, JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.TIMEOUT] * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert store.status(job_id) is wins[0]
+
+
+def test_unknown_job(store):
+    assert store.get("nope") is None
+    assert store.transition("nope", JobStatus.CANCELLED) == (False, None)
