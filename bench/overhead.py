@@ -32,9 +32,12 @@ from prorl_celery.celery_app import app  # noqa: E402
 from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
 
 
-def ours(api: str, n: int) -> tuple[float, list[float]]:
-    jobs = [{"instance": {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}}
-            for _ in range(n)]
+SHELL = {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}
+NO_SANDBOX = {"data_source": "tasks.diagnostics:NoopHandler"}
+
+
+def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
+    jobs = [{"instance": instance} for _ in range(n)]
     start = time.perf_counter()
     ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=120).json()["job_ids"]
     views = [requests.get(f"{api}/jobs/{i}/wait", params={"timeout": 300}, timeout=320).json() for i in ids]
@@ -75,15 +78,16 @@ def main() -> None:
         ours(stack.api_url, 10), bare(10)  # warm up both paths
         rows = []
         for _ in range(args.rounds):
-            rows.append((ours(stack.api_url, args.jobs), bare(args.jobs)))
-        ours_rate = statistics.median(r[0][0] for r in rows)
-        bare_rate = statistics.median(r[1][0] for r in rows)
-        ours_p50 = statistics.median(x for r in rows for x in r[0][1])
-        bare_p50 = statistics.median(x for r in rows for x in r[1][1])
+            rows.append((ours(stack.api_url, args.jobs), ours(stack.api_url, args.jobs, NO_SANDBOX),
+                         bare(args.jobs)))
+    rate = [statistics.median(r[i][0] for r in rows) for i in range(3)]
+    p50 = [statistics.median(x for r in rows for x in r[i][1]) for i in range(3)]
     print(f"jobs per round: {args.jobs}, rounds: {args.rounds}, workers: {options.concurrency}")
-    print(f"ours: {ours_rate:8.1f} rollouts/s   p50 submit-to-done {ours_p50:8.1f} ms")
-    print(f"bare: {bare_rate:8.1f} chains/s     p50 submit-to-done {bare_p50:8.1f} ms")
-    print(f"overhead_ratio={ours_rate / bare_rate:.2f} p50_ms={ours_p50:.1f}")
+    names = ["ours (shell handler, local sandbox)", "ours (no sandbox)", "bare 3-task chain"]
+    for name, r, p in zip(names, rate, p50):
+        print(f"{name:<36} {r:8.1f} /s   p50 submit-to-done {p:8.1f} ms")
+    print(f"no_sandbox_ratio={rate[1] / rate[2]:.2f}")
+    print(f"overhead_ratio={rate[0] / rate[2]:.2f} p50_ms={p50[0]:.1f}")
 
 
 if __name__ == "__main__":

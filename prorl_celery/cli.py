@@ -58,6 +58,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_settings(args: argparse.Namespace) -> int:
+    from config.settings import Settings, get_settings
+
+    current = get_settings()
+    for name, info in Settings.model_fields.items():
+        value = getattr(current, name)
+        marker = "" if value == info.default else f"   (now: {value!r})"
+        print(f"PRORL_{name.upper():<22} {info.default!r:<28} {info.description}{marker}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prorl-celery", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--threads", type=int, default=64, help="concurrent requests (long polls hold one)")
     api.set_defaults(func=_cmd_api)
+
+    conf = sub.add_parser("settings", help="list every PRORL_* setting with its default")
+    conf.set_defaults(func=_cmd_settings)
 
     from sandboxes import host
 
