@@ -1,0 +1,50 @@
+"""`prorl-celery up` as a user runs it: a private Redis, workers, beat, API; SIGTERM leaves nothing."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import requests
+
+
+def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError("up exited early:\n" + "".join(lines))
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"no {needle!r} within {timeout}s:\n" + "".join(lines))
+
+
+def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PRORL_REDIS_URL"}
+    proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.cli", "up", "--port", "0", "--demo",
+                             "--stay", "--state-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = _read_until(proc, "ready", 90)
+        api = next(line.split()[1] for line in lines if line.startswith("api "))
+        redis_line = next(line for line in lines if line.startswith("redis "))
+        assert "6379" not in redis_line  # a private Redis, not the machine's
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) >= 7  # redis, sandbox host, 4 workers, beat, api
+        table = _read_until(proc, "job ", 120)
+        rows = [proc.stdout.readline() for _ in range(6)]
+        assert all(" completed " in row for row in rows), table + rows
+        assert requests.get(f"{api}/healthz", timeout=10).json()["ok"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        time.sleep(0.5)
+        alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], [p.cmdline() for p in alive]
+        assert any(p.name.startswith("appendonly") for p in (tmp_path / "redis").iterdir())  # persisted
+    finally:
+        if proc.poll() is None:
+            proc.kill()
