@@ -9,7 +9,7 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import errors, health, jobs
+    from flask_api import errors, groups, health, jobs, stream
     from prorl_celery.connections import get_store
 
     app = Flask(__name__)
@@ -22,4 +22,6 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(groups.bp)
+    app.register_blueprint(stream.bp)
     return app

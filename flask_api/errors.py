@@ -9,10 +9,10 @@ from flask import Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
-from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, ProrlError, UnknownJob
+from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, NotFound, ProrlError
 
 log = logging.getLogger(__name__)
-_STATUS = {InvalidRequest: 400, UnknownJob: 404, JobAlreadyTerminal: 409}
+_STATUS = {InvalidRequest: 400, NotFound: 404, JobAlreadyTerminal: 409}
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:

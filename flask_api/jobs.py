@@ -26,6 +26,15 @@ def _view(job_id: str) -> dict:
     return record.view().model_dump(mode="json")
 
 
+def check_handlers(requests: list[JobRequest]) -> None:
+    """Refuse, before anything is stored, a job whose data source names no handler."""
+    for source in {req.instance["data_source"] for req in requests}:
+        try:
+            get_handler(source)
+        except UnknownPlugin as exc:
+            raise InvalidRequest(str(exc), field="instance.data_source") from None
+
+
 @bp.post("/jobs")
 def submit_jobs():
     body = request.get_json(silent=True)
@@ -35,11 +44,7 @@ def submit_jobs():
     ids = [req.job_id for req in requests if req.job_id]
     if len(ids) != len(set(ids)):
         raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
-    for req in requests:
-        try:
-            get_handler(req.instance["data_source"])
-        except UnknownPlugin as exc:
-            raise InvalidRequest(str(exc), field="instance.data_source") from None
+    check_handlers(requests)
     return jsonify({"job_ids": submit(_store(), requests)}), 202
 
 

@@ -5,7 +5,9 @@ exceptions. What follows is for infrastructure faults and bad input::
 
     ProrlError
     ├── InvalidRequest(ValueError)        bad input from a client; carries the field
-    ├── UnknownJob(KeyError)              no such job id
+    ├── NotFound(KeyError)                no such id
+    │   ├── UnknownJob                    no such job
+    │   └── UnknownGroup                  no such group
     ├── JobAlreadyTerminal                the job ended before the operation could act
     ├── JobCancelled                      raised inside a stage when its job was cancelled
     ├── StageBudgetExceeded(TimeoutError) a stage ran past its time budget
@@ -40,11 +42,20 @@ class InvalidRequest(ProrlError, ValueError):
         return out
 
 
-class UnknownJob(ProrlError, KeyError):
+class NotFound(ProrlError, KeyError):
     type = "not_found"
+    what = "id"
 
     def __str__(self) -> str:  # KeyError would repr() the message
-        return f"unknown job id {self.args[0]!r}"
+        return f"unknown {self.what} {self.args[0]!r}"
+
+
+class UnknownJob(NotFound):
+    what = "job id"
+
+
+class UnknownGroup(NotFound):
+    what = "group id"
 
 
 class JobAlreadyTerminal(ProrlError):

@@ -24,10 +24,12 @@ from prorl_celery.status import TERMINAL, JobStatus
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts", "error")
 _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 
+# KEYS: job, queued set, group set ('' = none), counts hash. ARGV: job id, counts field, fields...
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
 if KEYS[3] ~= '' then
   redis.call('SADD', KEYS[3], ARGV[1])
   redis.call('EXPIRE', KEYS[3], %(ttl)d)
@@ -35,8 +37,11 @@ end
 return 1
 """
 
-# ARGV: allowed sources (csv, '' = any), target ('' = keep), required stage_state ('' = any),
-#       status-set prefix, counts key, ttl for terminal records, then field/value pairs.
+# ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
+#       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
+#       8 group completion stream prefix, then field/value pairs.
+# Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
+# A job reaching a terminal status is appended to the completion streams in the same step.
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
@@ -46,14 +51,22 @@ if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
 local target = ARGV[2]
 if target == '' then target = cur end
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 if target ~= cur then
-  local id = redis.call('HGET', KEYS[1], 'job_id')
+  local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id')
+  local id, ds, group = meta[1], meta[2], meta[3]
   redis.call('HSET', KEYS[1], 'status', target)
   redis.call('SREM', ARGV[4] .. cur, id)
+  redis.call('HINCRBY', ARGV[5], cur .. '|' .. ds, -1)
+  redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
   if member('%(terminal)s', target) then
-    redis.call('HINCRBY', ARGV[5], target, 1)
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+    local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds}
+    redis.call('XADD', ARGV[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
+    if group ~= '' then
+      redis.call('XADD', ARGV[8] .. group, '*', unpack(entry))
+      redis.call('EXPIRE', ARGV[8] .. group, tonumber(ARGV[6]))
+    end
   else
     redis.call('SADD', ARGV[4] .. target, id)
   end
@@ -123,16 +136,23 @@ class JobStore:
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
                       "t_created": now, "t_enqueued": now}
-            flat = [job_id] + [x for kv in fields.items() for x in kv]
+            counts_field = f"queued|{fields['data_source']}"
+            flat = [job_id, counts_field] + [x for kv in fields.items() for x in kv]
             group_key = keys.group(req.group_id) if req.group_id else ""
-            self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key],
-                         args=flat, client=pipe)
+            self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key,
+                               keys.job_counts()], args=flat, client=pipe)
         return [bool(x) for x in pipe.execute()]
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.hgetall(keys.job(job_id))
         return _decode(raw) if raw else None
+
+    def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        return [_decode(raw) if raw else None for raw in pipe.execute()]
 
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
@@ -144,17 +164,16 @@ class JobStore:
     def group_ids(self, group_id: str) -> list[str]:
         return sorted(_text(x) for x in self.redis.smembers(keys.group(group_id)))
 
+    def counts_by_source(self) -> dict[tuple[str, str], int]:
+        """(status, data source) -> jobs: current for active statuses, totals for terminal ones."""
+        raw = self.redis.hgetall(keys.job_counts())
+        return {tuple(_text(k).split("|", 1)): int(v) for k, v in raw.items()}
+
     def counts(self) -> dict[str, int]:
-        """Jobs per status: live sets for active ones, counters for terminal ones."""
-        pipe = self.redis.pipeline(transaction=False)
-        active = [s for s in JobStatus if not s.terminal]
-        for status in active:
-            pipe.scard(keys.jobs_by_status(status.value))
-        pipe.hgetall(keys.job_counts())
-        *sizes, ended = pipe.execute()
-        out = {s.value: n for s, n in zip(active, sizes)}
-        out.update({s.value: 0 for s in TERMINAL})
-        out.update({_text(k): int(v) for k, v in ended.items()})
+        """Jobs per status: current for active statuses, totals for terminal ones."""
+        out = {s.value: 0 for s in JobStatus}
+        for (status, _), n in self.counts_by_source().items():
+            out[status] = out.get(status, 0) + n
         return out
 
     # -- changing -------------------------------------------------------------------------
@@ -164,7 +183,8 @@ class JobStore:
         not terminal, its status is one of ``sources`` (empty: any) and, if given, its
         ``stage_state`` equals ``require_state``. Returns (changed, status after the call)."""
         args = [",".join(s.value for s in sources), target.value if target else "", require_state,
-                keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s]
+                keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
+                keys.group_completions("")]
         for name, value in fields.items():
             args += [name, _dump(value) if name in _JSON_FIELDS else value]
         ok, status = self._transition(keys=[keys.job(job_id)], args=args)

@@ -39,5 +39,15 @@ def host(host_id: str) -> str:
 
 
 def job_counts() -> str:
-    """Hash: terminal status -> number of jobs that ended in it."""
+    """Hash: "status|data_source" -> jobs (current for active statuses, totals for terminal)."""
     return f"{PREFIX}:counts"
+
+
+def completions() -> str:
+    """Stream: one entry per job reaching a terminal status, in completion order."""
+    return f"{PREFIX}:completions"
+
+
+def group_completions(group_id: str) -> str:
+    """Stream: the completions of one group."""
+    return f"{PREFIX}:completions:group:{group_id}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from celery import chain
@@ -50,24 +51,45 @@ def cancel(store: JobStore, job_id: str, reason: str = "cancelled by request") -
         raise UnknownJob(job_id)
     if record.status.terminal:
         raise JobAlreadyTerminal(job_id, record.status.value)
-    result = finish(store, record, JobStatus.CANCELLED, critical_error="cancelled",
-                    error=ErrorInfo(type="cancelled", message=reason),
-                    fields={"stage": record.stage})
-    if result is None:
+    if not cancel_many(store, [record], reason):
         status = store.status(job_id)
         raise JobAlreadyTerminal(job_id, status.value if status else "unknown")
-    app.control.revoke([task_id(job_id, stage) for stage in STAGES])
-    _close_sandbox(store, job_id)
     return store.get(job_id) or record
 
 
-def _close_sandbox(store: JobStore, job_id: str) -> None:
+def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancelled by request") -> list[str]:
+    """Cancel every job of ``records`` that is still active; returns the ids it cancelled.
+
+    One revoke broadcast covers all their chains; sandboxes are closed concurrently."""
+    cancelled = []
+    for record in records:
+        if record.status.terminal:
+            continue
+        result = finish(store, record, JobStatus.CANCELLED, critical_error="cancelled",
+                        error=ErrorInfo(type="cancelled", message=reason), fields={"stage": record.stage})
+        if result is not None:
+            cancelled.append(record.job_id)
+    if not cancelled:
+        return []
+    app.control.revoke([task_id(job_id, stage) for job_id in cancelled for stage in STAGES])
+    handles = [r.sandbox for r in store.get_many(cancelled) if r and r.sandbox]
+    if handles:
+        with ThreadPoolExecutor(max_workers=min(16, len(handles))) as pool:
+            list(pool.map(_close_sandbox, handles))
+    return cancelled
+
+
+def active_jobs(store: JobStore) -> list[JobRecord]:
+    """Every job not yet terminal."""
+    ids = [job_id for status in JobStatus if not status.terminal for job_id in store.ids_in(status)]
+    return [r for r in store.get_many(ids) if r is not None]
+
+
+def _close_sandbox(handle: dict) -> None:
     from sandboxes.base import SandboxHandle
     from sandboxes.client import close_handle
 
-    record = store.get(job_id)
-    if record and record.sandbox:
-        try:
-            close_handle(SandboxHandle.model_validate(record.sandbox))
-        except Exception as exc:  # noqa: BLE001 - the host's lease reaper is the backstop
-            log.warning("closing sandbox of cancelled job %s failed: %s", job_id, exc)
+    try:
+        close_handle(SandboxHandle.model_validate(handle))
+    except Exception as exc:  # noqa: BLE001 - the host's lease reaper is the backstop
+        log.warning("closing sandbox %s failed: %s", handle.get("sandbox_id"), exc)

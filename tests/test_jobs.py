@@ -77,3 +77,24 @@ def test_concurrent_endings_only_one_wins(store):
 def test_unknown_job(store):
     assert store.get("nope") is None
     assert store.transition("nope", JobStatus.CANCELLED) == (False, None)
+
+
+def test_counts_and_completion_streams(store):
+    before = store.counts_by_source()
+    a, b = _new(store, group_id="gc"), _new(store)
+    assert store.counts_by_source()[("queued", "shell")] == before.get(("queued", "shell"), 0) + 2
+    last = store.redis.xrevrange("prorl:completions", count=1)
+    cursor = last[0][0] if last else b"0-0"
+    store.transition(a, JobStatus.INIT)
+    store.transition(a, JobStatus.COMPLETED)
+    store.transition(b, JobStatus.CANCELLED)
+    store.transition(b, JobStatus.FAILED)  # refused: already terminal, so no second entry
+    counts = store.counts_by_source()
+    assert counts[("queued", "shell")] == before.get(("queued", "shell"), 0)
+    assert counts[("init", "shell")] == before.get(("init", "shell"), 0)
+    assert counts[("completed", "shell")] == before.get(("completed", "shell"), 0) + 1
+    entries = store.redis.xrange("prorl:completions", min=f"({cursor.decode()}")
+    assert [(e[b"job_id"], e[b"status"]) for _, e in entries] == [(a.encode(), b"completed"),
+                                                                  (b.encode(), b"cancelled")]
+    group = store.redis.xrange("prorl:completions:group:gc")
+    assert [e[b"job_id"] for _, e in group] == [a.encode()]

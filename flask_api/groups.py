@@ -1,0 +1,104 @@
+"""Groups: n samples of one prompt, read and cancelled together; and cancelling everything."""
+from __future__ import annotations
+
+import statistics
+import uuid
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify
+from pydantic import BaseModel, ConfigDict, Field
+
+from flask_api.errors import parse_body
+from flask_api.jobs import check_handlers
+from prorl_celery.errors import UnknownGroup
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobRequest, _check_id
+from tasks.chain import active_jobs, cancel_many, submit
+
+bp = Blueprint("groups", __name__)
+
+
+class GroupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    instance: dict[str, Any] = Field(description="The prompt; each sample gets trajectory_id 0..n-1.")
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    n: int = Field(ge=1, le=4096, description="Number of samples.")
+    group_id: str | None = Field(None, description="Client-chosen id; resubmitting it runs nothing new.")
+
+    def jobs(self) -> list[JobRequest]:
+        gid = _check_id(self.group_id) or uuid.uuid4().hex
+        self.group_id = gid
+        return [JobRequest(instance={**self.instance, "trajectory_id": i}, sampling_params=self.sampling_params,
+                           job_id=f"{gid}-{i}", group_id=gid) for i in range(self.n)]
+
+
+class CancelAllRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_id: str | None = Field(None, description="Only jobs of this group.")
+    data_source: str | None = Field(None, description="Only jobs of this data source.")
+
+
+def _store() -> JobStore:
+    return current_app.extensions["prorl_store"]
+
+
+@bp.post("/groups")
+def submit_group():
+    body: GroupRequest = parse_body(GroupRequest)
+    jobs = body.jobs()
+    check_handlers(jobs)
+    return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs)}), 202
+
+
+@bp.get("/groups/<group_id>")
+def get_group(group_id: str):
+    store = _store()
+    records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
+    if not records:
+        raise UnknownGroup(group_id)
+    records.sort(key=lambda r: (r.instance.get("trajectory_id", 0), r.job_id))
+    complete = all(r.status.terminal for r in records)
+    samples = [{"job_id": r.job_id, "status": r.status.value,
+                "reward": (r.result or {}).get("reward")} for r in records]
+    body = {"group_id": group_id, "n": len(records), "complete": complete, "samples": samples,
+            "counts": _count(s["status"] for s in samples)}
+    if complete:
+        rewards = [s["reward"] for s in samples if s["status"] == "completed" and s["reward"] is not None]
+        body["rewards"] = _stats(rewards)
+    return jsonify(body)
+
+
+@bp.delete("/groups/<group_id>")
+def cancel_group(group_id: str):
+    store = _store()
+    records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
+    if not records:
+        raise UnknownGroup(group_id)
+    cancelled = cancel_many(store, records, reason=f"group {group_id} cancelled")
+    return jsonify({"group_id": group_id, "cancelled": cancelled})
+
+
+@bp.post("/cancel_all")
+def cancel_all():
+    body: CancelAllRequest = parse_body(CancelAllRequest)
+    records = [r for r in active_jobs(_store())
+               if (body.group_id is None or r.group_id == body.group_id)
+               and (body.data_source is None or r.data_source == body.data_source)]
+    cancelled = cancel_many(_store(), records, reason="cancel_all")
+    return jsonify({"cancelled": len(cancelled), "job_ids": cancelled})
+
+
+def _count(statuses) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for status in statuses:
+        out[status] = out.get(status, 0) + 1
+    return out
+
+
+def _stats(rewards: list[float]) -> dict[str, Any]:
+    if not rewards:
+        return {"count": 0, "mean": None, "std": None, "min": None, "max": None, "all_equal": None}
+    return {"count": len(rewards), "mean": statistics.fmean(rewards), "std": statistics.pstdev(rewards),
+            "min": min(rewards), "max": max(rewards), "all_equal": len(set(rewards)) == 1}

@@ -1,0 +1,62 @@
+"""Completions in completion order: a long poll (``/completions``) and server-sent events (``/events``).
+
+Both resume from a cursor (the ``cursor`` parameter, or SSE's ``Last-Event-ID``), so a trainer
+that reconnects misses nothing and sees nothing twice.
+"""
+from __future__ import annotations
+
+import json
+
+from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
+
+from prorl_celery import completions
+from prorl_celery.errors import InvalidRequest
+
+bp = Blueprint("stream", __name__)
+KEEPALIVE_S = 15.0
+
+
+def _cursor(raw: str | None) -> str | None:
+    if raw and not completions.valid_cursor(raw):
+        raise InvalidRequest("cursor must be a cursor returned by this API (e.g. '0-0')", field="cursor")
+    return raw or None
+
+
+def _number(name: str, default: float, low: float, high: float) -> float:
+    try:
+        value = float(request.args.get(name, default))
+    except ValueError:
+        raise InvalidRequest(f"{name} must be a number", field=name) from None
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be within {low}..{high}", field=name)
+    return value
+
+
+@bp.get("/completions")
+def get_completions():
+    cursor = _cursor(request.args.get("cursor"))
+    wait = _number("wait", 0, 0, 300)
+    limit = int(_number("limit", 500, 1, 5000))
+    items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
+                                          request.args.get("group_id") or None, limit)
+    return jsonify({"cursor": next_cursor, "completions": items})
+
+
+@bp.get("/events")
+def events():
+    cursor = _cursor(request.headers.get("Last-Event-ID") or request.args.get("cursor"))
+    group_id = request.args.get("group_id") or None
+    store = current_app.extensions["prorl_store"]
+
+    def generate():
+        position = cursor
+        yield "retry: 1000\n\n"
+        while True:
+            items, position = completions.read(store, position, KEEPALIVE_S, group_id)
+            if not items:
+                yield ": keepalive\n\n"
+            for item in items:
+                yield f"id: {item['cursor']}\nevent: completion\ndata: {json.dumps(item)}\n\n"
+
+    return Response(stream_with_context(generate()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

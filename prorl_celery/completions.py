@@ -1,0 +1,45 @@
+"""Finished jobs in completion order, from Redis streams written by the job store.
+
+A cursor is a stream entry id; reading from a cursor returns what finished after it, so a
+consumer that reconnects with its last cursor misses nothing and sees nothing twice.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prorl_celery import keys
+from prorl_celery.jobs import JobStore
+
+START = "0-0"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str | None = None,
+         count: int = 500) -> tuple[list[dict[str, Any]], str]:
+    """Up to ``count`` completions after ``cursor``, waiting up to ``wait_s`` for the first.
+
+    Returns (completions, next cursor); each completion holds its own ``cursor`` and the job."""
+    stream = keys.group_completions(group_id) if group_id else keys.completions()
+    cursor = cursor or START
+    block = int(wait_s * 1000) if wait_s > 0 else None
+    reply = store.redis.xread({stream: cursor}, count=count, block=block)
+    entries = reply[0][1] if reply else []
+    if not entries:
+        return [], cursor
+    records = store.get_many([_text(fields[b"job_id"]) for _, fields in entries])
+    out = []
+    for (entry_id, fields), record in zip(entries, records):
+        item = {_text(k): _text(v) for k, v in fields.items()}
+        item["group_id"] = item.get("group_id") or None
+        item["cursor"] = _text(entry_id)
+        item["job"] = record.view().model_dump(mode="json") if record else None
+        out.append(item)
+    return out, out[-1]["cursor"]
+
+
+def valid_cursor(cursor: str) -> bool:
+    head, _, tail = cursor.partition("-")
+    return head.isdigit() and (tail == "" or tail.isdigit())
