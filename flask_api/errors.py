@@ -28,7 +28,8 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or None
+        loc = [*first["loc"], *([first["ctx"]["loc"]] if "loc" in first.get("ctx", {}) else [])]
+        field = ".".join(str(part) for part in loc) or None
         raise InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field) from None
 
 

@@ -5,6 +5,7 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from prorl_celery.status import JobStatus
 
@@ -30,6 +31,17 @@ class JobRequest(BaseModel):
     group_id: str | None = Field(None, description="Jobs sharing a group id can be cancelled together.")
 
     _ids = field_validator("job_id", "group_id")(classmethod(lambda cls, v: _check_id(v)))
+
+    @field_validator("sampling_params")
+    @classmethod
+    def _budgets_are_positive(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for stage in ("init", "run", "eval"):
+            budget = value.get(f"{stage}_budget_s")
+            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                       or budget <= 0):
+                raise PydanticCustomError("budget", "{field} must be a positive number of seconds",
+                                          {"field": f"{stage}_budget_s", "loc": f"{stage}_budget_s"})
+        return value
 
     @field_validator("instance")
     @classmethod

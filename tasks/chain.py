@@ -75,7 +75,7 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     handles = [r.sandbox for r in store.get_many(cancelled) if r and r.sandbox]
     if handles:
         with ThreadPoolExecutor(max_workers=min(16, len(handles))) as pool:
-            list(pool.map(_close_sandbox, handles))
+            list(pool.map(close_sandbox, handles))
     return cancelled
 
 
@@ -85,7 +85,8 @@ def active_jobs(store: JobStore) -> list[JobRecord]:
     return [r for r in store.get_many(ids) if r is not None]
 
 
-def _close_sandbox(handle: dict) -> None:
+def close_sandbox(handle: dict) -> None:
+    """Close a sandbox by its stored handle; failures are logged (the host's lease is the backstop)."""
     from sandboxes.base import SandboxHandle
     from sandboxes.client import close_handle
 

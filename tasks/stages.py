@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 _PREVIOUS = {JobStatus.INIT: JobStatus.QUEUED, JobStatus.RUN: JobStatus.INIT, JobStatus.EVAL: JobStatus.RUN}
 
 
-def _budget(record: JobRecord, stage: JobStatus) -> float:
+def stage_budget(record: JobRecord, stage: JobStatus) -> float:
+    """The stage's time budget: ``sampling_params["<stage>_budget_s"]`` or the configured default."""
     override = record.sampling_params.get(f"{stage.value}_budget_s")
     return float(override) if override else getattr(get_settings(), f"{stage.value}_budget_s")
 
@@ -85,7 +86,7 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
 
 
 def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool) -> dict[str, Any] | None:
-    ctx = StageContext(store, record, stage, _budget(record, stage), resumed=resumed)
+    ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
     elapsed_field = f"{stage.value}_s"
     try:
         handler = get_handler(record.data_source)

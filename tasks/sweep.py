@@ -1,8 +1,12 @@
-"""The beat sweep: find work whose holder died and put it back on its feet.
+"""The beat sweep: find work whose holder died or overran, and put it right.
 
-Runs on the ``maint`` queue every ``sweep_interval_s``. A stage marked running whose lease lapsed
-lost its worker: the sweep re-sends the chain from that stage (the redelivery resumes from the
-saved state, or ends the job failed once the stage used up its attempts).
+Runs on the ``maint`` queue every ``sweep_interval_s``. For every job whose stage is running:
+
+- the stage ran past its budget (plus one lease period of grace): the job ends ``timeout`` and
+  its sandbox is closed, even if the stage's worker is stuck and never looks at its budget;
+- the stage's lease lapsed, so its worker died: the chain is sent again from that stage (the
+  redelivery resumes from the saved state, or ends the job ``failed`` once the stage used up its
+  attempts).
 """
 from __future__ import annotations
 
@@ -14,38 +18,64 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.connections import get_store
-from prorl_celery.jobs import JobStore
-from prorl_celery.status import STAGES
-from tasks.chain import stage_chain
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.models import ErrorInfo
+from prorl_celery.status import STAGES, JobStatus
+from tasks.chain import close_sandbox, stage_chain
+from tasks.outcome import finish
+from tasks.stages import stage_budget
 
 log = logging.getLogger(__name__)
 
 
-def recover_stalled_stages(store: JobStore, now: float | None = None) -> list[str]:
-    """Re-dispatch stages whose lease lapsed; returns the job ids re-dispatched."""
+def running_stages(store: JobStore) -> list[JobRecord]:
+    ids = [job_id for stage in STAGES for job_id in store.ids_in(stage)]
+    return [r for r in store.get_many(ids)
+            if r is not None and not r.status.terminal and r.stage_state == "running"]
+
+
+def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
+    stage = record.status
+    over = now - record.t_stage_start - stage_budget(record, stage)
+    if over < get_settings().stage_lease_s:
+        return False
+    setattr(record, f"{stage.value}_s", now - record.t_stage_start)
+    message = f"{stage} stage ran {over:.0f}s past its budget; ended by the sweep"
+    result = finish(store, record, JobStatus.TIMEOUT, critical_error="timeout",
+                    error=ErrorInfo(type="timeout", message=message), fields={"stage": stage.value})
+    if result is not None and record.sandbox:
+        close_sandbox(record.sandbox)
+    return result is not None
+
+
+def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
+    if now - record.t_stage_start < get_settings().stage_lease_s:
+        return False
+    if store.redis.exists(keys.stage_lease(record.job_id)):
+        return False
+    ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state="running",
+                             stage_state="redispatched")
+    if ok:
+        stage_chain(record.job_id, record.data_source, start=record.status).apply_async()
+    return ok
+
+
+def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]]:
     now = now or time.time()
-    grace = get_settings().stage_lease_s
-    redispatched = []
-    for stage in STAGES:
-        for job_id in store.ids_in(stage):
-            record = store.get(job_id)
-            if record is None or record.status is not stage or record.stage_state != "running":
-                continue
-            if now - record.t_stage_start < grace or store.redis.exists(keys.stage_lease(job_id)):
-                continue
-            ok, _ = store.transition(job_id, None, sources=[stage], require_state="running",
-                                     stage_state="redispatched")
-            if ok:
-                stage_chain(job_id, record.data_source, start=stage).apply_async()
-                redispatched.append(job_id)
-    if redispatched:
-        log.warning("sweep re-dispatched %d stalled stage(s): %s", len(redispatched), redispatched)
-    return redispatched
+    report: dict[str, list[str]] = {"timed_out": [], "redispatched": []}
+    for record in running_stages(store):
+        if end_overrun(store, record, now):
+            report["timed_out"].append(record.job_id)
+        elif redispatch_lapsed(store, record, now):
+            report["redispatched"].append(record.job_id)
+    for action, ids in report.items():
+        if ids:
+            log.warning("sweep %s %d job(s): %s", action, len(ids), ids)
+    return report
 
 
 @app.task(name="prorl.sweep")
 def sweep() -> dict[str, Any]:
     """One sweep pass; returns what it did (also logged)."""
-    report = {"redispatched": recover_stalled_stages(get_store())}
-    log.info("sweep: %s", {k: len(v) for k, v in report.items()})
-    return report
+    report = sweep_once(get_store())
+    return {"counts": {action: len(ids) for action, ids in report.items()}, **report}
