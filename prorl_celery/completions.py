@@ -11,6 +11,7 @@ from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 
 START = "0-0"
+LATEST = "latest"  # asks only for the cursor after everything finished so far
 
 
 def _text(value: Any) -> str:
@@ -21,8 +22,12 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
          count: int = 500) -> tuple[list[dict[str, Any]], str]:
     """Up to ``count`` completions after ``cursor``, waiting up to ``wait_s`` for the first.
 
-    Returns (completions, next cursor); each completion holds its own ``cursor`` and the job."""
+    Returns (completions, next cursor); each completion holds its own ``cursor`` and the job.
+    The cursor ``latest`` returns no completions, only the cursor after the newest one."""
     stream = keys.group_completions(group_id) if group_id else keys.completions()
+    if cursor == LATEST:
+        last = store.redis.xrevrange(stream, count=1)
+        return [], _text(last[0][0]) if last else START
     cursor = cursor or START
     block = int(wait_s * 1000) if wait_s > 0 else None
     reply = store.redis.xread({stream: cursor}, count=count, block=block)
@@ -41,5 +46,7 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
 
 
 def valid_cursor(cursor: str) -> bool:
+    if cursor == LATEST:
+        return True
     head, _, tail = cursor.partition("-")
     return head.isdigit() and (tail == "" or tail.isdigit())

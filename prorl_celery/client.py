@@ -1,0 +1,164 @@
+"""A small Python client for trainers: submit, wait, stream completions, cancel, manage backends.
+
+Every submission carries a client-made job id, so retrying a request that may or may not have
+reached the service never runs a job twice.
+
+    client = ProrlClient("http://head:8000", token=...)
+    ids = [client.submit({"data_source": "math", ...}) for _ in range(8)]
+    for view in client.as_completed(ids):
+        print(view["job_id"], view["result"]["reward"])
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import requests
+
+_RETRY_STATUS = {502, 503, 504}
+_TERMINAL = ("completed", "failed", "cancelled", "timeout")
+
+
+class ProrlClientError(RuntimeError):
+    """The service answered with an error; ``status`` and ``error`` hold its JSON error."""
+
+    def __init__(self, status: int, error: dict[str, Any]):
+        super().__init__(f"HTTP {status}: {error.get('type')}: {error.get('message')}")
+        self.status, self.error = status, error
+
+
+class ProrlClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, retries: int = 5):
+        self.url = url.rstrip("/")
+        self.timeout, self.retries = timeout, retries
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    # -- transport ------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 201, 202),
+              timeout: float | None = None, **kwargs: Any) -> requests.Response:
+        pause = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self.session.request(method, self.url + path, timeout=timeout or self.timeout, **kwargs)
+            except (requests.ConnectionError, requests.Timeout):
+                if attempt == self.retries:
+                    raise
+            else:
+                if resp.status_code in ok:
+                    return resp
+                if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
+                    try:
+                        error = resp.json().get("error", {})
+                    except ValueError:
+                        error = {"type": "http", "message": resp.text[:500]}
+                    raise ProrlClientError(resp.status_code, error)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    # -- jobs -----------------------------------------------------------------------------
+    def submit(self, instance: dict[str, Any], sampling_params: dict[str, Any] | None = None,
+               job_id: str | None = None, group_id: str | None = None) -> str:
+        return self.submit_many([{"instance": instance, "sampling_params": sampling_params or {},
+                                  "job_id": job_id, "group_id": group_id}])[0]
+
+    def submit_many(self, jobs: Iterable[dict[str, Any]]) -> list[str]:
+        body = [{**job, "job_id": job.get("job_id") or uuid.uuid4().hex} for job in jobs]
+        body = [{k: v for k, v in job.items() if v is not None} for job in body]
+        return self._call("POST", "/jobs", json={"jobs": body}).json()["job_ids"]
+
+    def submit_group(self, instance: dict[str, Any], n: int, sampling_params: dict[str, Any] | None = None,
+                     group_id: str | None = None) -> tuple[str, list[str]]:
+        body = {"instance": instance, "n": n, "sampling_params": sampling_params or {},
+                "group_id": group_id or uuid.uuid4().hex}
+        reply = self._call("POST", "/groups", json=body).json()
+        return reply["group_id"], reply["job_ids"]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/jobs/{job_id}").json()
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/groups/{group_id}").json()
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 30.0) -> dict[str, Any]:
+        """The job once terminal; raises TimeoutError if ``timeout`` passes first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+            resp = self._call("GET", f"/jobs/{job_id}/wait", params={"timeout": left}, timeout=left + 30)
+            if resp.status_code == 200:
+                return resp.json()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {resp.json()['status']} after {timeout}s")
+
+    def completions(self, cursor: str | None = None, wait: float = 0.0, group_id: str | None = None,
+                    limit: int = 500) -> dict[str, Any]:
+        params = {"cursor": cursor or "0-0", "wait": wait, "limit": limit}
+        if group_id:
+            params["group_id"] = group_id
+        return self._call("GET", "/completions", params=params, timeout=wait + 30).json()
+
+    def as_completed(self, job_ids: Iterable[str] | None = None, group_id: str | None = None,
+                     timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield each job's record as it finishes, in completion order, each exactly once:
+        the given ``job_ids``, or every job of ``group_id``."""
+        if job_ids is None:
+            if not group_id:
+                raise ValueError("give job_ids, group_id, or both")
+            job_ids = [sample["job_id"] for sample in self.group(group_id)["samples"]]
+        pending = set(job_ids)
+        if group_id:
+            cursor = "0-0"  # the group's own stream holds all of its completions
+        else:
+            cursor = self.completions("latest")["cursor"]
+            for job_id in list(pending):  # whatever finished before that cursor
+                view = self.get(job_id)
+                if view["status"] in _TERMINAL:
+                    pending.discard(job_id)
+                    yield view
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = 10.0 if deadline is None else max(0.0, min(10.0, deadline - time.monotonic()))
+            batch = self.completions(cursor, left, group_id)
+            cursor = batch["cursor"]
+            for item in batch["completions"]:
+                if item["job_id"] in pending:
+                    pending.discard(item["job_id"])
+                    yield item["job"]
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{len(pending)} job(s) still running after {timeout}s")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/jobs/{job_id}").json()
+
+    def cancel_group(self, group_id: str) -> list[str]:
+        return self._call("DELETE", f"/groups/{group_id}").json()["cancelled"]
+
+    def cancel_all(self, group_id: str | None = None, data_source: str | None = None) -> int:
+        body = {k: v for k, v in {"group_id": group_id, "data_source": data_source}.items() if v}
+        return self._call("POST", "/cancel_all", json=body).json()["cancelled"]
+
+    # -- inference backends ---------------------------------------------------------------
+    def add_llm_server(self, address: str, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", "/llm_servers", json={"address": address, **fields}).json()
+
+    def llm_servers(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/llm_servers").json()["servers"]
+
+    def remove_llm_server(self, backend_id: str) -> None:
+        self._call("DELETE", f"/llm_servers/{backend_id}")
+
+    def drain(self, ids: list[str] | None = None, wait: float | None = None, abort: bool = False) -> dict:
+        body = {k: v for k, v in {"ids": ids, "wait": wait, "abort": abort}.items() if v is not None}
+        return self._call("POST", "/llm_servers/drain", json=body, timeout=(wait or 0) + 60).json()
+
+    def resume(self, ids: list[str] | None = None, weight_version: str | None = None) -> dict:
+        body = {k: v for k, v in {"ids": ids, "weight_version": weight_version}.items() if v is not None}
+        return self._call("POST", "/llm_servers/resume", json=body).json()
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz").json()
