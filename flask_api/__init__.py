@@ -9,7 +9,7 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import errors, groups, health, jobs, stream
+    from flask_api import compat, errors, groups, health, jobs, stream
     from prorl_celery.connections import get_store
 
     app = Flask(__name__)
@@ -24,4 +24,5 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(health.bp)
     app.register_blueprint(groups.bp)
     app.register_blueprint(stream.bp)
+    app.register_blueprint(compat.bp)
     return app

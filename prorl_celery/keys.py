@@ -51,3 +51,38 @@ def completions() -> str:
 def group_completions(group_id: str) -> str:
     """Stream: the completions of one group."""
     return f"{PREFIX}:completions:group:{group_id}"
+
+
+def llm_backends() -> str:
+    """Set of registered LLM backend ids."""
+    return f"{PREFIX}:llm:backends"
+
+
+def llm_backend(backend_id: str) -> str:
+    """Hash: an LLM backend's address, protocol, capacity, status, weight version and counters."""
+    return f"{PREFIX}:llm:backend:{backend_id}"
+
+
+def llm_inflight(backend_id: str) -> str:
+    """Sorted set: lease token -> expiry (ms) of each request in flight on the backend."""
+    return f"{PREFIX}:llm:inflight:{backend_id}"
+
+
+def llm_sticky(job_id: str) -> str:
+    """String with a TTL: the backend that served the job's last turn."""
+    return f"{PREFIX}:llm:sticky:{job_id}"
+
+
+def llm_probe_lock(backend_id: str) -> str:
+    """String with a TTL: held by whoever is probing a quarantined backend right now."""
+    return f"{PREFIX}:llm:probe:{backend_id}"
+
+
+def compat_running() -> str:
+    """String: present while the reference-compatible API is started (/start ... /stop)."""
+    return f"{PREFIX}:compat:running"
+
+
+def compat_jobs() -> str:
+    """Set of job ids started by /process and not yet answered."""
+    return f"{PREFIX}:compat:jobs"

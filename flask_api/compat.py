@@ -1,0 +1,141 @@
+"""The reference system's endpoints, for trainers written against it (veRL, NeMo RL recipes).
+
+``/process`` blocks until the rollout ends, like the reference, but the job lives in the job store:
+if the HTTP connection drops, the result is still there under its job id (``GET /jobs/<id>``).
+Past ``2 x budget + 10 s`` the job is cancelled and the answer is 504, as in the reference.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.settings import get_settings
+from flask_api.errors import error_response, parse_body
+from flask_api.jobs import check_handlers
+from prorl_celery import keys
+from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobRequest
+from tasks.chain import cancel, cancel_many, submit
+
+bp = Blueprint("compat", __name__)
+
+
+class ProcessRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    job_id: str | None = None
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+
+
+def _store() -> JobStore:
+    return current_app.extensions["prorl_store"]
+
+
+def _running() -> bool:
+    return bool(_store().redis.get(keys.compat_running()))
+
+
+@bp.post("/start")
+def start():
+    if not _store().redis.set(keys.compat_running(), "1", nx=True):
+        return error_response(400, "already_running", "the service is already started")
+    return jsonify({"status": "running"})
+
+
+@bp.post("/stop")
+def stop():
+    """Stop accepting /process and cancel every job that /process started and is still running."""
+    store = _store()
+    store.redis.delete(keys.compat_running())
+    ids = [x.decode() for x in store.redis.smembers(keys.compat_jobs())]
+    records = [r for r in store.get_many(ids) if r is not None]
+    cancelled = cancel_many(store, records, reason="stopped by /stop")
+    store.redis.delete(keys.compat_jobs())
+    return jsonify({"status": "stopped", "cancelled": len(cancelled)})
+
+
+@bp.get("/status")
+def status():
+    counts = _store().counts()
+    active = counts["init"] + counts["run"] + counts["eval"]
+    return jsonify({"status": "running" if _running() else "stopped", "pending_jobs": counts["queued"],
+                    "running": active, "jobs": counts["queued"] + active, "init": counts["init"],
+                    "run": counts["run"], "eval": counts["eval"], "counts": counts})
+
+
+def _budget_s(params: dict[str, Any]) -> float:
+    settings = get_settings()
+    if params.get("timeout"):
+        return float(params["timeout"])
+    return sum(float(params.get(f"{s}_budget_s") or getattr(settings, f"{s}_budget_s"))
+               for s in ("init", "run", "eval"))
+
+
+@bp.post("/process")
+def process():
+    body: ProcessRequest = parse_body(ProcessRequest)
+    if not _running():
+        raise InvalidRequest("the service is stopped; POST /start first")
+    request = JobRequest(instance=body.instance, sampling_params=body.sampling_params,
+                         job_id=body.job_id or uuid.uuid4().hex)
+    check_handlers([request])
+    store = _store()
+    (job_id,) = submit(store, [request])
+    store.redis.sadd(keys.compat_jobs(), job_id)
+    deadline = time.monotonic() + 2 * _budget_s(body.sampling_params) + 10
+    pause = 0.01
+    while time.monotonic() < deadline:
+        record = store.get(job_id)
+        if record is not None and record.status.terminal:
+            store.redis.srem(keys.compat_jobs(), job_id)
+            return jsonify(reference_result(record.result or {}))
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.25)
+    try:
+        cancel(store, job_id, reason="/process timed out")
+    except JobAlreadyTerminal:
+        pass
+    return error_response(504, "timeout", f"job {job_id} did not finish in time and was cancelled",
+                          job_id=job_id)
+
+
+@bp.post("/cancel")
+def cancel_one():
+    body: CancelRequest = parse_body(CancelRequest)
+    try:
+        record = cancel(_store(), body.job_id, reason="cancelled by /cancel")
+    except JobAlreadyTerminal as exc:  # early termination races completion: not an error here
+        return jsonify({"job_id": body.job_id, "cancelled": False, "status": exc.status})
+    except UnknownJob:
+        raise
+    return jsonify({"job_id": body.job_id, "cancelled": True, "status": record.status.value})
+
+
+def reference_result(result: dict[str, Any]) -> dict[str, Any]:
+    """Our result plus the reference system's field names."""
+    timing = result.get("timing") or {}
+    counted = sum(timing.get(k, 0.0) for k in ("init", "run", "eval"))
+    out = dict(result)
+    out.setdefault("messages", [])
+    out.setdefault("git_patch", "")
+    out.setdefault("finish", result.get("status") == "completed" and result.get("critical_error") is None)
+    out.setdefault("success", result.get("status") == "completed")
+    out.setdefault("end_properly", out["finish"])
+    out["timing"] = {**timing, "init_time": timing.get("init", 0.0), "run_time": timing.get("run", 0.0),
+                     "eval_time": timing.get("eval", 0.0),
+                     "others_time": max(0.0, timing.get("total", 0.0) - counted - timing.get("queue", 0.0)),
+                     "counted_elapsed": counted,
+                     "timeout_triggered": result.get("critical_error") == "timeout"}
+    return out

@@ -1,0 +1,87 @@
+"""The reference system's endpoints, driven the way its trainers drive them."""
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from tests.conftest import wait_until
+
+LOCAL = {"runtime": "local"}
+
+
+def _process(api: str, instance: dict, **extra) -> requests.Response:
+    return requests.post(f"{api}/process", json={"instance": instance, "sampling_params": {}, **extra},
+                         timeout=120)
+
+
+def test_trainer_call_sequence(api):
+    """start, many concurrent /process calls with trajectory ids, an early /cancel, stop."""
+    assert requests.post(f"{api}/start", timeout=10).status_code == 200
+    try:
+        assert requests.post(f"{api}/start", timeout=10).status_code == 400  # already running
+        instance = {"data_source": "shell", "sandbox": LOCAL, "instance_id": "inst-7"}
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(_process, api, {**instance, "trajectory_id": i,
+                                                   "commands": ["true" if i % 4 else "false"]})
+                       for i in range(16)]
+            results = [f.result().json() for f in futures]
+        assert sorted(r["trajectory_id"] for r in results) == list(range(16))
+        for r in results:
+            assert r["instance_id"] == "inst-7" and r["critical_error"] is None
+            assert r["resolved"] == bool(r["trajectory_id"] % 4) and r["finish"] is True
+            assert {"init_time", "run_time", "eval_time", "counted_elapsed", "timeout_triggered"} <= set(r["timing"])
+            assert r["messages"] == [] and r["git_patch"] == "" and r["filter"] is False
+
+        job_id = f"early-{uuid.uuid4().hex[:6]}"
+        box: dict = {}
+        worker = threading.Thread(target=lambda: box.setdefault(
+            "resp", _process(api, {"data_source": "shell", "sandbox": LOCAL, "commands": ["sleep 30"]},
+                             job_id=job_id)))
+        worker.start()
+        wait_until(lambda: requests.get(f"{api}/jobs/{job_id}", timeout=5).status_code == 200, 10, "the job")
+        status = requests.get(f"{api}/status", timeout=10).json()
+        assert status["status"] == "running" and status["jobs"] >= 1
+        cancel = requests.post(f"{api}/cancel", json={"job_id": job_id}, timeout=10).json()
+        assert cancel == {"job_id": job_id, "cancelled": True, "status": "cancelled"}
+        worker.join(30)
+        answer = box["resp"].json()
+        assert answer["critical_error"] == "cancelled" and answer["resolved"] is False
+        again = requests.post(f"{api}/cancel", json={"job_id": job_id}, timeout=10).json()
+        assert again["cancelled"] is False and again["status"] == "cancelled"
+        assert requests.post(f"{api}/cancel", json={"job_id": "never-was"}, timeout=10).status_code == 404
+    finally:
+        stopped = requests.post(f"{api}/stop", timeout=30)
+    assert stopped.json()["status"] == "stopped"
+    assert requests.get(f"{api}/status", timeout=10).json()["status"] == "stopped"
+    refused = _process(api, {"data_source": "shell", "commands": ["true"]})
+    assert refused.status_code == 400
+
+
+def test_stop_cancels_in_flight_process_calls(api):
+    requests.post(f"{api}/start", timeout=10)
+    job_id = f"stopme-{uuid.uuid4().hex[:6]}"
+    box: dict = {}
+    worker = threading.Thread(target=lambda: box.setdefault("resp", _process(
+        api, {"data_source": "shell", "sandbox": LOCAL, "commands": ["sleep 30"]}, job_id=job_id)))
+    worker.start()
+    wait_until(lambda: requests.get(f"{api}/jobs/{job_id}", timeout=5).json().get("status") == "run"
+               if requests.get(f"{api}/jobs/{job_id}", timeout=5).status_code == 200 else False, 20, "run")
+    assert requests.post(f"{api}/stop", timeout=30).json()["cancelled"] == 1
+    worker.join(30)
+    assert box["resp"].json()["status"] == "cancelled"
+
+
+def test_process_times_out_with_504_and_cancels(api):
+    requests.post(f"{api}/start", timeout=10)
+    try:
+        job_id = f"slow-{uuid.uuid4().hex[:6]}"
+        # timeout 1 s -> the answer comes after 2 * 1 + 10 s at the latest; the stage budget is longer
+        resp = _process(api, {"data_source": "tests.handlers_for_tests:StuckRunHandler", "sandbox": LOCAL},
+                        job_id=job_id, sampling_params={"timeout": 1})
+        assert resp.status_code == 504 and resp.json()["error"]["job_id"] == job_id
+        assert requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"] == "cancelled"
+    finally:
+        requests.post(f"{api}/stop", timeout=30)
