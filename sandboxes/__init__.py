@@ -1,0 +1,1 @@
+"""Sandboxes: the interface, runtimes, persistent shell, per-node host and its client."""

@@ -1,0 +1,181 @@
+"""Drive a sandbox on any host by its handle, and place new sandboxes on the least-loaded host."""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+import requests
+from pydantic import ValidationError
+
+from prorl_celery import keys
+from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, ProrlError, SandboxError,
+                                 SandboxGone, UnknownPlugin)
+from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
+from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
+                                RenewRequest, SandboxEntry)
+from sandboxes.registry import is_dotted_path, runtime_name
+
+log = logging.getLogger(__name__)
+
+HTTP_MARGIN_S = 15.0  # exec's HTTP timeout beyond the command's: kill grace, shell restart, network
+CONTROL_TIMEOUT_S = 30.0
+CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
+
+_ERRORS: dict[str, type[Exception]] = {
+    "sandbox_gone": SandboxGone,
+    "no_sandbox_capacity": NoSandboxCapacity,
+    "unknown_plugin": UnknownPlugin,
+    "invalid_request": InvalidRequest,
+    "file_not_found": FileNotFoundError,
+    "file_error": OSError,
+}
+_local = threading.local()
+
+
+def _session() -> requests.Session:
+    """One keep-alive session per thread: requests.Session is not safe to share across threads."""
+    session = getattr(_local, "session", None)
+    if session is None:
+        session = _local.session = requests.Session()
+    return session
+
+
+def _raise_for(response: requests.Response) -> None:
+    try:
+        detail = response.json()["error"]
+        type_, message = detail["type"], detail["message"]
+    except (ValueError, KeyError, TypeError):
+        type_, message = "sandbox", response.text[:500]
+    raise _ERRORS.get(type_, SandboxError)(f"{message} (HTTP {response.status_code})")
+
+
+def request(method: str, address: str, token: str, path: str, timeout: float,
+            **kwargs: Any) -> requests.Response:
+    """One call to a sandbox host; maps transport failures and error bodies to exceptions."""
+    try:
+        response = _session().request(method, address + path, timeout=timeout,
+                                      headers={"Authorization": f"Bearer {token}"}, **kwargs)
+    except requests.RequestException as exc:
+        raise SandboxError(f"sandbox host {address} unreachable: {exc}") from exc
+    if response.status_code >= 400:
+        _raise_for(response)
+    return response
+
+
+class RemoteSandbox:
+    """The :class:`~sandboxes.base.Sandbox` protocol over HTTP to the host named in ``handle``."""
+
+    def __init__(self, handle: SandboxHandle):
+        self.handle = handle
+        self._prefix = f"/sandboxes/{handle.sandbox_id}"
+
+    def _call(self, method: str, suffix: str = "", timeout: float = CONTROL_TIMEOUT_S,
+              **kwargs: Any) -> requests.Response:
+        return request(method, self.handle.address, self.handle.token, self._prefix + suffix,
+                       timeout, **kwargs)
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        from config.settings import get_settings
+
+        timeout = timeout or get_settings().action_timeout_s
+        body = ExecRequest(command=command, timeout=timeout).model_dump_json()
+        response = self._call("POST", "/exec", timeout + HTTP_MARGIN_S, data=body)
+        return ExecResult.model_validate_json(response.content)
+
+    def interrupt(self) -> None:
+        self._call("POST", "/interrupt")
+
+    def renew(self, lease_s: float | None = None) -> SandboxEntry:
+        response = self._call("POST", "/renew", data=RenewRequest(lease_s=lease_s).model_dump_json())
+        return SandboxEntry.model_validate_json(response.content)
+
+    def read_file(self, path: str) -> bytes:
+        return self._call("GET", "/files", params={"path": path}).content
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self._call("PUT", "/files", params={"path": path}, data=data)
+
+    def close(self) -> bool:
+        """True if this call closed it, False if it was already gone. Idempotent."""
+        return CloseResponse.model_validate_json(self._call("DELETE").content).closed
+
+    def info(self) -> dict[str, Any]:
+        for entry in list_sandboxes(self.handle.address, self.handle.token):
+            if entry.sandbox_id == self.handle.sandbox_id:
+                return {**entry.info, "host_id": self.handle.host_id,
+                        "address": self.handle.address, "expires_at": entry.expires_at}
+        raise SandboxGone(f"no sandbox {self.handle.sandbox_id!r} on {self.handle.address}")
+
+
+def list_sandboxes(address: str, token: str) -> list[SandboxEntry]:
+    response = request("GET", address, token, "/sandboxes", CONTROL_TIMEOUT_S)
+    return [SandboxEntry.model_validate(item) for item in response.json()["sandboxes"]]
+
+
+def close_handle(handle: SandboxHandle | dict[str, Any]) -> bool:
+    """Close the sandbox a handle names; False when it was already gone (not an error)."""
+    try:
+        return RemoteSandbox(SandboxHandle.model_validate(handle)).close()
+    except SandboxGone:
+        return False
+
+
+def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostRecord]:
+    """Hosts whose heartbeat is recent (3 periods), optionally only those offering ``runtime``."""
+    from config.settings import get_settings
+
+    cutoff = time.time() - 3 * get_settings().host_heartbeat_s
+    host_ids = client.zrangebyscore(keys.hosts(), cutoff, "+inf")
+    pipe = client.pipeline()
+    for host_id in host_ids:
+        pipe.hgetall(keys.host(host_id.decode() if isinstance(host_id, bytes) else host_id))
+    records = []
+    for raw in pipe.execute():
+        try:
+            records.append(HostRecord.from_redis(raw))
+        except (ValidationError, ValueError) as exc:  # a half-expired or foreign hash
+            log.warning("ignoring malformed sandbox host record: %s", exc)
+    if runtime is None or is_dotted_path(runtime):
+        return records
+    return [record for record in records if runtime in record.runtimes]
+
+
+def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
+                 lease_s: float | None = None) -> RemoteSandbox:
+    """Create a sandbox on the live host with the most free slots (ties broken at random).
+
+    Hosts race: a host that turns out full or unreachable is skipped for the next one. Raises
+    :class:`NoSandboxCapacity` when none could take it; the caller retries later.
+    """
+    runtime = runtime_name(spec)
+    hosts = [host for host in live_hosts(client, runtime) if host.free > 0]
+    random.shuffle(hosts)
+    hosts.sort(key=lambda host: host.free, reverse=True)  # stable: shuffled order breaks ties
+    body = CreateRequest(job_id=job_id, spec=spec, lease_s=lease_s).model_dump_json()
+    full: list[str] = []
+    failed: list[str] = []
+    for host in hosts:
+        try:
+            response = request("POST", host.address, host.token, "/sandboxes", CREATE_TIMEOUT_S,
+                               data=body)
+        except NoSandboxCapacity:
+            full.append(host.host_id)
+            continue
+        except ProrlError as exc:
+            if type(exc) is not SandboxError:  # bad spec, unknown runtime: no other host does better
+                raise
+            failed.append(f"{host.host_id}: {exc}")
+            continue
+        entry = SandboxEntry.model_validate_json(response.content)
+        return RemoteSandbox(SandboxHandle(host_id=host.host_id, address=host.address,
+                                           token=host.token, sandbox_id=entry.sandbox_id,
+                                           runtime=entry.runtime))
+    if failed and not full:
+        raise SandboxError(f"every sandbox host failed to create the sandbox: {'; '.join(failed)}")
+    raise NoSandboxCapacity(f"no live sandbox host with room for runtime {runtime!r}"
+                            + (f"; full: {', '.join(full)}" if full else "")
+                            + (f"; failed: {'; '.join(failed)}" if failed else ""))

@@ -1,0 +1,209 @@
+"""The per-node sandbox host: serves sandboxes over HTTP and registers itself in Redis.
+
+    python -m sandboxes.host --port 8710 --redis-url redis://head:6379/0
+
+prints ``sandbox-host ready http://<address>`` once listening. SIGTERM or SIGINT closes every
+sandbox and removes the registration; a kill -9 still takes each shell down (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+import waitress
+
+from prorl_celery import keys
+from sandboxes.host_app import create_app
+from sandboxes.pool import SandboxPool
+from sandboxes.protocol import HostRecord
+from sandboxes.registry import available_runtimes
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    """The host's hash in Redis and its heartbeat in the ``keys.hosts()`` sorted set."""
+
+    def __init__(self, client: redis.Redis, record: HostRecord, pool: SandboxPool, interval_s: float):
+        self.client = client
+        self.record = record
+        self.pool = pool
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+
+    def beat(self) -> None:
+        now = time.time()
+        self.record.live, self.record.heartbeat_at = self.pool.live, now
+        key = keys.host(self.record.host_id)
+        pipe = self.client.pipeline()
+        pipe.hset(key, mapping=self.record.to_redis())
+        pipe.expire(key, int(max(60, 10 * self.interval_s)))
+        pipe.zadd(keys.hosts(), {self.record.host_id: now})
+        pipe.execute()
+
+    def update_live(self) -> None:
+        """Placement reads ``live``; publish it on every change, not only every heartbeat."""
+        try:
+            self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
+        except redis.RedisError as exc:
+            log.warning("could not publish live count: %s", exc)
+
+    def _beat_logged(self) -> None:
+        try:
+            self.beat()
+        except redis.RedisError as exc:
+            log.warning("heartbeat to redis failed: %s", exc)
+
+    def start(self) -> threading.Thread:
+        """Register now (so the host is placeable once it says ready), then keep beating."""
+        self._beat_logged()
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                self._beat_logged()
+
+        thread = threading.Thread(target=loop, name="sandbox-host-heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+    def remove(self) -> None:
+        self._stop.set()
+        try:
+            self.client.zrem(keys.hosts(), self.record.host_id)
+            self.client.delete(keys.host(self.record.host_id))
+        except redis.RedisError as exc:
+            log.warning("could not remove registration: %s", exc)
+
+
+def advertised_address(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class SandboxHost:
+    """A bound host: :meth:`start` registers it and starts the reaper, :meth:`run` serves
+    (blocking), :meth:`shutdown` closes every sandbox and deregisters."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, redis_url: str | None = None,
+                 capacity: int | None = None, token: str | None = None, host_id: str | None = None,
+                 advertise: str | None = None, lease_s: float | None = None,
+                 runtimes: list[str] | None = None,
+                 runtime_config: dict[str, dict[str, Any]] | None = None, register: bool = True):
+        from config.settings import get_settings
+
+        settings = get_settings()
+        self.token = token or secrets.token_urlsafe(24)
+        self.runtimes = runtimes or available_runtimes()
+        capacity = capacity or settings.sandbox_capacity
+        self.pool = SandboxPool("", capacity, lease_s or settings.sandbox_lease_s, runtime_config)
+        app = create_app(self.pool, self.token, self.runtimes)
+        self.server = waitress.create_server(
+            app, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
+            connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True)
+        self.port = self.server.effective_port
+        self.address = advertise or advertised_address(host, self.port)
+        self.host_id = host_id or f"{socket.gethostname()}-{self.port}"
+        self.pool.host_id = self.host_id
+        self.registration: Registration | None = None
+        if register:
+            record = HostRecord(host_id=self.host_id, address=self.address, token=self.token,
+                                runtimes=self.runtimes, capacity=capacity, live=0, pid=os.getpid())
+            client = redis.Redis.from_url(redis_url or settings.redis_url)
+            self.registration = Registration(client, record, self.pool, settings.host_heartbeat_s)
+            self.pool.on_change = self.registration.update_live
+
+    def start(self) -> None:
+        self.pool.start_reaper()
+        if self.registration:
+            self.registration.start()
+
+    def run(self) -> None:
+        self.server.run()
+
+    def shutdown(self) -> None:
+        self.pool.stop()
+        closed = self.pool.close_all()
+        if self.registration:
+            self.registration.remove()
+        self.server.close()
+        self.server.task_dispatcher.shutdown(timeout=2)
+        log.info("sandbox host %s stopped; closed %d sandboxes", self.host_id, closed)
+
+    def write_ready_file(self, path: str) -> None:
+        info = {"address": self.address, "host_id": self.host_id, "token": self.token,
+                "port": self.port, "pid": os.getpid()}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            json.dump(info, fh)
+        os.replace(tmp, path)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # waitress's loop closes its sockets on SystemExit; serve() cleans up
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, redis_url: str | None = None,
+          capacity: int | None = None, token: str | None = None, host_id: str | None = None,
+          advertise: str | None = None, ready_file: str | None = None, **options: Any) -> None:
+    """Serve until SIGTERM/SIGINT. ``options``: lease_s, runtimes, runtime_config, register."""
+    sandbox_host = SandboxHost(host, port, redis_url, capacity, token, host_id, advertise, **options)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        signal.signal(signal.SIGINT, _exit_on_signal)
+    try:
+        sandbox_host.start()
+        if ready_file:
+            sandbox_host.write_ready_file(ready_file)
+        print(f"sandbox-host ready {sandbox_host.address}", flush=True)
+        log.info("sandbox host %s on %s, runtimes %s, capacity %d", sandbox_host.host_id,
+                 sandbox_host.address, sandbox_host.runtimes, sandbox_host.pool.capacity)
+        sandbox_host.run()
+    finally:
+        sandbox_host.shutdown()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to bind (0.0.0.0: all).")
+    parser.add_argument("--port", type=int, default=0, help="Port; 0 picks a free one.")
+    parser.add_argument("--redis-url", default=None, help="Where to register; default: settings.")
+    parser.add_argument("--no-register", action="store_true", help="Do not register in Redis.")
+    parser.add_argument("--capacity", type=int, default=None, help="Sandboxes served at once.")
+    parser.add_argument("--lease-s", type=float, default=None, help="Default sandbox lease.")
+    parser.add_argument("--token", default=os.environ.get("PRORL_HOST_TOKEN"),
+                        help="Bearer token (default: $PRORL_HOST_TOKEN or random).")
+    parser.add_argument("--host-id", default=None, help="Default: <hostname>-<port>.")
+    parser.add_argument("--advertise", default=None, help="Base URL clients use to reach this host.")
+    parser.add_argument("--ready-file", default=None, help="Write address, token, pid here (JSON).")
+    parser.add_argument("--runtimes", default=None, help="Comma-separated; default: all available.")
+    parser.add_argument("--runtime-config", default=None,
+                        help='JSON per runtime, e.g. \'{"local": {"root": "/scratch"}}\'.')
+    parser.add_argument("--log-level", default="INFO")
+
+
+def main(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.host, args.port, args.redis_url, args.capacity, args.token, args.host_id,
+          args.advertise, args.ready_file, lease_s=args.lease_s,
+          runtimes=args.runtimes.split(",") if args.runtimes else None,
+          runtime_config=json.loads(args.runtime_config) if args.runtime_config else None,
+          register=not args.no_register)
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m sandboxes.host", description=__doc__.split("\n")[0])
+    add_arguments(_parser)
+    main(_parser.parse_args())

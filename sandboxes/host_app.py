@@ -1,0 +1,132 @@
+"""The sandbox host's HTTP API: a Flask app over a :class:`~sandboxes.pool.SandboxPool`.
+
+Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors are
+``{"error": {"type", "message"}}`` with a 4xx/5xx status; the client re-raises them by type.
+"""
+from __future__ import annotations
+
+import hmac
+
+from flask import Flask, Response, request
+from pydantic import BaseModel, ValidationError
+
+from prorl_celery.errors import InvalidRequest, ProrlError
+from sandboxes.pool import SandboxPool
+from sandboxes.protocol import (CloseResponse, CreateRequest, ErrorResponse, ExecRequest, Health,
+                                RenewRequest, SandboxList)
+
+STATUS_BY_TYPE = {
+    "invalid_request": 400,
+    "unknown_plugin": 400,
+    "file_error": 400,
+    "unauthorized": 401,
+    "sandbox_gone": 404,
+    "file_not_found": 404,
+    "not_found": 404,
+    "no_sandbox_capacity": 503,
+}
+
+
+def error(type_: str, message: str, status: int | None = None) -> Response:
+    body = ErrorResponse.model_validate({"error": {"type": type_, "message": message}})
+    return Response(body.model_dump_json(), status or STATUS_BY_TYPE.get(type_, 500),
+                    mimetype="application/json")
+
+
+def ok(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status, mimetype="application/json")
+
+
+def parse(model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate_json(request.get_data() or b"{}")
+    except ValidationError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+def file_path() -> str:
+    path = request.args.get("path")
+    if not path:
+        raise InvalidRequest("query parameter 'path' is required", field="path")
+    return path
+
+
+def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
+    app = Flask("sandboxes.host")
+    expected = f"Bearer {token}".encode()
+
+    @app.before_request
+    def authenticate() -> Response | None:
+        if request.path == "/health" and request.method == "GET":
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return error("unauthorized", "missing or wrong bearer token")
+        return None
+
+    @app.errorhandler(ProrlError)
+    def prorl_error(exc: ProrlError) -> Response:
+        return error(exc.type, str(exc))
+
+    @app.errorhandler(FileNotFoundError)
+    def file_not_found(exc: FileNotFoundError) -> Response:
+        return error("file_not_found", f"no such file: {exc.filename or exc}")
+
+    @app.errorhandler(OSError)
+    def file_error(exc: OSError) -> Response:
+        return error("file_error", f"{type(exc).__name__}: {exc}")
+
+    @app.errorhandler(404)
+    @app.errorhandler(405)
+    def no_route(exc) -> Response:
+        return error("not_found", f"{request.method} {request.path}: {exc.description}", exc.code)
+
+    @app.get("/health")
+    def health() -> Response:
+        return ok(Health(host_id=pool.host_id, live=pool.live, capacity=pool.capacity,
+                         runtimes=runtimes))
+
+    @app.post("/sandboxes")
+    def create() -> Response:
+        body = parse(CreateRequest)
+        return ok(pool.create(body.job_id, body.spec, body.lease_s), 201)
+
+    @app.get("/sandboxes")
+    def list_sandboxes() -> Response:
+        return ok(SandboxList(sandboxes=pool.entries()))
+
+    @app.post("/sandboxes/<sandbox_id>/exec")
+    def exec_(sandbox_id: str) -> Response:
+        body = parse(ExecRequest)
+        return ok(pool.exec(sandbox_id, body.command, body.timeout))
+
+    @app.post("/sandboxes/<sandbox_id>/interrupt")
+    def interrupt(sandbox_id: str) -> Response:
+        with pool.using(sandbox_id) as sandbox:
+            sandbox.interrupt()
+        return Response(b'{"interrupted": true}', 200, mimetype="application/json")
+
+    @app.post("/sandboxes/<sandbox_id>/renew")
+    def renew(sandbox_id: str) -> Response:
+        body = parse(RenewRequest)
+        return ok(pool.renew(sandbox_id, body.lease_s))
+
+    @app.put("/sandboxes/<sandbox_id>/files")
+    def write_file(sandbox_id: str) -> Response:
+        path = file_path()
+        with pool.using(sandbox_id) as sandbox:
+            sandbox.write_file(path, request.get_data())
+        return Response(b'{"written": true}', 200, mimetype="application/json")
+
+    @app.get("/sandboxes/<sandbox_id>/files")
+    def read_file(sandbox_id: str) -> Response:
+        path = file_path()
+        with pool.using(sandbox_id) as sandbox:
+            data = sandbox.read_file(path)
+        return Response(data, 200, mimetype="application/octet-stream")
+
+    @app.delete("/sandboxes/<sandbox_id>")
+    def close(sandbox_id: str) -> Response:
+        return ok(CloseResponse(closed=pool.close(sandbox_id)))
+
+    return app

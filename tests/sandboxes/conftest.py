@@ -1,0 +1,116 @@
+"""Real processes only: a private redis-server and sandbox hosts started as subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="session")
+def sandbox_redis() -> Iterator[str]:
+    """URL of a private redis-server on a free port, killed at the end of the session."""
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server not installed")
+    port = free_port()
+    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def up() -> bool:
+        try:
+            return client.ping()
+        except redis.ConnectionError:
+            return False
+
+    assert wait_until(up, 10), "redis-server did not start"
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def redis_client(sandbox_redis: str) -> redis.Redis:
+    client = redis.Redis.from_url(sandbox_redis)
+    client.flushdb()
+    return client
+
+
+@dataclass
+class HostProc:
+    proc: subprocess.Popen
+    address: str
+    token: str
+    host_id: str
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def start_host(sandbox_redis: str, tmp_path: Path):
+    """Factory: ``start_host(capacity=2, lease_s=..., register=True)`` -> a running host process."""
+    started: list[HostProc] = []
+
+    def start(capacity: int = 4, lease_s: float | None = None, register: bool = True,
+              heartbeat_s: float = 0.5) -> HostProc:
+        token = f"token-{len(started)}"
+        host_id = f"test-host-{len(started)}"
+        ready = tmp_path / f"ready-{len(started)}.json"
+        argv = [sys.executable, "-m", "sandboxes.host", "--token", token, "--host-id", host_id,
+                "--capacity", str(capacity), "--redis-url", sandbox_redis,
+                "--ready-file", str(ready), "--log-level", "WARNING",
+                "--runtime-config", json.dumps({"local": {"root": str(tmp_path)}})]
+        if lease_s:
+            argv += ["--lease-s", str(lease_s)]
+        if not register:
+            argv.append("--no-register")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PRORL_HOST_HEARTBEAT_S": str(heartbeat_s)}
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline().strip()
+        assert line.startswith("sandbox-host ready http://"), line
+        address = line.split()[-1]
+        assert json.loads(ready.read_text())["address"] == address
+        host = HostProc(proc, address, token, host_id)
+        started.append(host)
+        return host
+
+    yield start
+    for host in started:
+        try:
+            host.stop()  # SIGTERM: the host removes its sandboxes' workspaces
+        except subprocess.TimeoutExpired:
+            host.proc.kill()
+            host.proc.wait()

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+
+import psutil
+import pytest
+import requests
+
+from prorl_celery import keys
+from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, SandboxGone
+from sandboxes.base import SandboxHandle, SandboxSpec
+from sandboxes.client import RemoteSandbox, close_handle, list_sandboxes, open_sandbox, request
+from tests.sandboxes.conftest import wait_until
+
+
+def create(host, job_id: str = "job-1", **body) -> RemoteSandbox:
+    response = request("POST", host.address, host.token, "/sandboxes", 30,
+                       data=json.dumps({"job_id": job_id, **body}))
+    assert response.status_code == 201
+    entry = response.json()
+    return RemoteSandbox(SandboxHandle(host_id=entry["host_id"], address=host.address,
+                                       token=host.token, sandbox_id=entry["sandbox_id"],
+                                       runtime=entry["runtime"]))
+
+
+def entry_of(host, sandbox: RemoteSandbox):
+    return next(e for e in list_sandboxes(host.address, host.token)
+                if e.sandbox_id == sandbox.handle.sandbox_id)
+
+
+def test_token_required_except_health(start_host):
+    host = start_host()
+    assert requests.get(f"{host.address}/health").json()["capacity"] == 4
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        response = requests.get(f"{host.address}/sandboxes", headers=headers)
+        assert response.status_code == 401 and response.json()["error"]["type"] == "unauthorized"
+        response = requests.post(f"{host.address}/sandboxes", json={"job_id": "x"}, headers=headers)
+        assert response.status_code == 401
+    assert list_sandboxes(host.address, host.token) == []
+
+
+def test_create_exec_files_close(start_host):
+    host = start_host()
+    sandbox = create(host, spec={"env": {"GREETING": "hi there"}})
+    assert sandbox.exec('echo "$GREETING"; cd /tmp').output == "hi there\n"
+    assert sandbox.exec("pwd").output == "/tmp\n"
+    failed = sandbox.exec("exit 5")
+    assert failed.exit_code == 5
+    data = bytes(range(256)) * 100
+    sandbox.write_file("sub/blob.bin", data)
+    assert sandbox.read_file("sub/blob.bin") == data
+    assert sandbox.exec("cd ~ && sha256sum sub/blob.bin").exit_code == 0
+    with pytest.raises(FileNotFoundError):
+        sandbox.read_file("nope.txt")
+    info = sandbox.info()
+    assert info["isolation"] == "none" and info["host_id"] == host.host_id
+    assert sandbox.close() is True
+    assert not os.path.exists(info["workspace"]) and not psutil.pid_exists(info["pid"])
+    assert sandbox.close() is False  # idempotent
+    assert close_handle(sandbox.handle) is False
+    with pytest.raises(SandboxGone):
+        sandbox.exec("echo hi")
+
+
+def test_bad_requests_are_typed_errors(start_host):
+    host = start_host()
+    response = requests.post(f"{host.address}/sandboxes", data=b"{not json",
+                             headers={"Authorization": f"Bearer {host.token}"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request"
+    with pytest.raises(InvalidRequest):
+        request("POST", host.address, host.token, "/sandboxes", 10,
+                data=json.dumps({"job_id": "j", "spec": {"bogus": 1}}))
+    response = requests.post(f"{host.address}/sandboxes",
+                             json={"job_id": "j", "spec": {"runtime": "nope"}},
+                             headers={"Authorization": f"Bearer {host.token}"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "unknown_plugin"
+    assert "local" in response.json()["error"]["message"]
+    response = requests.post(f"{host.address}/sandboxes/deadbeef/exec", json={"command": "ls"},
+                             headers={"Authorization": f"Bearer {host.token}"})
+    assert response.status_code == 404 and response.json()["error"]["type"] == "sandbox_gone"
+
+
+def test_interrupt_over_http(start_host):
+    host = start_host()
+    sandbox = create(host)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(sandbox.exec("sleep 30", timeout=60)))
+    worker.start()
+    time.sleep(0.3)
+    sandbox.interrupt()
+    worker.join(5)
+    assert results and results[0].interrupted and results[0].duration_s < 5
+    assert sandbox.exec("echo ok").output == "ok\n"
+
+
+def test_lapsed_lease_is_reaped(start_host):
+    host = start_host()
+    sandbox = create(host, lease_s=1)
+    entry = entry_of(host, sandbox)
+    assert entry.expires_at - entry.created_at == pytest.approx(1, abs=0.2)
+    workspace, pid = entry.info["workspace"], entry.pid
+    assert os.path.isdir(workspace) and psutil.pid_exists(pid)
+    assert wait_until(lambda: not psutil.pid_exists(pid), timeout=5)
+    assert not os.path.exists(workspace)
+    with pytest.raises(SandboxGone):
+        sandbox.exec("echo hi")
+
+
+def test_long_exec_and_renew_keep_lease(start_host):
+    host = start_host()
+    sandbox = create(host, lease_s=1)
+    assert sandbox.exec("sleep 2.5; echo done", timeout=10).output == "done\n"
+    for _ in range(3):
+        time.sleep(0.6)
+        sandbox.renew()
+    assert sandbox.exec("echo still here").output == "still here\n"
+
+
+def test_sigterm_closes_everything_and_deregisters(start_host, redis_client):
+    host = start_host()
+    sandboxes = [create(host, f"job-{i}") for i in range(2)]
+    entries = [entry_of(host, s) for s in sandboxes]
+    assert redis_client.exists(keys.host(host.host_id))
+    assert host.stop(signal.SIGTERM) == 0
+    for entry in entries:
+        assert not psutil.pid_exists(entry.pid) and not os.path.exists(entry.info["workspace"])
+    assert redis_client.zscore(keys.hosts(), host.host_id) is None
+    assert not redis_client.exists(keys.host(host.host_id))
+
+
+def test_kill_9_of_host_kills_its_shells(start_host, tmp_path):
+    host = start_host()
+    entries = [entry_of(host, create(host, f"job-{i}")) for i in range(3)]
+    assert all(e.info["workspace"].startswith(str(tmp_path)) for e in entries)
+    pids = [e.pid for e in entries]
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    host.stop(signal.SIGKILL)
+    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), timeout=5)
+
+
+def test_registration_and_heartbeat_in_redis(start_host, redis_client):
+    host = start_host(capacity=3, heartbeat_s=0.3)
+    record = {k.decode(): v.decode() for k, v in redis_client.hgetall(keys.host(host.host_id)).items()}
+    assert record["address"] == host.address and record["token"] == host.token
+    assert json.loads(record["runtimes"]) == ["local"]
+    assert (record["capacity"], record["live"]) == ("3", "0")
+    first = redis_client.zscore(keys.hosts(), host.host_id)
+    assert abs(first - time.time()) < 5
+    create(host)
+    assert redis_client.hget(keys.host(host.host_id), "live") == b"1"  # published at once
+    assert wait_until(lambda: redis_client.zscore(keys.hosts(), host.host_id) > first, timeout=3)
+
+
+def test_open_sandbox_places_by_free_capacity(start_host, redis_client):
+    small, big = start_host(capacity=2), start_host(capacity=3)
+    first = open_sandbox(redis_client, SandboxSpec(), "job-0")
+    assert first.handle.host_id == big.host_id
+    assert first.exec("echo placed").output == "placed\n"
+    opened = [open_sandbox(redis_client, SandboxSpec(), f"job-{i}") for i in range(1, 5)]
+    per_host = {h.host_id: len(list_sandboxes(h.address, h.token)) for h in (small, big)}
+    assert per_host == {small.host_id: 2, big.host_id: 3}
+    with pytest.raises(NoSandboxCapacity):
+        open_sandbox(redis_client, SandboxSpec(), "job-full")
+    assert opened[0].close() is True
+    assert open_sandbox(redis_client, SandboxSpec(), "job-again").handle.host_id == opened[0].handle.host_id
+
+
+def test_open_sandbox_skips_stale_dead_and_racing_hosts(start_host, redis_client):
+    full, good = start_host(capacity=1), start_host(capacity=1)
+    create(full)
+    # full's record lies (as if stale): it looks like the roomiest host and is tried first.
+    redis_client.hset(keys.host(full.host_id), mapping={"capacity": 50, "live": 0})
+    # a host that stopped heart-beating and one that is registered but unreachable
+    for host_id, beat in (("dead", time.time() - 3600), ("unreachable", time.time() + 60)):
+        redis_client.hset(keys.host(host_id), mapping={
+            "host_id": host_id, "address": "http://127.0.0.1:9", "token": "x",
+            "runtimes": '["local"]', "capacity": 100, "live": 0})
+        redis_client.zadd(keys.hosts(), {host_id: beat})
+    sandbox = open_sandbox(redis_client, SandboxSpec(), "job-x")
+    assert sandbox.handle.host_id == good.host_id
+    assert sandbox.exec("echo ok").output == "ok\n"
+
+
+def test_no_live_host_means_no_capacity(redis_client):
+    with pytest.raises(NoSandboxCapacity):
+        open_sandbox(redis_client, SandboxSpec(), "job-none")
+
+
+def test_wall_time_limit_closes_even_a_renewed_sandbox(start_host):
+    host = start_host()
+    sandbox = create(host, spec={"limits": {"wall_s": 1}})
+    pid = entry_of(host, sandbox).pid
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and psutil.pid_exists(pid):
+        try:
+            sandbox.renew()
+        except SandboxGone:
+            break
+        time.sleep(0.1)
+    assert wait_until(lambda: not psutil.pid_exists(pid), timeout=1)
+    with pytest.raises(SandboxGone):
+        sandbox.renew()
+
+
+def test_echo_round_trip_through_host_is_fast(start_host):
+    sandbox = create(start_host())
+    times = []
+    for _ in range(200):
+        start = time.perf_counter()
+        assert sandbox.exec("echo hi").output == "hi\n"
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.01

@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import psutil
+import pytest
+
+from sandboxes.shell import KILL_GRACE_S, PersistentShell
+
+
+@pytest.fixture
+def shell(tmp_path):
+    sh = PersistentShell(cwd=str(tmp_path))
+    yield sh
+    sh.close()
+
+
+def processes_with(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if text in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def test_cwd_and_env_persist(shell, tmp_path):
+    (tmp_path / "sub").mkdir()
+    assert shell.run("cd sub && export FOO='a b'").exit_code == 0
+    result = shell.run('pwd; echo "$FOO"')
+    assert result.output == f"{tmp_path / 'sub'}\nabc\n".replace("abc", "a b")
+    assert shell.cwd == str(tmp_path / "sub")
+
+
+def test_exit_code_and_noninteractive_env(shell):
+    assert shell.run("false").exit_code == 1
+    assert shell.run("(exit 42)").exit_code == 42
+    assert shell.run('echo "$PAGER $GIT_PAGER $TERM $NO_COLOR"').output == "cat cat dumb 1\n"
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("echo 'single' \"double\" \\$HOME", "single double $HOME\n"),
+    ("printf '%s\\n' \"it's\"", "it's\n"),
+    ("echo one\necho two", "one\ntwo\n"),
+    ("cat <<'EOF'\nline 'quoted' $x\nEOF", "line 'quoted' $x\n"),
+    ("echo -n no-newline", "no-newline"),
+    ("echo 'héllo ✓'", "héllo ✓\n"),
+    ("echo 'a'\\''b' \"\\\\\"", "a'b \\\n"),
+])
+def test_any_command_text_is_framed(shell, command, expected):
+    result = shell.run(command)
+    assert (result.output, result.exit_code) == (expected, 0)
+
+
+def test_syntax_error_is_data_and_shell_survives(shell):
+    result = shell.run("if then fi (")
+    assert result.exit_code == 2 and "syntax error" in result.output
+    assert shell.run("echo 'unterminated").exit_code == 2
+    assert shell.run("echo ok").output == "ok\n"
+
+
+def test_stderr_is_merged(shell):
+    assert shell.run("echo out; echo err >&2; ls /nonexistent-dir").output.startswith("out\nerr\n")
+
+
+def test_exit_restarts_shell_and_keeps_cwd(shell, tmp_path):
+    shell.run("cd /usr")
+    old_pid = shell.pid
+    result = shell.run("exit 3")
+    assert result.exit_code == 3 and "new shell" in result.output
+    assert shell.pid != old_pid and not psutil.pid_exists(old_pid)
+    assert shell.run("pwd").output == "/usr\n"
+
+
+def test_stdin_reading_commands_do_not_hang(shell):
+    start = time.monotonic()
+    assert shell.run("cat; read x; echo got=$x", timeout=5).output == "got=\n"
+    assert shell.run("python3 -c 'import sys; print(len(sys.stdin.read()))'", timeout=5).output == "0\n"
+    assert time.monotonic() - start < 2
+
+
+def test_timeout_kills_sleep_and_process_tree(shell):
+    start = time.monotonic()
+    result = shell.run("echo before; bash -c 'sleep 101.5 & sleep 102.5'", timeout=0.5)
+    assert time.monotonic() - start < 0.5 + KILL_GRACE_S
+    assert result.timed_out and result.exit_code is None and not result.interrupted
+    assert result.output.startswith("before\n")
+    assert processes_with("sleep 101.5") == [] and processes_with("sleep 102.5") == []
+    assert psutil.Process(shell.pid).children(recursive=True) == []
+    assert shell.run("echo alive").output == "alive\n"
+
+
+def test_builtin_loop_timeout_restarts_shell_in_last_cwd(shell, tmp_path):
+    (tmp_path / "d").mkdir()
+    shell.run("cd d")
+    old_pid = shell.pid
+    result = shell.run("while :; do :; done", timeout=0.3)
+    assert result.timed_out and result.exit_code is None and "restarted" in result.output
+    assert result.duration_s < 0.3 + KILL_GRACE_S + 1
+    assert shell.pid != old_pid and not psutil.pid_exists(old_pid)
+    assert shell.run("pwd").output == f"{tmp_path / 'd'}\n"
+
+
+def test_interrupt_from_another_thread(shell):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(shell.run("sleep 103.5", timeout=30)))
+    worker.start()
+    assert _wait(lambda: processes_with("sleep 103.5"))
+    shell.interrupt()
+    worker.join(5)
+    assert not worker.is_alive()
+    result = results[0]
+    assert result.interrupted and not result.timed_out and result.exit_code is None
+    assert result.duration_s < 5 and processes_with("sleep 103.5") == []
+    assert shell.run("echo after").output == "after\n"
+
+
+def test_output_truncated_keeping_head_and_tail(tmp_path):
+    sh = PersistentShell(cwd=str(tmp_path), output_limit=1000)
+    try:
+        result = sh.run("seq 1 100000")
+        assert result.truncated and result.exit_code == 0
+        assert result.output.startswith("1\n2\n3\n") and result.output.endswith("99999\n100000\n")
+        assert "chars cut ...]" in result.output and len(result.output) < 1100
+        huge = sh.run("head -c 50000000 /dev/zero | tr '\\0' x; echo; echo END")
+        assert huge.truncated and huge.output.startswith("xxx") and huge.output.endswith("x\nEND\n")
+        cut = int(huge.output.split("[... ")[1].split(" chars cut")[0])
+        assert abs(cut - 50_000_006 + 1000) < 100
+        assert sh.run("echo small").output == "small\n"
+    finally:
+        sh.close()
+
+
+def test_invalid_utf8_output_is_replaced(shell):
+    assert shell.run("printf 'a\\377b'").output == "a\ufffdb"
+
+
+def test_close_kills_background_processes(tmp_path):
+    sh = PersistentShell(cwd=str(tmp_path))
+    sh.run("sleep 104.5 &")
+    assert processes_with("sleep 104.5")
+    pid = sh.pid
+    sh.close()
+    assert not psutil.pid_exists(pid)
+    assert _wait(lambda: not processes_with("sleep 104.5"))
+    sh.close()  # idempotent
+
+
+def test_echo_round_trip_is_fast(shell):
+    times = []
+    for _ in range(300):
+        start = time.perf_counter()
+        shell.run("echo hi")
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.002
+
+
+def _wait(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_shell_outlives_the_thread_that_created_it(tmp_path):
+    made = []
+    creator = threading.Thread(target=lambda: made.append(PersistentShell(cwd=str(tmp_path))))
+    creator.start()
+    creator.join()
+    sh = made[0]
+    try:
+        time.sleep(0.2)  # PR_SET_PDEATHSIG would have fired by now if the creator had forked it
+        assert psutil.pid_exists(sh.pid) and sh.run("echo alive").output == "alive\n"
+    finally:
+        sh.close()
+
+
+def test_interrupting_a_builtin_loop_restarts_the_shell(shell):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(shell.run("while :; do :; done", timeout=30)))
+    worker.start()
+    time.sleep(0.3)
+    old_pid = shell.pid
+    shell.interrupt()
+    worker.join(KILL_GRACE_S + 3)
+    assert results and results[0].interrupted and "restarted" in results[0].output
+    assert shell.pid != old_pid and shell.run("echo back").output == "back\n"
