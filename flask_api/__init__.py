@@ -9,7 +9,7 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import compat, errors, groups, health, jobs, stream
+    from flask_api import compat, errors, groups, health, jobs, metrics, stream
     from prorl_celery.connections import get_store
 
     app = Flask(__name__)
@@ -25,4 +25,5 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(groups.bp)
     app.register_blueprint(stream.bp)
     app.register_blueprint(compat.bp)
+    app.register_blueprint(metrics.bp)
     return app

@@ -3,19 +3,10 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
-from config.celeryconfig import QUEUES
 from prorl_celery.celery_app import app as celery_app
+from prorl_celery.report import workers_per_queue
 
 bp = Blueprint("health", __name__)
-
-
-def workers_per_queue(timeout: float = 1.0) -> dict[str, list[str]]:
-    replies = celery_app.control.inspect(timeout=timeout).active_queues() or {}
-    out: dict[str, list[str]] = {name: [] for name in QUEUES}
-    for worker, queues in replies.items():
-        for queue in queues:
-            out.setdefault(queue["name"], []).append(worker)
-    return {name: sorted(workers) for name, workers in out.items()}
 
 
 def _ping(check) -> str | None:

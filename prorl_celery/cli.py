@@ -69,6 +69,17 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from prorl_celery.connections import get_store
+    from prorl_celery.report import render, snapshot
+
+    snap = snapshot(get_store())
+    print(json.dumps(snap, indent=2) if args.json else render(snap))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prorl-celery", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--threads", type=int, default=64, help="concurrent requests (long polls hold one)")
     api.set_defaults(func=_cmd_api)
+
+    status = sub.add_parser("status", help="queues, workers, sandbox hosts, LLM backends, jobs by status")
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.set_defaults(func=_cmd_status)
 
     conf = sub.add_parser("settings", help="list every PRORL_* setting with its default")
     conf.set_defaults(func=_cmd_settings)

@@ -86,3 +86,13 @@ def compat_running() -> str:
 def compat_jobs() -> str:
     """Set of job ids started by /process and not yet answered."""
     return f"{PREFIX}:compat:jobs"
+
+
+def stage_histogram(stage: str) -> str:
+    """Hash: histogram of finished stage durations ("le:<bound>", "count", "sum")."""
+    return f"{PREFIX}:metrics:stage:{stage}"
+
+
+def sweep_counts() -> str:
+    """Hash: sweep action -> how many times the sweep took it."""
+    return f"{PREFIX}:metrics:sweep"

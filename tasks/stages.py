@@ -21,6 +21,7 @@ from prorl_celery.connections import get_store
 from prorl_celery.errors import JobCancelled, ProrlError, SandboxError, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
+from prorl_celery.metrics import observe_stage
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, stage_index
 from tasks.context import StageContext
@@ -95,6 +96,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
         setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
         return _fail(store, record, stage, ctx, exc)
     setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
+    observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
     if stage is JobStatus.EVAL:
         handler.finish(ctx)
         result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {})

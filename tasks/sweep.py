@@ -19,6 +19,7 @@ from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.connections import get_store
 from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus
 from tasks.chain import close_sandbox, stage_chain
@@ -77,5 +78,8 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
 @app.task(name="prorl.sweep")
 def sweep() -> dict[str, Any]:
     """One sweep pass; returns what it did (also logged)."""
-    report = sweep_once(get_store())
-    return {"counts": {action: len(ids) for action, ids in report.items()}, **report}
+    store = get_store()
+    report = sweep_once(store)
+    counts = {action: len(ids) for action, ids in report.items()}
+    count_sweep(store.redis, counts)
+    return {"counts": counts, **report}

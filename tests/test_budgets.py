@@ -2,6 +2,7 @@
 result, and queue time is not charged."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -47,13 +48,21 @@ def test_a_long_run_does_not_starve_eval(api):
     assert result["timing"]["run"] > 1.4 and result["timing"]["eval"] > 0.9
 
 
+def _sweep_timeouts(api: str) -> float:
+    text = requests.get(f"{api}/metrics", timeout=10).text
+    found = re.search(r'^prorl_sweep_actions_total\{action="timed_out"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_a_stuck_stage_is_ended_by_the_sweep(api):
+    before = _sweep_timeouts(api)
     job_id = submit(api, {"data_source": "tests.handlers_for_tests:StuckRunHandler", "sandbox": LOCAL},
                     sampling_params={"run_budget_s": 1})
     start = time.monotonic()
     result = _timed_out(wait(api, job_id, timeout=30), "run")
     assert time.monotonic() - start < 15  # the handler sleeps 20 s; the sweep ended it first
     assert "sweep" in result["error"]["message"]
+    assert _sweep_timeouts(api) == before + 1
 
 
 @pytest.mark.parametrize("value", [0, -1, "soon", True])

@@ -1,0 +1,17 @@
+"""``GET /metrics``: Prometheus text format."""
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from prorl_celery.metrics import ServiceCollector
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def metrics():
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(current_app.extensions["prorl_store"]))
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

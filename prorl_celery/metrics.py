@@ -1,0 +1,112 @@
+"""Prometheus metrics, read from Redis at scrape time, so every API replica reports the same.
+
+Stage durations are recorded by the stage tasks into per-stage histogram hashes; everything else
+(jobs by status, queue depths, sandbox hosts, LLM backends, sweep actions) is read as it is.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from config.celeryconfig import QUEUES
+from prorl_celery import keys
+from prorl_celery.jobs import JobStore
+from prorl_celery.status import JobStatus
+
+BUCKETS = (0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+def observe_stage(client: redis.Redis, stage: str, seconds: float) -> None:
+    """Count one finished stage of ``seconds`` into the stage's histogram."""
+    pipe = client.pipeline(transaction=False)
+    key = keys.stage_histogram(stage)
+    for bound in BUCKETS:
+        if seconds <= bound:
+            pipe.hincrby(key, f"le:{bound}", 1)
+    pipe.hincrby(key, "count", 1)
+    pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.execute()
+
+
+def count_sweep(client: redis.Redis, counts: dict[str, int]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for action, n in counts.items():
+        if n:
+            pipe.hincrby(keys.sweep_counts(), action, n)
+    pipe.execute()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ServiceCollector(Collector):
+    def __init__(self, store: JobStore):
+        self.store = store
+
+    def collect(self) -> Iterator:
+        yield from self._jobs()
+        yield from self._stages()
+        yield from self._queues()
+        yield from self._hosts()
+        yield from self._backends()
+        yield from self._sweep()
+
+    def _jobs(self):
+        active = GaugeMetricFamily("prorl_jobs", "Jobs now in an active status", labels=["status", "data_source"])
+        ended = CounterMetricFamily("prorl_jobs_finished", "Jobs that ended, by status",
+                                    labels=["status", "data_source"])
+        for (status, source), n in sorted(self.store.counts_by_source().items()):
+            (ended if JobStatus(status).terminal else active).add_metric([status, source], max(n, 0))
+        yield active
+        yield ended
+
+    def _stages(self):
+        family = HistogramMetricFamily("prorl_stage_seconds", "Duration of finished stages", labels=["stage"])
+        for stage in ("init", "run", "eval"):
+            raw = {_text(k): float(v) for k, v in self.store.redis.hgetall(keys.stage_histogram(stage)).items()}
+            buckets = [(str(b), raw.get(f"le:{b}", 0.0)) for b in BUCKETS] + [("+Inf", raw.get("count", 0.0))]
+            family.add_metric([stage], buckets, raw.get("sum", 0.0))
+        yield family
+
+    def _queues(self):
+        family = GaugeMetricFamily("prorl_queue_depth", "Messages waiting in a Celery queue", labels=["queue"])
+        pipe = self.store.redis.pipeline(transaction=False)
+        for queue in QUEUES:
+            pipe.llen(queue)
+        for queue, depth in zip(QUEUES, pipe.execute()):
+            family.add_metric([queue], depth)
+        yield family
+
+    def _hosts(self):
+        live = GaugeMetricFamily("prorl_sandboxes", "Live sandboxes per sandbox host", labels=["host"])
+        capacity = GaugeMetricFamily("prorl_sandbox_capacity", "Sandbox capacity per host", labels=["host"])
+        seen = GaugeMetricFamily("prorl_sandbox_host_heartbeat_age_seconds", "Seconds since a host's heartbeat",
+                                 labels=["host"])
+        now = time.time()
+        for host_id, beat in self.store.redis.zrange(keys.hosts(), 0, -1, withscores=True):
+            host_id = _text(host_id)
+            record = {_text(k): _text(v) for k, v in self.store.redis.hgetall(keys.host(host_id)).items()}
+            live.add_metric([host_id], float(record.get("live", 0)))
+            capacity.add_metric([host_id], float(record.get("capacity", 0)))
+            seen.add_metric([host_id], now - beat)
+        yield live
+        yield capacity
+        yield seen
+
+    def _backends(self):
+        try:
+            from prorl_celery.llm.metrics import backend_metrics
+        except ImportError:
+            return
+        yield from backend_metrics(self.store.redis)
+
+    def _sweep(self):
+        family = CounterMetricFamily("prorl_sweep_actions", "What the beat sweep did", labels=["action"])
+        for action, n in self.store.redis.hgetall(keys.sweep_counts()).items():
+            family.add_metric([_text(action)], int(n))
+        yield family

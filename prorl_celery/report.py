@@ -1,0 +1,70 @@
+"""What is running: workers per queue, queue depths, sandbox hosts, LLM backends, jobs by status.
+
+Shared by ``GET /healthz`` and ``prorl-celery status``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from config.celeryconfig import QUEUES
+from prorl_celery import keys
+from prorl_celery.celery_app import app as celery_app
+from prorl_celery.jobs import JobStore
+
+
+def workers_per_queue(timeout: float = 1.0) -> dict[str, list[str]]:
+    replies = celery_app.control.inspect(timeout=timeout).active_queues() or {}
+    out: dict[str, list[str]] = {name: [] for name in QUEUES}
+    for worker, queues in replies.items():
+        for queue in queues:
+            out.setdefault(queue["name"], []).append(worker)
+    return {name: sorted(workers) for name, workers in out.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def snapshot(store: JobStore) -> dict[str, Any]:
+    client = store.redis
+    workers = workers_per_queue()
+    depths = {queue: client.llen(queue) for queue in QUEUES}
+    hosts = []
+    now = time.time()
+    for host_id, beat in client.zrange(keys.hosts(), 0, -1, withscores=True):
+        record = {_text(k): _text(v) for k, v in client.hgetall(keys.host(_text(host_id))).items()}
+        hosts.append({"host_id": _text(host_id), "address": record.get("address", "?"),
+                      "live": int(record.get("live", 0)), "capacity": int(record.get("capacity", 0)),
+                      "heartbeat_age_s": round(now - beat, 1)})
+    backends = []
+    for backend_id in sorted(_text(x) for x in client.smembers(keys.llm_backends())):
+        record = {_text(k): _text(v) for k, v in client.hgetall(keys.llm_backend(backend_id)).items()}
+        backends.append({"id": backend_id, "address": record.get("address", "?"),
+                         "status": record.get("status", "?"), "capacity": record.get("capacity", "?"),
+                         "in_flight": client.zcount(keys.llm_inflight(backend_id), now * 1000, "+inf"),
+                         "weight_version": record.get("weight_version", "")})
+    return {"queues": {q: {"depth": depths[q], "workers": workers.get(q, [])} for q in QUEUES},
+            "hosts": hosts, "backends": backends, "jobs": store.counts()}
+
+
+def render(snap: dict[str, Any]) -> str:
+    sections = [
+        _table(["queue", "depth", "workers"],
+               [[q, str(v["depth"]), ", ".join(v["workers"]) or "-"] for q, v in snap["queues"].items()]),
+        _table(["sandbox host", "address", "live", "capacity", "heartbeat"],
+               [[h["host_id"], h["address"], str(h["live"]), str(h["capacity"]), f"{h['heartbeat_age_s']}s ago"]
+                for h in snap["hosts"]] or [["-", "", "", "", ""]]),
+        _table(["llm backend", "address", "status", "in flight", "capacity", "weights"],
+               [[b["id"], b["address"], b["status"], str(b["in_flight"]), str(b["capacity"]), b["weight_version"]]
+                for b in snap["backends"]] or [["-", "", "", "", "", ""]]),
+        _table(["status", "jobs"], [[s, str(n)] for s, n in snap["jobs"].items()]),
+    ]
+    return "\n\n".join(sections)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
