@@ -11,10 +11,19 @@ import threading
 from pathlib import Path
 
 
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
 def _cmd_api(args: argparse.Namespace) -> int:
     import waitress
 
+    from config.settings import get_settings
     from flask_api import create_app
+
+    if not _loopback(args.host) and not get_settings().api_token:
+        print(f"refusing to listen on {args.host} without a token: set PRORL_API_TOKEN", file=sys.stderr)
+        return 2
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"api listening on http://{args.host}:{args.port}", flush=True)
@@ -32,9 +41,15 @@ def _cmd_sandbox_host(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from prorl_celery.launcher import Stack, StackOptions
 
+    import secrets
+
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-"))
+    env = {}
+    token = os.environ.get("PRORL_API_TOKEN")
+    if not token and not _loopback(args.host):
+        token = env["PRORL_API_TOKEN"] = secrets.token_urlsafe(24)
     stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
-                               port=args.port))
+                               port=args.port, env=env))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -43,11 +58,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
         stack.start()
         print(f"redis   {stack.redis_url}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
+        if token:
+            print(f"token   {token}   (send 'Authorization: Bearer <token>')", flush=True)
         print("ready", flush=True)
         if args.demo:
             from prorl_celery.demo import run_demo
 
-            run_demo(stack.api_url, stop)
+            run_demo(stack.api_url, stop, token=token)
             if not args.stay:
                 return 0
         stop.wait()

@@ -16,10 +16,10 @@ DEMO_JOBS = [
 ]
 
 
-def _submit(api: str) -> list[str]:
+def _submit(http: requests.Session, api: str) -> list[str]:
     jobs = [{"instance": {"data_source": "shell", "commands": cmds, "instance_id": f"demo-{i}"},
              "group_id": "demo"} for i, cmds in enumerate(DEMO_JOBS)]
-    resp = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=30)
+    resp = http.post(f"{api}/jobs", json={"jobs": jobs}, timeout=30)
     resp.raise_for_status()
     return resp.json()["job_ids"]
 
@@ -31,12 +31,15 @@ def _line(views: list[dict]) -> str:
     return "  ".join(f"{status}={n}" for status, n in sorted(counts.items()))
 
 
-def run_demo(api: str, stop: threading.Event, timeout: float = 120.0) -> list[dict]:
-    ids = _submit(api)
+def run_demo(api: str, stop: threading.Event, timeout: float = 120.0, token: str | None = None) -> list[dict]:
+    http = requests.Session()
+    if token:
+        http.headers["Authorization"] = f"Bearer {token}"
+    ids = _submit(http, api)
     print(f"demo: submitted {len(ids)} jobs", flush=True)
     deadline, last, views = time.monotonic() + timeout, "", []
     while not stop.is_set() and time.monotonic() < deadline:
-        views = [requests.get(f"{api}/jobs/{job_id}", timeout=10).json() for job_id in ids]
+        views = [http.get(f"{api}/jobs/{job_id}", timeout=10).json() for job_id in ids]
         line = _line(views)
         if line != last:
             print(f"demo: {line}", flush=True)
