@@ -61,7 +61,7 @@ def test_files_are_binary_safe(box):
 
 def test_close_kills_shell_and_removes_workspace(tmp_path):
     sandbox = LocalSandbox(SandboxSpec(), "j", {"root": str(tmp_path)})
-    sandbox.exec("sleep 105.5 &")
+    sandbox.exec("sleep 100 &")
     pid, workspace = sandbox.shell.pid, sandbox.workspace
     children = psutil.Process(pid).children(recursive=True)
     sandbox.close()

@@ -17,12 +17,11 @@ def shell(tmp_path):
     sh.close()
 
 
-def processes_with(text: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if text in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-            found.append(proc)
-    return found
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_cwd_and_env_persist(shell, tmp_path):
@@ -82,11 +81,13 @@ def test_stdin_reading_commands_do_not_hang(shell):
 
 def test_timeout_kills_sleep_and_process_tree(shell):
     start = time.monotonic()
-    result = shell.run("echo before; bash -c 'sleep 101.5 & sleep 102.5'", timeout=0.5)
+    result = shell.run("""echo before; bash -c 'sleep 100 & echo "$! $$"; exec sleep 100'""",
+                       timeout=0.5)
     assert time.monotonic() - start < 0.5 + KILL_GRACE_S
     assert result.timed_out and result.exit_code is None and not result.interrupted
     assert result.output.startswith("before\n")
-    assert processes_with("sleep 101.5") == [] and processes_with("sleep 102.5") == []
+    pids = [int(pid) for pid in result.output.splitlines()[1].split()]
+    assert len(pids) == 2 and _wait(lambda: all(gone(pid) for pid in pids))
     assert psutil.Process(shell.pid).children(recursive=True) == []
     assert shell.run("echo alive").output == "alive\n"
 
@@ -104,15 +105,16 @@ def test_builtin_loop_timeout_restarts_shell_in_last_cwd(shell, tmp_path):
 
 def test_interrupt_from_another_thread(shell):
     results = []
-    worker = threading.Thread(target=lambda: results.append(shell.run("sleep 103.5", timeout=30)))
+    worker = threading.Thread(
+        target=lambda: results.append(shell.run("sleep 100 & echo $!; wait", timeout=30)))
     worker.start()
-    assert _wait(lambda: processes_with("sleep 103.5"))
+    assert _wait(lambda: psutil.Process(shell.pid).children(recursive=True))
     shell.interrupt()
     worker.join(5)
     assert not worker.is_alive()
     result = results[0]
     assert result.interrupted and not result.timed_out and result.exit_code is None
-    assert result.duration_s < 5 and processes_with("sleep 103.5") == []
+    assert result.duration_s < 5 and gone(int(result.output.split()[0]))
     assert shell.run("echo after").output == "after\n"
 
 
@@ -138,12 +140,12 @@ def test_invalid_utf8_output_is_replaced(shell):
 
 def test_close_kills_background_processes(tmp_path):
     sh = PersistentShell(cwd=str(tmp_path))
-    sh.run("sleep 104.5 &")
-    assert processes_with("sleep 104.5")
+    background = int(sh.run("sleep 100 & echo $!").output)
+    assert not gone(background)
     pid = sh.pid
     sh.close()
     assert not psutil.pid_exists(pid)
-    assert _wait(lambda: not processes_with("sleep 104.5"))
+    assert gone(background)  # close() waits until what it killed is dead
     sh.close()  # idempotent
 
 
