@@ -48,7 +48,18 @@ class Settings(BaseSettings):
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")
     output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
 
+    llm_call_timeout_s: float = Field(600.0, description="Timeout of one LLM call (one turn), seconds.")
+    llm_lease_s: float = Field(30.0, description="Expiry of an in-flight LLM request's lease; a dead worker's requests stop counting after it.")
+    llm_retry_budget: int = Field(4, description="Failed LLM calls retried (on other backends) before a turn fails.")
+    llm_backoff_s: float = Field(0.5, description="First retry pause after a failed LLM call; doubles, capped at 8 s.")
+    llm_probe_period_s: float = Field(5.0, description="How often a quarantined LLM backend is probed.")
+    llm_no_backend_wait_s: float = Field(300.0, description="How long a turn waits when no LLM backend is registered or all are quarantined.")
+    llm_sticky_overload_factor: float = Field(1.5, description="A rollout leaves its sticky backend when that backend's load is above this times the least load ...")
+    llm_sticky_overload_margin: float = Field(0.25, description="... and also above the least load by this fraction of capacity.")
+    llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
+
     api_token: str | None = Field(None, description="Bearer token the API requires (none: open on loopback).")
+    api_max_wait_s: float = Field(600.0, description="Longest long poll (wait, completions) the API allows.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,

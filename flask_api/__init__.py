@@ -9,13 +9,13 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import compat, errors, groups, health, jobs, metrics, stream
+    from flask_api import compat, errors, groups, health, jobs, llm, metrics, openapi, stream
     from prorl_celery.connections import get_store
 
     app = Flask(__name__)
     settings = get_settings()
     app.config.from_mapping(MAX_CONTENT_LENGTH=64 * 1024 * 1024, API_TOKEN=settings.api_token,
-                            WAIT_MAX_S=600.0)
+                            WAIT_MAX_S=settings.api_max_wait_s)
     if test_config:
         app.config.from_mapping(test_config)
     app.extensions["prorl_store"] = get_store()
@@ -26,4 +26,6 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(stream.bp)
     app.register_blueprint(compat.bp)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(llm.bp)
+    app.register_blueprint(openapi.bp)
     return app

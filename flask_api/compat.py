@@ -19,7 +19,7 @@ from flask_api.jobs import check_handlers
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobStore
-from prorl_celery.models import JobRequest
+from prorl_celery.models import Instance, JobId, JobRequest, SamplingParams
 from tasks.chain import cancel, cancel_many, submit
 
 bp = Blueprint("compat", __name__)
@@ -28,9 +28,9 @@ bp = Blueprint("compat", __name__)
 class ProcessRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    instance: dict[str, Any]
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
-    job_id: str | None = None
+    instance: Instance
+    sampling_params: SamplingParams = Field(default_factory=dict)
+    job_id: JobId | None = None
 
 
 class CancelRequest(BaseModel):

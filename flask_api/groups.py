@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,7 +12,7 @@ from flask_api.errors import parse_body
 from flask_api.jobs import check_handlers
 from prorl_celery.errors import UnknownGroup
 from prorl_celery.jobs import JobStore
-from prorl_celery.models import JobRequest, _check_id
+from prorl_celery.models import Instance, JobRequest, SamplingParams
 from tasks.chain import active_jobs, cancel_many, submit
 
 bp = Blueprint("groups", __name__)
@@ -21,14 +21,14 @@ bp = Blueprint("groups", __name__)
 class GroupRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    instance: dict[str, Any] = Field(description="The prompt; each sample gets trajectory_id 0..n-1.")
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
-    n: int = Field(ge=1, le=4096, description="Number of samples.")
-    group_id: str | None = Field(None, description="Client-chosen id; resubmitting it runs nothing new.")
+    instance: Instance
+    sampling_params: SamplingParams = Field(default_factory=dict)
+    n: int = Field(ge=1, le=4096, description="Number of samples; each gets trajectory_id 0..n-1.")
+    group_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")] | None = Field(
+        None, description="Client-chosen id; resubmitting it runs nothing new.")
 
     def jobs(self) -> list[JobRequest]:
-        gid = _check_id(self.group_id) or uuid.uuid4().hex
-        self.group_id = gid
+        gid = self.group_id = self.group_id or uuid.uuid4().hex
         return [JobRequest(instance={**self.instance, "trajectory_id": i}, sampling_params=self.sampling_params,
                            job_id=f"{gid}-{i}", group_id=gid) for i in range(self.n)]
 

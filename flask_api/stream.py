@@ -35,7 +35,7 @@ def _number(name: str, default: float, low: float, high: float) -> float:
 @bp.get("/completions")
 def get_completions():
     cursor = _cursor(request.args.get("cursor"))
-    wait = _number("wait", 0, 0, 300)
+    wait = _number("wait", 0, 0, current_app.config["WAIT_MAX_S"])
     limit = int(_number("limit", 500, 1, 5000))
     items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
                                           request.args.get("group_id") or None, limit)

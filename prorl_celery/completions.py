@@ -29,7 +29,7 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
         last = store.redis.xrevrange(stream, count=1)
         return [], _text(last[0][0]) if last else START
     cursor = cursor or START
-    block = int(wait_s * 1000) if wait_s > 0 else None
+    block = max(1, round(wait_s * 1000)) if wait_s > 0 else None  # BLOCK 0 would wait forever
     reply = store.redis.xread({stream: cursor}, count=count, block=block)
     entries = reply[0][1] if reply else []
     if not entries:

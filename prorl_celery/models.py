@@ -1,22 +1,40 @@
 """Pydantic models on the service's boundaries: submissions, job records, results."""
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from prorl_celery.status import JobStatus
 
 CriticalError = Literal["init", "run", "eval", "timeout", "sandbox", "llm", "cancelled"]
-_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
 
 
-def _check_id(value: str | None) -> str | None:
-    if value is not None and not _ID.match(value):
-        raise ValueError("must be 1-128 characters of letters, digits, '_', '-', '.'")
+def _has_data_source(value: dict[str, Any]) -> dict[str, Any]:
+    source = value.get("data_source")
+    if not isinstance(source, str) or not source:
+        raise ValueError("instance.data_source must be a non-empty string naming the handler")
     return value
+
+
+def _budgets_are_positive(value: dict[str, Any]) -> dict[str, Any]:
+    for stage in ("init", "run", "eval"):
+        budget = value.get(f"{stage}_budget_s")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise PydanticCustomError("budget", "{field} must be a positive number of seconds",
+                                      {"field": f"{stage}_budget_s", "loc": f"{stage}_budget_s"})
+    return value
+
+
+Instance = Annotated[dict[str, Any], AfterValidator(_has_data_source), Field(
+    description="The task; its data_source picks the handler.",
+    json_schema_extra={"required": ["data_source"],
+                       "properties": {"data_source": {"type": "string", "minLength": 1}}})]
+SamplingParams = Annotated[dict[str, Any], AfterValidator(_budgets_are_positive), Field(
+    description="Agent and LLM parameters; init_budget_s / run_budget_s / eval_budget_s override the budgets.")]
+JobId = Annotated[str, Field(pattern=ID_PATTERN, description="1-128 letters, digits, '_', '-', '.'")]
 
 
 class JobRequest(BaseModel):
@@ -24,32 +42,10 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    instance: dict[str, Any] = Field(description="The task; its data_source picks the handler.")
-    sampling_params: dict[str, Any] = Field(default_factory=dict,
-                                            description="Agent and LLM parameters for this rollout.")
-    job_id: str | None = Field(None, description="Client-chosen id; a known id is not run again.")
-    group_id: str | None = Field(None, description="Jobs sharing a group id can be cancelled together.")
-
-    _ids = field_validator("job_id", "group_id")(classmethod(lambda cls, v: _check_id(v)))
-
-    @field_validator("sampling_params")
-    @classmethod
-    def _budgets_are_positive(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for stage in ("init", "run", "eval"):
-            budget = value.get(f"{stage}_budget_s")
-            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                                       or budget <= 0):
-                raise PydanticCustomError("budget", "{field} must be a positive number of seconds",
-                                          {"field": f"{stage}_budget_s", "loc": f"{stage}_budget_s"})
-        return value
-
-    @field_validator("instance")
-    @classmethod
-    def _has_data_source(cls, value: dict[str, Any]) -> dict[str, Any]:
-        source = value.get("data_source")
-        if not isinstance(source, str) or not source:
-            raise ValueError("instance.data_source must be a non-empty string naming the handler")
-        return value
+    instance: Instance
+    sampling_params: SamplingParams = Field(default_factory=dict)
+    job_id: JobId | None = Field(None, description="Client-chosen id; a known id is not run again.")
+    group_id: JobId | None = Field(None, description="Jobs sharing a group id can be cancelled together.")
 
 
 class BatchRequest(BaseModel):

@@ -1,0 +1,127 @@
+"""Response bodies of the API, as pydantic models: the OpenAPI document is built from them."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prorl_celery.models import JobView
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="Stable machine-readable kind: invalid_request, not_found, conflict ...")
+    message: str
+    field: str | None = Field(None, description="The offending field, for invalid_request.")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class SubmitResponse(BaseModel):
+    job_ids: list[str]
+
+
+class HealthResponse(BaseModel):
+    ok: bool
+    broker: str
+    backend: str
+    workers: dict[str, int] = Field(description="Queue -> number of workers consuming it.")
+    worker_names: dict[str, list[str]]
+
+
+class GroupSubmitResponse(BaseModel):
+    group_id: str
+    job_ids: list[str]
+
+
+class GroupSample(BaseModel):
+    job_id: str
+    status: str
+    reward: float | None
+
+
+class RewardStats(BaseModel):
+    count: int
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    all_equal: bool | None
+
+
+class GroupView(BaseModel):
+    group_id: str
+    n: int
+    complete: bool
+    samples: list[GroupSample]
+    counts: dict[str, int]
+    rewards: RewardStats | None = Field(None, description="Present once every sample ended.")
+
+
+class GroupCancelResponse(BaseModel):
+    group_id: str
+    cancelled: list[str]
+
+
+class CancelAllResponse(BaseModel):
+    cancelled: int
+    job_ids: list[str]
+
+
+class Completion(BaseModel):
+    cursor: str
+    job_id: str
+    status: str
+    group_id: str | None
+    data_source: str
+    job: JobView | None
+
+
+class CompletionsResponse(BaseModel):
+    cursor: str = Field(description="Pass it back to continue after the last completion returned.")
+    completions: list[Completion]
+
+
+class CompatStatus(BaseModel):
+    status: str
+    pending_jobs: int
+    running: int
+    jobs: int
+    init: int
+    run: int
+    eval: int
+    counts: dict[str, int]
+
+
+class CompatStartResponse(BaseModel):
+    status: str
+
+
+class CompatStopResponse(BaseModel):
+    status: str
+    cancelled: int
+
+
+class CompatCancelResponse(BaseModel):
+    job_id: str
+    cancelled: bool
+    status: str
+
+
+class CompatResult(BaseModel):
+    """Our result with the reference system's fields added."""
+
+    model_config = ConfigDict(extra="allow")
+
+    resolved: bool
+    critical_error: str | None
+    finish: bool
+    messages: list[Any]
+    timing: dict[str, Any]
+    instance_id: str | None
+    trajectory_id: int | None
+    filter: bool
+    git_patch: str

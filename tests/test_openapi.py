@@ -1,0 +1,57 @@
+"""The OpenAPI document covers the API, and schemathesis finds no 5xx and no response that breaks it."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from prorl_celery.procs import Child, free_port, wait_for
+
+
+def test_document_lists_every_route(api):
+    doc = requests.get(f"{api}/openapi.json", timeout=10).json()
+    assert doc["openapi"].startswith("3.")
+    documented = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+    from flask_api import create_app
+
+    routes = {(method, rule.rule.replace("<", "{").replace(">", "}"))
+              for rule in create_app().url_map.iter_rules() if rule.endpoint != "static"
+              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    assert routes - documented == set()
+    job_request = doc["components"]["schemas"]["JobRequest"]
+    assert set(job_request["required"]) == {"instance"}
+
+
+@pytest.fixture
+def fuzz_api(stack, tmp_path):
+    """A second API process on the same service, with long polls capped at 1 s for the fuzzer."""
+    port = free_port()
+    env = {**stack.env(), "PRORL_API_MAX_WAIT_S": "1"}
+    child = Child("api-fuzz", [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
+                  env, tmp_path).start()
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _up(f"{url}/healthz"), 30, "the API", child=child)
+    yield url
+    child.stop()
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tmp_path):
+    st = shutil.which("st") or shutil.which("schemathesis")
+    assert st, "schemathesis is part of the test extras"
+    done = subprocess.run(
+        [st, "run", f"{fuzz_api}/openapi.json", "--checks",
+         "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+         "--max-examples", "25", "--exclude-path", "/events", "--request-timeout", "20",
+         "--generation-deterministic", "--suppress-health-check", "all"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def _up(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
