@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# System packages the tests use, installed when missing: bubblewrap (the rootless sandbox runtime),
+# Chromium (the Flower UI check) and git (SWE tasks). Idempotent; does nothing when all are present.
+# Needs root (or passwordless sudo) and apt; otherwise it says what is missing and the tests that
+# need it skip with that reason.
+set -euo pipefail
+want=()
+command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
+command -v chromium >/dev/null 2>&1 || want+=(chromium)
+command -v git >/dev/null 2>&1 || want+=(git)
+((${#want[@]})) || exit 0
+if [[ $(id -u) -eq 0 ]]; then sudo=(); elif sudo -n true 2>/dev/null; then sudo=(sudo -n); else
+  echo "install-system-deps: not root and no sudo; missing: ${want[*]}" >&2; exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-system-deps: no apt-get; missing: ${want[*]}" >&2; exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq || true
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null
