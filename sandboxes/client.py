@@ -12,8 +12,8 @@ import requests
 from pydantic import ValidationError
 
 from prorl_celery import keys
-from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, ProrlError, SandboxError,
-                                 SandboxGone, UnknownPlugin)
+from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, SandboxError, SandboxGone,
+                                 UnknownPlugin)
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
                                 RenewRequest, SandboxEntry)
@@ -149,7 +149,8 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
     """Create a sandbox on the live host with the most free slots (ties broken at random).
 
     Hosts race: a host that turns out full or unreachable is skipped for the next one. Raises
-    :class:`NoSandboxCapacity` when none could take it; the caller retries later.
+    :class:`NoSandboxCapacity` when none could take it (the caller retries later), and
+    :class:`SandboxError` when every host answered with a failure of its own.
     """
     runtime = runtime_name(spec)
     hosts = [host for host in live_hosts(client, runtime) if host.free > 0]
@@ -165,8 +166,11 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
         except NoSandboxCapacity:
             full.append(host.host_id)
             continue
-        except ProrlError as exc:
-            if type(exc) is not SandboxError:  # bad spec, unknown runtime: no other host does better
+        except SandboxError as exc:
+            if isinstance(exc.__cause__, requests.RequestException):  # unreachable: no room either
+                full.append(f"{host.host_id} (unreachable)")
+                continue
+            if type(exc) is not SandboxError:  # SandboxGone etc.: not a placement problem
                 raise
             failed.append(f"{host.host_id}: {exc}")
             continue
@@ -174,8 +178,8 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
         return RemoteSandbox(SandboxHandle(host_id=host.host_id, address=host.address,
                                            token=host.token, sandbox_id=entry.sandbox_id,
                                            runtime=entry.runtime))
-    if failed and not full:
+    if failed and not full:  # hosts answered with a real failure: retrying will not help
         raise SandboxError(f"every sandbox host failed to create the sandbox: {'; '.join(failed)}")
     raise NoSandboxCapacity(f"no live sandbox host with room for runtime {runtime!r}"
-                            + (f"; full: {', '.join(full)}" if full else "")
+                            + (f"; full or unreachable: {', '.join(full)}" if full else "")
                             + (f"; failed: {'; '.join(failed)}" if failed else ""))

@@ -189,6 +189,12 @@ def test_open_sandbox_skips_stale_dead_and_racing_hosts(start_host, redis_client
 def test_no_live_host_means_no_capacity(redis_client):
     with pytest.raises(NoSandboxCapacity):
         open_sandbox(redis_client, SandboxSpec(), "job-none")
+    redis_client.hset(keys.host("unreachable"), mapping={
+        "host_id": "unreachable", "address": "http://127.0.0.1:9", "token": "x",
+        "runtimes": '["local"]', "capacity": 10, "live": 0})
+    redis_client.zadd(keys.hosts(), {"unreachable": time.time()})
+    with pytest.raises(NoSandboxCapacity, match="unreachable"):  # retried by init, not fatal
+        open_sandbox(redis_client, SandboxSpec(), "job-none")
 
 
 def test_wall_time_limit_closes_even_a_renewed_sandbox(start_host):
