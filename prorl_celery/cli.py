@@ -38,6 +38,12 @@ def _cmd_sandbox_host(args: argparse.Namespace) -> int:
     return host.main(args) or 0
 
 
+def _cmd_fake_llm(args: argparse.Namespace) -> int:
+    from prorl_celery.llm import fake_server
+
+    return fake_server.main(args)
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from prorl_celery.launcher import Stack, StackOptions
 
@@ -58,6 +64,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         stack.start()
         print(f"redis   {stack.redis_url}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
+        if args.fake_llm:
+            url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64"])
+            print(f"llm     {url} (fake: test and demo tool) id={stack.register_llm(url)}", flush=True)
+        for url in args.llm or []:
+            print(f"llm     {url} id={stack.register_llm(url)}", flush=True)
         if token:
             print(f"token   {token}   (send 'Authorization: Bearer <token>')", flush=True)
         print("ready", flush=True)
@@ -107,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
     up.add_argument("--state-dir", default=os.environ.get("PRORL_STATE_DIR"),
                     help="where the private Redis keeps its data and where logs go")
+    up.add_argument("--fake-llm", action="store_true",
+                    help="start a fake LLM server (test and demo tool) and register it")
+    up.add_argument("--llm", action="append", metavar="URL",
+                    help="register this LLM server (OpenAI-compatible chat); repeatable")
     up.add_argument("--demo", action="store_true", help="submit a handful of jobs and show them run")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
     up.set_defaults(func=_cmd_up)
@@ -129,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     box = sub.add_parser("sandbox-host", help="serve sandboxes on this node")
     host.add_arguments(box)
     box.set_defaults(func=_cmd_sandbox_host)
+
+    from prorl_celery.llm import fake_server
+
+    fake = sub.add_parser("fake-llm", help="serve a fake LLM (test and demo tool, runs no model)")
+    fake_server.add_arguments(fake)
+    fake.set_defaults(func=_cmd_fake_llm)
     return parser
 
 

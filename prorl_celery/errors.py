@@ -7,14 +7,21 @@ exceptions. What follows is for infrastructure faults and bad input::
     ├── InvalidRequest(ValueError)        bad input from a client; carries the field
     ├── NotFound(KeyError)                no such id
     │   ├── UnknownJob                    no such job
-    │   └── UnknownGroup                  no such group
+    │   ├── UnknownGroup                  no such group
+    │   └── UnknownBackend                no such LLM backend
     ├── JobAlreadyTerminal                the job ended before the operation could act
     ├── JobCancelled                      raised inside a stage when its job was cancelled
     ├── StageBudgetExceeded(TimeoutError) a stage ran past its time budget
     ├── UnknownPlugin(LookupError)        a handler or runtime name that is not registered
-    └── SandboxError                      a sandbox or sandbox host failed
-        ├── NoSandboxCapacity             every live host is full (retried by init)
-        └── SandboxGone                   the sandbox no longer exists (lease lapsed, host died)
+    ├── SandboxError                      a sandbox or sandbox host failed
+    │   ├── NoSandboxCapacity             every live host is full (retried by init)
+    │   └── SandboxGone                   the sandbox no longer exists (lease lapsed, host died)
+    └── LLMError                          an inference backend or the LLM pool failed
+        ├── BackendFailed                 one call failed (connection, 5xx, timeout); retried
+        ├── BackendUnavailable            retry budget spent, or no backend came up in time
+        ├── ContextWindowExceeded         the conversation no longer fits the model's context
+        ├── LLMRequestRejected            the server refused the request (4xx); not retried
+        └── LLMCallCancelled(JobCancelled) the caller's should_stop() fired; the call was aborted
 """
 from __future__ import annotations
 
@@ -92,3 +99,35 @@ class NoSandboxCapacity(SandboxError):
 
 class SandboxGone(SandboxError):
     type = "sandbox_gone"
+
+
+class LLMError(ProrlError):
+    type = "llm"
+
+
+class UnknownBackend(NotFound):
+    what = "LLM backend id"
+
+
+class BackendFailed(LLMError):
+    """One call to one backend failed in a way that says the backend is unwell."""
+
+    type = "backend_failed"
+
+
+class BackendUnavailable(LLMError):
+    type = "backend_unavailable"
+
+
+class ContextWindowExceeded(LLMError):
+    type = "context_window_exceeded"
+
+
+class LLMRequestRejected(LLMError):
+    type = "llm_request_rejected"
+
+
+class LLMCallCancelled(LLMError, JobCancelled):
+    """Subclasses JobCancelled so that a stage ends ``cancelled``, not failed."""
+
+    type = "cancelled"

@@ -88,6 +88,25 @@ class Stack:
                  child=child)
         return child
 
+    def start_fake_llm(self, name: str = "fake-llm", extra_args: list[str] | None = None,
+                       port: int | None = None) -> str:
+        """Start a fake LLM server (test and demo tool); returns its base URL once it answers."""
+        port = port or free_port()
+        child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "fake-llm",
+                                   "--port", str(port), *(extra_args or [])])
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _get_ok(f"{url}/health"), 30, f"{name} at {url}", child=child)
+        return url
+
+    def register_llm(self, address: str, **spec) -> str:
+        """Register an LLM backend in this stack's Redis; returns its id."""
+        from prorl_celery.llm.models import BackendSpec
+        from prorl_celery.llm.registry import BackendRegistry
+
+        registry = BackendRegistry(redis.Redis.from_url(self.redis_url))
+        backend, _ = registry.add(BackendSpec(address=address, **spec))
+        return backend.id
+
     def start_worker(self, queue: str, name: str | None = None) -> Child:
         name = name or f"worker-{queue}"
         argv = [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker", "-Q", queue,

@@ -1,0 +1,92 @@
+"""LLM backends: register, list, remove, drain and resume (checkpoint swaps); and the reference
+system's ``/add_llm_server`` and ``/clear_llm_server``."""
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify
+from pydantic import BaseModel, ConfigDict, Field
+
+from flask_api.errors import parse_body
+from prorl_celery.llm.control import drain, resume
+from prorl_celery.llm.models import BackendSpec
+from prorl_celery.llm.registry import BackendRegistry
+
+bp = Blueprint("llm", __name__)
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] | None = Field(None, description="Backends to drain; default: all.")
+    wait: float = Field(60.0, ge=0, description="Seconds to wait for their in-flight requests to end.")
+    abort: bool = Field(False, description="Abort their in-flight requests (the rollouts retry them).")
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] | None = Field(None, description="Backends to resume; default: all.")
+    weight_version: str | None = Field(None, description="The weight version they serve now.")
+
+
+class AddServerRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    address: str
+
+
+def _registry() -> BackendRegistry:
+    return BackendRegistry(current_app.extensions["prorl_store"].redis)
+
+
+@bp.post("/llm_servers")
+def add_server():
+    spec: BackendSpec = parse_body(BackendSpec)
+    backend, created = _registry().add(spec)
+    return jsonify({"id": backend.id, "created": created, "backend": backend.public()}), 201 if created else 200
+
+
+@bp.get("/llm_servers")
+def list_servers():
+    return jsonify({"backends": [b.public() for b in _registry().list()]})
+
+
+@bp.get("/llm_servers/<backend_id>")
+def get_server(backend_id: str):
+    return jsonify(_registry().get(backend_id).public())
+
+
+@bp.delete("/llm_servers/<backend_id>")
+def remove_server(backend_id: str):
+    _registry().remove(backend_id)
+    return jsonify({"removed": backend_id})
+
+
+@bp.post("/llm_servers/drain")
+def drain_servers():
+    body: DrainRequest = parse_body(DrainRequest)
+    registry = _registry()
+    wait = min(body.wait, current_app.config.get("WAIT_MAX_S", 600.0))
+    outcome = drain(registry, body.ids, wait, body.abort)
+    return jsonify({**outcome, "backends": [b.public() for b in registry.get_many(outcome["in_flight"])]})
+
+
+@bp.post("/llm_servers/resume")
+def resume_servers():
+    body: ResumeRequest = parse_body(ResumeRequest)
+    registry = _registry()
+    ids = resume(registry, body.ids, body.weight_version)
+    return jsonify({"resumed": ids, "backends": [b.public() for b in registry.get_many(ids)]})
+
+
+@bp.post("/add_llm_server")
+def add_llm_server():
+    """Reference-compatible: register an OpenAI-compatible server; duplicates are one backend."""
+    body: AddServerRequest = parse_body(AddServerRequest)
+    backend, created = _registry().add(BackendSpec(address=body.address))
+    return jsonify({"status": "ok", "id": backend.id, "created": created})
+
+
+@bp.post("/clear_llm_server")
+def clear_llm_server():
+    """Reference-compatible: forget every backend (their in-flight requests retry elsewhere)."""
+    return jsonify({"status": "ok", "removed": _registry().clear()})

@@ -1,0 +1,168 @@
+"""The fake server's latency model of a batching GPU server (test and demo tool).
+
+Up to ``capacity`` sequences decode together; each step emits one token for every running
+sequence and takes ``step_s * (1 + slowdown * (n - 1) / capacity) / speed`` for ``n`` running
+sequences, so time per token grows with concurrency while total throughput still rises up to the
+capacity. Sequences beyond the capacity wait in a queue. One engine thread advances all
+sequences and also watches their client sockets, so a client that disconnects aborts its
+sequence (as vLLM does) and is counted.
+"""
+from __future__ import annotations
+
+import math
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LatencyModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step_s: float = Field(0.0, ge=0, description="Seconds per decode step with one running sequence (0: instant).")
+    capacity: int = Field(64, ge=1, description="Sequences decoded at once; more wait in a queue.")
+    slowdown: float = Field(1.0, ge=0, description="Extra step time at full batch, as a fraction of step_s.")
+    speed: float = Field(1.0, gt=0, description="Speed factor: 0.5 is a backend half as fast.")
+
+    @classmethod
+    def parse(cls, spec: str | None, **overrides: float) -> "LatencyModel":
+        """``"step_s=0.02,capacity=16,slowdown=1"`` (``batch:`` prefix allowed, ``none``: instant)."""
+        values: dict[str, float] = {}
+        text = (spec or "none").removeprefix("batch:").strip()
+        if text and text not in ("none", "batch"):
+            for item in text.split(","):
+                name, _, value = item.partition("=")
+                values[name.strip()] = float(value)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "capacity" in values:
+            values["capacity"] = int(values["capacity"])
+        return cls(**values)
+
+    def step_time(self, running: int) -> float:
+        return self.step_s * (1 + self.slowdown * (max(running, 1) - 1) / self.capacity) / self.speed
+
+
+@dataclass(eq=False)
+class _Seq:
+    tokens_left: float
+    sock: socket.socket | None
+    done: threading.Event = field(default_factory=threading.Event)
+    aborted: bool = False
+
+
+class BatchEngine:
+    def __init__(self, model: LatencyModel):
+        self.model = model
+        self.lock = threading.Lock()
+        self.running: list[_Seq] = []
+        self.waiting: deque[_Seq] = deque()
+        self.poller = select.poll()
+        self.watched: dict[int, _Seq] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        self.poller.register(self._wake_r, select.POLLIN)
+        self.reset_stats()
+        threading.Thread(target=self._loop, name="fake-llm-engine", daemon=True).start()
+
+    def reset_stats(self) -> None:
+        with getattr(self, "lock", threading.Lock()):
+            self.t_start = self.t_last = time.monotonic()
+            self.busy_s = self.slot_s = self.tokens = 0.0
+            self.completed = self.aborted = self.peak = 0
+
+    def stats(self) -> dict[str, float]:
+        with self.lock:
+            self._advance(time.monotonic())
+            elapsed = max(self.t_last - self.t_start, 1e-9)
+            return {"elapsed_s": elapsed, "running": len(self.running), "waiting": len(self.waiting),
+                    "busy_fraction": self.busy_s / elapsed, "occupancy": self.slot_s / elapsed,
+                    "tokens": self.tokens, "completed": self.completed, "aborted": self.aborted,
+                    "peak_running": self.peak, "capacity": self.model.capacity, "speed": self.model.speed}
+
+    def run(self, tokens: int, sock: socket.socket | None) -> bool:
+        """Block while ``tokens`` tokens are generated; False if the client went away first."""
+        if self.model.step_s <= 0:
+            with self.lock:
+                self.completed += 1
+            return True
+        seq = _Seq(float(max(tokens, 1)), sock)
+        with self.lock:
+            self.waiting.append(seq)
+            if sock is not None:
+                self.watched[sock.fileno()] = seq
+                self.poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+        os.write(self._wake_w, b"x")
+        seq.done.wait()
+        return not seq.aborted
+
+    # -- engine thread --------------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        dt, n = now - self.t_last, len(self.running)
+        self.t_last = now
+        if n == 0 or dt <= 0:
+            return
+        progress = dt / self.model.step_time(n)
+        self.busy_s += dt
+        self.slot_s += dt * n / self.model.capacity
+        self.tokens += progress * n
+        for seq in self.running:
+            seq.tokens_left -= progress
+
+    def _finish(self, seq: _Seq, aborted: bool) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.sock is not None and self.watched.pop(seq.sock.fileno(), None) is not None:
+            self.poller.unregister(seq.sock.fileno())
+        seq.aborted = aborted
+        if aborted:
+            self.aborted += 1
+        else:
+            self.completed += 1
+        seq.done.set()
+
+    def _step(self) -> float | None:
+        """Advance, retire finished sequences, admit waiting ones; seconds until the next finish."""
+        with self.lock:
+            self._advance(time.monotonic())
+            for seq in [s for s in self.running if s.tokens_left <= 1e-6]:
+                self._finish(seq, aborted=False)
+            while self.waiting and len(self.running) < self.model.capacity:
+                self.running.append(self.waiting.popleft())
+            self.peak = max(self.peak, len(self.running))
+            if not self.running:
+                return None
+            return min(s.tokens_left for s in self.running) * self.model.step_time(len(self.running))
+
+    def _loop(self) -> None:
+        while True:
+            timeout = self._step()
+            events = self.poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+            for fd, _ in events:
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    continue
+                self._check_disconnect(fd)
+
+    def _check_disconnect(self, fd: int) -> None:
+        with self.lock:
+            self._advance(time.monotonic())
+            seq = self.watched.get(fd)
+            if seq is None or seq.sock is None:
+                return
+            try:
+                data = seq.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:  # the client sent more (pipelining): stop watching, it is not a disconnect
+                self.watched.pop(fd)
+                self.poller.unregister(fd)
+                return
+            self._finish(seq, aborted=True)

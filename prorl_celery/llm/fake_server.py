@@ -1,0 +1,286 @@
+"""A fake OpenAI-compatible / token-in-token-out LLM server. TEST AND DEMO TOOL: it runs no model.
+
+    prorl-celery fake-llm --port 8100 [--latency-model step_s=0.02,capacity=32] [--speed 0.5]
+                          [--policy echo|scripted:FILE|oracle[:NAME]]
+
+Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
+``return_token_ids``), ``POST /generate`` (``{"prompt_ids", ...}`` -> ``{"response_ids",
+"logprobs"}``) with the byte-level tokenizer and a latency model of a batching GPU server.
+Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received: prompt ids,
+response ids, status ok|aborted|error), ``GET /debug/stats`` (busy fraction, occupancy,
+completed, aborted = client disconnects), ``POST /debug/reset``, ``POST /debug/faults``
+(``{"fail_next": n, "fail_all": bool, "error_status": 500 (0: drop the connection),
+"healthy": bool}``).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prorl_celery.llm import chatml
+from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
+from prorl_celery.llm.fake_policies import Policy, load_policy
+from prorl_celery.llm.tokenizer import ByteTokenizer
+
+log = logging.getLogger(__name__)
+BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
+FILLER = " lorem"
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "BadRequestError"):
+        super().__init__(message)
+        self.status, self.type = status, type_
+
+
+class FakeLLM:
+    """The server's state: policy, engine, tokenizer, what it received, injected faults."""
+
+    def __init__(self, policy: Policy, engine: BatchEngine, model: str, max_model_len: int):
+        self.policy, self.engine, self.model, self.max_model_len = policy, engine, model, max_model_len
+        self.tok = ByteTokenizer()
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.records: deque[dict[str, Any]] = deque(maxlen=20000)
+            self.ids = itertools.count(1)
+            self.faults = {"fail_next": 0, "fail_all": False, "error_status": 500, "healthy": True}
+            self.errors = 0
+        self.engine.reset_stats()
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        with self.lock:
+            entry = {"id": next(self.ids), "t_start": time.time(), "status": "running", **fields}
+            self.records.append(entry)
+            return entry
+
+    def injected_failure(self) -> int | None:
+        """The status to fail this generation request with (0: drop the connection), or None."""
+        with self.lock:
+            if self.faults["fail_all"] or self.faults["fail_next"] > 0:
+                self.faults["fail_next"] = max(self.faults["fail_next"] - 1, 0)
+                self.errors += 1
+                return int(self.faults["error_status"])
+        return None
+
+    def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 prompt_ids: list[int], params: dict[str, Any], endpoint: str, sock) -> dict[str, Any] | None:
+        """Run one generation; the record (with response ids) or None if the client went away."""
+        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens")
+        if len(prompt_ids) + (max_tokens or 1) > self.max_model_len:
+            raise HTTPError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
+                                 f"However, you requested {len(prompt_ids) + (max_tokens or 1)} tokens "
+                                 f"({len(prompt_ids)} in the messages, {max_tokens or 1} in the "
+                                 "completion). Please reduce the length of the messages or completion.")
+        max_tokens = max_tokens or self.max_model_len - len(prompt_ids)
+        reply = self.policy.reply(messages, tools)
+        text = reply.content + "".join(chatml.render_tool_call(c.name, c.arguments) for c in reply.tool_calls)
+        ids = self.tok.encode(text)
+        target = max_tokens if params.get("ignore_eos") else int(params.get("min_tokens") or 0)
+        filler = self.tok.encode(FILLER)
+        while len(ids) < target:
+            ids.extend(filler)
+        if not params.get("ignore_eos"):
+            ids.append(ByteTokenizer.SPECIAL[chatml.IM_END])
+        finish = "length" if len(ids) > max_tokens else "stop"
+        ids = ids[:max_tokens]
+        entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
+                            response_ids=ids, finish_reason=finish)
+        completed = self.engine.run(len(ids), sock)
+        entry.update(status="ok" if completed else "aborted", t_end=time.time())
+        return entry if completed else None
+
+    def logprobs(self, ids: list[int]) -> list[float]:
+        return [-0.005 - ((i * 31 + t) % 97) / 100 for i, t in enumerate(ids)]
+
+
+def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    messages, tools = body.get("messages"), body.get("tools")
+    if not isinstance(messages, list) or not messages:
+        raise HTTPError(400, "messages: a non-empty list is required")
+    prompt = fake.tok.apply_chat_template(messages, tools=tools)
+    entry = fake.generate(messages, tools, prompt, body, "chat", sock)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    text = fake.tok.decode([i for i in ids if i not in fake.tok.stop_ids])
+    content, calls, _ = chatml.split_tool_calls(text)
+    finish = "tool_calls" if calls and entry["finish_reason"] == "stop" else entry["finish_reason"]
+    message = {"role": "assistant", "content": content or (None if calls else ""),
+               "tool_calls": [c.to_openai() for c in calls]}
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+    if body.get("logprobs"):
+        choice["logprobs"] = {"content": [{"token": fake.tok.decode([t]), "logprob": lp, "top_logprobs": []}
+                                          for t, lp in zip(ids, fake.logprobs(ids))]}
+    out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+           "model": body.get("model") or fake.model, "choices": [choice],
+           "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                     "total_tokens": len(prompt) + len(ids)}}
+    if body.get("return_token_ids"):
+        choice["token_ids"] = ids
+        out["prompt_token_ids"] = prompt
+    return out
+
+
+def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    prompt = body.get("prompt_ids")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(i, int) for i in prompt):
+        raise HTTPError(400, "prompt_ids: a non-empty list of token ids is required")
+    messages = chatml.parse(fake.tok.decode(prompt))
+    entry = fake.generate(messages, None, prompt, body, "generate", sock)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    return {"response_ids": ids, "logprobs": fake.logprobs(ids), "finish_reason": entry["finish_reason"],
+            "text": fake.tok.decode(ids)}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "prorl-fake-llm"
+    fake: FakeLLM  # set on the subclass made by make_server
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client is gone
+
+    def _error(self, status: int, message: str, type_: str = "BadRequestError") -> None:
+        self._send(status, {"error": {"message": message, "type": type_, "code": status},
+                            "object": "error", "message": message})
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        fake = self.fake
+        if url.path in ("/health", "/v1/models", "/models") and not fake.faults["healthy"]:
+            return self._error(503, "unhealthy (injected fault)", "ServiceUnavailable")
+        if url.path == "/health":
+            return self._send(200, {"status": "ok", "note": BANNER})
+        if url.path in ("/v1/models", "/models"):
+            card = {"id": fake.model, "object": "model", "owned_by": "prorl-fake",
+                    "max_model_len": fake.max_model_len}
+            return self._send(200, {"object": "list", "data": [card]})
+        if url.path == "/debug/requests":
+            query = parse_qs(url.query)
+            since = int(query.get("since", ["0"])[0])
+            with fake.lock:
+                rows = [dict(r) for r in fake.records if r["id"] > since]
+            return self._send(200, {"requests": rows})
+        if url.path == "/debug/stats":
+            with fake.lock:
+                extra = {"requests": len(fake.records), "errors": fake.errors, "faults": dict(fake.faults)}
+            return self._send(200, {**fake.engine.stats(), **extra})
+        self._error(404, f"no route {url.path}", "NotFoundError")
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+        except ValueError as exc:
+            return self._error(400, f"invalid JSON body: {exc}")
+        try:
+            self._route(path, body)
+        except HTTPError as exc:
+            self._error(exc.status, str(exc), exc.type)
+
+    def _route(self, path: str, body: dict[str, Any]) -> None:
+        fake = self.fake
+        if path == "/debug/reset":
+            fake.reset()
+            return self._send(200, {"reset": True})
+        if path == "/debug/faults":
+            with fake.lock:
+                fake.faults.update({k: v for k, v in body.items() if k in fake.faults})
+                faults = dict(fake.faults)
+            return self._send(200, faults)
+        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion,
+                    "/generate": generate}
+        if path not in handlers:
+            raise HTTPError(404, f"no route {path}", "NotFoundError")
+        status = fake.injected_failure()
+        if status == 0:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if status is not None:
+            raise HTTPError(status, "injected failure", "InternalServerError")
+        answer = handlers[path](fake, body, self.connection)
+        if answer is not None:
+            self._send(200, answer)
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
+                latency: LatencyModel | None = None, model: str = "prorl-fake-byte",
+                max_model_len: int = 32768) -> tuple[FakeHTTPServer, FakeLLM]:
+    fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len)
+    handler = type("BoundHandler", (Handler,), {"fake": fake})
+    return FakeHTTPServer((host, port), handler), fake
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to bind.")
+    parser.add_argument("--port", type=int, default=0, help="Port; 0 picks a free one (printed).")
+    parser.add_argument("--policy", default="echo", help="echo | scripted:FILE | oracle[:NAME].")
+    parser.add_argument("--latency-model", default="none",
+                        help="'none' (instant) or 'step_s=0.02,capacity=32,slowdown=1[,speed=1]'.")
+    parser.add_argument("--speed", type=float, default=None, help="Speed factor (0.5: half as fast).")
+    parser.add_argument("--capacity", type=int, default=None, help="Sequences decoded at once.")
+    parser.add_argument("--model", default="prorl-fake-byte", help="Model name it reports.")
+    parser.add_argument("--max-model-len", type=int, default=32768, help="Context window in tokens.")
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
+    server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    host, port = server.server_address[:2]
+    print(BANNER, flush=True)
+    print(f"fake-llm ready http://{host}:{port} policy={args.policy} {latency.model_dump()}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m prorl_celery.llm.fake_server", description=BANNER)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

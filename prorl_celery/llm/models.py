@@ -1,0 +1,140 @@
+"""Pydantic models at the LLM pool's boundaries: backends, requests, and the generated turn."""
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Protocol(str, Enum):
+    """How a backend is spoken to."""
+
+    CHAT = "chat"          # OpenAI chat completions (text in, text + tool calls out)
+    GENERATE = "generate"  # token in, token out: {"prompt_ids", ...} -> {"response_ids", "logprobs"}
+
+
+class BackendStatus(str, Enum):
+    ACTIVE = "active"            # takes new requests
+    DRAINING = "draining"        # finishes what it has, takes nothing new (checkpoint swap)
+    QUARANTINED = "quarantined"  # failed; probed until it answers again
+
+
+class BackendSpec(BaseModel):
+    """What registers a backend (``POST /llm_servers``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field(description="Base URL, http://host:port with or without a trailing /v1.")
+    capacity: int | None = Field(None, ge=1, le=100000,
+                                 description="Sequences it runs at once; default llm_default_capacity.")
+    protocol: Protocol = Field(Protocol.CHAT, description="chat (OpenAI-compatible) or generate (token ids).")
+    model: str | None = Field(None, description="Model name to send; default: the first of /v1/models.")
+    weight_version: str | None = Field(None, description="Version of the weights it serves now.")
+    max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")
+    tokenizer: str | None = Field(None, description="Token mode: tokenizer name (default: the model name).")
+    api_key: str | None = Field(None, description="Bearer token the server requires, if any.")
+
+
+class Backend(BaseModel):
+    """A registered backend as stored in Redis, with its live counters."""
+
+    id: str
+    address: str
+    protocol: Protocol
+    capacity: int
+    status: BackendStatus
+    model: str | None = None
+    weight_version: str | None = None
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    in_flight: int = 0
+    served: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    added_at: float = 0.0
+    status_since: float = 0.0
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters; unknown keys (top_k, min_tokens, ignore_eos ...) pass through to the server."""
+
+    model_config = ConfigDict(extra="allow")
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens of one turn.")
+    seed: int | None = None
+    stop: list[str] | None = None
+
+
+class LLMRequest(BaseModel):
+    """One turn to generate. ``messages`` is the whole conversation in OpenAI format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    protocol: Protocol | None = Field(None, description="Only backends of this protocol; default any "
+                                                        "(a continuation keeps the previous turn's).")
+    previous: Turn | None = Field(None, description="The rollout's last turn; token mode appends to its ids.")
+    model: str | None = None
+    tokenizer: str | None = Field(None, description="Token mode: overrides the backend's tokenizer.")
+    max_model_len: int | None = Field(None, ge=1, description="Context window, if the backend does not say.")
+    chat_template_kwargs: dict[str, Any] | None = None
+    timeout_s: float | None = Field(None, gt=0, description="Per-call timeout; default llm_call_timeout_s.")
+
+
+class ToolCall(BaseModel):
+    id: str
+    name: str
+    arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+
+    def args(self) -> Any:
+        """The arguments parsed; raises ValueError when the model wrote invalid JSON."""
+        return json.loads(self.arguments) if self.arguments.strip() else {}
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class Turn(BaseModel):
+    """One generated assistant turn and everything a trainer needs to learn from it."""
+
+    backend_id: str
+    address: str
+    weight_version: str | None
+    protocol: Protocol
+    model: str | None
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_ids: list[int] | None = Field(None, description="Exact prompt token ids the server saw.")
+    response_ids: list[int] | None = Field(None, description="Exact generated token ids.")
+    logprobs: list[float] | None = Field(None, description="One per response id.")
+    token_source: Literal["server", "local", "none"] = Field(
+        "none", description="server: ids reported by the server; local: prompt built here (token mode).")
+    message_count: int = Field(description="Messages the prompt was built from; the next turn's new "
+                                           "messages start after this turn's own assistant message.")
+    format_error: str | None = Field(None, description="'tool_call' (unparseable) or 'length' (cut off).")
+    attempts: int = 1
+    started_at: float = 0.0
+    latency_s: float = 0.0
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The assistant message to append to the conversation (OpenAI format)."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        return out
+
+
+LLMRequest.model_rebuild()

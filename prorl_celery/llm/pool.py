@@ -1,0 +1,131 @@
+"""``LLMPool.generate``: the one entry point the agent loop calls for a turn.
+
+It picks a backend (least loaded, sticky per job), holds an in-flight lease for the call, retries
+failed calls on other backends with backoff (quarantining the backend that failed), waits while
+every backend is draining, and aborts the HTTP call as soon as ``should_stop()`` says so.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import redis
+
+from config.settings import get_settings
+from prorl_celery.errors import BackendFailed, BackendUnavailable, LLMCallCancelled
+from prorl_celery.llm.base import Client
+from prorl_celery.llm.chat import ChatClient
+from prorl_celery.llm.generate import GenerateClient
+from prorl_celery.llm.health import probe_quarantined, quarantine
+from prorl_celery.llm.models import LLMRequest, Protocol, Turn
+from prorl_celery.llm.registry import BackendRegistry
+from prorl_celery.llm.routing import Router, Slot
+from prorl_celery.llm.transport import Call, CallAborted
+
+log = logging.getLogger(__name__)
+
+CLIENTS: dict[Protocol, Client] = {Protocol.CHAT: ChatClient(), Protocol.GENERATE: GenerateClient()}
+WAIT_POLL_S = 0.1
+MAX_BACKOFF_S = 8.0
+
+
+def _never() -> bool:
+    return False
+
+
+class LLMPool:
+    def __init__(self, client: redis.Redis | None = None):
+        if client is None:
+            from prorl_celery.connections import get_redis
+
+            client = get_redis()
+        self.redis = client
+        self.registry = BackendRegistry(client)
+        self.router = Router(client)
+
+    def generate(self, job_id: str, request: LLMRequest,
+                 should_stop: Callable[[], bool] | None = None) -> Turn:
+        """Generate the next assistant turn of rollout ``job_id``.
+
+        Raises LLMCallCancelled (should_stop fired), ContextWindowExceeded, LLMRequestRejected
+        (a 4xx other than the context window), BackendUnavailable (retry budget spent, or no
+        backend registered / healthy within ``llm_no_backend_wait_s``)."""
+        stop = should_stop or _never
+        settings = get_settings()
+        protocol = request.protocol or (request.previous.protocol if request.previous else None)
+        started, t0 = time.time(), time.monotonic()
+        failures, attempts, waiting_since = 0, 0, None
+        while True:
+            if stop():
+                raise LLMCallCancelled(f"LLM call of job {job_id} cancelled")
+            slot = self.router.acquire(job_id, protocol)
+            if isinstance(slot, str):
+                waiting_since = waiting_since or time.monotonic()
+                self._wait_for_backend(slot, stop, waiting_since, job_id)
+                continue
+            waiting_since = None
+            attempts += 1
+            try:
+                turn = self._call(slot, request, stop)
+            except CallAborted as exc:
+                self.router.release(slot, "aborted")
+                if exc.reason == "cancelled":
+                    raise LLMCallCancelled(f"LLM call of job {job_id} cancelled") from None
+                if exc.reason == "lost":  # drained with abort, removed, or lease lapsed: go again
+                    log.info("job %s: lease on %s withdrawn; retrying", job_id, slot.backend_id)
+                    continue
+                failures = self._failed(slot, BackendFailed(f"{slot.address}: timed out"), failures, stop)
+            except BackendFailed as exc:
+                self.router.release(slot, "failed")
+                failures = self._failed(slot, exc, failures, stop)
+            except BaseException:
+                self.router.release(slot, "aborted")
+                raise
+            else:
+                self.router.release(slot, "ok")
+                return turn.model_copy(update={"attempts": attempts, "started_at": started,
+                                               "latency_s": time.monotonic() - t0})
+
+    def _call(self, slot: Slot, request: LLMRequest, stop: Callable[[], bool]) -> Turn:
+        timeout = request.timeout_s or get_settings().llm_call_timeout_s
+        with Call(timeout, should_stop=stop, lease=slot.lease) as call:
+            return CLIENTS[slot.protocol].generate(slot, request, call)
+
+    def _failed(self, slot: Slot, exc: BackendFailed, failures: int, stop: Callable[[], bool]) -> int:
+        """Quarantine the backend, and pause before the retry; raise once the budget is spent."""
+        settings = get_settings()
+        quarantine(self.registry, slot.backend_id, str(exc))
+        failures += 1
+        if failures > settings.llm_retry_budget:
+            raise BackendUnavailable(f"{failures} failed LLM calls (retry budget "
+                                     f"{settings.llm_retry_budget}); last: {exc}") from exc
+        pause = min(settings.llm_backoff_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+        log.warning("LLM call failed (%s); retry %d in %.1fs", exc, failures, pause)
+        _sleep(pause * random.uniform(0.75, 1.25), stop)
+        return failures
+
+    def _wait_for_backend(self, reason: str, stop: Callable[[], bool], since: float, job_id: str) -> None:
+        """Draining: wait for resume, however long. Quarantined: probe now. Nothing registered or
+        nothing healthy: wait up to ``llm_no_backend_wait_s``."""
+        settings = get_settings()
+        if reason == "quarantined":
+            healthy = probe_quarantined(self.redis, min_interval_s=min(1.0, settings.llm_probe_period_s))
+            if any(healthy.values()):
+                return
+        if reason != "draining" and time.monotonic() - since > settings.llm_no_backend_wait_s:
+            what = "is registered" if reason == "none" else "is healthy"
+            raise BackendUnavailable(f"no LLM backend {what} (waited {settings.llm_no_backend_wait_s:.0f}s)")
+        _sleep(WAIT_POLL_S * 2 if reason == "draining" else WAIT_POLL_S * 5, stop)
+        if stop():
+            raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while waiting for a backend")
+
+
+def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
+    end = time.monotonic() + seconds
+    while not stop():
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, WAIT_POLL_S))

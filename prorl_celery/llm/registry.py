@@ -1,0 +1,179 @@
+"""The backend registry in Redis, shared by every worker and the API.
+
+Per backend: a hash (``keys.llm_backend``) with address, protocol, capacity, status, weight
+version and counters, and a sorted set (``keys.llm_inflight``) of in-flight request leases whose
+scores are their expiry times: the live in-flight count is the number of unexpired members.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+import redis
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.errors import InvalidRequest, UnknownBackend
+from prorl_celery.llm.models import Backend, BackendSpec, BackendStatus
+
+_ADD = """
+local created = redis.call('SADD', KEYS[1], ARGV[1])
+if created == 1 then
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[2], 'id', ARGV[1], 'status', 'active', 'served', 0, 'failures', 0,
+             'consecutive_failures', 0, 'added_at', ARGV[2], 'status_since', ARGV[2],
+             'protocol', ARGV[3], 'capacity', ARGV[4])
+end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return created
+"""
+# status change only from the listed states; returns 1 if changed
+_SET_STATUS = """
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return -1 end
+for i = 3, #ARGV do
+  if current == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], 'status_since', ARGV[2])
+    return 1
+  end
+end
+return 0
+"""
+_INT_FIELDS = ("capacity", "served", "failures", "consecutive_failures", "max_model_len")
+_FLOAT_FIELDS = ("added_at", "status_since")
+
+
+def normalize_address(address: str) -> str:
+    """``host:port``, ``http://host:port/``, ``http://host:port/v1`` all name the same backend."""
+    text = address.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    text = text.rstrip("/")
+    if text.endswith("/v1"):
+        text = text[: -len("/v1")]
+    parts = urlsplit(text)
+    try:
+        parts.port
+    except ValueError:
+        raise InvalidRequest(f"address {address!r} has an invalid port", field="address") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidRequest(f"address {address!r} is not an http(s)://host:port URL", field="address")
+    return text
+
+
+def backend_id(address: str) -> str:
+    """A stable id derived from the normalized address, so the same address is one backend."""
+    return "llm-" + hashlib.sha1(normalize_address(address).encode()).hexdigest()[:10]
+
+
+class BackendRegistry:
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+
+    # -- registration ---------------------------------------------------------------------
+    def add(self, spec: BackendSpec) -> tuple[Backend, bool]:
+        """Register ``spec``; the same address again updates only the fields it sets explicitly.
+        Returns (backend, created)."""
+        address = normalize_address(spec.address)
+        bid = backend_id(address)
+        fields: dict[str, object] = {"address": address}
+        for name in ("protocol", "capacity", "model", "weight_version", "max_model_len", "tokenizer",
+                     "api_key"):
+            value = getattr(spec, name)
+            if value is not None and name in spec.model_fields_set:
+                fields[name] = value.value if name == "protocol" else value
+        argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
+        argv += [item for pair in fields.items() for item in pair]
+        created = self.redis.eval(_ADD, 3, keys.llm_backends(), keys.llm_backend(bid),
+                                  keys.llm_inflight(bid), *argv)
+        return self.get(bid), bool(created)
+
+    def remove(self, bid: str) -> None:
+        """Forget the backend; its in-flight requests lose their leases and retry elsewhere."""
+        pipe = self.redis.pipeline()
+        pipe.srem(keys.llm_backends(), bid)
+        pipe.delete(keys.llm_backend(bid), keys.llm_inflight(bid))
+        if not pipe.execute()[0]:
+            raise UnknownBackend(bid)
+
+    def clear(self) -> list[str]:
+        ids = self.ids()
+        for bid in ids:
+            try:
+                self.remove(bid)
+            except UnknownBackend:
+                pass
+        return ids
+
+    # -- reading --------------------------------------------------------------------------
+    def ids(self) -> list[str]:
+        return sorted(member.decode() for member in self.redis.smembers(keys.llm_backends()))
+
+    def get(self, bid: str) -> Backend:
+        found = self.get_many([bid])
+        if not found:
+            raise UnknownBackend(bid)
+        return found[0]
+
+    def get_many(self, ids: Iterable[str]) -> list[Backend]:
+        ids = list(ids)
+        now_ms = int(time.time() * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        for bid in ids:
+            pipe.hgetall(keys.llm_backend(bid))
+            pipe.zcount(keys.llm_inflight(bid), now_ms, "+inf")
+        replies = pipe.execute()
+        out = []
+        for raw, in_flight in zip(replies[0::2], replies[1::2]):
+            if raw:
+                out.append(_parse(raw, in_flight))
+        return out
+
+    def list(self) -> list[Backend]:
+        return sorted(self.get_many(self.ids()), key=lambda b: (b.added_at, b.id))
+
+    def in_flight(self, bid: str) -> int:
+        return self.redis.zcount(keys.llm_inflight(bid), int(time.time() * 1000), "+inf")
+
+    def resolve(self, ids: list[str] | None) -> list[str]:
+        """``ids`` checked to exist (UnknownBackend otherwise), or every backend when None."""
+        if ids is None:
+            return self.ids()
+        known = set(self.ids())
+        for bid in ids:
+            if bid not in known:
+                raise UnknownBackend(bid)
+        return list(ids)
+
+    # -- status ---------------------------------------------------------------------------
+    def set_status(self, bid: str, status: BackendStatus, sources: Iterable[BackendStatus]) -> bool:
+        changed = self.redis.eval(_SET_STATUS, 1, keys.llm_backend(bid), status.value, time.time(),
+                                  *[s.value for s in sources])
+        if changed == -1:
+            raise UnknownBackend(bid)
+        return changed == 1
+
+    def set_fields(self, bid: str, **fields: object) -> None:
+        self.redis.hset(keys.llm_backend(bid), mapping={k: v for k, v in fields.items() if v is not None})
+
+    def abort_in_flight(self, bid: str) -> int:
+        """Drop every in-flight lease of the backend; the holders abort their calls and retry."""
+        pipe = self.redis.pipeline()
+        pipe.zcard(keys.llm_inflight(bid))
+        pipe.delete(keys.llm_inflight(bid))
+        return pipe.execute()[0]
+
+
+def _parse(raw: dict[bytes, bytes], in_flight: int) -> Backend:
+    data: dict[str, object] = {k.decode(): v.decode() for k, v in raw.items()}
+    data.pop("api_key", None)
+    for name in _INT_FIELDS:
+        if name in data:
+            data[name] = int(data[name])
+    for name in _FLOAT_FIELDS:
+        if name in data:
+            data[name] = float(data[name])
+    data.setdefault("capacity", get_settings().llm_default_capacity)
+    return Backend(in_flight=in_flight, **data)

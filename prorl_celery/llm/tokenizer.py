@@ -1,0 +1,135 @@
+"""Tokenizers for token mode: a ``Tokenizer`` protocol, the built-in byte-level fake (lossless,
+no downloads) and Hugging Face ``transformers`` tokenizers (optional dependency).
+
+:func:`continuation_ids` is how a turn's prompt grows without re-tokenising the history: it
+renders only the new messages, as the model's own chat template places them after an assistant
+turn, by diffing two renders of a fixed dummy conversation.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Protocol, runtime_checkable
+
+from prorl_celery.errors import UnknownPlugin
+from prorl_celery.llm import chatml
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What token mode needs of a tokenizer."""
+
+    stop_ids: frozenset[int]
+    """Token ids that end an assistant turn (EOS, end of message)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, **kwargs: Any) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0-255; the chat template's special tokens are 256 and up."""
+
+    SPECIAL = {token: 256 + i for i, token in enumerate(chatml.SPECIAL_TOKENS)}
+    _SPLIT = re.compile("(" + "|".join(re.escape(t) for t in chatml.SPECIAL_TOKENS) + ")")
+
+    def __init__(self) -> None:
+        self.by_id = {i: t for t, i in self.SPECIAL.items()}
+        self.stop_ids = frozenset({self.SPECIAL[chatml.IM_END], self.SPECIAL[chatml.EOT]})
+        self.vocab_size = 256 + len(self.SPECIAL)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self._SPLIT.split(text):
+            if piece in self.SPECIAL:
+                ids.append(self.SPECIAL[piece])
+            elif piece:
+                ids.extend(piece.encode())
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        out, run = [], bytearray()
+        for i in ids:
+            if i < 256:
+                run.append(i)
+                continue
+            out.append(run.decode(errors="replace"))
+            run = bytearray()
+            out.append(self.by_id.get(i, ""))
+        out.append(run.decode(errors="replace"))
+        return "".join(out)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        return self.encode(chatml.render(messages, tools, add_generation_prompt))
+
+
+class HFTokenizer:
+    """A ``transformers`` tokenizer and its chat template (``pip install transformers``)."""
+
+    def __init__(self, name: str):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise UnknownPlugin(f"tokenizer {name!r} needs the optional 'transformers' package") from exc
+        self.tok = AutoTokenizer.from_pretrained(name)
+        stops = {self.tok.eos_token_id}
+        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            found = self.tok.convert_tokens_to_ids(special)
+            if isinstance(found, int) and found != self.tok.unk_token_id:
+                stops.add(found)
+        self.stop_ids = frozenset(i for i in stops if i is not None)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                           tokenize=True, **kwargs)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+BUILTIN = {"byte": ByteTokenizer, "prorl-fake-byte": ByteTokenizer}
+
+
+@functools.lru_cache(maxsize=16)
+def get_tokenizer(name: str | None) -> Tokenizer:
+    """``byte`` (also the fake server's model name ``prorl-fake-byte``) or a Hugging Face name."""
+    if not name or name in BUILTIN:
+        return BUILTIN.get(name or "byte", ByteTokenizer)()
+    return HFTokenizer(name)
+
+
+_DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+
+def continuation_ids(tok: Tokenizer, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     **kwargs: Any) -> list[int]:
+    """Ids of ``new_messages`` plus the generation prompt, as the template renders them right
+    after a finished assistant turn."""
+    base = tok.apply_chat_template(_DUMMY, tools=tools, add_generation_prompt=False, **kwargs)
+    full = tok.apply_chat_template(_DUMMY + list(new_messages), tools=tools, add_generation_prompt=True,
+                                   **kwargs)
+    if full[: len(base)] != base:
+        raise ValueError("the chat template does not render new messages as a pure suffix")
+    return full[len(base):]
+
+
+def turn_closing_ids(tok: Tokenizer, response_ids: list[int], tools: list[dict[str, Any]] | None,
+                     **kwargs: Any) -> list[int]:
+    """What the template puts after a generated assistant turn before the next message: the stop
+    token if the model did not emit one (cut off by length), then whatever follows it (``\\n``)."""
+    base = tok.apply_chat_template(_DUMMY, tools=tools, add_generation_prompt=False, **kwargs)
+    stop_at = max((i for i, t in enumerate(base) if t in tok.stop_ids), default=None)
+    if stop_at is None:
+        return []
+    tail = base[stop_at + 1:]
+    ended = bool(response_ids) and response_ids[-1] in tok.stop_ids
+    return tail if ended else [base[stop_at], *tail]

@@ -1,0 +1,101 @@
+"""Fake LLM servers as real subprocesses on free ports, and a pool on the session's private Redis."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from prorl_celery.procs import Child, free_port, wait_for
+
+
+class FakeLLMProc:
+    """One ``prorl-celery fake-llm`` process and its debug endpoints."""
+
+    def __init__(self, child: Child, url: str):
+        self.child, self.url = child, url
+
+    def received(self, since: int = 0) -> list[dict]:
+        return requests.get(f"{self.url}/debug/requests", params={"since": since}, timeout=5).json()["requests"]
+
+    def stats(self) -> dict:
+        return requests.get(f"{self.url}/debug/stats", timeout=5).json()
+
+    def faults(self, **faults) -> dict:
+        return requests.post(f"{self.url}/debug/faults", json=faults, timeout=5).json()
+
+    def up(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+
+@pytest.fixture
+def fake_llms(tmp_path: Path):
+    """``start(n, latency=..., policy=..., extra=[...])`` -> n fake servers, stopped after the test."""
+    started: list[FakeLLMProc] = []
+    env = dict(os.environ)
+
+    def start(n: int = 1, latency: str = "none", policy: str = "echo", extra: list[str] | None = None,
+              speeds: list[float] | None = None) -> list[FakeLLMProc]:
+        procs = []
+        for i in range(n):
+            port = free_port()
+            argv = [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(port),
+                    "--latency-model", latency, "--policy", policy, *(extra or [])]
+            if speeds:
+                argv += ["--speed", str(speeds[i])]
+            child = Child(f"fake-llm-{port}", argv, env, tmp_path).start()
+            procs.append(FakeLLMProc(child, f"http://127.0.0.1:{port}"))
+        for proc in procs:
+            wait_for(proc.up, 20, f"fake LLM at {proc.url}", child=proc.child)
+        started.extend(procs)
+        return procs
+
+    yield start
+    for proc in started:
+        proc.child.stop(grace_s=2)
+
+
+@pytest.fixture
+def redis_conn(redis_url) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def pool(redis_conn, monkeypatch):
+    """An LLMPool on an empty registry, with short backoffs and probe periods."""
+    from config.settings import get_settings
+    from prorl_celery.llm import LLMPool
+
+    settings = get_settings()
+    for name, value in {"llm_backoff_s": 0.05, "llm_probe_period_s": 0.3, "llm_retry_budget": 3,
+                        "llm_no_backend_wait_s": 20.0}.items():
+        monkeypatch.setattr(settings, name, value)
+    llm_pool = LLMPool(redis_conn)
+    llm_pool.registry.clear()
+    yield llm_pool
+    llm_pool.registry.clear()
+
+
+def add(pool, proc_or_url, **spec) -> str:
+    from prorl_celery.llm import BackendSpec
+
+    url = proc_or_url if isinstance(proc_or_url, str) else proc_or_url.url
+    backend, _ = pool.registry.add(BackendSpec(address=url, **spec))
+    return backend.id
+
+
+def eventually(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,224 @@
+"""LLMPool.generate against real fake-server processes: load, failures, drain/resume, cancel."""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from prorl_celery.errors import BackendUnavailable, LLMCallCancelled
+from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
+from prorl_celery.llm.control import drain, resume
+from prorl_celery.llm.health import probe_quarantined
+from tests.llm.conftest import add, eventually
+
+SLOW = "step_s=0.01,capacity=4"
+
+
+def ask(text: str = "hi", tokens: int = 20, **extra) -> LLMRequest:
+    return LLMRequest(messages=[{"role": "user", "content": text}],
+                      sampling=SamplingParams(max_tokens=tokens, ignore_eos=True), **extra)
+
+
+def rollout(pool, job_id: str, turns: int, tokens: int = 20, stop=None) -> list:
+    """A multi-turn conversation: each turn appends the answer and a tool message."""
+    messages = [{"role": "user", "content": f"task {job_id}"}]
+    out, previous = [], None
+    for k in range(turns):
+        turn = pool.generate(job_id, LLMRequest(messages=messages, previous=previous,
+                                                sampling=SamplingParams(max_tokens=tokens, ignore_eos=True)),
+                             should_stop=stop)
+        messages = messages + [turn.message, {"role": "tool", "content": f"observation {k}"}]
+        out.append(turn)
+        previous = turn
+    return out
+
+
+def test_in_flight_returns_to_zero(pool, fake_llms):
+    procs = fake_llms(2, latency=SLOW)
+    ids = [add(pool, p, capacity=4) for p in procs]
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], sum(b.in_flight for b in pool.registry.list()))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(12) as ex:
+        results = list(ex.map(lambda i: rollout(pool, f"job-{i}", 3), range(12)))
+    done.set()
+    watcher.join()
+    assert peak[0] >= 6
+    backends = pool.registry.list()
+    assert [b.in_flight for b in backends] == [0, 0]
+    assert sum(b.served for b in backends) == 36 and {b.id for b in backends} == set(ids)
+    assert all(len(turns) == 3 for turns in results)
+
+
+def test_new_backend_gets_a_fair_share_under_load(pool, fake_llms):
+    old = fake_llms(2, latency="step_s=0.005,capacity=4")
+    (new,) = fake_llms(1, latency="step_s=0.005,capacity=4")
+    for proc in old:
+        add(pool, proc, capacity=4)
+    stop = threading.Event()
+    seen: list[tuple[float, str]] = []
+
+    def worker(i: int):
+        k = 0
+        while not stop.is_set():
+            turn = pool.generate(f"w{i}-{k // 3}", ask(tokens=10))  # 3 turns per rollout
+            seen.append((time.monotonic(), turn.backend_id))
+            k += 1
+
+    with ThreadPoolExecutor(12) as ex:
+        futures = [ex.submit(worker, i) for i in range(12)]
+        time.sleep(1.0)
+        added_at = time.monotonic()
+        new_id = add(pool, new, capacity=4)
+        time.sleep(1.5)
+        stop.set()
+        for f in futures:
+            f.result()
+    after = [bid for t, bid in seen if t > added_at + 0.1]
+    share = after.count(new_id) / len(after)
+    assert len(after) > 60
+    assert 0.2 < share < 0.55, share  # fair is 1/3; the reference's heap would send it everything
+
+
+def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):
+    procs = fake_llms(2, latency="step_s=0.01,capacity=8")
+    a, b = (add(pool, p, capacity=8) for p in procs)
+    with ThreadPoolExecutor(8) as ex:
+        futures = [ex.submit(rollout, pool, f"r{i}", 4) for i in range(8)]
+        eventually(lambda: pool.registry.get(a).in_flight > 0, 5, "traffic on a")
+        pool.registry.remove(a)
+        removed_at = time.time()
+        results = [f.result(timeout=60) for f in futures]
+    assert all(len(turns) == 4 for turns in results)
+    late = [t for turns in results for t in turns if t.started_at > removed_at]
+    assert late and all(t.backend_id == b for t in late)
+    assert procs[0].stats()["aborted"] >= 1  # its in-flight requests were aborted and retried
+    assert pool.registry.get(b).in_flight == 0
+
+
+def test_failing_backend_is_quarantined_and_probed_back(pool, fake_llms):
+    bad, good = fake_llms(2, latency="step_s=0.005,capacity=8")
+    bad_id, good_id = (add(pool, p, capacity=8, model="prorl-fake-byte") for p in (bad, good))
+    bad.faults(fail_all=True, healthy=False)
+    with ThreadPoolExecutor(6) as ex:
+        results = list(ex.map(lambda i: rollout(pool, f"q{i}", 3), range(6)))
+    assert all(len(turns) == 3 for turns in results)
+    assert {t.backend_id for turns in results for t in turns} == {good_id}
+    record = pool.registry.get(bad_id)
+    assert record.status is BackendStatus.QUARANTINED and record.failures >= 1
+    assert "/v1/chat/completions -> 500" in record.last_error
+    assert any(t.attempts > 1 for turns in results for t in turns)
+    time.sleep(0.35)
+    assert probe_quarantined(pool.redis) == {bad_id: False}  # still down
+    bad.faults(fail_all=False, healthy=True)
+    time.sleep(0.35)
+    assert probe_quarantined(pool.redis) == {bad_id: True}
+    assert pool.registry.get(bad_id).status is BackendStatus.ACTIVE
+
+
+def test_connection_refused_then_retry_budget(pool, fake_llms):
+    (proc,) = fake_llms(1)
+    bid = add(pool, proc)
+    proc.faults(fail_all=True, error_status=0)  # drops every connection, /health still answers
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable) as err:
+        pool.generate("doomed", ask())
+    assert "retry budget 3" in str(err.value) and err.value.type == "backend_unavailable"
+    assert time.monotonic() - started < 10
+    assert pool.registry.get(bid).failures == 4  # the first try and three retries
+    assert proc.stats()["errors"] == 4
+
+
+def test_only_backend_down_then_back_is_probed_on_demand(pool, fake_llms):
+    (proc,) = fake_llms(1)
+    bid = add(pool, proc)
+    proc.faults(fail_next=1)
+    turn = pool.generate("j", ask())  # fails once; quarantined; the on-demand probe restores it
+    assert turn.backend_id == bid and turn.attempts == 2
+    assert pool.registry.get(bid).status is BackendStatus.ACTIVE
+
+
+def test_drain_waits_and_resume_sets_new_weight_version(pool, fake_llms):
+    procs = fake_llms(2, latency="step_s=0.01,capacity=8")
+    ids = [add(pool, p, capacity=8, weight_version="v1") for p in procs]
+    results: dict[int, list] = {}
+
+    def run(i):
+        results[i] = rollout(pool, f"d{i}", 6, tokens=15)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    eventually(lambda: sum(pool.registry.get(b).in_flight for b in ids) > 0, 5, "traffic")
+    started = time.monotonic()
+    outcome = drain(pool.registry, None, wait_s=10)
+    drained_at = time.time()
+    assert outcome["drained"] and outcome["in_flight"] == {b: 0 for b in ids}
+    assert time.monotonic() - started > 0.02  # it had to wait for the requests in flight
+    time.sleep(0.5)
+    served = sum(b.served for b in pool.registry.list())
+    assert all(t.is_alive() for t in threads)  # rollouts wait while everything drains
+    assert sum(b.served for b in pool.registry.list()) == served
+    resume(pool.registry, None, weight_version="v2")
+    resumed_at = time.time()
+    for t in threads:
+        t.join(30)
+    turns = [t for i in range(6) for t in results[i]]
+    assert len(turns) == 36
+    assert all(t.weight_version == "v1" for t in turns if t.started_at + t.latency_s < drained_at)
+    later = [t for t in turns if t.started_at > resumed_at]
+    assert later and all(t.weight_version == "v2" for t in later)
+    assert {t.weight_version for t in turns} == {"v1", "v2"}
+
+
+def test_drain_with_abort_retries_after_resume(pool, fake_llms):
+    (proc,) = fake_llms(1, latency="step_s=0.05,capacity=8")
+    bid = add(pool, proc, weight_version="v1")
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("turn", pool.generate("a", ask(tokens=20))))
+    worker.start()
+    eventually(lambda: pool.registry.get(bid).in_flight == 1, 5, "the request in flight")
+    outcome = drain(pool.registry, [bid], wait_s=5, abort=True)
+    assert outcome == {"drained": True, "in_flight": {bid: 0}, "aborted": {bid: 1}}
+    eventually(lambda: proc.stats()["aborted"] == 1, 5, "the server to see the abort")
+    resume(pool.registry, [bid], weight_version="v2")
+    worker.join(30)
+    turn = box["turn"]
+    assert turn.weight_version == "v2" and turn.attempts == 2
+    assert [r["status"] for r in proc.received()] == ["aborted", "ok"]
+
+
+def test_cancel_aborts_the_request_in_flight(pool, fake_llms):
+    (proc,) = fake_llms(1, latency="step_s=0.5,capacity=4")
+    bid = add(pool, proc)
+    flag = threading.Event()
+    threading.Timer(0.5, flag.set).start()
+    started = time.monotonic()
+    with pytest.raises(LLMCallCancelled):
+        pool.generate("c", ask(tokens=100), should_stop=flag.is_set)
+    assert time.monotonic() - started < 1.5
+    eventually(lambda: proc.stats()["aborted"] == 1, 5, "the server to see the disconnect")
+    record = pool.registry.get(bid)
+    assert record.in_flight == 0 and record.failures == 0 and record.status is BackendStatus.ACTIVE
+
+
+def test_timeout_quarantines_and_retries_elsewhere(pool, fake_llms):
+    slow, fast = fake_llms(2, latency="step_s=0.01,capacity=4", speeds=[0.01, 1.0])
+    slow_id, fast_id = add(pool, slow), add(pool, fast)
+    pool.registry.set_status(fast_id, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
+    threading.Timer(0.3, lambda: resume(pool.registry, [fast_id])).start()
+    turn = pool.generate("t", ask(tokens=20, timeout_s=1.0))
+    assert turn.backend_id == fast_id and turn.attempts == 2
+    assert pool.registry.get(slow_id).status is BackendStatus.QUARANTINED
+    assert "timed out" in pool.registry.get(slow_id).last_error
+    eventually(lambda: slow.stats()["aborted"] == 1, 5, "the slow server to see the disconnect")
