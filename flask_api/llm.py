@@ -6,8 +6,10 @@ from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
 from flask_api.errors import parse_body
+from flask_api.openapi import operation
+from flask_api.schemas import ErrorBody
 from prorl_celery.llm.control import drain, resume
-from prorl_celery.llm.models import BackendSpec
+from prorl_celery.llm.models import Backend, BackendSpec
 from prorl_celery.llm.registry import BackendRegistry
 
 bp = Blueprint("llm", __name__)
@@ -32,6 +34,75 @@ class AddServerRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     address: str
+
+
+class AddServerResponse(BaseModel):
+    """The backend's id; 201 if it is new, 200 if the address was already registered."""
+
+    id: str
+    created: bool
+    backend: Backend
+
+
+class BackendList(BaseModel):
+    """Every registered backend with its status and live counters."""
+
+    backends: list[Backend]
+
+
+class RemoveResponse(BaseModel):
+    """The backend is gone; its in-flight requests retry elsewhere."""
+
+    removed: str
+
+
+class DrainResponse(BaseModel):
+    """Whether nothing is in flight on the drained backends any more, and their counts."""
+
+    drained: bool
+    in_flight: dict[str, int]
+    aborted: dict[str, int]
+    backends: list[Backend]
+
+
+class ResumeResponse(BaseModel):
+    """The backends back in rotation."""
+
+    resumed: list[str]
+    backends: list[Backend]
+
+
+class CompatAddResponse(BaseModel):
+    """Reference API: registered (duplicates are one backend)."""
+
+    status: str
+    id: str
+    created: bool
+
+
+class CompatClearResponse(BaseModel):
+    """Reference API: every backend removed."""
+
+    status: str
+    removed: list[str]
+
+
+_BAD = {400: ErrorBody}
+operation("post", "/llm_servers", "Register an LLM backend (the same address twice is one backend)",
+          {201: AddServerResponse, 200: AddServerResponse, **_BAD}, body=BackendSpec, tag="llm")
+operation("get", "/llm_servers", "LLM backends: status, capacity, in flight, served, failures, weights",
+          {200: BackendList}, tag="llm")
+operation("get", "/llm_servers/{backend_id}", "One LLM backend", {200: Backend, 404: ErrorBody}, tag="llm")
+operation("delete", "/llm_servers/{backend_id}", "Remove an LLM backend (in-flight requests retry elsewhere)",
+          {200: RemoveResponse, 404: ErrorBody}, tag="llm")
+operation("post", "/llm_servers/drain", "Stop new requests to backends and wait for their in-flight ones",
+          {200: DrainResponse, 404: ErrorBody, **_BAD}, body=DrainRequest, tag="llm")
+operation("post", "/llm_servers/resume", "Put backends back in rotation, with a new weight version",
+          {200: ResumeResponse, 404: ErrorBody, **_BAD}, body=ResumeRequest, tag="llm")
+operation("post", "/add_llm_server", "Reference API: register an LLM server", {200: CompatAddResponse, **_BAD},
+          body=AddServerRequest, tag="reference")
+operation("post", "/clear_llm_server", "Reference API: remove every LLM server", {200: CompatClearResponse},
+          tag="reference")
 
 
 def _registry() -> BackendRegistry:

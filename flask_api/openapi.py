@@ -79,7 +79,7 @@ def build_document(max_wait_s: float, token: bool) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for name in ("job_id", "group_id") if "{" + name + "}" in op["path"]]
+                  for name in ("job_id", "group_id", "backend_id") if "{" + name + "}" in op["path"]]
         for name, schema in op["query"].items():
             schema = dict(schema)
             if name in ("timeout", "wait"):

@@ -53,8 +53,8 @@ def normalize_address(address: str) -> str:
     text = text.rstrip("/")
     if text.endswith("/v1"):
         text = text[: -len("/v1")]
-    parts = urlsplit(text)
     try:
+        parts = urlsplit(text)
         parts.port
     except ValueError:
         raise InvalidRequest(f"address {address!r} has an invalid port", field="address") from None
