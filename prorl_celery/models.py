@@ -67,6 +67,8 @@ class Timings(BaseModel):
     run: float = 0.0
     eval: float = 0.0
     total: float = 0.0
+    llm: float = Field(0.0, description="Waiting for the policy model (within run).")
+    actions: float = Field(0.0, description="Running tool calls in the sandbox (within run).")
 
 
 class JobResult(BaseModel):

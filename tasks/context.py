@@ -51,6 +51,11 @@ class StageContext:
         if self.remaining() <= 0:
             raise StageBudgetExceeded(f"{self.stage} stage exceeded its budget")
 
+    def stopped(self) -> bool:
+        """True once the job ended elsewhere (cancelled, or ended by the sweep); never raises."""
+        status = self.store.status(self.job_id)
+        return status is None or status.terminal
+
     def save(self) -> None:
         """Persist ``state``; raises :class:`JobCancelled` if the job ended meanwhile."""
         if not self.store.update(self.job_id, state=self.state):

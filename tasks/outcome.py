@@ -27,8 +27,9 @@ def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] 
     instance = record.instance
     data = {**partial, **(fields or {})}
     data.setdefault("filter", status is not JobStatus.COMPLETED)
+    timing = record.timings().model_copy(update=data.pop("timing", {}))
     return JobResult(job_id=record.job_id, status=status, critical_error=critical_error, error=error,
-                     timing=record.timings(), instance_id=_maybe_str(instance.get("instance_id")),
+                     timing=timing, instance_id=_maybe_str(instance.get("instance_id")),
                      trajectory_id=_maybe_int(instance.get("trajectory_id")), **data)
 
 

@@ -18,7 +18,7 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.connections import get_store
-from prorl_celery.errors import JobCancelled, ProrlError, SandboxError, StageBudgetExceeded
+from prorl_celery.errors import JobCancelled, LLMError, ProrlError, SandboxError, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
 from prorl_celery.metrics import observe_stage
@@ -124,7 +124,7 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
                     critical="timeout")
     if not isinstance(exc, Exception):
         raise exc  # SystemExit / KeyboardInterrupt: let the worker shut down; the lease lapses
-    critical = "sandbox" if isinstance(exc, SandboxError) else stage.value
+    critical = "sandbox" if isinstance(exc, SandboxError) else "llm" if isinstance(exc, LLMError) else stage.value
     etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
     log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
     return _end(store, record, JobStatus.FAILED, stage, ctx.state, etype, str(exc), critical=critical)

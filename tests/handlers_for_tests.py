@@ -39,3 +39,32 @@ class StuckRunHandler(ShellHandler):
         import time
 
         time.sleep(20)
+
+
+class UserHandler:
+    """A user's own scaffold, not derived from anything in the service: loaded by dotted path."""
+
+    name = "user"
+
+    def init(self, ctx) -> None:
+        from sandboxes.base import SandboxSpec
+
+        ctx.open_sandbox(SandboxSpec.model_validate(ctx.instance.get("sandbox") or {}))
+        ctx.save()
+
+    def run(self, ctx) -> None:
+        out = ctx.sandbox.exec(f"echo {int(ctx.instance['x']) * 2}")
+        ctx.state["doubled"] = int(out.output.strip())
+        ctx.save()
+
+    def eval(self, ctx) -> dict:
+        return {"reward": 0.25 if ctx.state["doubled"] == 2 * int(ctx.instance["x"]) else 0.0, "resolved": True}
+
+    def result_fields(self, state: dict) -> dict:
+        return {"doubled": state.get("doubled")}
+
+    def on_exception(self, ctx, exc) -> None:
+        ctx.close_sandbox()
+
+    def finish(self, ctx) -> None:
+        ctx.close_sandbox()

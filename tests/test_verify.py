@@ -83,3 +83,14 @@ def test_swe_fixtures_gold_patch_resolves_and_base_does_not(tmp_path):
                                       instance["PASS_TO_PASS"])
             assert verdict["resolved"] is resolved, (instance["instance_id"], verdict)
             assert all(v == "PASSED" for v in verdict["PASS_TO_PASS"].values())
+
+
+def test_math_equal_off_the_main_thread():
+    """Celery's thread pool runs eval off the main thread, where math-verify's SIGALRM cannot work."""
+    import threading
+
+    results = []
+    thread = threading.Thread(target=lambda: results.extend([math_equal("3/2", "1.5"), math_equal("2", "3")]))
+    thread.start()
+    thread.join(60)
+    assert results == [True, False]

@@ -9,8 +9,17 @@ from tasks.handlers.base import AgentHandler
 
 HANDLERS: dict[str, str] = {
     "shell": "tasks.handlers.shell:ShellHandler",
+    "math": "tasks.handlers.math:MathHandler",
+    "stem": "tasks.handlers.stem:StemHandler",
+    "code": "tasks.handlers.code:CodeHandler",
+    "humaneval": "tasks.handlers.code:HumanEvalHandler",
+    "swe": "tasks.handlers.swe:SweHandler",
 }
-ALIASES: dict[str, str] = {}
+ALIASES: dict[str, str] = {
+    "deepscaler": "math", "gsm8k": "math", "aime": "math", "amc": "math",
+    "swebench": "swe", "swe-gym": "swe", "r2e": "swe",
+    "deepcoder": "code", "codecontests": "code", "apps": "code", "codeforces": "code", "taco": "code",
+}
 
 
 def _import(path: str) -> type:

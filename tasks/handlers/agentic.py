@@ -1,0 +1,66 @@
+"""The base of the built-in domains: a sandbox, the built-in agent, and a domain's own scoring."""
+from __future__ import annotations
+
+from typing import Any
+
+from prorl_celery.agent import AgentConfig, AgentOutcome, run_agent
+from prorl_celery.agent.trajectory import assistant_messages, flatten
+from prorl_celery.llm import Turn
+from sandboxes.base import SandboxSpec
+from tasks.context import StageContext
+from tasks.handlers.base import AgentHandler
+
+
+class AgentTaskHandler(AgentHandler):
+    """init opens the sandbox and calls :meth:`prepare`; run runs the built-in agent on
+    :meth:`prompt` and calls :meth:`after_run`; eval returns :meth:`score`. Subclasses fill in
+    those four."""
+
+    default_sandbox: dict[str, Any] = {}
+
+    def sandbox_spec(self, instance: dict[str, Any]) -> SandboxSpec:
+        return SandboxSpec.model_validate({**self.default_sandbox, **(instance.get("sandbox") or {})})
+
+    def prompt(self, ctx: StageContext) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def prepare(self, ctx: StageContext) -> None:
+        """Put the task in the sandbox (runs in init, after the sandbox opened)."""
+
+    def after_run(self, ctx: StageContext, outcome: AgentOutcome) -> None:
+        """Collect what eval needs from the sandbox (runs at the end of run)."""
+
+    def score(self, ctx: StageContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- the stages -------------------------------------------------------------------------
+    def init(self, ctx: StageContext) -> None:
+        ctx.open_sandbox(self.sandbox_spec(ctx.instance))
+        self.prepare(ctx)
+        ctx.save()
+
+    def run(self, ctx: StageContext) -> None:
+        if ctx.resumed:
+            ctx.sandbox.interrupt()  # a command the dead worker started may still be running
+        outcome = run_agent(ctx, self.prompt(ctx), AgentConfig.model_validate(ctx.sampling_params))
+        self.after_run(ctx, outcome)
+        ctx.save()
+
+    def eval(self, ctx: StageContext) -> dict[str, Any]:
+        return self.score(ctx)
+
+    def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        agent = state.get("agent") or {}
+        turns = [Turn.model_validate(t) for t in agent.get("turns", [])]
+        tokens, mode = flatten(turns)
+        return {"messages": assistant_messages(agent.get("messages", []), turns), "tokens": tokens,
+                "token_mode": mode, "turns": len(turns), "finish_reason": agent.get("finish_reason"),
+                "answer": agent.get("answer"),
+                "timing": {"llm": agent.get("llm_s", 0.0), "actions": agent.get("actions_s", 0.0)}}
+
+
+def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:
+    """(the submit answer, the last assistant message's text) of a finished episode."""
+    agent = state.get("agent") or {}
+    last = next((m for m in reversed(agent.get("messages", [])) if m.get("role") == "assistant"), {})
+    return agent.get("answer"), last.get("content") or ""

