@@ -93,3 +93,11 @@ def test_drain_over_http_waits_for_in_flight_then_resume(llm_api, pool, fake_llm
     assert box["next"].weight_version == "v2"
     unknown = requests.post(f"{api}/llm_servers/drain", json={"ids": ["llm-nope"]}, timeout=10)
     assert unknown.status_code == 404
+
+
+def test_metrics_show_backends(llm_api):
+    bid = requests.post(f"{llm_api}/llm_servers", json={"address": "http://10.1.0.9:8000", "capacity": 7},
+                        timeout=10).json()["id"]
+    text = requests.get(f"{llm_api}/metrics", timeout=10).text
+    assert f'prorl_llm_capacity{{address="http://10.1.0.9:8000",backend="{bid}"}} 7.0' in text
+    assert f'prorl_llm_backend_status{{address="http://10.1.0.9:8000",backend="{bid}",status="active"}} 1.0' in text
