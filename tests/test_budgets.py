@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import submit, wait
+from tests.conftest import submit, wait, wait_until
 
 LOCAL = {"runtime": "local"}
 
@@ -62,7 +62,7 @@ def test_a_stuck_stage_is_ended_by_the_sweep(api):
     result = _timed_out(wait(api, job_id, timeout=30), "run")
     assert time.monotonic() - start < 15  # the handler sleeps 20 s; the sweep ended it first
     assert "sweep" in result["error"]["message"]
-    assert _sweep_timeouts(api) == before + 1
+    wait_until(lambda: _sweep_timeouts(api) == before + 1, 10, "the sweep to count its action")
 
 
 @pytest.mark.parametrize("value", [0, -1, "soon", True])
