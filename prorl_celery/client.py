@@ -147,7 +147,7 @@ class ProrlClient:
         return self._call("POST", "/llm_servers", json={"address": address, **fields}).json()
 
     def llm_servers(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/llm_servers").json()["servers"]
+        return self._call("GET", "/llm_servers").json()["backends"]
 
     def remove_llm_server(self, backend_id: str) -> None:
         self._call("DELETE", f"/llm_servers/{backend_id}")
