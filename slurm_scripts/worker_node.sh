@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# One prorl-celery worker node: a sandbox host and one Celery worker per queue (init, run, eval,
+# maint), sized to the CPUs Slurm gave this job on this node. workers.sbatch runs it once per node
+# with srun; it also runs by hand on any machine (`bash worker_node.sh HEAD_FILE`).
+#
+# It waits for the head's address file, starts everything in the foreground, and stops it all on
+# SIGTERM (workers first, so that no new stage starts, then the sandbox host, which closes every
+# sandbox it serves), when a component exits, or when the head job is gone (PRORL_FOLLOW_HEAD=1).
+#
+# Environment (all optional; see also head.sbatch):
+#   PRORL_HEAD_FILE           the head's address file (or the first argument)
+#   PRORL_HEAD_WAIT_S         how long to wait for the head (default 3600; 0: forever)
+#   PRORL_FOLLOW_HEAD         1 (default): stop when the head job ends or its file goes away
+#   PRORL_FOLLOW_HEAD_S       how often to look (default 60; each look runs squeue once)
+#   PRORL_NODE_ADDR           address other nodes use to reach this node (default: hostname)
+#   PRORL_NODE_QUEUES         queues served here (default "init run eval maint")
+#   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default 2 per CPU)
+#   PRORL_RUN_CONCURRENCY     threads of the run worker (default: the sandbox capacity)
+#   PRORL_INIT_CONCURRENCY, PRORL_EVAL_CONCURRENCY   (default: half the CPUs, at least 2)
+#   PRORL_MAINT_CONCURRENCY   (default 2)
+#   PRORL_SANDBOX_PORT        sandbox host port (default 0: any free port)
+#   PRORL_SANDBOX_RUNTIMES    e.g. "bwrap,singularity" (default: all available here)
+#   PRORL_SANDBOX_RUNTIME_CONFIG   JSON per runtime, e.g. '{"local": {"root": "/scratch/prorl"}}'
+set -uo pipefail
+umask 077
+
+if [[ -z ${PRORL_SLURM_DIR:-} || ! -f ${PRORL_SLURM_DIR:-}/common.sh ]]; then
+    PRORL_SLURM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+fi
+PRORL_ROLE="node"
+# shellcheck source=common.sh
+source "$PRORL_SLURM_DIR/common.sh" || exit 1
+
+HEAD_FILE=${1:-${PRORL_HEAD_FILE:-$PRORL_SUBMIT_DIR/prorl-head.env}}
+[[ $HEAD_FILE == /* ]] || HEAD_FILE="$PRORL_SUBMIT_DIR/$HEAD_FILE"
+NODE=$(hostname -s)
+NODE_ADDR=${PRORL_NODE_ADDR:-$(hostname)}
+JOB_ID=${SLURM_JOB_ID:-local}
+PRORL_LOG_PREFIX="node-$JOB_ID-$NODE"
+PRORL_PID_FILE="$PRORL_LOG_DIR/$PRORL_LOG_PREFIX.pids"
+mkdir -p "$PRORL_LOG_DIR" || prorl_die "cannot create $PRORL_LOG_DIR"
+: >"$PRORL_PID_FILE"
+"$PRORL_PYTHON" -c 'import prorl_celery' 2>/dev/null \
+    || prorl_die "$PRORL_PYTHON cannot import prorl_celery: set PRORL_PYTHON to the right python"
+prorl_trap_signals
+
+# -- wait for the head (in the background, so that a signal interrupts the wait) -----------------
+prorl_log "waiting for the head's address file $HEAD_FILE"
+prorl_helper wait-head "$HEAD_FILE" --timeout "${PRORL_HEAD_WAIT_S:-3600}" >/dev/null &
+waiter=$!
+wait "$waiter"
+status=$?
+if ((PRORL_STOPPING)); then
+    kill "$waiter" 2>/dev/null
+    wait "$waiter" 2>/dev/null
+    prorl_log "stopped while waiting for the head"
+    exit 0
+fi
+((status == 0)) || prorl_die "no head (see above)"
+# shellcheck disable=SC1090
+source "$HEAD_FILE" || prorl_die "cannot read $HEAD_FILE"
+export PRORL_REDIS_URL PYTHONUNBUFFERED=1
+unset PRORL_RESULT_URL
+prorl_log "head job ${PRORL_HEAD_JOB_ID:-?} at ${PRORL_HEAD_HOST:-?}"
+
+# -- sizing -------------------------------------------------------------------------------------
+CPUS=$(prorl_cpus)
+half=$((CPUS / 2 > 2 ? CPUS / 2 : 2))
+CAPACITY=${PRORL_SANDBOX_CAPACITY:-$((2 * CPUS))}
+declare -A CONCURRENCY=(
+    [init]=${PRORL_INIT_CONCURRENCY:-$half}
+    [run]=${PRORL_RUN_CONCURRENCY:-$CAPACITY}
+    [eval]=${PRORL_EVAL_CONCURRENCY:-$half}
+    [maint]=${PRORL_MAINT_CONCURRENCY:-2}
+)
+read -r -a QUEUES <<<"${PRORL_NODE_QUEUES:-init run eval maint}"
+prorl_log "$CPUS CPUs: $CAPACITY sandboxes; threads $(for q in "${QUEUES[@]}"; do
+    printf '%s=%s ' "$q" "${CONCURRENCY[$q]:-?}"; done)"
+
+# -- sandbox host -------------------------------------------------------------------------------
+SANDBOX_PORT=${PRORL_SANDBOX_PORT:-0}
+((SANDBOX_PORT == 0)) && SANDBOX_PORT=$(prorl_helper free-port)
+READY_FILE="$PRORL_LOG_DIR/$PRORL_LOG_PREFIX-sandbox-host.json"
+rm -f "$READY_FILE"
+host_args=(--host 0.0.0.0 --port "$SANDBOX_PORT" --advertise "http://$NODE_ADDR:$SANDBOX_PORT"
+           --capacity "$CAPACITY" --host-id "$NODE-$SANDBOX_PORT" --ready-file "$READY_FILE")
+[[ -n ${PRORL_SANDBOX_RUNTIMES:-} ]] && host_args+=(--runtimes "$PRORL_SANDBOX_RUNTIMES")
+[[ -n ${PRORL_SANDBOX_RUNTIME_CONFIG:-} ]] && host_args+=(--runtime-config "$PRORL_SANDBOX_RUNTIME_CONFIG")
+prorl_start sandbox-host "$PRORL_PYTHON" -m prorl_celery.cli sandbox-host "${host_args[@]}"
+
+stop_all() {
+    local workers=() q
+    for q in "${QUEUES[@]}"; do workers+=("worker-$q"); done
+    prorl_stop "${workers[@]}"
+    prorl_stop sandbox-host
+    rm -f "$READY_FILE"
+    prorl_log "stopped"
+}
+
+deadline=$((SECONDS + 60))
+until [[ -s $READY_FILE ]]; do
+    prorl_check_children
+    if ((PRORL_STOPPING)) || ((SECONDS > deadline)); then
+        stop_all
+        ((SECONDS > deadline)) && prorl_die "the sandbox host did not come up"
+        exit "$PRORL_EXIT"
+    fi
+    sleep 0.2
+done
+prorl_log "sandbox host on http://$NODE_ADDR:$SANDBOX_PORT"
+
+# -- one worker per queue -----------------------------------------------------------------------
+for q in "${QUEUES[@]}"; do
+    [[ -n ${CONCURRENCY[$q]:-} ]] || { stop_all; prorl_die "unknown queue '$q' in PRORL_NODE_QUEUES"; }
+    prorl_start "worker-$q" "$PRORL_PYTHON" -m celery -A prorl_celery worker -Q "$q" \
+        -n "$q-j$JOB_ID@%h" -c "${CONCURRENCY[$q]}" --loglevel INFO --without-mingle --without-gossip
+done
+prorl_log "ready"
+
+if [[ ${PRORL_FOLLOW_HEAD:-1} == 1 && -n ${PRORL_HEAD_JOB_ID:-} ]]; then
+    prorl_supervise "${PRORL_FOLLOW_HEAD_S:-60}" prorl_helper head-alive "$HEAD_FILE" "$PRORL_HEAD_JOB_ID"
+else
+    prorl_supervise 60
+fi
+stop_all
+exit "$PRORL_EXIT"
