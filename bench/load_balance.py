@@ -1,0 +1,268 @@
+"""LLM load balancing: this pool vs plain round robin vs the reference system's heap, side by side.
+
+Four fake LLM servers of unequal speed (1x, 1x, 0.5x, 0.25x; the fake server's batching latency
+model), a closed loop of concurrent multi-turn rollouts that saturates them, and halfway through
+a fifth 1x server added. Each strategy gets the same servers, the same rollouts and the same
+HTTP client; only the choice of server differs:
+
+- ours: ``LLMPool.generate`` (least in flight relative to capacity, decided in Redis; sticky per
+  rollout unless overloaded);
+- rr: plain round robin over the servers, per request;
+- ref: the reference system's heap of ``[jobs ever assigned, address]``, never decremented, the
+  server pinned per rollout.
+
+Busy fraction ("GPU utilisation") = the time-averaged fill of the server's batch (running
+sequences / capacity), read from the fake server; measured on the four original servers before
+the fifth arrives. Throughput counts turns completed over the whole run. The new server's share
+is its share of the requests started in the first ``--window-s`` seconds after it was added.
+
+    python bench/load_balance.py [--rollouts 96] [--phase-s 12]
+
+Last line: ``util_ours=<> util_rr=<> util_ref=<> thr_vs_ref=<> new_backend_share=<>``.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prorl_celery.procs import Child, free_port, wait_for  # noqa: E402
+
+os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+
+import requests  # noqa: E402
+
+from prorl_celery.errors import LLMCallCancelled  # noqa: E402
+from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.llm import BackendSpec, LLMPool, LLMRequest, Protocol, SamplingParams  # noqa: E402
+from prorl_celery.llm.chat import ChatClient  # noqa: E402
+from prorl_celery.llm.routing import Slot  # noqa: E402
+from prorl_celery.llm.transport import Call, CallAborted  # noqa: E402
+
+SPEEDS = [1.0, 1.0, 0.5, 0.25]
+NEW_SPEED = 1.0
+TURNS_PER_ROLLOUT = 4
+
+
+class Server:
+    def __init__(self, name: str, speed: float, args: argparse.Namespace, log_dir: Path):
+        self.port, self.speed, self.name = free_port(), speed, name
+        self.url = f"http://127.0.0.1:{self.port}"
+        latency = f"step_s={args.step_s},capacity={args.capacity},slowdown=1"
+        self.child = Child(name, [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(self.port),
+                                  "--latency-model", latency, "--speed", str(speed)], dict(os.environ),
+                           log_dir).start()
+
+    def wait(self) -> None:
+        wait_for(lambda: _ok(f"{self.url}/health"), 30, self.name, child=self.child)
+
+    def stats(self) -> dict:
+        return requests.get(f"{self.url}/debug/stats", timeout=10).json()
+
+    def reset(self) -> None:
+        requests.post(f"{self.url}/debug/reset", json={}, timeout=10)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Strategy:
+    """Picks a server per request; ``add`` brings in a new one."""
+
+    name = ""
+
+    def __init__(self, servers: list[Server]):
+        self.servers = list(servers)
+        self.client = ChatClient()
+
+    def turn(self, job_id: str, request: LLMRequest, stop) -> str:
+        url = self.pick(job_id)
+        slot = Slot(backend_id=url, address=url, protocol=Protocol.CHAT, model="prorl-fake-byte")
+        with Call(600, should_stop=stop) as call:
+            self.client.generate(slot, request, call)
+        return url
+
+    def pick(self, job_id: str) -> str:
+        raise NotImplementedError
+
+    def add(self, server: Server) -> None:
+        raise NotImplementedError
+
+
+class RoundRobin(Strategy):
+    name = "rr"
+
+    def __init__(self, servers: list[Server]):
+        super().__init__(servers)
+        self.lock = threading.Lock()
+        self.counter = itertools.count()
+
+    def pick(self, job_id: str) -> str:
+        with self.lock:
+            return self.servers[next(self.counter) % len(self.servers)].url
+
+    def add(self, server: Server) -> None:
+        with self.lock:
+            self.servers.append(server)
+
+
+class ReferenceHeap(Strategy):
+    """A heap of [jobs ever assigned, address]: pop the least, increment, push back; never
+    decremented; the rollout keeps its server for all its turns."""
+
+    name = "ref"
+
+    def __init__(self, servers: list[Server]):
+        super().__init__(servers)
+        self.heap = [[0, s.url] for s in servers]
+        heapq.heapify(self.heap)
+        self.pinned: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def pick(self, job_id: str) -> str:
+        with self.lock:
+            if job_id not in self.pinned:
+                entry = heapq.heappop(self.heap)
+                entry[0] += 1
+                heapq.heappush(self.heap, entry)
+                self.pinned[job_id] = entry[1]
+            return self.pinned[job_id]
+
+    def add(self, server: Server) -> None:
+        with self.lock:
+            heapq.heappush(self.heap, [0, server.url])
+
+
+class Ours(Strategy):
+    name = "ours"
+
+    def __init__(self, servers: list[Server], pool: LLMPool, capacity: int):
+        super().__init__(servers)
+        self.pool, self.capacity = pool, capacity
+        pool.registry.clear()
+        for server in servers:
+            self.add(server)
+
+    def turn(self, job_id: str, request: LLMRequest, stop) -> str:
+        return self.pool.generate(job_id, request, should_stop=stop).address
+
+    def add(self, server: Server) -> None:
+        self.pool.registry.add(BackendSpec(address=server.url, capacity=self.capacity, model="prorl-fake-byte"))
+
+
+def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Namespace) -> dict:
+    stop = threading.Event()
+    log: list[tuple[float, float, str]] = []  # (start, end, server url) of completed turns
+    starts: list[tuple[float, str]] = []  # (start, server url) of every turn, from its result
+    request = LLMRequest(messages=[{"role": "user", "content": "go"}],
+                         sampling=SamplingParams(max_tokens=args.tokens, ignore_eos=True))
+
+    def rollout_loop(worker: int) -> None:
+        for n in itertools.count():
+            job_id = f"{strategy.name}-{worker}-{n}"
+            for _ in range(TURNS_PER_ROLLOUT):
+                if stop.is_set():
+                    return
+                t0 = time.monotonic()
+                try:
+                    url = strategy.turn(job_id, request, stop.is_set)
+                except (LLMCallCancelled, CallAborted):
+                    return
+                log.append((t0, time.monotonic(), url))
+                starts.append((t0, url))
+
+    for server in old + [new]:
+        server.reset()
+    threads = [threading.Thread(target=rollout_loop, args=(i,), daemon=True) for i in range(args.rollouts)]
+    for t in threads:
+        t.start()
+    time.sleep(args.warmup_s)
+    for server in old:
+        server.reset()
+    t_measure = time.monotonic()
+    time.sleep(args.phase_s)
+    before = {s.url: s.stats() for s in old}
+    new.reset()
+    t_added = time.monotonic()
+    strategy.add(new)
+    time.sleep(args.phase_s)
+    t_end = time.monotonic()
+    after = {s.url: s.stats() for s in old + [new]}
+    stop.set()
+    for t in threads:
+        t.join(30)
+    window = [url for t0, url in starts if t_added <= t0 < t_added + args.window_s]
+    done = [entry for entry in log if t_measure <= entry[1] < t_end]
+    return {"util": statistics.mean(before[s.url]["occupancy"] for s in old),
+            "busy": statistics.mean(before[s.url]["busy_fraction"] for s in old),
+            "util_after": statistics.mean(after[s.url]["occupancy"] for s in old + [new]),
+            "per_server": {s.url: before[s.url]["occupancy"] for s in old},
+            "throughput": len(done) / (t_end - t_measure),
+            "new_share": window.count(new.url) / max(len(window), 1), "window_n": len(window)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=96, help="concurrent rollouts (closed loop)")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens generated per turn")
+    parser.add_argument("--step-s", type=float, default=0.02, help="decode step of a 1x server, batch of 1")
+    parser.add_argument("--capacity", type=int, default=16, help="sequences per server batch")
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--phase-s", type=float, default=12.0, help="seconds before and after the 5th server")
+    parser.add_argument("--window-s", type=float, default=3.0, help="new server's share measured over this")
+    args = parser.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="bench-lb-"))
+    stack = Stack(StackOptions(state_dir=state, persist=False, beat=False))
+    stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
+    servers = [Server(f"fake-{i}-{s}x", s, args, stack.log_dir) for i, s in enumerate(SPEEDS)]
+    new = Server(f"fake-new-{NEW_SPEED}x", NEW_SPEED, args, stack.log_dir)
+    try:
+        for server in servers + [new]:
+            server.wait()
+        import redis
+
+        pool = LLMPool(redis.Redis.from_url(stack.redis_url))
+        results = {}
+        for strategy in (Ours(servers, pool, args.capacity), RoundRobin(servers), ReferenceHeap(servers)):
+            results[strategy.name] = run(strategy, servers, new, args)
+            pool.registry.clear()
+    finally:
+        for server in servers + [new]:
+            server.child.stop(grace_s=2)
+        stack.stop()
+    report(results, servers, args)
+
+
+def report(results: dict, servers: list[Server], args: argparse.Namespace) -> None:
+    fair = NEW_SPEED / (sum(SPEEDS) + NEW_SPEED)
+    print(f"servers: speeds {SPEEDS} + {NEW_SPEED} added after {args.phase_s:.0f} s; capacity {args.capacity}, "
+          f"step {args.step_s * 1000:.0f} ms; {args.rollouts} rollouts x {TURNS_PER_ROLLOUT} turns x "
+          f"{args.tokens} tokens")
+    print(f"{'':6} {'util(4)':>8} {'any-busy':>9} {'per server (1x,1x,0.5x,0.25x)':>32} {'util(5)':>8} "
+          f"{'turns/s':>8} {'new share':>10}")
+    for name, r in results.items():
+        per = " ".join(f"{r['per_server'][s.url]:.2f}" for s in servers)
+        print(f"{name:6} {r['util']:8.2f} {r['busy']:9.2f} {per:>32} {r['util_after']:8.2f} "
+              f"{r['throughput']:8.1f} {r['new_share']:10.2f}")
+    print(f"fair share of the new server (by speed): {fair:.2f}; requests in its first {args.window_s:.0f} s: "
+          + ", ".join(f"{n}={r['window_n']}" for n, r in results.items()))
+    ours, rr, ref = results["ours"], results["rr"], results["ref"]
+    print(f"util_ours={ours['util']:.2f} util_rr={rr['util']:.2f} util_ref={ref['util']:.2f} "
+          f"thr_vs_ref={ours['throughput'] / ref['throughput']:.2f} new_backend_share={ours['new_share']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
