@@ -20,6 +20,7 @@ exceptions. What follows is for infrastructure faults and bad input::
         ├── BackendFailed                 one call failed (connection, 5xx, timeout); retried
         ├── BackendUnavailable            retry budget spent, or no backend came up in time
         ├── ContextWindowExceeded         the conversation no longer fits the model's context
+        ├── LLMTimeout(TimeoutError)      the caller's own (shortened) call timeout passed
         ├── LLMRequestRejected            the server refused the request (4xx); not retried
         └── LLMCallCancelled(JobCancelled) the caller's should_stop() fired; the call was aborted
 """
@@ -121,6 +122,12 @@ class BackendUnavailable(LLMError):
 
 class ContextWindowExceeded(LLMError):
     type = "context_window_exceeded"
+
+
+class LLMTimeout(LLMError, TimeoutError):
+    """A call given less than ``llm_call_timeout_s`` (the caller's deadline) ran out of it."""
+
+    type = "llm_timeout"
 
 
 class LLMRequestRejected(LLMError):

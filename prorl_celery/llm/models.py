@@ -88,7 +88,10 @@ class LLMRequest(BaseModel):
     tokenizer: str | None = Field(None, description="Token mode: overrides the backend's tokenizer.")
     max_model_len: int | None = Field(None, ge=1, description="Context window, if the backend does not say.")
     chat_template_kwargs: dict[str, Any] | None = None
-    timeout_s: float | None = Field(None, gt=0, description="Per-call timeout; default llm_call_timeout_s.")
+    timeout_s: float | None = Field(
+        None, gt=0, description="Per-call timeout; default llm_call_timeout_s. A backend that exceeds the full "
+                                "llm_call_timeout_s is quarantined and the call retried elsewhere; a shorter "
+                                "timeout is the caller's own deadline: LLMTimeout, no retry, no quarantine.")
 
 
 class ToolCall(BaseModel):

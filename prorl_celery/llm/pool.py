@@ -14,7 +14,7 @@ from collections.abc import Callable
 import redis
 
 from config.settings import get_settings
-from prorl_celery.errors import BackendFailed, BackendUnavailable, LLMCallCancelled
+from prorl_celery.errors import BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm.base import Client
 from prorl_celery.llm.chat import ChatClient
 from prorl_celery.llm.generate import GenerateClient
@@ -49,8 +49,9 @@ class LLMPool:
                  should_stop: Callable[[], bool] | None = None) -> Turn:
         """Generate the next assistant turn of rollout ``job_id``.
 
-        Raises LLMCallCancelled (should_stop fired), ContextWindowExceeded, LLMRequestRejected
-        (a 4xx other than the context window), BackendUnavailable (retry budget spent, or no
+        Raises LLMCallCancelled (should_stop fired), ContextWindowExceeded, LLMTimeout (a
+        ``timeout_s`` shorter than ``llm_call_timeout_s`` passed), LLMRequestRejected (a 4xx
+        other than the context window), BackendUnavailable (retry budget spent, or no
         backend registered / healthy within ``llm_no_backend_wait_s``)."""
         stop = should_stop or _never
         settings = get_settings()
@@ -76,7 +77,11 @@ class LLMPool:
                 if exc.reason == "lost":  # drained with abort, removed, or lease lapsed: go again
                     log.info("job %s: lease on %s withdrawn; retrying", job_id, slot.backend_id)
                     continue
-                failures = self._failed(slot, BackendFailed(f"{slot.address}: timed out"), failures, stop)
+                timeout = request.timeout_s or settings.llm_call_timeout_s
+                if timeout < settings.llm_call_timeout_s:  # the caller's deadline, not the backend's fault
+                    raise LLMTimeout(f"LLM call of job {job_id} timed out after {timeout:.1f}s") from None
+                failures = self._failed(slot, BackendFailed(f"{slot.address}: timed out after {timeout:.1f}s"),
+                                        failures, stop)
             except BackendFailed as exc:
                 self.router.release(slot, "failed")
                 failures = self._failed(slot, exc, failures, stop)

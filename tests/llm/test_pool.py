@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prorl_celery.errors import BackendUnavailable, LLMCallCancelled
+from prorl_celery.errors import BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
 from prorl_celery.llm.control import drain, resume
 from prorl_celery.llm.health import probe_quarantined
@@ -212,13 +212,21 @@ def test_cancel_aborts_the_request_in_flight(pool, fake_llms):
     assert record.in_flight == 0 and record.failures == 0 and record.status is BackendStatus.ACTIVE
 
 
-def test_timeout_quarantines_and_retries_elsewhere(pool, fake_llms):
+def test_timeout_quarantines_and_retries_elsewhere(pool, fake_llms, monkeypatch):
+    from config.settings import get_settings
+
+    monkeypatch.setattr(get_settings(), "llm_call_timeout_s", 1.0)
     slow, fast = fake_llms(2, latency="step_s=0.01,capacity=4", speeds=[0.01, 1.0])
     slow_id, fast_id = add(pool, slow), add(pool, fast)
     pool.registry.set_status(fast_id, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
     threading.Timer(0.3, lambda: resume(pool.registry, [fast_id])).start()
-    turn = pool.generate("t", ask(tokens=20, timeout_s=1.0))
+    turn = pool.generate("t", ask(tokens=20))
     assert turn.backend_id == fast_id and turn.attempts == 2
     assert pool.registry.get(slow_id).status is BackendStatus.QUARANTINED
     assert "timed out" in pool.registry.get(slow_id).last_error
     eventually(lambda: slow.stats()["aborted"] == 1, 5, "the slow server to see the disconnect")
+    resume(pool.registry, [slow_id])
+    pool.registry.set_status(fast_id, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
+    with pytest.raises(LLMTimeout):  # a shorter timeout is the caller's deadline: no retry, no quarantine
+        pool.generate("t2", ask(tokens=20, timeout_s=0.3))
+    assert pool.registry.get(slow_id).status is BackendStatus.ACTIVE
