@@ -5,11 +5,13 @@ consumer that reconnects with its last cursor misses nothing and sees nothing tw
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 
+BLOCK_SLICE_S = 10.0
 START = "0-0"
 LATEST = "latest"  # asks only for the cursor after everything finished so far
 
@@ -29,9 +31,15 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
         last = store.redis.xrevrange(stream, count=1)
         return [], _text(last[0][0]) if last else START
     cursor = cursor or START
-    block = max(1, round(wait_s * 1000)) if wait_s > 0 else None  # BLOCK 0 would wait forever
-    reply = store.redis.xread({stream: cursor}, count=count, block=block)
-    entries = reply[0][1] if reply else []
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        # BLOCK 0 would wait forever; a slice stays well inside the connection's socket timeout
+        block = max(1, round(min(left, BLOCK_SLICE_S) * 1000)) if left > 0 else None
+        reply = store.redis.xread({stream: cursor}, count=count, block=block)
+        entries = reply[0][1] if reply else []
+        if entries or block is None or time.monotonic() >= deadline:
+            break
     if not entries:
         return [], cursor
     records = store.get_many([_text(fields[b"job_id"]) for _, fields in entries])

@@ -124,3 +124,10 @@ def test_events_stream_as_sse_and_resume_from_last_event_id(api):
     assert sorted(data["job_id"] for _, data in first) == sorted(ids)
     resumed = read_events({"Last-Event-ID": first[0][0]}, 2)
     assert [data["job_id"] for _, data in resumed] == [data["job_id"] for _, data in first[1:]]
+
+
+def test_long_poll_longer_than_the_redis_socket_timeout(api):
+    """redis-py reads with a 5 s socket timeout by default; a 6 s long poll must still answer."""
+    gid = f"lp-{uuid.uuid4().hex[:8]}"
+    resp = requests.get(f"{api}/completions", params={"cursor": "0-0", "wait": 6, "group_id": gid}, timeout=30)
+    assert resp.status_code == 200 and resp.json() == {"cursor": "0-0", "completions": []}
