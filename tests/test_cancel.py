@@ -1,0 +1,100 @@
+"""Cancel at every point of a rollout: the job ends `cancelled` with its partial result, the
+sandbox's whole process tree is gone, and an in-flight LLM request is aborted (the fake server
+sees the client go away)."""
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+import requests
+
+from prorl_celery.connections import get_store
+from sandboxes.base import SandboxHandle
+from sandboxes.client import RemoteSandbox
+from tasks.fixtures.tasks import MATH
+from tests.conftest import submit, wait, wait_until
+
+SLOW = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "step_s=0.5,capacity=4"]
+
+
+def _status(api: str, job_id: str) -> str:
+    return requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"]
+
+
+def _sandbox_tree(job_id: str) -> list[psutil.Process]:
+    record = get_store().get(job_id)
+    pid = RemoteSandbox(SandboxHandle.model_validate(record.sandbox)).info()["pid"]
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _gone(procs: list[psutil.Process]) -> bool:
+    return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
+
+
+def _cancel(api: str, job_id: str) -> dict:
+    resp = requests.delete(f"{api}/jobs/{job_id}", timeout=30)
+    assert resp.status_code == 200, resp.text
+    view = wait(api, job_id, timeout=10)
+    assert view["status"] == "cancelled" and view["result"]["critical_error"] == "cancelled"
+    return view
+
+
+@pytest.fixture(scope="module")
+def slow_llm(stack, api):
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    url = stack.start_fake_llm(name="fake-slow", extra_args=SLOW)
+    assert requests.post(f"{api}/llm_servers", json={"address": url}, timeout=10).status_code == 201
+    yield url
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+
+
+def test_cancel_while_waiting_for_the_llm_aborts_the_request(api, slow_llm):
+    requests.post(f"{slow_llm}/debug/reset", timeout=10)
+    job_id = submit(api, {"data_source": "math", "problem": MATH[2]["problem"], "answer": "2"})
+
+    def in_flight():
+        reqs = requests.get(f"{slow_llm}/debug/requests", timeout=10).json()["requests"]
+        return [r for r in reqs if r["status"] == "running"]
+    wait_until(in_flight, 30, "the LLM request to be in flight")
+    tree = _sandbox_tree(job_id)
+    started = time.monotonic()
+    view = _cancel(api, job_id)
+    assert view["result"]["turns"] == 0 and view["result"]["stage"] == "run"
+    wait_until(lambda: not in_flight(), 5, "the fake server to see the client go away")
+    stats = requests.get(f"{slow_llm}/debug/stats", timeout=10).json()
+    assert stats["aborted"] >= 1
+    wait_until(lambda: _gone(tree), 5, "the sandbox's processes to die")
+    assert time.monotonic() - started < 6
+
+
+def test_cancel_during_init(api):
+    job_id = submit(api, {"data_source": "tests.handlers_for_tests:SlowInitHandler", "commands": ["true"]})
+    wait_until(lambda: _status(api, job_id) == "init" and get_store().get(job_id).sandbox, 30, "init")
+    time.sleep(0.3)  # inside the slow command
+    tree = _sandbox_tree(job_id)
+    view = _cancel(api, job_id)
+    assert view["result"]["stage"] == "init"
+    wait_until(lambda: _gone(tree), 5, "the sandbox's processes to die")
+
+
+def test_cancel_during_eval(api):
+    job_id = submit(api, {"data_source": "tests.handlers_for_tests:SlowEvalHandler", "commands": ["echo ran"]})
+    wait_until(lambda: _status(api, job_id) == "eval", 30, "eval")
+    time.sleep(0.3)
+    tree = _sandbox_tree(job_id)
+    view = _cancel(api, job_id)
+    assert view["result"]["stage"] == "eval" and view["result"]["steps"][0]["output"] == "ran\n"
+    wait_until(lambda: _gone(tree), 5, "the sandbox's processes to die")
+
+
+def test_cancel_while_a_command_runs(api):
+    job_id = submit(api, {"data_source": "shell", "commands": ["echo first", "sleep 60"]})
+    wait_until(lambda: len((get_store().get(job_id).state or {}).get("steps", [])) == 1, 30, "the first step")
+    time.sleep(0.3)
+    tree = _sandbox_tree(job_id)
+    assert any("sleep" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    view = _cancel(api, job_id)
+    assert [s["output"] for s in view["result"]["steps"]] == ["first\n"]
+    wait_until(lambda: _gone(tree), 5, "the sandbox's processes to die")
