@@ -85,7 +85,7 @@ def _probe_one(registry: BackendRegistry, backend: Backend) -> bool:
                 registry.set_fields(backend.id, consecutive_failures=0)
                 log.info("LLM backend %s answers again; back in rotation", backend.id)
             return True
-        registry.set_fields(backend.id, last_error=error[:500])
+        log.info("LLM backend %s still down: %s", backend.id, error)  # last_error keeps the cause
     except UnknownBackend:
         pass
     return False

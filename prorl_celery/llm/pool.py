@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -35,6 +36,29 @@ def _never() -> bool:
     return False
 
 
+_last_probe = 0.0
+_probe_lock = threading.Lock()
+
+
+def _probe_in_background(client: redis.Redis) -> None:
+    """At most once per ``llm_probe_period_s`` per process, probe quarantined backends in a
+    thread, so they come back even where no beat sweep runs and other backends carry the load."""
+    global _last_probe
+    period = get_settings().llm_probe_period_s
+    with _probe_lock:
+        if time.monotonic() - _last_probe < period:
+            return
+        _last_probe = time.monotonic()
+
+    def run() -> None:
+        try:
+            probe_quarantined(client)
+        except Exception:  # noqa: BLE001 - a failed probe pass is retried next period
+            log.exception("background probe of quarantined LLM backends failed")
+
+    threading.Thread(target=run, name="llm-probe", daemon=True).start()
+
+
 class LLMPool:
     def __init__(self, client: redis.Redis | None = None):
         if client is None:
@@ -55,6 +79,7 @@ class LLMPool:
         backend registered / healthy within ``llm_no_backend_wait_s``)."""
         stop = should_stop or _never
         settings = get_settings()
+        _probe_in_background(self.redis)
         protocol = request.protocol or (request.previous.protocol if request.previous else None)
         started, t0 = time.time(), time.monotonic()
         failures, attempts, waiting_since = 0, 0, None

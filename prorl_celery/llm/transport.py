@@ -151,15 +151,18 @@ class _Monitor(threading.Thread):
             with self.lock:
                 calls = list(self.calls)
             now = time.monotonic()
-            for call in calls:
-                if now >= call.deadline:
-                    call.abort("timeout")
-            if now - last_stop >= STOP_CHECK_S:
-                last_stop = now
-                self._check_stops(calls)
-            if now - last_lease >= LEASE_CHECK_S:
-                last_lease = now
-                self._renew(calls)
+            try:
+                for call in calls:
+                    if now >= call.deadline:
+                        call.abort("timeout")
+                if now - last_stop >= STOP_CHECK_S:
+                    last_stop = now
+                    self._check_stops(calls)
+                if now - last_lease >= LEASE_CHECK_S:
+                    last_lease = now
+                    self._renew(calls)
+            except Exception:  # noqa: BLE001 - the monitor must outlive any one bad pass
+                log.exception("LLM call monitor pass failed")
 
     @staticmethod
     def _check_stops(calls: list[Call]) -> None:

@@ -230,3 +230,17 @@ def test_timeout_quarantines_and_retries_elsewhere(pool, fake_llms, monkeypatch)
     with pytest.raises(LLMTimeout):  # a shorter timeout is the caller's deadline: no retry, no quarantine
         pool.generate("t2", ask(tokens=20, timeout_s=0.3))
     assert pool.registry.get(slow_id).status is BackendStatus.ACTIVE
+
+
+def test_quarantined_backend_comes_back_while_others_carry_the_load(pool, fake_llms):
+    """No beat sweep here: the pool's own background probe brings the backend back."""
+    flaky, steady = fake_llms(2)
+    flaky_id, steady_id = add(pool, flaky, model="prorl-fake-byte"), add(pool, steady, model="prorl-fake-byte")
+    flaky.faults(fail_next=1)
+    used = set()
+    deadline = time.monotonic() + 10
+    while pool.registry.get(flaky_id).status is not BackendStatus.QUARANTINED and time.monotonic() < deadline:
+        used.add(pool.generate(f"x{len(used)}-{time.monotonic()}", ask(tokens=4)).backend_id)
+    assert pool.registry.get(flaky_id).status is BackendStatus.QUARANTINED
+    eventually(lambda: pool.generate("y", ask(tokens=4)) and
+               pool.registry.get(flaky_id).status is BackendStatus.ACTIVE, 5, "the background probe")
