@@ -42,7 +42,9 @@ class Settings(BaseSettings):
     result_expires_s: int = Field(86400, description="How long Celery keeps task results.")
     job_ttl_s: int = Field(7 * 86400, description="How long a finished job record is kept.")
 
-    sandbox_runtime: str = Field("local", description="Default sandbox runtime when the instance names none.")
+    sandbox_runtime: str = Field("auto", description="Default sandbox runtime when the instance names none: bwrap, singularity, local, a dotted path, or auto (bwrap where it works, else local with a warning).")
+    sandbox_root: str | None = Field(None, description="Where a sandbox host keeps workspaces (<root>/<host id>/...); default: <tmp>/prorl-sandboxes.")
+    sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")
     sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")
     sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")

@@ -6,7 +6,7 @@ from any node by its :class:`SandboxHandle`.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,10 +64,23 @@ class Sandbox(Protocol):
         """Kill the running command's processes; the shell stays usable."""
 
     def read_file(self, path: str) -> bytes:
-        """Bytes of a file inside the sandbox."""
+        """Bytes of a file inside the sandbox. Paths are relative to the workspace or absolute
+        inside it; a path that leads outside (``..``, a symlink) is a ``PermissionError``."""
 
     def write_file(self, path: str, data: bytes) -> None:
         """Create or replace a file inside the sandbox (parents created)."""
+
+    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
+        """Unpack an uncompressed tar stream at ``dest`` inside the sandbox; returns members."""
+
+    def get_archive(self, src: str, out: IO[bytes]) -> None:
+        """Write an uncompressed tar of ``src`` (a directory's contents, or a file) to ``out``."""
+
+    def copy_in(self, src_dir: str, dest: str) -> int:
+        """Copy a directory of the caller's machine into the sandbox at ``dest``."""
+
+    def copy_out(self, src: str, dest_dir: str) -> None:
+        """Copy ``src`` from the sandbox into a directory of the caller's machine."""
 
     def close(self) -> None:
         """Kill everything the sandbox started and remove its files. Idempotent."""

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
+import tempfile
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 import redis
 import requests
@@ -17,13 +19,15 @@ from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, SandboxError
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
                                 RenewRequest, SandboxEntry)
-from sandboxes.registry import is_dotted_path, runtime_name
+from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
+from sandboxes.archive import extract_archive, write_tree_archive
 
 log = logging.getLogger(__name__)
 
 HTTP_MARGIN_S = 15.0  # exec's HTTP timeout beyond the command's: kill grace, shell restart, network
 CONTROL_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
+ARCHIVE_TIMEOUT_S = 600.0  # a repository going in or out
 
 _ERRORS: dict[str, type[Exception]] = {
     "sandbox_gone": SandboxGone,
@@ -32,6 +36,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "invalid_request": InvalidRequest,
     "file_not_found": FileNotFoundError,
     "file_error": OSError,
+    "permission_denied": PermissionError,
 }
 _local = threading.local()
 
@@ -99,6 +104,31 @@ class RemoteSandbox:
     def write_file(self, path: str, data: bytes) -> None:
         self._call("PUT", "/files", params={"path": path}, data=data)
 
+    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
+        response = self._call("PUT", "/tree", ARCHIVE_TIMEOUT_S, params={"path": dest}, data=archive)
+        return int(response.json()["members"])
+
+    def get_archive(self, src: str, out: IO[bytes]) -> None:
+        response = self._call("GET", "/tree", ARCHIVE_TIMEOUT_S, params={"path": src}, stream=True)
+        with response:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+
+    def copy_in(self, src_dir: str | os.PathLike, dest: str) -> int:
+        """Send a directory of this machine (a repository ...) into the sandbox at ``dest``."""
+        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
+            write_tree_archive(src_dir, buf)
+            buf.seek(0)
+            return self.put_archive(dest, buf)
+
+    def copy_out(self, src: str, dest_dir: str | os.PathLike) -> None:
+        """Fetch ``src`` (a directory's contents or one file) into a directory of this machine;
+        links that would point outside ``dest_dir`` are left out."""
+        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
+            self.get_archive(src, buf)
+            buf.seek(0)
+            extract_archive(buf, dest_dir)
+
     def close(self) -> bool:
         """True if this call closed it, False if it was already gone. Idempotent."""
         return CloseResponse.model_validate_json(self._call("DELETE").content).closed
@@ -139,7 +169,7 @@ def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostReco
             records.append(HostRecord.from_redis(raw))
         except (ValidationError, ValueError) as exc:  # a half-expired or foreign hash
             log.warning("ignoring malformed sandbox host record: %s", exc)
-    if runtime is None or is_dotted_path(runtime):
+    if runtime is None or runtime == AUTO or is_dotted_path(runtime):
         return records
     return [record for record in records if runtime in record.runtimes]
 
@@ -152,7 +182,7 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
     :class:`NoSandboxCapacity` when none could take it (the caller retries later), and
     :class:`SandboxError` when every host answered with a failure of its own.
     """
-    runtime = runtime_name(spec)
+    runtime = requested_runtime(spec)  # "auto" is resolved by the host that takes it
     hosts = [host for host in live_hosts(client, runtime) if host.free > 0]
     random.shuffle(hosts)
     hosts.sort(key=lambda host: host.free, reverse=True)  # stable: shuffled order breaks ties

@@ -8,14 +8,17 @@ sandbox and removes the registration; a kill -9 still takes each shell down (PR_
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
 import secrets
 import signal
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -26,8 +29,10 @@ from sandboxes.host_app import create_app
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import HostRecord
 from sandboxes.registry import available_runtimes
+from sandboxes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
+_ROOTED_RUNTIMES = ("local", "bwrap", "singularity")  # runtimes that take a workspace "root"
 
 
 class Registration:
@@ -84,6 +89,54 @@ class Registration:
             log.warning("could not remove registration: %s", exc)
 
 
+class HostDirs:
+    """``<root>/<host id>`` for each workspace root: held with a lock while the host lives, and
+    emptied when it starts, which removes what a killed earlier run of the same host id left."""
+
+    def __init__(self, host_id: str):
+        self.host_id = host_id
+        self.dirs: list[Path] = []
+        self._locks: list[int] = []
+
+    def claim(self, root: str) -> Path:
+        path = Path(root) / self.host_id
+        if path in self.dirs:
+            return path
+        for directory in (Path(root), path):
+            directory.mkdir(mode=0o711, parents=True, exist_ok=True)
+        lock = os.open(Path(root) / f".{self.host_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise SystemExit(f"sandbox host id {self.host_id!r} is already serving from {path}")
+        self._locks.append(lock)
+        orphans = list(path.iterdir())
+        for orphan in orphans:
+            remove_tree(orphan)
+        if orphans:
+            log.warning("removed %d workspaces left by an earlier run of host %s", len(orphans),
+                        self.host_id)
+        self.dirs.append(path)
+        return path
+
+    def release(self) -> None:
+        for lock in self._locks:
+            os.close(lock)
+        self._locks.clear()
+
+
+def rooted_config(runtime_config: dict[str, dict[str, Any]], runtimes: list[str],
+                  dirs: HostDirs, default_root: str) -> dict[str, dict[str, Any]]:
+    """Each built-in runtime's config with its ``root`` moved under ``<root>/<host id>``."""
+    out = {name: dict(cfg or {}) for name, cfg in runtime_config.items()}
+    for name in _ROOTED_RUNTIMES:
+        if name in runtimes or name in out:
+            cfg = out.setdefault(name, {})
+            cfg["root"] = str(dirs.claim(cfg.get("root") or default_root))
+    return out
+
+
 def advertised_address(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         try:
@@ -101,22 +154,33 @@ class SandboxHost:
                  capacity: int | None = None, token: str | None = None, host_id: str | None = None,
                  advertise: str | None = None, lease_s: float | None = None,
                  runtimes: list[str] | None = None,
-                 runtime_config: dict[str, dict[str, Any]] | None = None, register: bool = True):
+                 runtime_config: dict[str, dict[str, Any]] | None = None, register: bool = True,
+                 warm: int | None = None):
         from config.settings import get_settings
 
         settings = get_settings()
         self.token = token or secrets.token_urlsafe(24)
         self.runtimes = runtimes or available_runtimes()
         capacity = capacity or settings.sandbox_capacity
-        self.pool = SandboxPool("", capacity, lease_s or settings.sandbox_lease_s, runtime_config)
+        self.pool = SandboxPool("", capacity, lease_s or settings.sandbox_lease_s, runtime_config,
+                                warm=settings.sandbox_warm if warm is None else warm)
         app = create_app(self.pool, self.token, self.runtimes)
         self.server = waitress.create_server(
             app, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
-            connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True)
+            connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True,
+            channel_request_lookahead=4)
         self.port = self.server.effective_port
         self.address = advertise or advertised_address(host, self.port)
         self.host_id = host_id or f"{socket.gethostname()}-{self.port}"
         self.pool.host_id = self.host_id
+        self.dirs = HostDirs(self.host_id)
+        default_root = settings.sandbox_root or os.path.join(tempfile.gettempdir(), "prorl-sandboxes")
+        try:
+            self.pool.runtime_config = rooted_config(runtime_config or {}, self.runtimes, self.dirs,
+                                                     default_root)
+        except BaseException:
+            self.server.close()
+            raise
         self.registration: Registration | None = None
         if register:
             record = HostRecord(host_id=self.host_id, address=self.address, token=self.token,
@@ -127,6 +191,7 @@ class SandboxHost:
 
     def start(self) -> None:
         self.pool.start_reaper()
+        self.pool.warm.start()
         if self.registration:
             self.registration.start()
 
@@ -140,6 +205,7 @@ class SandboxHost:
             self.registration.remove()
         self.server.close()
         self.server.task_dispatcher.shutdown(timeout=2)
+        self.dirs.release()
         log.info("sandbox host %s stopped; closed %d sandboxes", self.host_id, closed)
 
     def write_ready_file(self, path: str) -> None:
@@ -158,7 +224,7 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 def serve(host: str = "127.0.0.1", port: int = 0, redis_url: str | None = None,
           capacity: int | None = None, token: str | None = None, host_id: str | None = None,
           advertise: str | None = None, ready_file: str | None = None, **options: Any) -> None:
-    """Serve until SIGTERM/SIGINT. ``options``: lease_s, runtimes, runtime_config, register."""
+    """Serve until SIGTERM/SIGINT. ``options``: lease_s, runtimes, runtime_config, register, warm."""
     sandbox_host = SandboxHost(host, port, redis_url, capacity, token, host_id, advertise, **options)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -190,6 +256,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtimes", default=None, help="Comma-separated; default: all available.")
     parser.add_argument("--runtime-config", default=None,
                         help='JSON per runtime, e.g. \'{"local": {"root": "/scratch"}}\'.')
+    parser.add_argument("--warm", type=int, default=None,
+                        help="Pre-started sandboxes per runtime setting (default: settings.sandbox_warm).")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -200,7 +268,7 @@ def main(args: argparse.Namespace) -> None:
           args.advertise, args.ready_file, lease_s=args.lease_s,
           runtimes=args.runtimes.split(",") if args.runtimes else None,
           runtime_config=json.loads(args.runtime_config) if args.runtime_config else None,
-          register=not args.no_register)
+          register=not args.no_register, warm=args.warm)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors 
 from __future__ import annotations
 
 import hmac
+import tempfile
+from collections.abc import Iterator
+from typing import IO
 
 from flask import Flask, Response, request
 from pydantic import BaseModel, ValidationError
@@ -20,6 +23,7 @@ STATUS_BY_TYPE = {
     "unknown_plugin": 400,
     "file_error": 400,
     "unauthorized": 401,
+    "permission_denied": 403,
     "sandbox_gone": 404,
     "file_not_found": 404,
     "not_found": 404,
@@ -72,6 +76,10 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
     def file_not_found(exc: FileNotFoundError) -> Response:
         return error("file_not_found", f"no such file: {exc.filename or exc}")
 
+    @app.errorhandler(PermissionError)
+    def permission_denied(exc: PermissionError) -> Response:
+        return error("permission_denied", f"{exc.strerror or exc}: {exc.filename or ''}")
+
     @app.errorhandler(OSError)
     def file_error(exc: OSError) -> Response:
         return error("file_error", f"{type(exc).__name__}: {exc}")
@@ -98,7 +106,10 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
     @app.post("/sandboxes/<sandbox_id>/exec")
     def exec_(sandbox_id: str) -> Response:
         body = parse(ExecRequest)
-        return ok(pool.exec(sandbox_id, body.command, body.timeout))
+        # waitress tells (channel_request_lookahead > 0) when the caller hung up, e.g. its
+        # worker was killed: the command is interrupted and the sandbox's lease runs again.
+        gone = request.environ.get("waitress.client_disconnected")
+        return ok(pool.exec(sandbox_id, body.command, body.timeout, gone))
 
     @app.post("/sandboxes/<sandbox_id>/interrupt")
     def interrupt(sandbox_id: str) -> Response:
@@ -125,8 +136,34 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
             data = sandbox.read_file(path)
         return Response(data, 200, mimetype="application/octet-stream")
 
+    @app.put("/sandboxes/<sandbox_id>/tree")
+    def put_tree(sandbox_id: str) -> Response:
+        path = file_path()
+        with pool.using(sandbox_id) as sandbox:
+            members = sandbox.put_archive(path, request.stream)
+        return Response(f'{{"members": {members}}}', 200, mimetype="application/json")
+
+    @app.get("/sandboxes/<sandbox_id>/tree")
+    def get_tree(sandbox_id: str) -> Response:
+        path = file_path()
+        buf = tempfile.SpooledTemporaryFile(64 << 20)
+        try:
+            with pool.using(sandbox_id) as sandbox:
+                sandbox.get_archive(path, buf)
+        except BaseException:
+            buf.close()
+            raise
+        buf.seek(0)
+        return Response(_chunks(buf), 200, mimetype="application/x-tar")
+
     @app.delete("/sandboxes/<sandbox_id>")
     def close(sandbox_id: str) -> Response:
         return ok(CloseResponse(closed=pool.close(sandbox_id)))
 
     return app
+
+
+def _chunks(buf: IO[bytes]) -> Iterator[bytes]:
+    with buf:
+        while chunk := buf.read(1 << 20):
+            yield chunk

@@ -3,24 +3,22 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import ExecResult, Limits, SandboxSpec
-from sandboxes.shell import DEFAULT_ARGV, PersistentShell
+from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.shell import DEFAULT_ARGV, VALID_NAME, PersistentShell
+from sandboxes.workspace import Workspace, WorkspaceFiles, remove_tree
 
 log = logging.getLogger(__name__)
 _warned = False
 
 _BASE_ENV_KEYS = ("PATH", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "SHELL")
-_MB = 1024 * 1024
 
 
 class LocalConfig(BaseModel):
@@ -31,24 +29,6 @@ class LocalConfig(BaseModel):
     shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
 
 
-def limits_preexec(limits: Limits) -> Callable[[], None] | None:
-    """A preexec that applies what ``setrlimit`` can enforce. Best effort: root ignores NPROC,
-    ``cpu_s`` also counts the shell's own builtins, ``wall_s`` is enforced by the sandbox host."""
-    pairs = [(resource.RLIMIT_AS, limits.memory_mb and limits.memory_mb * _MB),
-             (resource.RLIMIT_CPU, limits.cpu_s),
-             (resource.RLIMIT_NPROC, limits.nproc),
-             (resource.RLIMIT_FSIZE, limits.fsize_mb and limits.fsize_mb * _MB)]
-    pairs = [(which, value) for which, value in pairs if value]
-    if not pairs:
-        return None
-
-    def apply() -> None:
-        for which, value in pairs:
-            resource.setrlimit(which, (value, value))
-
-    return apply
-
-
 def _warn_once() -> None:
     global _warned
     if not _warned:
@@ -57,8 +37,11 @@ def _warn_once() -> None:
                     "machine. Use it for development only.")
 
 
-class LocalSandbox:
-    """The :class:`~sandboxes.base.Sandbox` protocol with a temp directory as the only boundary."""
+class LocalSandbox(WorkspaceFiles):
+    """The :class:`~sandboxes.base.Sandbox` protocol with a temp directory as the only boundary.
+
+    Limits are best effort: ``ulimit`` in the shell, which root's processes ignore for nproc;
+    ``wall_s`` is enforced by the sandbox host. File paths stay inside the workspace."""
 
     name = "local"
     config_class = LocalConfig
@@ -69,37 +52,52 @@ class LocalSandbox:
         self.job_id = job_id
         self.config = LocalConfig.model_validate(config or {})
         safe_id = "".join(c if c.isalnum() or c in "-_" else "_" for c in job_id)[:40]
-        self.workspace = Path(tempfile.mkdtemp(prefix=f"prorl-{safe_id}-", dir=self.config.root))
+        host_dir = Path(tempfile.mkdtemp(prefix=f"prorl-{safe_id}-", dir=self.config.root))
+        self.workspace = Workspace(host_dir, str(host_dir))
         try:
             self.workdir = self._workdir(spec.workdir)
             self.shell = PersistentShell(self.config.shell, cwd=str(self.workdir), env=self._env(),
-                                         preexec_fn=limits_preexec(spec.limits))
+                                         limits=spec.limits)
         except BaseException:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            remove_tree(host_dir)
             raise
 
     @classmethod
     def available(cls) -> bool:
         return shutil.which(LocalConfig().shell[0]) is not None
 
+    @property
+    def host_dir(self) -> Path:
+        return self.workspace.host_dir
+
     def _workdir(self, workdir: str | None) -> Path:
         if not workdir:
-            return self.workspace
-        path = self.resolve(workdir)
+            return self.host_dir
+        path = Path(workdir) if os.path.isabs(workdir) else self.host_dir / workdir
         if os.path.isabs(workdir) and not path.is_dir():
             raise SandboxError(f"workdir {workdir!r} does not exist on this host")
-        path.mkdir(parents=True, exist_ok=True)
+        if not os.path.isabs(workdir):
+            self.workspace.makedirs(workdir)
         return path
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        env["HOME"] = str(self.workspace)
+        env["HOME"] = str(self.host_dir)
         return {**env, **self.spec.env}
 
-    def resolve(self, path: str) -> Path:
-        """Relative paths are relative to the workspace (not the shell's current directory)."""
-        return Path(path) if os.path.isabs(path) else self.workspace / path
+    @classmethod
+    def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
+        """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
+        if not all(VALID_NAME.match(name) for name in spec.env):
+            return None
+        return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+
+    def claim(self, job_id: str, spec: SandboxSpec) -> None:
+        """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
+        workdir = self._workdir(spec.workdir)
+        self.shell.adopt(spec.env, spec.limits, str(workdir) if spec.workdir else None)
+        self.spec, self.job_id, self.workdir = spec, job_id, workdir
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         return self.shell.run(command, timeout)
@@ -107,20 +105,17 @@ class LocalSandbox:
     def interrupt(self) -> None:
         self.shell.interrupt()
 
-    def read_file(self, path: str) -> bytes:
-        return self.resolve(path).read_bytes()
-
-    def write_file(self, path: str, data: bytes) -> None:
-        target = self.resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    def kill(self) -> None:
+        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
+        self.shell.kill()
+        self.workspace.retire()
 
     def close(self) -> None:
         self.shell.close()
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        self.workspace.remove()
 
     def info(self) -> dict[str, Any]:
         return {"runtime": self.name, "isolation": "none", "network": "host",
-                "pid": self.shell.pid, "workspace": str(self.workspace), "workdir": str(self.workdir),
+                "pid": self.shell.pid, "workspace": str(self.host_dir), "workdir": str(self.workdir),
                 "cwd": self.shell.cwd, "job_id": self.job_id, "restarts": self.shell.restarts,
-                "limits": "best-effort setrlimit"}
+                "limits": self.spec.limits.model_dump(exclude_none=True)}

@@ -6,6 +6,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from prorl_celery.errors import NoSandboxCapacity, SandboxGone
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from sandboxes.protocol import SandboxEntry
 from sandboxes.registry import create_sandbox, runtime_name
+from sandboxes.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +38,29 @@ class _Slot:
 
 
 class SandboxPool:
-    """Thread-safe table of live sandboxes. ``on_change`` is called after every create and close."""
+    """Thread-safe table of live sandboxes. ``on_change`` is called after every create and close.
+
+    ``create`` takes a pre-started sandbox from the warm pool when one fits. ``close`` kills the
+    sandbox's processes and moves its workspace aside before it returns (for runtimes that can,
+    i.e. have ``kill()``); reaping the processes and deleting the files finish in the background.
+    """
 
     def __init__(self, host_id: str, capacity: int, default_lease_s: float,
                  runtime_config: dict[str, dict[str, Any]] | None = None,
-                 on_change: Callable[[], None] | None = None):
+                 on_change: Callable[[], None] | None = None, warm: int = 0):
         self.host_id = host_id
         self.capacity = capacity
         self.default_lease_s = default_lease_s
         self.runtime_config = runtime_config or {}
         self.on_change = on_change or (lambda: None)
         self._slots: dict[str, _Slot] = {}
+        self._watched: dict[object, tuple[Callable[[], bool], Sandbox]] = {}
         self._starting = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.warm = WarmPool(warm, lambda name: self.runtime_config.get(name))
+        self._teardown = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-teardown")
+        self._pending: set[Future] = set()
 
     @property
     def live(self) -> int:
@@ -63,7 +74,8 @@ class SandboxPool:
             self._starting += 1  # reserve the slot; starting a sandbox can be slow
         try:
             name = runtime_name(spec)
-            sandbox = create_sandbox(spec, job_id, self.runtime_config.get(name))
+            sandbox = self.warm.take(name, spec, job_id) or \
+                create_sandbox(spec, job_id, self.runtime_config.get(name))
         finally:
             with self._lock:
                 self._starting -= 1
@@ -104,9 +116,18 @@ class SandboxPool:
                 slot.busy -= 1
                 slot.renew()
 
-    def exec(self, sandbox_id: str, command: str, timeout: float | None) -> ExecResult:
+    def exec(self, sandbox_id: str, command: str, timeout: float | None,
+             caller_gone: Callable[[], bool] | None = None) -> ExecResult:
+        """Run a command; when ``caller_gone()`` turns true (checked by the reaper) the
+        command is interrupted, so a dead worker's command does not hold the sandbox."""
         with self.using(sandbox_id) as sandbox:
-            return sandbox.exec(command, timeout)
+            key = object()
+            if caller_gone is not None:
+                self._watched[key] = (caller_gone, sandbox)
+            try:
+                return sandbox.exec(command, timeout)
+            finally:
+                self._watched.pop(key, None)
 
     def renew(self, sandbox_id: str, lease_s: float | None = None) -> SandboxEntry:
         with self._lock:
@@ -122,20 +143,46 @@ class SandboxPool:
         if slot is None:
             return False
         log.info("closing sandbox %s of job %s: %s", sandbox_id, slot.job_id, reason)
-        try:
-            slot.sandbox.close()
-        except Exception:
-            log.exception("closing sandbox %s failed", sandbox_id)
+        kill = getattr(slot.sandbox, "kill", None)
+        if kill is None:
+            _close(slot.sandbox, sandbox_id)
+        else:
+            try:
+                kill()
+            except Exception:
+                log.exception("killing sandbox %s failed", sandbox_id)
+            future = self._teardown.submit(_close, slot.sandbox, sandbox_id)
+            with self._lock:
+                self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
         self.on_change()
         return True
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait for background teardowns to finish."""
+        with self._lock:
+            pending = list(self._pending)
+        wait(pending, timeout=timeout)
 
     def close_all(self) -> int:
         with self._lock:
             ids = list(self._slots)
-        return sum(self.close(sandbox_id, "host shutting down") for sandbox_id in ids)
+        closed = sum(self.close(sandbox_id, "host shutting down") for sandbox_id in ids)
+        self.warm.close_all()
+        self.drain()
+        return closed
+
+    def interrupt_abandoned(self) -> int:
+        """Interrupt running commands whose caller hung up."""
+        hung_up = [sandbox for gone, sandbox in list(self._watched.values()) if gone()]
+        for sandbox in hung_up:
+            log.info("interrupting a command whose caller disconnected")
+            sandbox.interrupt()
+        return len(hung_up)
 
     def reap(self, now: float | None = None) -> list[str]:
         """Close sandboxes whose lease lapsed (unless busy) or whose wall time ran out."""
+        self.interrupt_abandoned()
         now = now or time.time()
         doomed: list[tuple[str, str]] = []
         with self._lock:
@@ -162,3 +209,10 @@ class SandboxPool:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _close(sandbox: Sandbox, sandbox_id: str) -> None:
+    try:
+        sandbox.close()
+    except Exception:
+        log.exception("closing sandbox %s failed", sandbox_id)

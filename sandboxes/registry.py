@@ -1,18 +1,22 @@
 """Sandbox runtimes by short name or dotted path, imported only when first used."""
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 from typing import Any
 
 from prorl_celery.errors import UnknownPlugin
 from sandboxes.base import Sandbox, SandboxSpec
 
+log = logging.getLogger(__name__)
+
 RUNTIMES: dict[str, str] = {
+    "bwrap": "sandboxes.bwrap:BwrapSandbox",
     "local": "sandboxes.local:LocalSandbox",
-    # Register each runtime here once its module exists:
-    # "bwrap": "sandboxes.bwrap:BwrapSandbox",
-    # "singularity": "sandboxes.singularity:SingularitySandbox",
+    "singularity": "sandboxes.singularity:SingularitySandbox",
 }
+AUTO = "auto"  # bwrap where it works, else local (with a warning)
 
 
 def known_runtimes() -> list[str]:
@@ -54,10 +58,28 @@ def available_runtimes() -> list[str]:
     return names
 
 
-def runtime_name(spec: SandboxSpec) -> str:
+def requested_runtime(spec: SandboxSpec) -> str:
+    """What the spec (or the configured default) asks for; may be ``auto``."""
     from config.settings import get_settings
 
     return spec.runtime or get_settings().sandbox_runtime
+
+
+@functools.cache
+def auto_runtime() -> str:
+    """What ``auto`` means on this machine: ``bwrap`` if it works here, else ``local``."""
+    if getattr(load_runtime("bwrap"), "available")():
+        return "bwrap"
+    log.warning("sandbox runtime 'auto': bubblewrap is missing or cannot create namespaces here; "
+                "falling back to 'local', which has NO isolation (install it with "
+                "scripts/install-system-deps.sh)")
+    return "local"
+
+
+def runtime_name(spec: SandboxSpec) -> str:
+    """The runtime that serves ``spec`` on this machine (``auto`` resolved)."""
+    name = requested_runtime(spec)
+    return auto_runtime() if name == AUTO else name
 
 
 def create_sandbox(spec: SandboxSpec, job_id: str, config: dict[str, Any] | None = None) -> Sandbox:

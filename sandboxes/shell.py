@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -19,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
-
 from prorl_celery.errors import SandboxError, SandboxGone
-from sandboxes.base import ExecResult
+from sandboxes.base import ExecResult, Limits
+from sandboxes.output import Output, cut_middle
+from sandboxes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ _PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shell-spawner")
+SETPRIV = shutil.which("setpriv")
+VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def die_with_parent() -> None:
@@ -64,101 +68,17 @@ def shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def kill_descendants(pid: int) -> list[psutil.Process]:
-    """SIGKILL every descendant of ``pid`` (not ``pid`` itself); returns those signalled."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    return children
-
-
-def wait_dead(procs: list[psutil.Process], timeout: float) -> bool:
-    """Wait until killed orphans are gone; a zombie counts as dead (its reaper is init, not us)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for proc in procs:
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
-            except psutil.Error:
-                pass
-        if not alive or time.monotonic() >= deadline:
-            return not alive
-        procs = alive
-        time.sleep(0.005)
-
-
-def cut_middle(text: str, limit: int, extra_cut: int = 0) -> tuple[str, bool]:
-    """Keep head and tail of ``text`` within ``limit`` chars; ``extra_cut`` counts chars already dropped."""
-    if len(text) <= limit and not extra_cut:
-        return text, False
-    if len(text) <= limit:
-        head, tail = text[: len(text) // 2], text[len(text) // 2:]
-        cut = extra_cut
-    else:
-        head, tail = text[: limit // 2], text[len(text) - (limit - limit // 2):]
-        cut = len(text) - limit + extra_cut
-    return f"{head}\n[... {cut} chars cut ...]\n{tail}", True
-
-
-class _Output:
-    """Bytes read for one command; keeps only head and tail once it grows past what could be shown."""
-
-    def __init__(self, limit_chars: int, marker: bytes):
-        self._keep = max(4 * limit_chars, 4096) + len(marker) + 8192  # 4 bytes/char worst case; $PWD
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-        self.status: int | None = None
-        self.pwd: str | None = None
-        self._marker = marker
-        self._marker_at: int | None = None
-        self._scan_from = 0
-
-    def add(self, data: bytes) -> None:
-        self.tail += data
-        if len(self.tail) > 4 * self._keep:  # amortised: compact rarely
-            if not self.head:
-                self.head = self.tail[: self._keep]
-                del self.tail[: self._keep]
-            drop = len(self.tail) - self._keep
-            self.dropped += drop
-            del self.tail[:drop]
-            self._scan_from = 0
-
-    def parse_marker(self) -> bool:
-        """True once the complete marker line arrived; sets ``status`` and ``pwd``."""
-        start = self.tail.find(self._marker, max(0, self._scan_from - len(self._marker)))
-        if start < 0:
-            self._scan_from = len(self.tail)
-            return False
-        end = self.tail.find(b"\n", start + len(self._marker))
-        if end < 0:
-            return False
-        status, _, pwd = self.tail[start + len(self._marker): end].decode(errors="replace").partition(" ")
-        self.status, self.pwd, self._marker_at = int(status), pwd or None, start
-        return True
-
-    def text(self) -> str:
-        tail = self.tail if self._marker_at is None else self.tail[: self._marker_at]
-        return (self.head + tail).decode("utf-8", errors="replace")
-
-
 class PersistentShell:
     """A bash process that runs one command at a time, keeping cwd and environment between them."""
 
     def __init__(self, argv: Sequence[str] = DEFAULT_ARGV, cwd: str | None = None,
                  env: Mapping[str, str] | None = None, *, output_limit: int | None = None,
-                 preexec_fn: Callable[[], None] | None = None, default_timeout: float | None = None):
+                 preexec_fn: Callable[[], None] | None = None, default_timeout: float | None = None,
+                 limits: Limits | None = None, wrap_pdeathsig: bool = True):
         """``env``: the shell's environment, the non-interactive defaults filling what it lacks;
-        None: this process's environment, overridden by those defaults."""
+        None: this process's environment, overridden by those defaults. ``limits``: rlimits set
+        on the shell once it runs. ``wrap_pdeathsig``: make the shell die with this process
+        (False when the argv sees to it itself, as ``bwrap --die-with-parent`` does)."""
         from config.settings import get_settings
 
         settings = get_settings()
@@ -169,13 +89,18 @@ class PersistentShell:
                     else {**NONINTERACTIVE_ENV, **env})
         self.output_limit = output_limit or settings.output_limit_chars
         self.default_timeout = default_timeout or settings.action_timeout_s
+        self.limits = limits
         self._preexec_fn = preexec_fn
+        self._wrap_pdeathsig = wrap_pdeathsig
         self._nonce = secrets.token_hex(12)
         self._marker = f"\n{self._nonce} ".encode()
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
         self._running = False
         self._closed = False
+        self._reaped = False
+        self._killed: list[int] = []
+        self._close_lock = threading.Lock()
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._start(self.initial_cwd)
@@ -184,29 +109,67 @@ class PersistentShell:
 
     @property
     def pid(self) -> int | None:
+        """The process we started (for a wrapped shell, the wrapper)."""
         return self._proc.pid if self._proc else None
+
+    @property
+    def shell_pid(self) -> int | None:
+        """The bash process itself; its descendants are the running command's processes."""
+        return self.pid
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def _preexec(self) -> None:
-        die_with_parent()
         if self._preexec_fn:
             self._preexec_fn()
+        die_with_parent()  # last: a change of uid in the preexec would clear it
+
+    def _popen_args(self) -> tuple[list[str], Callable[[], None] | None]:
+        """A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per
+        start on a big host), so parent-death is set by exec-ing through ``setpriv`` instead."""
+        if self._preexec_fn is not None or (self._wrap_pdeathsig and not SETPRIV):
+            return self.argv, self._preexec
+        if self._wrap_pdeathsig:
+            return [SETPRIV, "--pdeathsig", "KILL", "--", *self.argv], None
+        return self.argv, None
 
     def _start(self, cwd: str) -> None:
+        argv, preexec = self._popen_args()
         self._proc = spawn(
-            self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec, bufsize=0)
+            argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0)
         self._fd = self._proc.stdout.fileno()
         out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start")
-        if state != "marker":
-            self._signal_all()
-            self._reap()
-            raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
+        if state == "marker":
+            try:
+                self._started()
+                return
+            except OSError as exc:
+                state = f"setup failed: {exc}"
+        self._kill_all()
+        self._reap()
+        raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
 
-    def _signal_all(self) -> list[psutil.Process]:
+    def _started(self) -> None:
+        """Runs once the shell answered: the shell limits itself (and so all it starts)."""
+        command = self.limits and ulimit_command(self.limits)
+        if command:
+            out, state = self._roundtrip(command, time.monotonic() + START_TIMEOUT_S, phase="start")
+            if state != "marker" or out.status != 0:
+                raise OSError(f"could not set limits ({state}): {out.text()[-500:]!r}")
+
+    def _kill_command(self) -> list[int]:
+        """SIGKILL what the current command started: the shell's descendants, and what left
+        the tree but not the shell's process group (``(cmd &)`` orphans)."""
+        if not self._proc:
+            return []
+        killed = kill_descendants(self.shell_pid)
+        strays = [pid for pid in group_members(self._proc.pid) if pid != self.shell_pid]
+        return killed + kill_pids(strays)
+
+    def _kill_all(self) -> list[int]:
         """SIGKILL the shell's process group and any descendant that left it (setsid)."""
         if self._proc is None:
             return []
@@ -231,28 +194,57 @@ class PersistentShell:
             log.error("shell pid %s did not die after SIGKILL", proc.pid)
 
     def _restart(self) -> str:
-        self._signal_all()
+        """A new shell in the initial directory, then back to where the old one was."""
+        self._kill_all()
         self._reap()
-        cwd = self.cwd if os.path.isdir(self.cwd) else self.initial_cwd
+        last = self.cwd
         self.restarts += 1
-        self._start(cwd)
-        return cwd
+        self._start(self.initial_cwd)
+        if last != self.cwd:
+            self._roundtrip(f"cd -- {shell_quote(last)}", time.monotonic() + START_TIMEOUT_S,
+                            phase="start")
+        return self.cwd
+
+    def adopt(self, env: Mapping[str, str], limits: Limits | None, cwd: str | None) -> None:
+        """Make a shell started ahead of demand look as if it had been started with these:
+        variables exported (and kept for restarts), limits set, current directory changed."""
+        names = [name for name in env if not VALID_NAME.match(name)]
+        if names:
+            raise SandboxError(f"cannot export variables named {names!r}")
+        self.env.update(env)
+        self.limits = limits
+        parts = [f"export {name}={shell_quote(value)}" for name, value in env.items()]
+        parts += [command] if limits and (command := ulimit_command(limits)) else []
+        parts += [f"cd -- {shell_quote(cwd)}"] if cwd else []
+        if parts:
+            with self._lock:
+                out, state = self._roundtrip(" && ".join(parts), time.monotonic() + START_TIMEOUT_S,
+                                             phase="start")
+            if state != "marker" or out.status != 0:
+                raise SandboxError(f"could not prepare the shell ({state}): {out.text()[-500:]!r}")
+
+    def kill(self) -> None:
+        """SIGKILL everything now without waiting; :meth:`close` reaps it later."""
+        self._closed = True
+        self._killed += self._kill_all()
 
     def close(self) -> None:
         """Kill the shell's whole process group and reap it. Idempotent, safe from any thread."""
-        if self._closed:
-            return
-        self._closed = True
-        killed = self._signal_all()
-        # A running command notices _closed within one poll and releases the lock; the fds are
-        # closed only under the lock so that no reader ever selects on a recycled fd number.
-        if self._lock.acquire(timeout=10):
-            try:
-                killed += self._signal_all()  # again: a restart may have started a new shell
-                self._reap()
-            finally:
-                self._lock.release()
-        wait_dead(killed, timeout=2)
+        with self._close_lock:
+            if self._reaped:
+                return
+            self._closed = True
+            killed = self._killed + self._kill_all()
+            # A running command notices _closed within one poll and releases the lock; the fds
+            # are closed only under the lock so that no reader ever selects on a recycled fd.
+            if self._lock.acquire(timeout=10):
+                try:
+                    killed += self._kill_all()  # again: a restart may have started a new shell
+                    self._reap()
+                finally:
+                    self._lock.release()
+            wait_dead(killed, timeout=2)
+            self._reaped = True
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -260,7 +252,7 @@ class PersistentShell:
         """Kill the running command's processes; :meth:`run` returns with ``interrupted=True``."""
         if self._running and self._proc:
             self._interrupted.set()
-            kill_descendants(self._proc.pid)
+            self._kill_command()
 
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run ``command``; output is stdout and stderr interleaved, cut in the middle if too long."""
@@ -291,6 +283,9 @@ class PersistentShell:
             if state != "marker":
                 note = (f"[command {why}; the shell did not recover and was restarted in "
                         f"{self._restart()}; exported variables and functions were lost]")
+            else:  # reap the killed jobs now, so bash's "Killed ..." notices do not leak into
+                # the next command's output
+                self._roundtrip("wait", time.monotonic() + KILL_GRACE_S, phase="recover")
         elif state == "eof":  # the command ended the shell: exit, exec, set -e ...
             try:
                 out.status = self._proc.wait(timeout=2)
@@ -304,8 +299,8 @@ class PersistentShell:
         return ExecResult(output=output, exit_code=None if timed_out or interrupted else out.status,
                           timed_out=timed_out, interrupted=interrupted, truncated=truncated)
 
-    def _roundtrip(self, command: str, deadline: float, phase: str = "command") -> tuple[_Output, str]:
-        out = _Output(self.output_limit, self._marker)
+    def _roundtrip(self, command: str, deadline: float, phase: str = "command") -> tuple[Output, str]:
+        out = Output(self.output_limit, self._marker)
         line = (f"eval {shell_quote(command)} </dev/null 2>&1; "
                 f"printf '\\n{self._nonce} %d %s\\n' \"$?\" \"$PWD\"\n")
         try:
@@ -320,7 +315,7 @@ class PersistentShell:
         while view:
             view = view[os.write(fd, view):]
 
-    def _read_until_marker(self, out: _Output, deadline: float, phase: str = "command") -> str:
+    def _read_until_marker(self, out: Output, deadline: float, phase: str = "command") -> str:
         """Read into ``out``; returns "marker", "eof" or "timeout" (also on close, and on interrupt
         while a command runs). ``phase``: "command", "recover" (keep killing) or "start"."""
         stop_on_interrupt, kill_each_poll = phase == "command", phase == "recover"
@@ -333,7 +328,7 @@ class PersistentShell:
             if remaining <= 0 or self._closed or (stop_on_interrupt and self._interrupted.is_set()):
                 return "timeout"
             if kill_each_poll:  # a fork loop may have spawned more since the last kill
-                kill_descendants(self._proc.pid)
+                self._kill_command()
             try:
                 ready, _, _ = select.select([self._fd], [], [], min(remaining, 0.05))
                 chunk = os.read(self._fd, _READ_CHUNK) if ready else None

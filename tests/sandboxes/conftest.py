@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,22 @@ def redis_client(sandbox_redis: str) -> redis.Redis:
     return client
 
 
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    """A workspace root the sandboxes' own uids can reach (pytest's tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="prorl-test-sandboxes-"))
+    root.chmod(0o711)
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def needs_bwrap():
+    from sandboxes.bwrap import bwrap_works
+
+    return pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or namespaces forbidden "
+                              "here (scripts/install-system-deps.sh installs it)")
+
+
 @dataclass
 class HostProc:
     proc: subprocess.Popen
@@ -80,24 +97,29 @@ class HostProc:
 
 
 @pytest.fixture
-def start_host(sandbox_redis: str, tmp_path: Path):
-    """Factory: ``start_host(capacity=2, lease_s=..., register=True)`` -> a running host process."""
+def start_host(sandbox_redis: str, tmp_path: Path, sandbox_root: Path):
+    """Factory: ``start_host(capacity=2, lease_s=..., register=True, runtime=None, warm=0)`` ->
+    a running host process; workspaces go under ``sandbox_root``."""
     started: list[HostProc] = []
 
     def start(capacity: int = 4, lease_s: float | None = None, register: bool = True,
-              heartbeat_s: float = 0.5) -> HostProc:
+              heartbeat_s: float = 0.5, runtime: str | None = None, warm: int = 0,
+              host_id: str | None = None) -> HostProc:
         token = f"token-{len(started)}"
-        host_id = f"test-host-{len(started)}"
+        host_id = host_id or f"test-host-{len(started)}"
         ready = tmp_path / f"ready-{len(started)}.json"
+        roots = {name: {"root": str(sandbox_root)} for name in ("local", "bwrap")}
         argv = [sys.executable, "-m", "sandboxes.host", "--token", token, "--host-id", host_id,
                 "--capacity", str(capacity), "--redis-url", sandbox_redis,
-                "--ready-file", str(ready), "--log-level", "WARNING",
-                "--runtime-config", json.dumps({"local": {"root": str(tmp_path)}})]
+                "--ready-file", str(ready), "--log-level", "WARNING", "--warm", str(warm),
+                "--runtime-config", json.dumps(roots)]
         if lease_s:
             argv += ["--lease-s", str(lease_s)]
         if not register:
             argv.append("--no-register")
         env = {**os.environ, "PYTHONPATH": str(REPO), "PRORL_HOST_HEARTBEAT_S": str(heartbeat_s)}
+        if runtime:
+            env["PRORL_SANDBOX_RUNTIME"] = runtime
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline().strip()
         assert line.startswith("sandbox-host ready http://"), line

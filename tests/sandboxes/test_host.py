@@ -58,9 +58,11 @@ def test_create_exec_files_close(start_host):
     with pytest.raises(FileNotFoundError):
         sandbox.read_file("nope.txt")
     info = sandbox.info()
-    assert info["isolation"] == "none" and info["host_id"] == host.host_id
+    assert info["runtime"] == "bwrap"  # "auto" picks bwrap where it works
+    assert info["isolation"] == "namespaces" and info["host_id"] == host.host_id
     assert sandbox.close() is True
-    assert not os.path.exists(info["workspace"]) and not psutil.pid_exists(info["pid"])
+    assert not os.path.exists(info["workspace"])  # moved aside before DELETE answers
+    assert wait_until(lambda: not psutil.pid_exists(info["pid"]), timeout=2)
     assert sandbox.close() is False  # idempotent
     assert close_handle(sandbox.handle) is False
     with pytest.raises(SandboxGone):
@@ -133,10 +135,10 @@ def test_sigterm_closes_everything_and_deregisters(start_host, redis_client):
     assert not redis_client.exists(keys.host(host.host_id))
 
 
-def test_kill_9_of_host_kills_its_shells(start_host, tmp_path):
-    host = start_host()
+def test_kill_9_of_host_kills_its_shells(start_host, sandbox_root):
+    host = start_host(runtime="local")
     entries = [entry_of(host, create(host, f"job-{i}")) for i in range(3)]
-    assert all(e.info["workspace"].startswith(str(tmp_path)) for e in entries)
+    assert all(e.info["workspace"].startswith(f"{sandbox_root}/{host.host_id}/") for e in entries)
     pids = [e.pid for e in entries]
     assert all(psutil.pid_exists(pid) for pid in pids)
     host.stop(signal.SIGKILL)
@@ -147,7 +149,7 @@ def test_registration_and_heartbeat_in_redis(start_host, redis_client):
     host = start_host(capacity=3, heartbeat_s=0.3)
     record = {k.decode(): v.decode() for k, v in redis_client.hgetall(keys.host(host.host_id)).items()}
     assert record["address"] == host.address and record["token"] == host.token
-    assert json.loads(record["runtimes"]) == ["local"]
+    assert json.loads(record["runtimes"]) == ["bwrap", "local"]  # no singularity binary here
     assert (record["capacity"], record["live"]) == ("3", "0")
     first = redis_client.zscore(keys.hosts(), host.host_id)
     assert abs(first - time.time()) < 5
@@ -221,3 +223,24 @@ def test_echo_round_trip_through_host_is_fast(start_host):
         assert sandbox.exec("echo hi").output == "hi\n"
         times.append(time.perf_counter() - start)
     assert statistics.median(times) < 0.01
+
+
+def test_warm_sandboxes_are_claimed_with_the_jobs_settings(start_host):
+    host = start_host(runtime="bwrap", warm=1)
+    first = create(host, "job-cold")  # the first request of a kind starts warming that kind
+    cold_pid = entry_of(host, first).pid
+    assert wait_until(lambda: len(list_sandboxes(host.address, host.token)) == 1, timeout=1)
+    time.sleep(0.5)  # the warm one starts in the background; it is not a live sandbox
+    assert requests.get(f"{host.address}/health").json()["live"] == 1
+    spec = {"env": {"TASK": "warm start"}, "workdir": "repo/src", "limits": {"memory_mb": 300}}
+    asked_at = time.time()
+    second = create(host, "job-warm", spec=spec)
+    entry = entry_of(host, second)
+    assert entry.job_id == "job-warm" and entry.info["job_id"] == "job-warm"
+    assert entry.pid != cold_pid
+    assert psutil.Process(entry.pid).create_time() < asked_at  # it was running before the ask
+    out = second.exec('echo "$TASK"; pwd; ulimit -v').output
+    assert out == f"warm start\n/workspace/repo/src\n{300 * 1024}\n"
+    restarted = second.exec("exit 1")  # a new shell keeps the job's environment and limits
+    assert "new shell" in restarted.output
+    assert second.exec('echo "$TASK"; ulimit -v').output == f"warm start\n{300 * 1024}\n"

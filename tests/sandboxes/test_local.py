@@ -24,18 +24,18 @@ def test_implements_protocol_and_says_no_isolation(box, tmp_path):
     info = box.info()
     assert info["isolation"] == "none" and info["runtime"] == "local"
     assert info["pid"] == box.shell.pid and psutil.pid_exists(info["pid"])
-    assert box.workspace.parent == tmp_path and box.workspace.is_dir()
+    assert box.host_dir.parent == tmp_path and box.host_dir.is_dir()
 
 
 def test_shell_starts_in_workspace_with_env(box):
     result = box.exec('pwd; echo "$MY_VAR"; echo "$HOME"')
-    assert result.output == f"{box.workspace}\nx y\n{box.workspace}\n"
+    assert result.output == f"{box.host_dir}\nx y\n{box.host_dir}\n"
 
 
 def test_relative_workdir_is_inside_workspace(tmp_path):
     sandbox = LocalSandbox(SandboxSpec(workdir="repo/src"), "j", LocalConfig(root=str(tmp_path)))
     try:
-        assert sandbox.exec("pwd").output == f"{sandbox.workspace / 'repo' / 'src'}\n"
+        assert sandbox.exec("pwd").output == f"{sandbox.host_dir / 'repo' / 'src'}\n"
     finally:
         sandbox.close()
 
@@ -49,10 +49,10 @@ def test_missing_absolute_workdir_is_an_error(tmp_path):
 def test_files_are_binary_safe(box):
     data = bytes(range(256)) * 4 + b"\r\n\x00"
     box.write_file("deep/dir/blob.bin", data)
-    assert (box.workspace / "deep/dir/blob.bin").read_bytes() == data
+    assert (box.host_dir / "deep/dir/blob.bin").read_bytes() == data
     assert box.read_file("deep/dir/blob.bin") == data
     assert box.exec("wc -c < deep/dir/blob.bin").output.strip() == str(len(data))
-    absolute = str(box.workspace / "abs.txt")
+    absolute = str(box.host_dir / "abs.txt")
     box.write_file(absolute, b"abs")
     assert box.read_file(absolute) == b"abs"
     with pytest.raises(FileNotFoundError):
@@ -62,7 +62,7 @@ def test_files_are_binary_safe(box):
 def test_close_kills_shell_and_removes_workspace(tmp_path):
     sandbox = LocalSandbox(SandboxSpec(), "j", {"root": str(tmp_path)})
     sandbox.exec("sleep 100 &")
-    pid, workspace = sandbox.shell.pid, sandbox.workspace
+    pid, workspace = sandbox.shell.pid, sandbox.host_dir
     children = psutil.Process(pid).children(recursive=True)
     sandbox.close()
     sandbox.close()
@@ -75,7 +75,7 @@ def test_rlimits_apply(tmp_path):
     sandbox = LocalSandbox(spec, "j", {"root": str(tmp_path)})
     try:
         big = sandbox.exec("head -c 3000000 /dev/zero > big; echo done")
-        assert os.path.getsize(sandbox.workspace / "big") <= 1024 * 1024
+        assert os.path.getsize(sandbox.host_dir / "big") <= 1024 * 1024
         assert "File size limit exceeded" in big.output or "too large" in big.output
         oom = sandbox.exec("python3 -c 'x = bytearray(600 * 2**20)'")
         assert oom.exit_code != 0 and "MemoryError" in oom.output
@@ -105,14 +105,22 @@ def test_registry_by_name_and_dotted_path():
 
 
 def test_unknown_runtime_lists_known_names():
-    with pytest.raises(UnknownPlugin, match="known: local"):
+    with pytest.raises(UnknownPlugin, match="known: bwrap, local, singularity"):
         registry.load_runtime("docker")
     with pytest.raises(UnknownPlugin, match="cannot load"):
         registry.load_runtime("sandboxes.nope:Thing")
 
 
-def test_create_sandbox_uses_spec_runtime_or_default(tmp_path):
-    sandbox = registry.create_sandbox(SandboxSpec(), "j", {"root": str(tmp_path)})
+def test_create_sandbox_uses_spec_runtime_or_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRORL_SANDBOX_RUNTIME", "local")
+    from config.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        sandbox = registry.create_sandbox(SandboxSpec(), "j", {"root": str(tmp_path)})
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
     try:
         assert isinstance(sandbox, LocalSandbox) and sandbox.exec("echo ok").output == "ok\n"
     finally:

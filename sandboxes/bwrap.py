@@ -1,0 +1,258 @@
+"""``bwrap``: a persistent bash inside bubblewrap namespaces. Rootless; the default runtime.
+
+What the sandbox gets: new user, pid, ipc, uts, cgroup and (unless ``spec.network``) network
+namespaces; no capabilities and no nested user namespaces; a read-only root (the host's system
+directories, or an image rootfs directory); its workspace read-write at ``/workspace``; a private
+size-capped ``/tmp`` and ``/dev/shm``; a fresh ``/proc`` and a minimal ``/dev``; a cleared
+environment; rlimits set on its shell. A host running as root starts each sandbox as its own
+unprivileged uid (see :mod:`sandboxes.uids`), so ``nproc`` holds and nothing runs as host root.
+
+Processes: ``bwrap`` (started by the host, dies with it) -> ``bwrap`` as pid 1 of the sandbox ->
+``bash``. Killing that pid 1 makes the kernel kill everything in the sandbox.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prorl_celery.errors import SandboxError
+from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.procs import child_pids, kill_descendants, kill_pids
+from sandboxes.shell import DEFAULT_ARGV, SETPRIV, VALID_NAME, PersistentShell
+from sandboxes.uids import UidLease, lease_uid
+from sandboxes.workspace import Workspace, WorkspaceFiles
+
+HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_NOT_FROM_IMAGE = {"proc", "dev", "tmp", "sys", "workspace"}
+_MB = 1024 * 1024
+
+
+class BwrapConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bwrap: str = Field("bwrap", description="The bubblewrap binary.")
+    root: str | None = Field(None, description="Host directory under which workspaces are made; "
+                                                "default: the system temp directory.")
+    mount: str = Field("/workspace", description="Where the workspace appears in the sandbox.")
+    host_paths: list[str] = Field(list(HOST_PATHS), description="Host paths bound read-only "
+                                  "when the spec names no image (missing ones are skipped, "
+                                  "symlinks such as /bin -> usr/bin stay symlinks).")
+    ro_binds: dict[str, str] = Field({}, description="More read-only binds, host path -> "
+                                     "sandbox path (datasets, package caches).")
+    hostname: str = Field("sandbox", description="Hostname inside the sandbox.")
+    tmp_size_mb: int = Field(512, description="Size cap of the private /tmp (and /dev/shm).")
+    uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
+                                                 "host runs as root.")
+    uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
+    uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
+                                                       "<tmp>/prorl-sandbox-uids.")
+    shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
+
+
+def root_entries(image: str | None, host_paths: list[str]) -> list[tuple[str, str | None]]:
+    """(path in the sandbox, symlink target or None) for the read-only root."""
+    if image:
+        if not os.path.isdir(image):
+            raise SandboxError(f"bwrap image {image!r} is not a rootfs directory on this host")
+        names = sorted(set(os.listdir(image)) - _NOT_FROM_IMAGE)
+        paths = [(f"/{name}", os.path.join(image, name)) for name in names]
+    else:
+        paths = [(path, path) for path in host_paths if os.path.lexists(path)]
+    return [(inside, os.readlink(src) if os.path.islink(src) else None) for inside, src in paths]
+
+
+def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network: bool,
+               root: list[tuple[str, str | None]], image: str | None = None,
+               uid: int | None = None) -> list[str]:
+    """The whole command line of one sandbox's shell (pure: no I/O)."""
+    prefix = [SETPRIV or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] \
+        if uid is not None else []
+    argv = [config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    argv += ["--share-net"] if network else []
+    argv += ["--uid", "0", "--gid", "0", "--hostname", config.hostname, "--die-with-parent",
+             "--new-session", "--cap-drop", "ALL"]
+    for inside, target in root:
+        source = os.path.join(image, inside.lstrip("/")) if image else inside
+        argv += ["--symlink", target, inside] if target is not None else ["--ro-bind", source, inside]
+    if network and image:  # name resolution of the host inside an image's own /etc
+        argv += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+    for source, inside in config.ro_binds.items():
+        argv += ["--ro-bind", source, inside]
+    size = str(config.tmp_size_mb * _MB)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp",
+             "--bind", workspace_dir, config.mount, "--remount-ro", "/", "--chdir", workdir]
+    return prefix + argv + list(config.shell)
+
+
+class BwrapShell(PersistentShell):
+    """A persistent shell whose command processes are everything in the sandbox but bash."""
+
+    _init_pid: int | None = None
+    _bash_pid: int | None = None
+
+    @property
+    def shell_pid(self) -> int | None:
+        return self._bash_pid or self.pid
+
+    def _started(self) -> None:
+        inits = child_pids(self._proc.pid)
+        bashes = child_pids(inits[0]) if len(inits) == 1 else []
+        if len(bashes) != 1:
+            raise OSError(f"unexpected bwrap process tree: {inits} -> {bashes}")
+        self._init_pid, self._bash_pid = inits[0], bashes[0]
+        super()._started()
+
+    def _kill_command(self) -> list[int]:
+        if self._init_pid is None:
+            return super()._kill_command()
+        return kill_descendants(self._init_pid, spare=self._bash_pid)  # also orphans of setsid
+
+    def _kill_all(self) -> list[int]:
+        """SIGKILL the sandbox's pid 1: the kernel kills all in its pid namespace, and the outer
+        bwrap exits once they are gone, so reaping it proves the whole tree is dead."""
+        if self._proc is None:
+            return []
+        if self._init_pid is None or not kill_pids([self._init_pid]):
+            kill_pids([self._proc.pid])
+        return []
+
+    def _reap(self) -> None:
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            kill_pids([self._proc.pid])  # pid 1 is gone; its die-with-parent ends the rest
+        super()._reap()
+        self._init_pid = self._bash_pid = None
+
+
+@functools.cache
+def check_traversable(path: str) -> None:
+    """A sandbox's own uid must be able to reach its workspace through the directories above."""
+    current = Path(path).resolve()
+    for directory in (current, *current.parents):
+        if not os.stat(directory).st_mode & 0o001:
+            raise SandboxError(f"sandbox workspaces under {path!r} are unreachable for the "
+                               f"sandbox uids: {directory} lacks o+x (chmod o+x it, or set "
+                               f"the runtime's 'root' elsewhere)")
+
+
+@functools.cache
+def bwrap_works(binary: str = "bwrap") -> bool:
+    """Whether unprivileged namespaces work here (a kernel or policy may forbid them)."""
+    if not shutil.which(binary) or (os.geteuid() == 0 and not SETPRIV):
+        return False
+    config = BwrapConfig(bwrap=binary, shell=["true"])
+    with tempfile.TemporaryDirectory() as tmp:
+        uid = 65534 if os.geteuid() == 0 else None
+        os.chmod(tmp, 0o777)
+        argv = bwrap_argv(config, workspace_dir=tmp, workdir="/", network=False,
+                          root=root_entries(None, config.host_paths), uid=uid)
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=30, cwd="/").returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
+class BwrapSandbox(WorkspaceFiles):
+    """The :class:`~sandboxes.base.Sandbox` protocol in bubblewrap namespaces."""
+
+    name = "bwrap"
+    config_class = BwrapConfig
+
+    def __init__(self, spec: SandboxSpec, job_id: str, config: BwrapConfig | dict | None = None):
+        self.spec = spec
+        self.job_id = job_id
+        self.config = BwrapConfig.model_validate(config or {})
+        self._uid: UidLease | None = None
+        if os.geteuid() == 0:
+            self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
+        uid = self._uid.uid if self._uid else None
+        self.shell: BwrapShell | None = None
+        if uid is not None:
+            check_traversable(self.config.root or tempfile.gettempdir())
+        host_dir = tempfile.mkdtemp(prefix="bwrap-", dir=self.config.root)
+        self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
+        try:
+            if uid is not None:
+                os.chown(host_dir, uid, uid)
+            self.workdir = self._workdir(spec.workdir)
+            argv = bwrap_argv(self.config, workspace_dir=host_dir, workdir=self.workdir,
+                              network=spec.network, root=root_entries(spec.image, self.config.host_paths),
+                              image=spec.image, uid=uid)
+            self.shell = BwrapShell(argv, cwd="/", env=self._env(), limits=spec.limits,
+                                    wrap_pdeathsig=False)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def available(cls) -> bool:
+        return bwrap_works()
+
+    def _workdir(self, workdir: str | None) -> str:
+        mount = self.config.mount
+        if not workdir:
+            return mount
+        inside = workdir if workdir.startswith("/") else f"{mount}/{workdir}"
+        if inside == mount or inside.startswith(mount + "/"):
+            self.workspace.makedirs(inside)
+        return inside
+
+    def _env(self) -> dict[str, str]:
+        base = {"PATH": SANDBOX_PATH, "HOME": self.config.mount, "USER": "root", "LOGNAME": "root",
+                "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash",
+                "HOSTNAME": self.config.hostname}
+        return {**base, **self.spec.env}
+
+    @classmethod
+    def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
+        """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
+        if not all(VALID_NAME.match(name) for name in spec.env):
+            return None
+        return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+
+    def claim(self, job_id: str, spec: SandboxSpec) -> None:
+        """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
+        workdir = self._workdir(spec.workdir)
+        self.shell.adopt(spec.env, spec.limits, workdir if spec.workdir else None)
+        self.spec, self.job_id, self.workdir = spec, job_id, workdir
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        return self.shell.run(command, timeout)
+
+    def interrupt(self) -> None:
+        self.shell.interrupt()
+
+    def kill(self) -> None:
+        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
+        if self.shell is not None:
+            self.shell.kill()
+        self.workspace.retire()
+
+    def close(self) -> None:
+        if self.shell is not None:
+            self.shell.close()
+        self.workspace.remove()
+        if self._uid is not None:
+            self._uid.release()  # only now: nothing of the sandbox runs as that uid any more
+            self._uid = None
+
+    def info(self) -> dict[str, Any]:
+        shell = self.shell
+        return {"runtime": self.name, "isolation": "namespaces",
+                "network": "host" if self.spec.network else "none", "pid": shell.pid,
+                "init_pid": shell._init_pid, "shell_pid": shell.shell_pid,
+                "uid": self.workspace.uid, "workspace": str(self.workspace.host_dir),
+                "mount": self.config.mount, "workdir": self.workdir, "cwd": shell.cwd,
+                "job_id": self.job_id, "restarts": shell.restarts, "image": self.spec.image,
+                "limits": self.spec.limits.model_dump(exclude_none=True)}
+

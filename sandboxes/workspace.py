@@ -1,0 +1,323 @@
+"""A sandbox's writable directory, handled from the host without ever leaving it.
+
+The sandbox can put symlinks, FIFOs and odd modes in its workspace; the host (often root) reads
+and writes there for the file and archive calls. Every path is resolved relative to a descriptor
+of the workspace with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (Linux >= 5.6), or, on
+older kernels, one ``O_NOFOLLOW`` component at a time, so no ``..``, absolute symlink or symlink
+race reaches outside it. Only regular files are read (a FIFO cannot block the host).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from sandboxes.archive import add_tree, extract_archive, file_info, write_tree_archive
+
+_SYS_OPENAT2 = 437  # the same number on every architecture (new-style syscall table)
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+_CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_have_openat2 = True
+
+
+def escape_error(path: str) -> PermissionError:
+    return PermissionError(errno.EACCES, "path is outside the sandbox workspace", path)
+
+
+def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open(rel, flags, dir_fd=dir_fd)`` that cannot resolve to anything outside ``dir_fd``."""
+    global _have_openat2
+    if _have_openat2:
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                       _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+        fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how),
+                           ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter that forbids it
+            if err == errno.EXDEV:
+                raise escape_error(rel)
+            raise OSError(err, os.strerror(err), rel)
+        _have_openat2 = False
+    parts = rel.split("/")
+    fd = os.dup(dir_fd)
+    try:  # no openat2: refuse every symlink on the way
+        for part in parts[:-1]:
+            new = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = new
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise escape_error(rel) from exc
+        raise
+    finally:
+        os.close(fd)
+
+
+def split(path: str) -> list[str]:
+    """Components of a relative path; ``..`` is refused rather than interpreted."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise escape_error(path)
+    return parts
+
+
+class Workspace:
+    """The host directory ``host_dir``, mounted at ``mount`` inside the sandbox.
+
+    Paths given to it are relative to the workspace, or absolute inside ``mount``. Files it
+    creates belong to ``uid``/``gid`` when given (the sandbox's own user on the host)."""
+
+    def __init__(self, host_dir: str | Path, mount: str, uid: int | None = None,
+                 gid: int | None = None):
+        self.host_dir = Path(host_dir)
+        self.mount = mount.rstrip("/") or "/"
+        self.uid, self.gid = uid, gid
+
+    def relative(self, path: str) -> list[str]:
+        if path.startswith("/"):
+            if path != self.mount and not path.startswith(self.mount.rstrip("/") + "/"):
+                raise escape_error(path)
+            path = path[len(self.mount):]
+        return split(path)
+
+    def _root_fd(self) -> int:
+        return os.open(self.host_dir, _DIR_FLAGS)
+
+    def _chown(self, fd: int) -> None:
+        if self.uid is not None:
+            os.fchown(fd, self.uid, self.gid if self.gid is not None else self.uid)
+
+    def _dir(self, root: int, parts: list[str], create: bool) -> int:
+        """A descriptor of the directory ``parts`` (made when ``create``), beneath ``root``."""
+        if not parts:
+            return os.dup(root)
+        try:
+            return open_beneath(root, "/".join(parts), _DIR_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+        parent = self._dir(root, parts[:-1], create=True)
+        try:
+            try:
+                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+                fd = open_beneath(parent, parts[-1], _DIR_FLAGS)
+                self._chown(fd)
+                return fd
+            except FileExistsError:
+                return open_beneath(root, "/".join(parts), _DIR_FLAGS)
+        finally:
+            os.close(parent)
+
+    def makedirs(self, path: str) -> None:
+        root = self._root_fd()
+        try:
+            os.close(self._dir(root, self.relative(path), create=True))
+        finally:
+            os.close(root)
+
+    # -- single files -----------------------------------------------------------------------
+    def read_bytes(self, path: str) -> bytes:
+        parts = self.relative(path)
+        if not parts:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        root = self._root_fd()
+        try:
+            fd = open_beneath(root, "/".join(parts), os.O_RDONLY | os.O_NONBLOCK)
+        finally:
+            os.close(root)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            return fh.read()
+
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        parts = self.relative(path)
+        if not parts:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        root = self._root_fd()
+        try:
+            parent = self._dir(root, parts[:-1], create=True)
+        finally:
+            os.close(root)
+        try:
+            fd = open_beneath(parent, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
+                              os.O_NONBLOCK, mode)
+        finally:
+            os.close(parent)
+        with os.fdopen(fd, "wb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            self._chown(fd)
+            fh.write(data)
+
+    # -- directory trees as tar streams -------------------------------------------------------
+    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
+        """Unpack an uncompressed tar stream at ``dest`` (made if missing); returns members.
+
+        Regular files, directories and symlinks are made (symlinks as links, never followed
+        here); hard links become copies; devices and FIFOs are skipped; set-id bits dropped."""
+        base = self.relative(dest)
+        root = self._root_fd()
+        count = 0
+        try:
+            with tarfile.open(fileobj=archive, mode="r|") as tar:
+                for member in tar:
+                    parts = base + split(member.name)
+                    if member.isdir():
+                        os.close(self._dir(root, parts, create=True))
+                    elif member.isreg():
+                        self._put_file(root, parts, tar.extractfile(member), member.mode)
+                    elif member.issym():
+                        self._put_symlink(root, parts, member.linkname)
+                    elif member.islnk():
+                        source = base + split(member.linkname)
+                        with os.fdopen(open_beneath(root, "/".join(source), os.O_RDONLY), "rb") as fh:
+                            self._put_file(root, parts, fh, member.mode)
+                    else:
+                        continue
+                    count += 1
+        finally:
+            os.close(root)
+        return count
+
+    def _put_file(self, root: int, parts: list[str], data: IO[bytes], mode: int) -> None:
+        if not parts:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", "/")
+        parent = self._dir(root, parts[:-1], create=True)
+        try:
+            _unlink_nondir(parent, parts[-1])
+            fd = open_beneath(parent, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                              mode & 0o777)
+        finally:
+            os.close(parent)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(data, out, _CHUNK)
+            os.fchmod(fd, mode & 0o777)
+            self._chown(fd)
+
+    def _put_symlink(self, root: int, parts: list[str], target: str) -> None:
+        parent = self._dir(root, parts[:-1], create=True)
+        try:
+            _unlink_nondir(parent, parts[-1])
+            os.symlink(target, parts[-1], dir_fd=parent)
+            if self.uid is not None:
+                os.chown(parts[-1], self.uid, self.gid if self.gid is not None else self.uid,
+                         dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(parent)
+
+    def get_archive(self, src: str, out: IO[bytes]) -> None:
+        """Write an uncompressed tar of ``src`` (a directory's contents, or one file) to ``out``.
+        Symlinks are stored as links, not followed; FIFOs and devices are left out."""
+        parts = self.relative(src)
+        root = self._root_fd()
+        try:
+            fd = open_beneath(root, "/".join(parts), os.O_RDONLY | os.O_NONBLOCK) if parts \
+                else os.dup(root)
+        finally:
+            os.close(root)
+        try:
+            st = os.fstat(fd)
+            with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                if stat.S_ISDIR(st.st_mode):
+                    add_tree(tar, fd, "")
+                elif stat.S_ISREG(st.st_mode):
+                    with os.fdopen(os.dup(fd), "rb") as fh:
+                        tar.addfile(file_info(parts[-1], st), fh)
+        finally:
+            os.close(fd)
+
+    def copy_in(self, src_dir: str, dest: str) -> int:
+        """Copy the host directory ``src_dir`` into the workspace at ``dest``."""
+        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
+            write_tree_archive(src_dir, buf)
+            buf.seek(0)
+            return self.put_archive(dest, buf)
+
+    def copy_out(self, src: str, dest_dir: str) -> None:
+        """Copy ``src`` (directory contents or one file) from the workspace into ``dest_dir``."""
+        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
+            self.get_archive(src, buf)
+            buf.seek(0)
+            extract_archive(buf, dest_dir)
+
+    def retire(self) -> None:
+        """Move the workspace aside (one rename) so its path is gone at once; :meth:`remove`
+        deletes it later. Safe while the sandbox still has it mounted."""
+        trash = self.host_dir.with_name(f".trash-{self.host_dir.name}")
+        try:
+            os.rename(self.host_dir, trash)
+            self.host_dir = trash
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        remove_tree(self.host_dir)
+
+
+def _unlink_nondir(dir_fd: int, name: str) -> None:
+    try:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """rmtree that also removes what the sandbox made unwritable (chmod 000 directories)."""
+    def retry(func, target, _exc) -> None:
+        try:
+            os.chmod(os.path.dirname(target), 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                func(target)
+        except OSError:
+            pass
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=retry)
+
+
+class WorkspaceFiles:
+    """The file half of :class:`~sandboxes.base.Sandbox` for runtimes whose files live in a
+    :class:`Workspace` on the host (``self.workspace``)."""
+
+    workspace: Workspace
+
+    def read_file(self, path: str) -> bytes:
+        return self.workspace.read_bytes(path)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self.workspace.write_bytes(path, data)
+
+    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
+        return self.workspace.put_archive(dest, archive)
+
+    def get_archive(self, src: str, out: IO[bytes]) -> None:
+        self.workspace.get_archive(src, out)
+
+    def copy_in(self, src_dir: str, dest: str) -> int:
+        return self.workspace.copy_in(src_dir, dest)
+
+    def copy_out(self, src: str, dest_dir: str) -> None:
+        self.workspace.copy_out(src, dest_dir)

@@ -1,0 +1,126 @@
+"""The contract every sandbox runtime passes (in the spirit of Gymnasium's ``check_env``).
+
+Parametrized over the runtimes in this process (``local``, ``bwrap``, ``singularity``) and over
+HTTP (``remote``: a sandbox host's default runtime driven by handle, as a stage task does).
+``local`` skips the isolation half; ``singularity`` is skipped when no binary exists.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from prorl_celery.errors import SandboxGone
+from sandboxes.base import Limits, Sandbox, SandboxSpec
+from tests.sandboxes.conftest import needs_bwrap
+from tests.sandboxes.test_host import create
+
+KINDS = ["local", pytest.param("bwrap", marks=needs_bwrap()), "singularity",
+         pytest.param("remote", marks=needs_bwrap())]
+SPEC = SandboxSpec(env={"GREETING": "hello world"}, limits=Limits(memory_mb=2048))
+
+
+@pytest.fixture(params=KINDS)
+def box(request, sandbox_root):
+    kind = request.param
+    if kind == "remote":
+        host = request.getfixturevalue("start_host")()
+        sandbox = create(host, "contract-job", spec=SPEC.model_dump())
+    elif kind == "singularity":
+        from sandboxes.singularity import SingularitySandbox
+
+        if not SingularitySandbox.available():
+            pytest.skip("no apptainer/singularity binary on this machine")
+        image = os.environ.get("PRORL_TEST_SIF")
+        if not image:
+            pytest.skip("set PRORL_TEST_SIF to a .sif (or docker://...) to run it")
+        sandbox = SingularitySandbox(SPEC.model_copy(update={"image": image}), "contract-job",
+                                     {"root": str(sandbox_root)})
+    else:
+        from sandboxes.registry import load_runtime
+
+        sandbox = load_runtime(kind)(SPEC, "contract-job", {"root": str(sandbox_root)})
+    sandbox.kind = kind
+    yield sandbox
+    sandbox.close()
+
+
+def test_contract(box, tmp_path):
+    assert isinstance(box, Sandbox)
+    # a persistent shell: output, exit codes, cwd and environment carry over
+    assert box.exec('echo "$GREETING"').output == "hello world\n"
+    assert box.exec("(exit 3)").exit_code == 3
+    assert box.exec("mkdir -p d && cd d && export FOO=bar").exit_code == 0
+    assert box.exec('basename "$PWD"; echo "$FOO $PAGER $GIT_PAGER"').output == "d\nbar cat cat\n"
+    # a timeout kills the command's whole process tree; the shell stays usable
+    started = time.monotonic()
+    result = box.exec("(sleep 31.25 &); sleep 31.5 & sleep 31.75", timeout=0.5)
+    assert result.timed_out and result.exit_code is None and time.monotonic() - started < 3
+    assert box.exec("pgrep -f 'sleep 31\\.' || echo none").output == "none\n"
+    assert box.exec("echo alive").output == "alive\n"
+    # an interrupt from another thread
+    results = []
+    runner = threading.Thread(target=lambda: results.append(box.exec("sleep 30", timeout=60)))
+    runner.start()
+    time.sleep(0.3)
+    box.interrupt()
+    runner.join(5)
+    assert results and results[0].interrupted
+    # long output keeps head and tail
+    long = box.exec("seq 1 200000")
+    assert long.truncated and long.output.startswith("1\n2\n") and long.output.endswith("200000\n")
+    # files: binary-safe, relative to the workspace, never outside it
+    data = bytes(range(256)) * 40 + b"\x00"
+    box.write_file("sub/blob.bin", data)
+    assert box.exec("cd ~ && wc -c < sub/blob.bin").output.strip() == str(len(data))
+    assert box.read_file("sub/blob.bin") == data
+    box.exec("cd ~ && printf 'made inside' > made.txt && ln -sf /etc/passwd sneaky")
+    assert box.read_file("made.txt") == b"made inside"
+    with pytest.raises(FileNotFoundError):
+        box.read_file("nope.txt")
+    for path in ("sneaky", "../outside.txt"):
+        with pytest.raises(PermissionError):
+            box.read_file(path)
+    with pytest.raises(PermissionError):
+        box.write_file("sneaky", b"x")
+    # a directory in and out (a repository for a SWE task)
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "main.py").write_text("print('hi')\n")
+    os.symlink("src/main.py", repo / "entry.py")
+    assert box.copy_in(str(repo), "repo") == 3
+    assert box.exec("cd ~/repo && cat entry.py && echo patched >> src/main.py").exit_code == 0
+    box.copy_out("repo", str(tmp_path / "back"))
+    assert (tmp_path / "back" / "src" / "main.py").read_text() == "print('hi')\npatched\n"
+    assert os.readlink(tmp_path / "back" / "entry.py") == "src/main.py"
+    # closing is final and idempotent
+    info = box.info()
+    assert info["pid"]
+    box.close()
+    box.close()
+    with pytest.raises(SandboxGone):
+        box.exec("echo hi")
+    if box.kind != "remote":
+        assert not os.path.exists(info["workspace"])
+
+
+def test_contract_isolation(box):
+    if box.kind == "local":
+        pytest.skip("local has no isolation")
+    assert box.exec("touch ~/ok /tmp/ok").exit_code == 0
+    for path in ("/usr/pwned", "/etc/pwned", "/pwned", "/opt/pwned"):
+        assert box.exec(f"touch {path}").exit_code != 0, path
+        assert not os.path.exists(path)
+    # the host's processes are invisible
+    assert box.exec(f"kill -0 {os.getpid()} 2>/dev/null || echo hidden").output == "hidden\n"
+    assert int(box.exec("ls /proc | grep -c '^[0-9]'").output) < 10
+    # the host's loopback services are unreachable with the network off
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        probe = box.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\"")
+        assert probe.exit_code != 0 and ("refused" in probe.output or "unreachable" in probe.output)
