@@ -24,6 +24,7 @@ from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus
 from tasks.chain import close_sandbox, stage_chain
 from tasks.outcome import finish
+from tasks.sandbox_sweep import sweep_sandboxes
 from tasks.stages import stage_budget
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
             report["timed_out"].append(record.job_id)
         elif redispatch_lapsed(store, record, now):
             report["redispatched"].append(record.job_id)
+    report.update(sweep_sandboxes(store, now))  # hosts, their sandboxes, singularity instances
     for action, ids in report.items():
         if ids:
             log.warning("sweep %s %d job(s): %s", action, len(ids), ids)

@@ -1,0 +1,145 @@
+"""The sandbox half of the beat sweep: reconcile sandboxes with jobs, and hosts with heartbeats.
+
+- A host whose heartbeat stopped (3 x ``host_heartbeat_s``) is dead: it leaves ``keys.hosts()``,
+  and every active job whose sandbox lived there ends ``failed`` with
+  ``critical_error="sandbox"`` (error type ``sandbox_host_lost``).
+- Every live host is asked for its sandboxes; one is closed when its job is terminal or unknown,
+  or (after a grace of one stage lease, which covers a sandbox whose init has not yet recorded
+  it) when its job points at another sandbox or its lease is long past.
+- Where ``singularity`` exists, ``instance list`` (through spython) finds our instances on this
+  node by name; those whose job is terminal or unknown are stopped.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.errors import SandboxError
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.models import ErrorInfo
+from prorl_celery.status import JobStatus
+from sandboxes.client import close_handle, list_sandboxes, live_hosts
+from sandboxes.base import SandboxHandle
+from sandboxes.protocol import HostRecord, SandboxEntry
+from tasks.outcome import finish
+
+log = logging.getLogger(__name__)
+ACTIVE = [s for s in JobStatus if not s.terminal and s is not JobStatus.QUEUED]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# Atomic, so that a host beating again between the read and the removal is not declared dead.
+_TAKE_STALE = """
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
+if #dead > 0 then redis.call('ZREM', KEYS[1], unpack(dead)) end
+return dead
+"""
+
+
+def mark_dead_hosts(store: JobStore, now: float) -> list[str]:
+    """Remove hosts whose heartbeat stopped from the live set; returns their ids."""
+    cutoff = now - 3 * get_settings().host_heartbeat_s
+    return [_text(h) for h in store.redis.eval(_TAKE_STALE, 1, keys.hosts(), repr(cutoff))]
+
+
+def fail_jobs_on(store: JobStore, host_ids: list[str]) -> list[str]:
+    """End every active job whose sandbox was on one of ``host_ids``."""
+    if not host_ids:
+        return []
+    ids = [job_id for status in ACTIVE for job_id in store.ids_in(status)]
+    ended = []
+    for record in store.get_many(ids):
+        if record is None or record.status.terminal or not record.sandbox:
+            continue
+        host_id = record.sandbox.get("host_id")
+        if host_id not in host_ids:
+            continue
+        message = f"sandbox host {host_id} stopped heart-beating; its sandboxes are gone"
+        result = finish(store, record, JobStatus.FAILED, critical_error="sandbox",
+                        error=ErrorInfo(type="sandbox_host_lost", message=message),
+                        fields={"stage": record.stage})
+        if result is not None:
+            ended.append(record.job_id)
+    return ended
+
+
+def doomed(entry: SandboxEntry, record: JobRecord | None, now: float, grace_s: float) -> str | None:
+    """Why a host's sandbox should be closed, or None to keep it."""
+    if record is None:
+        return "its job is unknown"
+    if record.status.terminal:
+        return f"its job is {record.status.value}"
+    if now - entry.created_at < grace_s:
+        return None
+    if not record.sandbox or record.sandbox.get("sandbox_id") != entry.sandbox_id:
+        return "its job uses another sandbox"
+    if now > entry.expires_at + grace_s:
+        return "its lease is long past"
+    return None
+
+
+def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float) -> list[str]:
+    entries = list_sandboxes(host.address, host.token)
+    records = store.get_many([entry.job_id for entry in entries]) if entries else []
+    closed = []
+    for entry, record in zip(entries, records):
+        why = doomed(entry, record, now, grace_s)
+        if why is None:
+            continue
+        log.info("sweep closes sandbox %s on %s (job %s): %s", entry.sandbox_id, host.host_id,
+                 entry.job_id, why)
+        handle = SandboxHandle(host_id=host.host_id, address=host.address, token=host.token,
+                               sandbox_id=entry.sandbox_id, runtime=entry.runtime)
+        if close_handle(handle):
+            closed.append(f"{host.host_id}/{entry.sandbox_id}")
+    return closed
+
+
+def stop_orphan_instances(store: JobStore) -> list[str]:
+    """Our singularity instances on this node whose job is terminal or unknown."""
+    if not shutil.which("singularity"):
+        return []
+    from sandboxes.singularity import list_instances, stop_instance
+
+    instances = list_instances()
+    statuses = [store.status(item["job_id"]) for item in instances]
+    stopped = []
+    for item, status in zip(instances, statuses):
+        if status is None or status.terminal:
+            try:
+                stop_instance(item["name"])
+                stopped.append(item["name"])
+            except SandboxError as exc:
+                log.warning("could not stop instance %s: %s", item["name"], exc)
+    return stopped
+
+
+def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list]:
+    """One pass; returns ``{hosts_dead, jobs_host_lost, sandboxes_closed, hosts_unreachable,
+    instances_stopped}`` (ids), also logged."""
+    now = now or time.time()
+    grace_s = get_settings().stage_lease_s
+    dead = mark_dead_hosts(store, now)
+    report: dict[str, list] = {"hosts_dead": dead, "jobs_host_lost": fail_jobs_on(store, dead),
+                               "sandboxes_closed": [], "hosts_unreachable": [],
+                               "instances_stopped": []}
+    for host in live_hosts(store.redis):
+        try:
+            report["sandboxes_closed"] += close_orphans(store, host, now, grace_s)
+        except SandboxError as exc:
+            log.warning("sweep could not reach sandbox host %s: %s", host.host_id, exc)
+            report["hosts_unreachable"].append(host.host_id)
+    try:
+        report["instances_stopped"] = stop_orphan_instances(store)
+    except SandboxError as exc:
+        log.warning("sweep could not list singularity instances: %s", exc)
+    for action, ids in report.items():
+        if ids:
+            log.warning("sandbox sweep %s %d: %s", action, len(ids), ids)
+    return report

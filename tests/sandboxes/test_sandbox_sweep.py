@@ -1,0 +1,89 @@
+"""The sandbox half of the beat sweep against real hosts, a real Redis and the real job store."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobRequest
+from prorl_celery.status import JobStatus
+from sandboxes.client import list_sandboxes
+from tasks.outcome import finish
+from tasks.sandbox_sweep import sweep_sandboxes
+from tests.sandboxes.test_host import create
+
+
+@pytest.fixture
+def store(redis_client) -> JobStore:
+    return JobStore(redis_client)
+
+
+def running_job(store: JobStore, job_id: str, sandbox=None, stage=JobStatus.RUN) -> None:
+    store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))])
+    handle = sandbox.handle.model_dump() if sandbox is not None else None
+    store.transition(job_id, stage, sandbox=handle, stage_state="running", t_stage_start=time.time())
+
+
+def live_ids(host) -> set[str]:
+    return {entry.job_id for entry in list_sandboxes(host.address, host.token)}
+
+
+def test_sandboxes_whose_job_ended_vanished_or_moved_on_are_closed(start_host, store):
+    host = start_host(runtime="local")
+    kept = create(host, "job-active")
+    running_job(store, "job-active", kept)
+    ended = create(host, "job-ended")
+    running_job(store, "job-ended", ended)
+    finish(store, store.get("job-ended"), JobStatus.CANCELLED, critical_error="cancelled")
+    unknown = create(host, "job-unknown")
+    create(host, "job-moved")
+    running_job(store, "job-moved", kept)  # its record points at another sandbox
+    report = sweep_sandboxes(store)
+    assert sorted(report["sandboxes_closed"]) == sorted(
+        f"{host.host_id}/{box.handle.sandbox_id}" for box in (ended, unknown))
+    assert live_ids(host) == {"job-active", "job-moved"}  # young: its init may not have recorded it
+    later = time.time() + get_settings().stage_lease_s + 1
+    assert len(sweep_sandboxes(store, now=later)["sandboxes_closed"]) == 1
+    assert live_ids(host) == {"job-active"}
+    assert kept.exec("echo untouched").output == "untouched\n"
+    assert sweep_sandboxes(store, now=later)["sandboxes_closed"] == []
+
+
+def test_a_host_that_stopped_beating_is_dead_and_its_jobs_fail(start_host, store, redis_client):
+    survivor, doomed = start_host(runtime="local"), start_host(runtime="local")
+    running_job(store, "job-lost", create(doomed, "job-lost"))
+    running_job(store, "job-fine", create(survivor, "job-fine"))
+    running_job(store, "job-no-sandbox", None, stage=JobStatus.INIT)
+    doomed.stop(signal.SIGKILL)
+    last_beat = redis_client.zscore(keys.hosts(), doomed.host_id)
+    # as seen after 3 missed heartbeats of the dead host, while the survivor keeps beating
+    now = last_beat + 3 * get_settings().host_heartbeat_s + 0.5
+    redis_client.zadd(keys.hosts(), {survivor.host_id: now})
+    report = sweep_sandboxes(store, now=now)
+    assert report["hosts_dead"] == [doomed.host_id]
+    assert report["jobs_host_lost"] == ["job-lost"]
+    assert redis_client.zscore(keys.hosts(), doomed.host_id) is None
+    assert redis_client.zscore(keys.hosts(), survivor.host_id) is not None
+    record = store.get("job-lost")
+    assert record.status is JobStatus.FAILED
+    assert record.result["critical_error"] == "sandbox"
+    assert record.result["error"]["type"] == "sandbox_host_lost"
+    assert record.result["stage"] == "run"
+    assert store.status("job-fine") is JobStatus.RUN and store.status("job-no-sandbox") is JobStatus.INIT
+    again = sweep_sandboxes(store, now=now)
+    assert again["hosts_dead"] == [] and again["jobs_host_lost"] == []
+
+
+def test_the_beat_sweep_reports_it(start_host, store):
+    from tasks.sweep import sweep_once
+
+    host = start_host(runtime="local")
+    create(host, "job-gone")
+    report = sweep_once(store)
+    assert len(report["sandboxes_closed"]) == 1 and live_ids(host) == set()
+    assert {"timed_out", "redispatched", "hosts_dead", "jobs_host_lost",
+            "instances_stopped"} <= set(report)
