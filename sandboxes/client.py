@@ -5,12 +5,10 @@ import logging
 import os
 import random
 import tempfile
-import threading
 import time
 from typing import IO, Any
 
 import redis
-import requests
 from pydantic import ValidationError
 
 from prorl_celery import keys
@@ -21,6 +19,7 @@ from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostR
                                 RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
 from sandboxes.archive import extract_archive, write_tree_archive
+from sandboxes.http import Response, TransportError, call
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +37,9 @@ _ERRORS: dict[str, type[Exception]] = {
     "file_error": OSError,
     "permission_denied": PermissionError,
 }
-_local = threading.local()
 
 
-def _session() -> requests.Session:
-    """One keep-alive session per thread: requests.Session is not safe to share across threads."""
-    session = getattr(_local, "session", None)
-    if session is None:
-        session = _local.session = requests.Session()
-    return session
-
-
-def _raise_for(response: requests.Response) -> None:
+def _raise_for(response: Response) -> None:
     try:
         detail = response.json()["error"]
         type_, message = detail["type"], detail["message"]
@@ -59,14 +49,18 @@ def _raise_for(response: requests.Response) -> None:
 
 
 def request(method: str, address: str, token: str, path: str, timeout: float,
-            **kwargs: Any) -> requests.Response:
-    """One call to a sandbox host; maps transport failures and error bodies to exceptions."""
+            **kwargs: Any) -> Response:
+    """One call to a sandbox host (``params``, ``data``, ``stream`` as in requests); maps
+    transport failures (cause: :class:`~sandboxes.http.TransportError`) and error bodies to
+    exceptions."""
     try:
-        response = _session().request(method, address + path, timeout=timeout,
-                                      headers={"Authorization": f"Bearer {token}"}, **kwargs)
-    except requests.RequestException as exc:
+        response = call(method, address, path, headers={"Authorization": f"Bearer {token}"},
+                        timeout=timeout, **kwargs)
+    except TransportError as exc:
         raise SandboxError(f"sandbox host {address} unreachable: {exc}") from exc
     if response.status_code >= 400:
+        if kwargs.get("stream"):
+            response.content  # noqa: B018 - read the error body in full
         _raise_for(response)
     return response
 
@@ -79,7 +73,7 @@ class RemoteSandbox:
         self._prefix = f"/sandboxes/{handle.sandbox_id}"
 
     def _call(self, method: str, suffix: str = "", timeout: float = CONTROL_TIMEOUT_S,
-              **kwargs: Any) -> requests.Response:
+              **kwargs: Any) -> Response:
         return request(method, self.handle.address, self.handle.token, self._prefix + suffix,
                        timeout, **kwargs)
 
@@ -197,7 +191,7 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
             full.append(host.host_id)
             continue
         except SandboxError as exc:
-            if isinstance(exc.__cause__, requests.RequestException):  # unreachable: no room either
+            if isinstance(exc.__cause__, TransportError):  # unreachable: no room either
                 full.append(f"{host.host_id} (unreachable)")
                 continue
             if type(exc) is not SandboxError:  # SandboxGone etc.: not a placement problem

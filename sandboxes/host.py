@@ -44,6 +44,8 @@ class Registration:
         self.pool = pool
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._changed = threading.Event()
+        self._publisher: threading.Thread | None = None
 
     def beat(self) -> None:
         now = time.time()
@@ -56,11 +58,21 @@ class Registration:
         pipe.execute()
 
     def update_live(self) -> None:
-        """Placement reads ``live``; publish it on every change, not only every heartbeat."""
-        try:
-            self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
-        except redis.RedisError as exc:
-            log.warning("could not publish live count: %s", exc)
+        """Placement reads ``live``: publish it after every change, not only every heartbeat;
+        by a thread of its own, so creates and closes do not wait for Redis, and a burst of
+        changes becomes one write."""
+        self._changed.set()
+
+    def _publish_live(self) -> None:
+        while True:
+            self._changed.wait()
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
+            except redis.RedisError as exc:
+                log.warning("could not publish live count: %s", exc)
 
     def _beat_logged(self) -> None:
         try:
@@ -78,10 +90,16 @@ class Registration:
 
         thread = threading.Thread(target=loop, name="sandbox-host-heartbeat", daemon=True)
         thread.start()
+        self._publisher = threading.Thread(target=self._publish_live, name="sandbox-host-live",
+                                           daemon=True)
+        self._publisher.start()
         return thread
 
     def remove(self) -> None:
         self._stop.set()
+        self._changed.set()
+        if self._publisher is not None:
+            self._publisher.join(timeout=5)  # its last write must not re-create the hash
         try:
             self.client.zrem(keys.hosts(), self.record.host_id)
             self.client.delete(keys.host(self.record.host_id))
@@ -121,6 +139,14 @@ class HostDirs:
         return path
 
     def release(self) -> None:
+        """Unlock; an empty host directory and its lock file are removed (host ids with a
+        random port would otherwise pile them up)."""
+        for path in self.dirs:
+            try:
+                path.rmdir()
+                (path.parent / f".{self.host_id}.lock").unlink()
+            except OSError:
+                pass
         for lock in self._locks:
             os.close(lock)
         self._locks.clear()

@@ -154,7 +154,8 @@ def test_registration_and_heartbeat_in_redis(start_host, redis_client):
     first = redis_client.zscore(keys.hosts(), host.host_id)
     assert abs(first - time.time()) < 5
     create(host)
-    assert redis_client.hget(keys.host(host.host_id), "live") == b"1"  # published at once
+    assert wait_until(lambda: redis_client.hget(keys.host(host.host_id), "live") == b"1",
+                      timeout=0.5)  # published on the change, not at the next heartbeat
     assert wait_until(lambda: redis_client.zscore(keys.hosts(), host.host_id) > first, timeout=3)
 
 
