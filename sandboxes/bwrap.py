@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
-from sandboxes.procs import child_pids, kill_descendants, kill_pids
+from sandboxes.procs import child_pids, kill_descendants
 from sandboxes.shell import DEFAULT_ARGV, SETPRIV, VALID_NAME, PersistentShell
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles
@@ -98,6 +99,7 @@ class BwrapShell(PersistentShell):
 
     _init_pid: int | None = None
     _bash_pid: int | None = None
+    _init_fd: int | None = None  # a pidfd: signals reach that process even once its pid is reused
 
     @property
     def shell_pid(self) -> int | None:
@@ -109,6 +111,10 @@ class BwrapShell(PersistentShell):
         if len(bashes) != 1:
             raise OSError(f"unexpected bwrap process tree: {inits} -> {bashes}")
         self._init_pid, self._bash_pid = inits[0], bashes[0]
+        try:
+            self._init_fd = os.pidfd_open(self._init_pid)
+        except OSError:  # kernel < 5.3: signal by pid while the outer bwrap still runs
+            self._init_fd = None
         super()._started()
 
     def _kill_command(self) -> list[int]:
@@ -121,17 +127,26 @@ class BwrapShell(PersistentShell):
         bwrap exits once they are gone, so reaping it proves the whole tree is dead."""
         if self._proc is None:
             return []
-        if self._init_pid is None or not kill_pids([self._init_pid]):
-            kill_pids([self._proc.pid])
+        try:
+            if self._init_fd is not None:
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
+            elif self._init_pid is not None and self._proc.poll() is None:
+                os.kill(self._init_pid, signal.SIGKILL)
+            else:
+                raise ProcessLookupError
+        except ProcessLookupError:
+            self._proc.kill()  # our unreaped child: its die-with-parent takes the rest along
         return []
 
     def _reap(self) -> None:
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            kill_pids([self._proc.pid])  # pid 1 is gone; its die-with-parent ends the rest
+            self._proc.kill()
         super()._reap()
-        self._init_pid = self._bash_pid = None
+        if self._init_fd is not None:
+            os.close(self._init_fd)
+        self._init_fd = self._init_pid = self._bash_pid = None
 
 
 @functools.cache
