@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     stage_lease_s: float = Field(30.0, description="Expiry of a running stage's lease; renewed every third of it.")
     stage_max_attempts: int = Field(3, description="Deliveries of one stage before the job ends failed.")
     sweep_interval_s: float = Field(15.0, description="Period of the beat sweep.")
+    consumer_watchdog_s: float = Field(10.0, description="Period of each worker's check for a stalled "
+                                                         "queue consumer (0: off).")
+    stage_requeue_after_s: float = Field(120.0, description="A job waiting this long for a stage whose "
+                                                            "message exists nowhere gets it sent again.")
 
     worker_concurrency: int = Field(32, description="Threads per stage worker (stages wait on I/O).")
     result_expires_s: int = Field(86400, description="How long Celery keeps task results.")

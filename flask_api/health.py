@@ -9,12 +9,17 @@ from prorl_celery.report import workers_per_queue
 bp = Blueprint("health", __name__)
 
 
-def _ping(check) -> str | None:
-    try:
-        check()
-        return None
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return f"{type(exc).__name__}: {exc}"
+def _ping(check, attempts: int = 2) -> str | None:
+    """None if ``check`` succeeds; else its error. A second try lets a client whose connection
+    went stale (Redis restarted) reconnect."""
+    error = None
+    for _ in range(attempts):
+        try:
+            check()
+            return None
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            error = f"{type(exc).__name__}: {exc}"
+    return error
 
 
 @bp.get("/healthz")
@@ -22,7 +27,9 @@ def healthz():
     store = current_app.extensions["prorl_store"]
     broker_error = _ping(store.redis.ping)
     backend_error = _ping(lambda: celery_app.backend.client.ping())
-    workers = workers_per_queue() if broker_error is None else {}
+    workers: dict[str, list[str]] = {}
+    if broker_error is None:
+        broker_error = _ping(lambda: workers.update(workers_per_queue()))
     ok = broker_error is None and backend_error is None
     body = {"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
             "workers": {queue: len(names) for queue, names in workers.items()},

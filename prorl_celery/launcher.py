@@ -2,9 +2,11 @@
 the API; and take it all down again. ``prorl-celery up`` and the test suite both use it."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import threading
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ import requests
 from prorl_celery import keys
 from prorl_celery.procs import Child, free_port, wait_for
 
+log = logging.getLogger(__name__)
 QUEUE_CONCURRENCY = {"init": 8, "run": 32, "eval": 8, "maint": 2}
 
 
@@ -51,6 +54,10 @@ class Stack:
         self.children: dict[str, Child] = {}
         self.redis_url = options.redis_url or ""
         self.api_url = ""
+        self.restarts: dict[str, int] = {}
+        self._paused: set[str] = set()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     # -- environment ----------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -70,7 +77,8 @@ class Stack:
         port = port or free_port()
         data = self.state_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.options.persist \
+        # fsync on every write: a job the API accepted survives even a kill -9 of Redis
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.options.persist \
             else ["--appendonly", "no"]
         argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
                 "--dir", str(data), "--save", "", "--protected-mode", "yes", *persistence]
@@ -78,6 +86,42 @@ class Stack:
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(self.redis_url)
         wait_for(lambda: _pings(client), 20, "redis", child=child)
+
+    def restart_redis(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the private Redis (by default without letting it save) and start it again on the
+        same port and data directory."""
+        self._paused.add("redis")
+        try:
+            old = self.children["redis"]
+            old.signal(sig)
+            old.popen.wait()
+            child = self._child("redis", old.argv)
+            client = redis.Redis.from_url(self.redis_url)
+            wait_for(lambda: _pings(client), 20, "redis to restart", child=child)
+        finally:
+            self._paused.discard("redis")
+
+    # -- supervision ----------------------------------------------------------------------
+    def supervise(self, period_s: float = 1.0) -> None:
+        """Restart, in the background, any part of the stack that exits while the stack runs."""
+        if self._supervisor is None:
+            self._supervisor = threading.Thread(target=self._supervise, args=(period_s,), daemon=True,
+                                                name="stack-supervisor")
+            self._supervisor.start()
+
+    def _supervise(self, period_s: float) -> None:
+        while not self._stopping.wait(period_s):
+            for name, child in list(self.children.items()):
+                if name in self._paused or child.alive() or self._stopping.is_set():
+                    continue
+                code = child.popen.returncode if child.popen else None
+                log.warning("%s exited (status %s); restarting it", name, code)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                self.children[name] = Child(name, child.argv, child.env, self.log_dir).start()
+
+    def pause_supervision(self, name: str) -> None:
+        """Leave ``name`` dead if it exits (a test that stops it on purpose)."""
+        self._paused.add(name)
 
     def start_sandbox_host(self, name: str = "sandbox-host") -> Child:
         client = redis.Redis.from_url(self.redis_url)
@@ -147,6 +191,7 @@ class Stack:
                 self.start_beat()
             self.start_api()
             self.wait_for_workers(self.options.concurrency)
+            self.supervise()
         except BaseException:
             self.stop()
             raise
@@ -154,6 +199,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop everything this stack started, at once, then Redis last."""
+        self._stopping.set()
         others = [child for name, child in reversed(self.children.items()) if name != "redis"]
         for child in others:
             child.signal(signal.SIGTERM)

@@ -72,7 +72,7 @@ class _Keeper(threading.Thread):
             period = min((lease.ttl_ms for lease in held), default=3000) / 3000
             for lease in held:
                 try:
-                    if not lease.renew():
+                    if not lease.renew() and lease.token in self.leases:  # not merely released meanwhile
                         log.warning("lease %s was lost before renewal", lease.key)
                 except redis.RedisError as exc:
                     log.warning("lease renewal failed: %s", exc)

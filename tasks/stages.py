@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+import redis
 from celery import Task
 from celery.exceptions import Ignore
 
@@ -38,30 +39,38 @@ def stage_budget(record: JobRecord, stage: JobStatus) -> float:
     return float(override) if override else getattr(get_settings(), f"{stage.value}_budget_s")
 
 
+def _skip(record: JobRecord, stage: JobStatus, why: str) -> Ignore:
+    log.info("%s of job %s not run: %s (status %s/%s)", stage, record.job_id, why, record.status,
+             record.stage_state or "-")
+    return Ignore()
+
+
 def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool]:
     """Take the stage's lease and mark it running. Raises Ignore for a delivery that must not run."""
-    if stage_index(record.status) > stage_index(stage):
-        raise Ignore()  # this stage is done already: a duplicate delivery
-    if record.status is stage and record.stage_state == "done":
-        raise Ignore()
+    if stage_index(record.status) > stage_index(stage) or (record.status is stage and record.stage_state == "done"):
+        raise _skip(record, stage, "already done (a duplicate delivery)")
     if record.status is _PREVIOUS[stage] and record.stage_state == "running":
-        raise Ignore()  # the previous stage still runs; its chain will send us again
+        raise _skip(record, stage, "the previous stage still runs")
     settings = get_settings()
     lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
                   owner=f"{stage.value}@{task.request.hostname}")
     if not lease.acquire():
-        raise Ignore()  # another delivery of this job's stage is alive
-    resumed = record.status is stage
-    attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
-    now = time.time()
-    wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
-    ok, _ = store.transition(record.job_id, stage, sources=[_PREVIOUS[stage], stage],
-                             stage_state="running", attempts=attempts,
-                             workers={**record.workers, stage.value: task.request.hostname or "?"},
-                             queue_s=record.queue_s + wait, t_stage_start=now)
+        raise _skip(record, stage, f"another delivery holds the lease ({store.redis.get(lease.key)!r})")
+    try:
+        resumed = record.status is stage
+        attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
+        now = time.time()
+        wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
+        ok, _ = store.transition(record.job_id, stage, sources=[_PREVIOUS[stage], stage],
+                                 stage_state="running", attempts=attempts,
+                                 workers={**record.workers, stage.value: task.request.hostname or "?"},
+                                 queue_s=record.queue_s + wait, t_stage_start=now)
+    except BaseException:
+        lease.release()  # e.g. Redis went away: never keep renewing a lease nobody uses
+        raise
     if not ok:
         lease.release()
-        raise Ignore()
+        raise _skip(record, stage, "the job changed meanwhile")
     record.attempts, record.queue_s = attempts, record.queue_s + wait
     return lease, resumed
 
@@ -112,6 +121,11 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
 
 def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContext,
           exc: BaseException) -> dict[str, Any] | None:
+    if isinstance(exc, redis.RedisError):
+        # The job store itself is unreachable: nothing can be recorded now. Leave the sandbox
+        # alone; the lease lapses and the sweep sends the stage again, which resumes.
+        log.warning("job %s: %s stage lost the job store (%s); it will be resumed", record.job_id, stage, exc)
+        raise exc
     try:
         get_handler(record.data_source).on_exception(ctx, exc)
     except Exception:  # noqa: BLE001 - cleanup must not hide the original failure

@@ -7,6 +7,10 @@ Runs on the ``maint`` queue every ``sweep_interval_s``. For every job whose stag
 - the stage's lease lapsed, so its worker died: the chain is sent again from that stage (the
   redelivery resumes from the saved state, or ends the job ``failed`` once the stage used up its
   attempts).
+
+Jobs waiting for their next stage whose message the broker lost get it again
+(:mod:`tasks.requeue`), and sandboxes and sandbox hosts are reconciled with the jobs
+(:mod:`tasks.sandbox_sweep`).
 """
 from __future__ import annotations
 
@@ -24,16 +28,17 @@ from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus
 from tasks.chain import close_sandbox, stage_chain
 from tasks.outcome import finish
+from tasks.requeue import requeue_lost
 from tasks.sandbox_sweep import sweep_sandboxes
 from tasks.stages import stage_budget
 
 log = logging.getLogger(__name__)
 
 
-def running_stages(store: JobStore) -> list[JobRecord]:
+def in_stages(store: JobStore) -> list[JobRecord]:
+    """Every job in init, run or eval: running its stage, or done with it and waiting for the next."""
     ids = [job_id for stage in STAGES for job_id in store.ids_in(stage)]
-    return [r for r in store.get_many(ids)
-            if r is not None and not r.status.terminal and r.stage_state == "running"]
+    return [r for r in store.get_many(ids) if r is not None and not r.status.terminal]
 
 
 def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
@@ -65,11 +70,13 @@ def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
 def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]]:
     now = now or time.time()
     report: dict[str, list[str]] = {"timed_out": [], "redispatched": []}
-    for record in running_stages(store):
+    active = in_stages(store)
+    for record in (r for r in active if r.stage_state == "running"):
         if end_overrun(store, record, now):
             report["timed_out"].append(record.job_id)
         elif redispatch_lapsed(store, record, now):
             report["redispatched"].append(record.job_id)
+    report["requeued"] = requeue_lost(store, active, now)
     report.update(sweep_sandboxes(store, now))  # hosts, their sandboxes, singularity instances
     for action, ids in report.items():
         if ids:

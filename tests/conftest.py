@@ -20,6 +20,8 @@ os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"
 TEST_ENV = {
     "PRORL_SWEEP_INTERVAL_S": "1",
     "PRORL_STAGE_LEASE_S": "3",
+    "PRORL_STAGE_REQUEUE_AFTER_S": "5",
+    "PRORL_CONSUMER_WATCHDOG_S": "2",
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
 }
 os.environ.update(TEST_ENV)

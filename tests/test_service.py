@@ -166,10 +166,11 @@ def test_killed_run_worker_does_not_strand_the_job(api, stack):
     wait_until(lambda: requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"] == "run",
                30, "the run stage")
     old = stack.children["worker-run"]
+    restarts = stack.restarts.get("worker-run", 0)
     old.signal(signal.SIGKILL)
     old.popen.wait()
-    stack.start_worker("run")
-    view = wait(api, job_id, timeout=90)
+    view = wait(api, job_id, timeout=90)  # the stack's supervisor starts a new run worker
+    assert stack.restarts["worker-run"] == restarts + 1 and stack.children["worker-run"].pid != old.pid
     assert view["status"] == "completed", view
     assert view["attempts"]["run"] == 2
     assert [s["output"] for s in view["result"]["steps"]][-1] == "after\n"

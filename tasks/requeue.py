@@ -1,0 +1,120 @@
+"""Backstop for stage messages the broker lost.
+
+Kombu's Redis transport takes a message off its queue and records it as unacknowledged in two
+steps; a Redis crash between them, or a consumer whose connection died with messages prefetched,
+can leave a job waiting for a stage whose message no longer exists anywhere (found in testing by
+killing Redis mid-batch). Such a job would wait forever, or until the visibility timeout (hours).
+
+The sweep looks for jobs that have waited for their next stage longer than
+``stage_requeue_after_s`` and, for each stage queue where fewer messages exist (in the queue plus
+held by live workers) than jobs wait, sends the missing ones again. A message that was only
+delayed, not lost, becomes a duplicate, which the stage tasks ignore (design decision 1).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.celery_app import app
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.status import STAGES, JobStatus
+from tasks.chain import stage_chain, task_id
+
+log = logging.getLogger(__name__)
+_NEXT = {JobStatus.QUEUED: JobStatus.INIT, JobStatus.INIT: JobStatus.RUN, JobStatus.RUN: JobStatus.EVAL}
+
+
+@dataclass
+class _Waiting:
+    job_id: str
+    data_source: str
+    t_enqueued: float
+
+
+def next_stage(record: JobRecord) -> JobStatus | None:
+    """The stage a job waits for, or None if it is not waiting for one."""
+    if record.status is JobStatus.QUEUED:
+        return JobStatus.INIT
+    if record.status in _NEXT and record.stage_state == "done":
+        return _NEXT[record.status]
+    return None
+
+
+def _held_by_workers() -> set[str]:
+    """Ids of tasks live workers run, or have reserved while all their threads are busy. A task
+    reserved by a worker with idle threads for longer than the requeue delay will not run: seen
+    after a broker reconnect, when a worker kept requests it could no longer acknowledge."""
+    inspect = app.control.inspect(timeout=1.0)
+    active, reserved, stats = inspect.active() or {}, inspect.reserved() or {}, inspect.stats() or {}
+    held = {task["id"] for tasks in active.values() for task in tasks}
+    for worker, tasks in reserved.items():
+        slots = (stats.get(worker) or {}).get("pool", {}).get("max-concurrency", 0)
+        if len(active.get(worker, [])) >= slots:
+            held.update(task["id"] for task in tasks)
+    return held
+
+
+def _in_queue(store: JobStore, queue: str) -> set[str]:
+    ids = set()
+    for raw in store.redis.lrange(queue, 0, -1):
+        try:
+            ids.add(json.loads(raw)["headers"]["id"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return ids
+
+
+def _queued(store: JobStore) -> list[_Waiting]:
+    """Jobs waiting for init, read lightly (a backlog can be large)."""
+    ids = store.ids_in(JobStatus.QUEUED)
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hmget(keys.job(job_id), "status", "data_source", "t_enqueued")
+    out = []
+    for job_id, (status, source, enqueued) in zip(ids, pipe.execute()):
+        if status == b"queued" and source and enqueued:
+            out.append(_Waiting(job_id, source.decode(), float(enqueued)))
+    return out
+
+
+def requeue_lost(store: JobStore, active: list[JobRecord], now: float | None = None) -> list[str]:
+    """Re-send the next stage of waiting jobs whose message exists nowhere; returns their ids.
+
+    ``active``: the records of jobs in init, run or eval (those waiting for their next stage are
+    picked from them); jobs waiting for init are read here."""
+    now = now or time.time()
+    after = get_settings().stage_requeue_after_s
+    by_stage: dict[JobStatus, list[_Waiting]] = defaultdict(list)
+    by_stage[JobStatus.INIT] = _queued(store)
+    for record in active:
+        stage = next_stage(record)
+        if stage is not None and stage is not JobStatus.INIT:
+            by_stage[stage].append(_Waiting(record.job_id, record.data_source, record.t_enqueued))
+    stale = {stage: [w for w in items if now - w.t_enqueued > after] for stage, items in by_stage.items()}
+    if not any(stale.values()):
+        return []
+    held = _held_by_workers()
+    sent = []
+    for stage in STAGES:
+        if not stale.get(stage):
+            continue
+        queued = store.redis.llen(stage.value)
+        held_here = sum(1 for tid in held if tid.endswith(f":{stage.value}"))
+        if queued + held_here >= len(by_stage[stage]):
+            log.info("%d job(s) waited over %gs for %s; %d message(s) queued and %d held by workers "
+                     "cover all %d waiting", len(stale[stage]), after, stage, queued, held_here,
+                     len(by_stage[stage]))
+            continue  # every waiting job can still have its message
+        present = _in_queue(store, stage.value) | held
+        for record in stale[stage]:
+            if task_id(record.job_id, stage) not in present:
+                stage_chain(record.job_id, record.data_source, start=stage).apply_async()
+                sent.append(record.job_id)
+    if sent:
+        log.warning("re-sent %d stage message(s) the broker lost: %s", len(sent), sent)
+    return sent

@@ -1,0 +1,60 @@
+"""Crash recovery on a stack of its own with a persistent Redis: Redis killed mid-batch loses no
+job; every accepted job ends with a result."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import requests
+
+from prorl_celery.launcher import Stack, StackOptions
+from prorl_celery.procs import free_port
+from tests.conftest import TEST_ENV, wait_until
+
+
+@pytest.fixture(scope="module")
+def durable(tmp_path_factory):
+    options = StackOptions(state_dir=tmp_path_factory.mktemp("durable"), persist=True,
+                           concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=dict(TEST_ENV))
+    stack = Stack(options)
+    stack.start_redis(free_port())
+    options.env["PRORL_REDIS_URL"] = stack.redis_url
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_redis_killed_mid_batch_loses_no_job(durable):
+    api = durable.api_url
+    jobs = [{"instance": {"data_source": "shell", "commands": ["sleep 1.5", "echo done"],
+                          "sandbox": {"runtime": "local"}}} for _ in range(40)]
+    ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=30).json()["job_ids"]
+    wait_until(lambda: requests.get(f"{api}/status", timeout=10).json()["running"] >= 4, 30, "a running batch")
+    durable.restart_redis()  # SIGKILL: no chance to save anything on the way down
+    statuses = Counter()
+    for job_id in ids:
+        resp = requests.get(f"{api}/jobs/{job_id}/wait", params={"timeout": 120}, timeout=150)
+        assert resp.status_code == 200, (job_id, resp.status_code, resp.text[:300])
+        view = resp.json()
+        statuses[view["status"]] += 1
+        assert view["result"]["job_id"] == job_id
+    assert sum(statuses.values()) == 40
+    assert statuses["completed"] >= 36, statuses  # a stage cut by the outage may end typed
+    assert requests.get(f"{api}/healthz", timeout=10).json()["ok"]
+
+
+def test_watchdog_revives_a_stalled_consumer(stack, api):
+    """A worker that stops taking messages from its queue (what celery#8030 does after a broker
+    reconnect) gets its consumer re-added, and the waiting job completes."""
+    from prorl_celery.celery_app import app as celery_app
+    from tests.conftest import submit, wait
+
+    eval_workers = requests.get(f"{api}/healthz", timeout=10).json()["worker_names"]["eval"]
+    celery_app.control.cancel_consumer("eval", destination=eval_workers, reply=True)
+    job_id = submit(api, {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}})
+    view = wait(api, job_id, timeout=30)
+    assert view["status"] == "completed"
+    assert "re-adding it" in stack.children["worker-eval"].log_path.read_text()
