@@ -30,7 +30,7 @@ def llm(stack, api):
 def _run(api: str, instance: dict, timeout: float = 120, **params) -> dict:
     job_id = submit(api, instance, sampling_params=params)
     view = wait(api, job_id, timeout=timeout)
-    assert view["status"] == "completed", view
+    assert view["status"] == "completed", view["result"]
     return view["result"]
 
 

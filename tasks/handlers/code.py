@@ -82,18 +82,14 @@ class HumanEvalHandler(CodeHandler):
 
 
 def run_tests(ctx: StageContext, code: str, tests: dict[str, Any]) -> dict[str, Any]:
-    """Run ``code`` against ``tests`` in a fresh sandbox (the agent's cannot have touched it)."""
-    from sandboxes.client import open_sandbox
-
+    """Run ``code`` against ``tests`` in a fresh sandbox, which replaces the agent's as the job's
+    sandbox (the agent cannot have touched it; a cancel or the end of eval closes it)."""
     spec = SandboxSpec.model_validate({**(ctx.instance.get("sandbox") or {}), "limits": EVAL_LIMITS})
-    box = open_sandbox(ctx.store.redis, spec, f"{ctx.job_id}:eval")
-    try:
-        box.write_file("solution.py", code.encode())
-        box.write_file("code_runner.py", RUNNER.read_bytes())
-        box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6}).encode())
-        out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
-    finally:
-        box.close()
+    box = ctx.open_sandbox(spec)
+    box.write_file("solution.py", code.encode())
+    box.write_file("code_runner.py", RUNNER.read_bytes())
+    box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6}).encode())
+    out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
     last = out.output.strip().splitlines()[-1:] or [""]
     try:
         return json.loads(last[0])
