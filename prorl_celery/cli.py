@@ -64,8 +64,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
         stack.start()
         print(f"redis   {stack.redis_url}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
-        if args.fake_llm:
-            url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64"])
+        if args.fake_llm or not (args.llm or args.no_fake_llm):
+            url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64",
+                                                   "--policy", "oracle:tasks.fixtures.oracle:reply"])
             print(f"llm     {url} (fake: test and demo tool) id={stack.register_llm(url)}", flush=True)
         for url in args.llm or []:
             print(f"llm     {url} id={stack.register_llm(url)}", flush=True)
@@ -75,7 +76,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         if args.demo:
             from prorl_celery.demo import run_demo
 
-            run_demo(stack.api_url, stop, token=token)
+            run_demo(stack.api_url, stop, token=token, work_dir=state_dir / "demo")
             if not args.stay:
                 return 0
         stop.wait()
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start a fake LLM server (test and demo tool) and register it")
     up.add_argument("--llm", action="append", metavar="URL",
                     help="register this LLM server (OpenAI-compatible chat); repeatable")
+    up.add_argument("--no-fake-llm", action="store_true",
+                    help="without --llm: start no fake LLM (by default one is started and registered)")
     up.add_argument("--demo", action="store_true", help="submit a handful of jobs and show them run")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
     up.set_defaults(func=_cmd_up)

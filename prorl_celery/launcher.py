@@ -2,8 +2,10 @@
 the API; and take it all down again. ``prorl-celery up`` and the test suite both use it."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import socket
 import shutil
 import signal
 import threading
@@ -126,8 +128,12 @@ class Stack:
     def start_sandbox_host(self, name: str = "sandbox-host") -> Child:
         client = redis.Redis.from_url(self.redis_url)
         before = client.zcard(keys.hosts())
+        # A host id stable for this state directory: a restarted stack's host finds and wipes
+        # the workspaces its predecessor left behind.
+        digest = hashlib.sha1(str(self.state_dir.resolve()).encode()).hexdigest()[:8]
+        host_id = f"{socket.gethostname()}-{name}-{digest}"
         child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "sandbox-host",
-                                   "--redis-url", self.redis_url])
+                                   "--redis-url", self.redis_url, "--host-id", host_id])
         wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
                  child=child)
         return child

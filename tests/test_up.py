@@ -33,11 +33,15 @@ def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
         api = next(line.split()[1] for line in lines if line.startswith("api "))
         redis_line = next(line for line in lines if line.startswith("redis "))
         assert "6379" not in redis_line  # a private Redis, not the machine's
+        assert any(line.startswith("llm ") and "fake" in line for line in lines)  # the embedded fake LLM
         family = psutil.Process(proc.pid).children(recursive=True)
-        assert len(family) >= 7  # redis, sandbox host, 4 workers, beat, api
-        table = _read_until(proc, "job ", 120)
-        rows = [proc.stdout.readline() for _ in range(6)]
-        assert all(" completed " in row for row in rows), table + rows
+        assert len(family) >= 8  # redis, sandbox host, 4 workers, beat, api, fake LLM
+        table = _read_until(proc, "job ", 180)
+        rows = [proc.stdout.readline().split() for _ in range(8)]
+        assert all(row[2] == "completed" for row in rows), table + rows
+        rewards = {row[1]: float(row[3]) for row in rows if row[1] != "shell"}
+        assert rewards == {"swe": 1.0, "humaneval": 1.0, "math": 1.0, "stem": 1.0}, rows
+        assert sorted(float(row[3]) for row in rows if row[1] == "shell") == [0.0, 1.0]
         assert requests.get(f"{api}/healthz", timeout=10).json()["ok"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
