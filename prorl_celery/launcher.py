@@ -116,6 +116,8 @@ class Stack:
             for name, child in list(self.children.items()):
                 if name in self._paused or child.alive() or self._stopping.is_set():
                     continue
+                if self.children.get(name) is not child:
+                    continue  # replaced meanwhile (restart_redis)
                 code = child.popen.returncode if child.popen else None
                 log.warning("%s exited (status %s); restarting it", name, code)
                 self.restarts[name] = self.restarts.get(name, 0) + 1
@@ -132,8 +134,11 @@ class Stack:
         # the workspaces its predecessor left behind.
         digest = hashlib.sha1(str(self.state_dir.resolve()).encode()).hexdigest()[:8]
         host_id = f"{socket.gethostname()}-{name}-{digest}"
+        # a fixed port too: restarted by the supervisor, the host keeps its address, so handles
+        # of sandboxes lost with the old process get a clean "gone" instead of a dead address
         child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "sandbox-host",
-                                   "--redis-url", self.redis_url, "--host-id", host_id])
+                                   "--redis-url", self.redis_url, "--host-id", host_id,
+                                   "--port", str(free_port())])
         wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
                  child=child)
         return child

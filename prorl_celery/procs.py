@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -18,6 +19,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so every child is forked
+# from this one thread, which lives as long as the process.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,8 +42,8 @@ class Child:
 
     def start(self) -> "Child":
         log = open(self.log_path, "ab")
-        self.popen = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.popen = _spawner.submit(subprocess.Popen, self.argv, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent).result()
         log.close()
         return self
 

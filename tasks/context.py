@@ -1,6 +1,7 @@
 """What a handler sees while one of its stages runs."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -8,6 +9,8 @@ from prorl_celery.errors import JobCancelled, NoSandboxCapacity, StageBudgetExce
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import JobStatus
 from sandboxes.base import SandboxHandle, SandboxSpec
+
+log = logging.getLogger(__name__)
 
 
 class StageContext:
@@ -89,11 +92,18 @@ class StageContext:
         return box
 
     def close_sandbox(self) -> None:
-        """Close the job's sandbox if it has one; closing twice is harmless."""
+        """Close the job's sandbox if it has one; closing twice is harmless. Never raises: a host
+        that cannot be reached now kills the sandbox itself when its lease lapses (or died with
+        it), and a failure here must not hide the job's own outcome."""
         from sandboxes.client import close_handle
 
-        if self.record.sandbox:
+        if not self.record.sandbox:
+            return
+        try:
             close_handle(SandboxHandle.model_validate(self.record.sandbox))
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("job %s: could not close sandbox %s: %s", self.job_id,
+                        self.record.sandbox.get("sandbox_id"), exc)
 
     @property
     def sandbox(self):

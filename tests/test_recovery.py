@@ -58,3 +58,30 @@ def test_watchdog_revives_a_stalled_consumer(stack, api):
     view = wait(api, job_id, timeout=30)
     assert view["status"] == "completed"
     assert "re-adding it" in stack.children["worker-eval"].log_path.read_text()
+
+
+def test_sandbox_host_killed_mid_run(stack, api):
+    """kill -9 of the sandbox host: its sandboxes die with it, the job ends typed
+    (critical_error "sandbox"), and the restarted host serves the next job."""
+    import signal as sig
+
+    import psutil
+
+    from prorl_celery.connections import get_store
+    from sandboxes.base import SandboxHandle
+    from sandboxes.client import RemoteSandbox
+    from tests.conftest import submit, wait
+
+    job_id = submit(api, {"data_source": "shell", "commands": ["echo up", "sleep 60", "echo never"]})
+    wait_until(lambda: len((get_store().get(job_id).state or {}).get("steps", [])) == 1, 30, "the first step")
+    pid = RemoteSandbox(SandboxHandle.model_validate(get_store().get(job_id).sandbox)).info()["pid"]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    host = stack.children["sandbox-host"]
+    host.signal(sig.SIGKILL)
+    host.popen.wait()
+    view = wait(api, job_id, timeout=60)
+    assert view["status"] == "failed" and view["result"]["critical_error"] == "sandbox", view["result"]
+    wait_until(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree), 10,
+               "the sandbox's processes to die with their host")
+    after = submit(api, {"data_source": "shell", "commands": ["echo again"]})
+    assert wait(api, after, timeout=60)["status"] == "completed"
