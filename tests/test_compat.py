@@ -17,23 +17,28 @@ def _process(api: str, instance: dict, **extra) -> requests.Response:
                          timeout=120)
 
 
-def test_trainer_call_sequence(api):
-    """start, many concurrent /process calls with trajectory ids, an early /cancel, stop."""
+def test_trainer_call_sequence(api, stack):
+    """A reference trainer's step: clear and add the LLM servers, start, many concurrent /process
+    calls with trajectory ids, an early /cancel, stop."""
+    from tasks.fixtures.tasks import MATH
+
+    oracle = stack.start_fake_llm(name="fake-compat", extra_args=["--policy", "oracle:tasks.fixtures.oracle:reply"])
+    assert requests.post(f"{api}/clear_llm_server", timeout=10).status_code == 200
+    assert requests.post(f"{api}/add_llm_server", json={"address": oracle}, timeout=10).status_code == 200
     assert requests.post(f"{api}/start", timeout=10).status_code == 200
     try:
         assert requests.post(f"{api}/start", timeout=10).status_code == 400  # already running
-        instance = {"data_source": "shell", "sandbox": LOCAL, "instance_id": "inst-7"}
+        instance = {"data_source": "math", "problem": MATH[1]["problem"], "answer": "5050", "instance_id": "inst-7"}
         with ThreadPoolExecutor(16) as pool:
-            futures = [pool.submit(_process, api, {**instance, "trajectory_id": i,
-                                                   "commands": ["true" if i % 4 else "false"]})
-                       for i in range(16)]
+            futures = [pool.submit(_process, api, {**instance, "trajectory_id": i}) for i in range(16)]
             results = [f.result().json() for f in futures]
         assert sorted(r["trajectory_id"] for r in results) == list(range(16))
         for r in results:
             assert r["instance_id"] == "inst-7" and r["critical_error"] is None
-            assert r["resolved"] == bool(r["trajectory_id"] % 4) and r["finish"] is True
+            assert r["resolved"] is True and r["reward"] == 1.0 and r["finish"] is True
             assert {"init_time", "run_time", "eval_time", "counted_elapsed", "timeout_triggered"} <= set(r["timing"])
-            assert r["messages"] == [] and r["git_patch"] == "" and r["filter"] is False
+            assert [m["role"] for m in r["messages"]][:3] == ["system", "user", "assistant"]
+            assert r["git_patch"] == "" and r["filter"] is False and len(r["tokens"]["response_ids"]) > 0
 
         job_id = f"early-{uuid.uuid4().hex[:6]}"
         box: dict = {}
@@ -54,6 +59,7 @@ def test_trainer_call_sequence(api):
         assert requests.post(f"{api}/cancel", json={"job_id": "never-was"}, timeout=10).status_code == 404
     finally:
         stopped = requests.post(f"{api}/stop", timeout=30)
+        requests.post(f"{api}/clear_llm_server", timeout=10)
     assert stopped.json()["status"] == "stopped"
     assert requests.get(f"{api}/status", timeout=10).json()["status"] == "stopped"
     refused = _process(api, {"data_source": "shell", "commands": ["true"]})
