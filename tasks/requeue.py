@@ -42,6 +42,8 @@ def next_stage(record: JobRecord) -> JobStatus | None:
         return JobStatus.INIT
     if record.status in _NEXT and record.stage_state == "done":
         return _NEXT[record.status]
+    if record.stage_state == "redispatched":  # the sweep re-sent this stage; that message may be lost too
+        return record.status
     return None
 
 
@@ -93,7 +95,7 @@ def requeue_lost(store: JobStore, active: list[JobRecord], now: float | None = N
     by_stage[JobStatus.INIT] = _queued(store)
     for record in active:
         stage = next_stage(record)
-        if stage is not None and stage is not JobStatus.INIT:
+        if stage is not None and not (stage is JobStatus.INIT and record.status is JobStatus.QUEUED):
             by_stage[stage].append(_Waiting(record.job_id, record.data_source, record.t_enqueued))
     stale = {stage: [w for w in items if now - w.t_enqueued > after] for stage, items in by_stage.items()}
     if not any(stale.values()):

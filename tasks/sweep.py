@@ -61,7 +61,7 @@ def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
     if store.redis.exists(keys.stage_lease(record.job_id)):
         return False
     ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state="running",
-                             stage_state="redispatched")
+                             stage_state="redispatched", t_enqueued=now)
     if ok:
         stage_chain(record.job_id, record.data_source, start=record.status).apply_async()
     return ok

@@ -98,7 +98,8 @@ def test_chaos(chaos_stack, tmp_path):
         while job_id not in views and time.monotonic() < deadline:
             try:
                 resp = requests.get(f"{api}/jobs/{job_id}/wait", params={"timeout": 30}, timeout=60)
-            except requests.RequestException:
+            except requests.RequestException as exc:
+                print(f"{time.monotonic() - started:6.0f}s {job_id}: {type(exc).__name__}", flush=True)
                 time.sleep(1)  # the API may be reconnecting to Redis
                 continue
             if resp.status_code == 200:
@@ -107,6 +108,8 @@ def test_chaos(chaos_stack, tmp_path):
                 print(f"{time.monotonic() - started:6.0f}s still waiting for {job_id}: {resp.json()['status']}",
                       flush=True)
             else:  # the API answers 5xx while Redis restarts; a trainer's client retries
+                print(f"{time.monotonic() - started:6.0f}s {job_id}: HTTP {resp.status_code} {resp.text[:200]}",
+                      flush=True)
                 time.sleep(1)
     driver.done.set()
     driver.join()
