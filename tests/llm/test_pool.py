@@ -91,7 +91,9 @@ def test_new_backend_gets_a_fair_share_under_load(pool, fake_llms):
 
 
 def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):
-    procs = fake_llms(2, latency="step_s=0.01,capacity=8")
+    # turns long enough (~1 s) that a request is still in flight when the removal lands, even on
+    # a loaded machine: at 10 ms per step the in-flight turns sometimes finished first
+    procs = fake_llms(2, latency="step_s=0.05,capacity=8")
     a, b = (add(pool, p, capacity=8) for p in procs)
     with ThreadPoolExecutor(8) as ex:
         futures = [ex.submit(rollout, pool, f"r{i}", 4) for i in range(8)]
