@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.procs import child_pids, kill_descendants
-from sandboxes.shell import DEFAULT_ARGV, SETPRIV, VALID_NAME, PersistentShell
+from sandboxes.shell import DEFAULT_ARGV, SETPRIV, PersistentShell, shell_warm_spec
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles
 
@@ -231,9 +231,7 @@ class BwrapSandbox(WorkspaceFiles):
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
         """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
-        if not all(VALID_NAME.match(name) for name in spec.env):
-            return None
-        return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+        return shell_warm_spec(spec)
 
     def claim(self, job_id: str, spec: SandboxSpec) -> None:
         """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""

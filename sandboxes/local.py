@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
-from sandboxes.shell import DEFAULT_ARGV, VALID_NAME, PersistentShell
+from sandboxes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
 from sandboxes.workspace import Workspace, WorkspaceFiles, remove_tree
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ class LocalSandbox(WorkspaceFiles):
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
         """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
-        if not all(VALID_NAME.match(name) for name in spec.env):
-            return None
-        return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+        return shell_warm_spec(spec)
 
     def claim(self, job_id: str, spec: SandboxSpec) -> None:
         """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""

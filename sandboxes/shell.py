@@ -53,6 +53,17 @@ SETPRIV = shutil.which("setpriv")
 VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def shell_warm_spec(spec):
+    """For a runtime built on this shell: the part of ``spec`` a pre-started sandbox must already
+    match (image, network); env, limits and workdir are applied when it is claimed. None when the
+    env cannot be applied later (a name the shell cannot export)."""
+    from sandboxes.base import SandboxSpec
+
+    if not all(VALID_NAME.match(name) for name in spec.env):
+        return None
+    return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+
+
 def die_with_parent() -> None:
     """preexec: SIGKILL this child when the thread that spawned it dies (a kill -9 of the host)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -11,6 +11,7 @@ import redis
 import requests
 
 from prorl_celery.procs import Child, free_port, wait_for
+from tests.conftest import wait_until
 
 
 class FakeLLMProc:
@@ -92,10 +93,4 @@ def add(pool, proc_or_url, **spec) -> str:
 
 
 def eventually(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, what)
