@@ -1,11 +1,12 @@
 """A fake OpenAI-compatible / token-in-token-out LLM server. TEST AND DEMO TOOL: it runs no model.
 
     prorl-celery fake-llm --port 8100 [--latency-model step_s=0.02,capacity=32] [--speed 0.5]
-                          [--policy echo|scripted:FILE|oracle[:NAME]]
+                          [--policy echo|scripted:FILE|oracle[:NAME]] [--tokenizer byte|NAME_OR_DIR]
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
 ``return_token_ids``), ``POST /generate`` (``{"prompt_ids", ...}`` -> ``{"response_ids",
-"logprobs"}``) with the byte-level tokenizer and a latency model of a batching GPU server.
+"logprobs"}``) with a tokenizer (the built-in byte-level one unless ``--tokenizer`` names a
+Hugging Face one) and a latency model of a batching GPU server.
 Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received: prompt ids,
 response ids, status ok|aborted|error), ``GET /debug/stats`` (busy fraction, occupancy,
 completed, aborted = client disconnects), ``POST /debug/reset``, ``POST /debug/faults``
@@ -31,7 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 from prorl_celery.llm import chatml
 from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
 from prorl_celery.llm.fake_policies import Policy, load_policy
-from prorl_celery.llm.tokenizer import ByteTokenizer
+from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
 BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
@@ -47,9 +48,12 @@ class HTTPError(Exception):
 class FakeLLM:
     """The server's state: policy, engine, tokenizer, what it received, injected faults."""
 
-    def __init__(self, policy: Policy, engine: BatchEngine, model: str, max_model_len: int):
+    def __init__(self, policy: Policy, engine: BatchEngine, model: str, max_model_len: int,
+                 tok: Tokenizer | None = None):
         self.policy, self.engine, self.model, self.max_model_len = policy, engine, model, max_model_len
-        self.tok = ByteTokenizer()
+        self.tok = tok or ByteTokenizer()
+        end = self.tok.encode(chatml.IM_END)  # the ChatML end of turn if it is one stop token
+        self.end_id = end[0] if len(end) == 1 and end[0] in self.tok.stop_ids else min(self.tok.stop_ids)
         self.lock = threading.Lock()
         self.reset()
 
@@ -94,7 +98,7 @@ class FakeLLM:
         while len(ids) < target:
             ids.extend(filler)
         if not params.get("ignore_eos"):
-            ids.append(ByteTokenizer.SPECIAL[chatml.IM_END])
+            ids.append(self.end_id)
         finish = "length" if len(ids) > max_tokens else "stop"
         ids = ids[:max_tokens]
         entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
@@ -244,8 +248,9 @@ class FakeHTTPServer(ThreadingHTTPServer):
 
 def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
                 latency: LatencyModel | None = None, model: str = "prorl-fake-byte",
-                max_model_len: int = 32768) -> tuple[FakeHTTPServer, FakeLLM]:
-    fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len)
+                max_model_len: int = 32768, tokenizer: str = "byte") -> tuple[FakeHTTPServer, FakeLLM]:
+    fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len,
+                   get_tokenizer(tokenizer))
     handler = type("BoundHandler", (Handler,), {"fake": fake})
     return FakeHTTPServer((host, port), handler), fake
 
@@ -260,13 +265,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=int, default=None, help="Sequences decoded at once.")
     parser.add_argument("--model", default="prorl-fake-byte", help="Model name it reports.")
     parser.add_argument("--max-model-len", type=int, default=32768, help="Context window in tokens.")
+    parser.add_argument("--tokenizer", default="byte",
+                        help="Tokenizer and chat template: byte (built in) or a Hugging Face name or "
+                             "directory (needs transformers).")
     parser.add_argument("--log-level", default="WARNING")
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
-    server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len)
+    server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,
+                            args.tokenizer)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     host, port = server.server_address[:2]
     print(BANNER, flush=True)

@@ -11,7 +11,7 @@ import functools
 import re
 from typing import Any, Protocol, runtime_checkable
 
-from prorl_celery.errors import UnknownPlugin
+from prorl_celery.errors import InvalidRequest, UnknownPlugin
 from prorl_celery.llm import chatml
 
 
@@ -68,7 +68,10 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``transformers`` tokenizer and its chat template (``pip install transformers``)."""
+    """A ``transformers`` tokenizer and its chat template (``pip install transformers``; torch is
+    not needed). ``name`` is a hub name or a local directory made by ``save_pretrained``."""
+
+    STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
 
     def __init__(self, name: str):
         try:
@@ -76,24 +79,24 @@ class HFTokenizer:
         except ImportError as exc:
             raise UnknownPlugin(f"tokenizer {name!r} needs the optional 'transformers' package") from exc
         self.tok = AutoTokenizer.from_pretrained(name)
-        stops = {self.tok.eos_token_id}
-        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
-            found = self.tok.convert_tokens_to_ids(special)
-            if isinstance(found, int) and found != self.tok.unk_token_id:
-                stops.add(found)
-        self.stop_ids = frozenset(i for i in stops if i is not None)
+        vocab = self.tok.get_vocab()
+        stops = {self.tok.eos_token_id, *(vocab[t] for t in self.STOP_TOKENS if t in vocab)}
+        self.stop_ids = frozenset(i for i in stops if isinstance(i, int))
+        self.vocab_size = len(self.tok)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=False)
+        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                             add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
-        ids = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                           tokenize=True, **kwargs)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        # Render, then encode: what transformers does inside, minus its return type, which changed
+        # from a list of ids (4.x) to a BatchEncoding (5.x).
+        text = self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt, **kwargs)
+        return self.encode(text)
 
 
 BUILTIN = {"byte": ByteTokenizer, "prorl-fake-byte": ByteTokenizer}
@@ -118,7 +121,13 @@ def continuation_ids(tok: Tokenizer, new_messages: list[dict[str, Any]], tools: 
     full = tok.apply_chat_template(_DUMMY + list(new_messages), tools=tools, add_generation_prompt=True,
                                    **kwargs)
     if full[: len(base)] != base:
-        raise ValueError("the chat template does not render new messages as a pure suffix")
+        at = next((i for i, (a, b) in enumerate(zip(base, full)) if a != b), len(full))
+        raise InvalidRequest(
+            "the chat template is not suffix-stable: rendering new messages after an assistant turn "
+            f"changes what it rendered before them (from token {at}: {tok.decode(base[at:at + 12])!r} "
+            f"becomes {tok.decode(full[at:at + 12])!r}), so token mode cannot append the new messages' "
+            "ids to the previous turn's; use a template that only appends (chat_template_kwargs, "
+            "another tokenizer) or the chat protocol", field="tokenizer")
     return full[len(base):]
 
 
