@@ -5,10 +5,11 @@
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
 ``return_token_ids``), ``POST /generate`` (``{"prompt_ids", ...}`` -> ``{"response_ids",
-"logprobs"}``) with a tokenizer (the built-in byte-level one unless ``--tokenizer`` names a
-Hugging Face one) and a latency model of a batching GPU server.
-Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received: prompt ids,
-response ids, status ok|aborted|error), ``GET /debug/stats`` (busy fraction, occupancy,
+"logprobs"}``, or SGLang's native ``{"input_ids", "sampling_params", "return_logprob"}`` ->
+``{"text", "output_ids", "meta_info"}``) with a tokenizer (the built-in byte-level one unless
+``--tokenizer`` names a Hugging Face one) and a latency model of a batching GPU server.
+Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received: endpoint, prompt
+ids, response ids, SGLang's sampling_params, status ok|aborted|error), ``GET /debug/stats`` (busy fraction, occupancy,
 completed, aborted = client disconnects), ``POST /debug/reset``, ``POST /debug/faults``
 (``{"fail_next": n, "fail_all": bool, "error_status": 500 (0: drop the connection),
 "healthy": bool}``).
@@ -37,6 +38,7 @@ from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 log = logging.getLogger(__name__)
 BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
 FILLER = " lorem"
+SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none
 
 
 class HTTPError(Exception):
@@ -81,8 +83,10 @@ class FakeLLM:
         return None
 
     def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], params: dict[str, Any], endpoint: str, sock) -> dict[str, Any] | None:
-        """Run one generation; the record (with response ids) or None if the client went away."""
+                 prompt_ids: list[int], params: dict[str, Any], endpoint: str, sock,
+                 **extra: Any) -> dict[str, Any] | None:
+        """Run one generation; the record (with response ids and ``extra``) or None if the client
+        went away."""
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens")
         if len(prompt_ids) + (max_tokens or 1) > self.max_model_len:
             raise HTTPError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
@@ -102,7 +106,7 @@ class FakeLLM:
         finish = "length" if len(ids) > max_tokens else "stop"
         ids = ids[:max_tokens]
         entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
-                            response_ids=ids, finish_reason=finish)
+                            response_ids=ids, finish_reason=finish, **extra)
         completed = self.engine.run(len(ids), sock)
         entry.update(status="ok" if completed else "aborted", t_end=time.time())
         return entry if completed else None
@@ -139,10 +143,17 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
     return out
 
 
+def _token_ids(body: dict[str, Any], name: str) -> list[int]:
+    ids = body.get(name)
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise HTTPError(400, f"{name}: a non-empty list of token ids is required")
+    return ids
+
+
 def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
-    prompt = body.get("prompt_ids")
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(i, int) for i in prompt):
-        raise HTTPError(400, "prompt_ids: a non-empty list of token ids is required")
+    if "input_ids" in body:
+        return sglang_generate(fake, body, sock)
+    prompt = _token_ids(body, "prompt_ids")
     messages = chatml.parse(fake.tok.decode(prompt))
     entry = fake.generate(messages, None, prompt, body, "generate", sock)
     if entry is None:
@@ -150,6 +161,30 @@ def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None
     ids = entry["response_ids"]
     return {"response_ids": ids, "logprobs": fake.logprobs(ids), "finish_reason": entry["finish_reason"],
             "text": fake.tok.decode(ids)}
+
+
+def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """SGLang's native ``/generate`` for one prompt of ``input_ids`` (no streaming, no batches)."""
+    prompt = _token_ids(body, "input_ids")
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        raise HTTPError(400, "sampling_params: an object is required")
+    room = fake.max_model_len - len(prompt)  # SGLang clips its default to the room left, not a given value
+    params = {"max_tokens": sampling.get("max_new_tokens") or min(SGLANG_MAX_NEW_TOKENS, max(room, 0)) or None,
+              "min_tokens": sampling.get("min_new_tokens"), "ignore_eos": sampling.get("ignore_eos")}
+    messages = chatml.parse(fake.tok.decode(prompt))
+    entry = fake.generate(messages, None, prompt, params, "sglang", sock, sampling_params=sampling)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    matched = entry["finish_reason"] == "stop" and bool(ids) and ids[-1] in fake.tok.stop_ids
+    finish = {"type": "stop", "matched": ids[-1]} if matched else {"type": "length", "length": len(ids)}
+    meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
+                            "completion_tokens": len(ids), "cached_tokens": 0}
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, fake.logprobs(ids))]
+    text = fake.tok.decode(ids[:-1] if matched else ids)  # SGLang trims the matched stop token from the text
+    return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -5,7 +5,7 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class Protocol(str, Enum):
@@ -13,6 +13,13 @@ class Protocol(str, Enum):
 
     CHAT = "chat"          # OpenAI chat completions (text in, text + tool calls out)
     GENERATE = "generate"  # token in, token out: {"prompt_ids", ...} -> {"response_ids", "logprobs"}
+
+
+class Dialect(str, Enum):
+    """Wire format of a ``generate`` backend's ``POST /generate``."""
+
+    PLAIN = "plain"    # {"prompt_ids", sampling params} -> {"response_ids", "logprobs", "finish_reason"}
+    SGLANG = "sglang"  # {"input_ids", "sampling_params", "return_logprob"} -> {"output_ids", "meta_info"}
 
 
 class BackendStatus(str, Enum):
@@ -30,11 +37,21 @@ class BackendSpec(BaseModel):
     capacity: int | None = Field(None, ge=1, le=100000,
                                  description="Sequences it runs at once; default llm_default_capacity.")
     protocol: Protocol = Field(Protocol.CHAT, description="chat (OpenAI-compatible) or generate (token ids).")
+    dialect: Dialect | None = Field(None, description="generate only: the /generate wire format, plain (default) "
+                                                      "or sglang (SGLang's native API).")
     model: str | None = Field(None, description="Model name to send; default: the first of /v1/models.")
     weight_version: str | None = Field(None, description="Version of the weights it serves now.")
     max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")
     tokenizer: str | None = Field(None, description="Token mode: tokenizer name (default: the model name).")
     api_key: str | None = Field(None, description="Bearer token the server requires, if any.")
+
+    @field_validator("dialect")
+    @classmethod
+    def _generate_only(cls, dialect: Dialect | None, info: ValidationInfo) -> Dialect | None:
+        if dialect not in (None, Dialect.PLAIN) and info.data.get("protocol") is not Protocol.GENERATE:
+            raise ValueError(f"dialect {dialect.value!r} is a wire format of the generate protocol: "
+                             "set protocol to generate")
+        return dialect
 
 
 class Backend(BaseModel):
@@ -43,6 +60,7 @@ class Backend(BaseModel):
     id: str
     address: str
     protocol: Protocol
+    dialect: Dialect | None = None
     capacity: int
     status: BackendStatus
     model: str | None = None

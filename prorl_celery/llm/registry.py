@@ -79,11 +79,11 @@ class BackendRegistry:
         address = normalize_address(spec.address)
         bid = backend_id(address)
         fields: dict[str, object] = {"address": address}
-        for name in ("protocol", "capacity", "model", "weight_version", "max_model_len", "tokenizer",
-                     "api_key"):
+        for name in ("protocol", "dialect", "capacity", "model", "weight_version", "max_model_len",
+                     "tokenizer", "api_key"):
             value = getattr(spec, name)
             if value is not None and name in spec.model_fields_set:
-                fields[name] = value.value if name == "protocol" else value
+                fields[name] = value.value if name in ("protocol", "dialect") else value
         argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
         argv += [item for pair in fields.items() for item in pair]
         created = self.redis.eval(_ADD, 3, keys.llm_backends(), keys.llm_backend(bid),
