@@ -89,7 +89,8 @@ def compat_jobs() -> str:
 
 
 def stage_histogram(stage: str) -> str:
-    """Hash: histogram of finished stage durations ("le:<bound>", "count", "sum")."""
+    """Hash: histogram of finished stage durations: "b:<bound>" counts the stages that took at
+    most <bound> and more than the bound below it; "count", "sum"."""
     return f"{PREFIX}:metrics:stage:{stage}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 import redis
@@ -29,6 +30,8 @@ class Lease:
         self.key = key
         self.ttl_ms = max(int(ttl_s * 1000), 100)
         self.token = f"{owner}:{uuid.uuid4().hex}"
+        self.due = 0.0
+        """When the keeper renews it next (monotonic seconds)."""
 
     def acquire(self) -> bool:
         if not self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
@@ -48,18 +51,25 @@ class Lease:
 
 
 class _Keeper(threading.Thread):
-    """Renews held leases every third of their expiry."""
+    """Renews each held lease a third of its expiry after it was taken or last renewed.
+
+    Only leases that are due are renewed: a stage that starts does not make the keeper touch
+    the hundreds of others a busy worker holds."""
 
     def __init__(self) -> None:
         super().__init__(name="lease-keeper", daemon=True)
         self.leases: dict[str, Lease] = {}
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        self.next_due = float("inf")
 
     def hold(self, lease: Lease) -> None:
+        lease.due = time.monotonic() + lease.ttl_ms / 3000
         with self.lock:
             self.leases[lease.token] = lease
-        self.wake.set()
+            earlier = lease.due < self.next_due
+        if earlier:
+            self.wake.set()
 
     def drop(self, lease: Lease) -> None:
         with self.lock:
@@ -67,16 +77,19 @@ class _Keeper(threading.Thread):
 
     def run(self) -> None:
         while True:
+            now = time.monotonic()
             with self.lock:
-                held = list(self.leases.values())
-            period = min((lease.ttl_ms for lease in held), default=3000) / 3000
-            for lease in held:
+                due = [lease for lease in self.leases.values() if lease.due <= now]
+            for lease in due:
+                lease.due = now + lease.ttl_ms / 3000
                 try:
                     if not lease.renew() and lease.token in self.leases:  # not merely released meanwhile
                         log.warning("lease %s was lost before renewal", lease.key)
                 except redis.RedisError as exc:
                     log.warning("lease renewal failed: %s", exc)
-            self.wake.wait(period)
+            with self.lock:
+                self.next_due = min((lease.due for lease in self.leases.values()), default=now + 1.0)
+            self.wake.wait(max(self.next_due - time.monotonic(), 0.0))
             self.wake.clear()
 
 

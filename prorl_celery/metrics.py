@@ -24,9 +24,9 @@ def observe_stage(client: redis.Redis, stage: str, seconds: float) -> None:
     """Count one finished stage of ``seconds`` into the stage's histogram."""
     pipe = client.pipeline(transaction=False)
     key = keys.stage_histogram(stage)
-    for bound in BUCKETS:
-        if seconds <= bound:
-            pipe.hincrby(key, f"le:{bound}", 1)
+    bound = next((b for b in BUCKETS if seconds <= b), None)
+    if bound is not None:  # one bucket per observation; the collector makes them cumulative
+        pipe.hincrby(key, f"b:{bound}", 1)
     pipe.hincrby(key, "count", 1)
     pipe.hincrbyfloat(key, "sum", seconds)
     pipe.execute()
@@ -69,7 +69,11 @@ class ServiceCollector(Collector):
         family = HistogramMetricFamily("prorl_stage_seconds", "Duration of finished stages", labels=["stage"])
         for stage in ("init", "run", "eval"):
             raw = {_text(k): float(v) for k, v in self.store.redis.hgetall(keys.stage_histogram(stage)).items()}
-            buckets = [(str(b), raw.get(f"le:{b}", 0.0)) for b in BUCKETS] + [("+Inf", raw.get("count", 0.0))]
+            running, buckets = 0.0, []
+            for bound in BUCKETS:
+                running += raw.get(f"b:{bound}", 0.0)
+                buckets.append((str(bound), running))
+            buckets.append(("+Inf", raw.get("count", 0.0)))
             family.add_metric([stage], buckets, raw.get("sum", 0.0))
         yield family
 

@@ -23,13 +23,28 @@ def task_id(job_id: str, stage: JobStatus) -> str:
     return f"{job_id}:{stage.value}"
 
 
+def _link(job_id: str, data_source: str, stage: JobStatus) -> dict:
+    """One immutable link, as a chain message carries it."""
+    return {"task": _TASK_NAMES[stage], "args": [job_id], "kwargs": {"data_source": data_source},
+            "options": {"task_id": task_id(job_id, stage)},
+            "subtask_type": None, "immutable": True}
+
+
 def stage_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT) -> chain:
     """``init.si(job_id) | run.si(job_id) | eval.si(job_id)`` from ``start`` on, with
     deterministic task ids. The data source rides along only so Flower shows it."""
-    links = [app.signature(_TASK_NAMES[stage], args=(job_id,), kwargs={"data_source": data_source},
-                           immutable=True).set(task_id=task_id(job_id, stage))
-             for stage in STAGES[STAGES.index(start):]]
-    return chain(*links)
+    return chain(*(app.signature(_link(job_id, data_source, stage)) for stage in STAGES[STAGES.index(start):]))
+
+
+def send_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT, producer=None) -> None:
+    """Send :func:`stage_chain` as ``chain.apply_async`` would, without building it: the first
+    link's message carries the others, last first. Several times cheaper per job, which counts
+    when a trainer submits thousands at once."""
+    stages = STAGES[STAGES.index(start):]
+    links = [_link(job_id, data_source, stage) for stage in reversed(stages)]
+    first = links.pop()
+    app.send_task(first["task"], args=first["args"], kwargs=first["kwargs"], chain=links,
+                  producer=producer, **first["options"])
 
 
 def submit(store: JobStore, requests: Iterable[JobRequest]) -> list[str]:
@@ -39,7 +54,7 @@ def submit(store: JobStore, requests: Iterable[JobRequest]) -> list[str]:
     with app.producer_or_acquire() as producer:
         for (job_id, req), new in zip(named, created):
             if new:
-                stage_chain(job_id, req.instance["data_source"]).apply_async(producer=producer)
+                send_chain(job_id, req.instance["data_source"], producer=producer)
     return [job_id for job_id, _ in named]
 
 

@@ -23,7 +23,7 @@ from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import STAGES, JobStatus
-from tasks.chain import stage_chain, task_id
+from tasks.chain import send_chain, task_id
 
 log = logging.getLogger(__name__)
 _NEXT = {JobStatus.QUEUED: JobStatus.INIT, JobStatus.INIT: JobStatus.RUN, JobStatus.RUN: JobStatus.EVAL}
@@ -115,7 +115,7 @@ def requeue_lost(store: JobStore, active: list[JobRecord], now: float | None = N
         present = _in_queue(store, stage.value) | held
         for record in stale[stage]:
             if task_id(record.job_id, stage) not in present:
-                stage_chain(record.job_id, record.data_source, start=stage).apply_async()
+                send_chain(record.job_id, record.data_source, start=stage)
                 sent.append(record.job_id)
     if sent:
         log.warning("re-sent %d stage message(s) the broker lost: %s", len(sent), sent)

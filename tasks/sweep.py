@@ -26,7 +26,7 @@ from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus
-from tasks.chain import close_sandbox, stage_chain
+from tasks.chain import close_sandbox, send_chain
 from tasks.outcome import finish
 from tasks.requeue import requeue_lost
 from tasks.sandbox_sweep import sweep_sandboxes
@@ -63,7 +63,7 @@ def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
     ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state="running",
                              stage_state="redispatched", t_enqueued=now)
     if ok:
-        stage_chain(record.job_id, record.data_source, start=record.status).apply_async()
+        send_chain(record.job_id, record.data_source, start=record.status)
     return ok
 
 
