@@ -1,8 +1,10 @@
 """Overhead of the service over bare Celery, measured side by side on the same Redis and workers.
 
 Ours: no-op rollouts (the shell handler running one ``true``: sandbox open, one command, close,
-result) submitted through the API in one batch and read back through it. Bare: a chain of three
-no-op tasks on the init, run and eval queues, sent with ``apply_async`` and read with ``get``.
+result) submitted through the API in one batch and read back through it as a trainer does, from
+the batch's completion stream (``/completions?group_id=``, through ``prorl_celery.client``). Bare:
+a chain of three no-op tasks on the init, run and eval queues, sent with ``apply_async`` and read
+with ``get``.
 
     python bench/overhead.py [--jobs 200] [--rounds 2]
 
@@ -16,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,10 +28,11 @@ from prorl_celery.procs import free_port  # noqa: E402
 
 os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
 
-import requests  # noqa: E402
+import psutil  # noqa: E402
 from celery import chain  # noqa: E402
 
 from prorl_celery.celery_app import app  # noqa: E402
+from prorl_celery.client import ProrlClient  # noqa: E402
 from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
 
 
@@ -37,10 +41,10 @@ NO_SANDBOX = {"data_source": "tasks.diagnostics:NoopHandler"}
 
 
 def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
-    jobs = [{"instance": instance} for _ in range(n)]
+    client, group = ProrlClient(api, timeout=120), uuid.uuid4().hex
     start = time.perf_counter()
-    ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=120).json()["job_ids"]
-    views = [requests.get(f"{api}/jobs/{i}/wait", params={"timeout": 300}, timeout=320).json() for i in ids]
+    ids = client.submit_many({"instance": instance, "group_id": group} for _ in range(n))
+    views = list(client.as_completed(ids, group_id=group, timeout=300))
     elapsed = time.perf_counter() - start
     assert all(v["status"] == "completed" for v in views), [v["status"] for v in views if v["status"] != "completed"][:3]
     return n / elapsed, [v["timings"]["total"] * 1000 for v in views]
@@ -61,6 +65,28 @@ def bare(n: int) -> tuple[float, list[float]]:
     return n / elapsed, latencies
 
 
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU time so far of each process of the stack (with its reaped children: the sandbox
+    shells) and of this one, grouped as workers / api / sandbox host / redis / client."""
+    out: dict[str, float] = {"client": sum(psutil.Process().cpu_times()[:2])}
+    for name, child in stack.children.items():
+        try:
+            times = psutil.Process(child.pid).cpu_times()
+        except psutil.Error:
+            continue
+        group = "workers" if name.startswith("worker") else name
+        out[group] = out.get(group, 0.0) + times.user + times.system + times.children_user + times.children_system
+    return out
+
+
+def measured(stack: Stack, n: int, run) -> tuple[float, list[float], dict[str, float]]:
+    """``run(n)``'s rate and latencies, and the CPU milliseconds per rollout of each group."""
+    before = cpu_seconds(stack)
+    rate, latencies = run(n)
+    after = cpu_seconds(stack)
+    return rate, latencies, {k: (after[k] - before.get(k, 0.0)) * 1000 / n for k in after}
+
+
 def _utc(moment: datetime) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
@@ -78,14 +104,21 @@ def main() -> None:
         ours(stack.api_url, 10), bare(10)  # warm up both paths
         rows = []
         for _ in range(args.rounds):
-            rows.append((ours(stack.api_url, args.jobs), ours(stack.api_url, args.jobs, NO_SANDBOX),
-                         bare(args.jobs)))
+            rows.append((measured(stack, args.jobs, lambda n: ours(stack.api_url, n)),
+                         measured(stack, args.jobs, lambda n: ours(stack.api_url, n, NO_SANDBOX)),
+                         measured(stack, args.jobs, bare)))
+        app.backend.result_consumer.stop()  # before Redis goes: it would try to reconnect
     rate = [statistics.median(r[i][0] for r in rows) for i in range(3)]
     p50 = [statistics.median(x for r in rows for x in r[i][1]) for i in range(3)]
     print(f"jobs per round: {args.jobs}, rounds: {args.rounds}, workers: {options.concurrency}")
     names = ["ours (shell handler, local sandbox)", "ours (no sandbox)", "bare 3-task chain"]
-    for name, r, p in zip(names, rate, p50):
-        print(f"{name:<36} {r:8.1f} /s   p50 submit-to-done {p:8.1f} ms")
+    groups = ["workers", "api", "sandbox-host", "redis", "client"]
+    cpu = [{g: statistics.median(r[i][2].get(g, 0.0) for r in rows) for g in groups} for i in range(3)]
+    print(f"{'':<36} {'rate':>10}   {'p50 submit-to-done':>20}   CPU ms per rollout: total "
+          + " ".join(groups))
+    for name, r, p, c in zip(names, rate, p50, cpu):
+        print(f"{name:<36} {r:8.1f}/s   {p:17.1f} ms   {sum(c.values()):24.1f} "
+              + " ".join(f"{c[g]:.1f}" for g in groups))
     print(f"no_sandbox_ratio={rate[1] / rate[2]:.2f}")
     print(f"overhead_ratio={rate[0] / rate[2]:.2f} p50_ms={p50[0]:.1f}")
 
