@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.procs import child_pids, kill_descendants
-from sandboxes.shell import DEFAULT_ARGV, SETPRIV, PersistentShell, shell_warm_spec
+from sandboxes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles
 
@@ -34,6 +34,7 @@ HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NOT_FROM_IMAGE = {"proc", "dev", "tmp", "sys", "workspace"}
 _MB = 1024 * 1024
+SETPRIV = shutil.which("setpriv")
 
 
 class BwrapConfig(BaseModel):
@@ -204,7 +205,7 @@ class BwrapSandbox(WorkspaceFiles):
                               network=spec.network, root=root_entries(spec.image, self.config.host_paths),
                               image=spec.image, uid=uid)
             self.shell = BwrapShell(argv, cwd="/", env=self._env(), limits=spec.limits,
-                                    wrap_pdeathsig=False)
+                                    guarded=False)
         except BaseException:
             self.close()
             raise

@@ -13,7 +13,6 @@ import os
 import re
 import secrets
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prorl_celery.errors import SandboxError, SandboxGone
 from sandboxes.base import ExecResult, Limits
+from sandboxes.guardian import guardian
 from sandboxes.output import Output, cut_middle
 from sandboxes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
 
@@ -49,7 +49,6 @@ _PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shell-spawner")
-SETPRIV = shutil.which("setpriv")
 VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -85,11 +84,12 @@ class PersistentShell:
     def __init__(self, argv: Sequence[str] = DEFAULT_ARGV, cwd: str | None = None,
                  env: Mapping[str, str] | None = None, *, output_limit: int | None = None,
                  preexec_fn: Callable[[], None] | None = None, default_timeout: float | None = None,
-                 limits: Limits | None = None, wrap_pdeathsig: bool = True):
+                 limits: Limits | None = None, guarded: bool = True):
         """``env``: the shell's environment, the non-interactive defaults filling what it lacks;
         None: this process's environment, overridden by those defaults. ``limits``: rlimits set
-        on the shell once it runs. ``wrap_pdeathsig``: make the shell die with this process
-        (False when the argv sees to it itself, as ``bwrap --die-with-parent`` does)."""
+        on the shell once it runs. ``guarded``: the guardian kills the shell and all it runs if
+        this process dies (False when the argv sees to it itself, as ``bwrap --die-with-parent``
+        does)."""
         from config.settings import get_settings
 
         settings = get_settings()
@@ -102,7 +102,7 @@ class PersistentShell:
         self.default_timeout = default_timeout or settings.action_timeout_s
         self.limits = limits
         self._preexec_fn = preexec_fn
-        self._wrap_pdeathsig = wrap_pdeathsig
+        self._guarded = guarded
         self._nonce = secrets.token_hex(12)
         self._marker = f"\n{self._nonce} ".encode()
         self._lock = threading.Lock()
@@ -139,11 +139,10 @@ class PersistentShell:
 
     def _popen_args(self) -> tuple[list[str], Callable[[], None] | None]:
         """A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per
-        start on a big host), so parent-death is set by exec-ing through ``setpriv`` instead."""
-        if self._preexec_fn is not None or (self._wrap_pdeathsig and not SETPRIV):
+        start on a big host); the shell is left to the guardian instead (see
+        :mod:`sandboxes.guardian`), unless the caller has its own preexec."""
+        if self._preexec_fn is not None:
             return self.argv, self._preexec
-        if self._wrap_pdeathsig:
-            return [SETPRIV, "--pdeathsig", "KILL", "--", *self.argv], None
         return self.argv, None
 
     def _start(self, cwd: str) -> None:
@@ -151,6 +150,8 @@ class PersistentShell:
         self._proc = spawn(
             argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0)
+        if self._guarded and preexec is None:
+            guardian().hold(self._proc.pid)
         self._fd = self._proc.stdout.fileno()
         out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start")
         if state == "marker":
@@ -203,6 +204,8 @@ class PersistentShell:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             log.error("shell pid %s did not die after SIGKILL", proc.pid)
+        else:
+            guardian().drop(proc.pid)
 
     def _restart(self) -> str:
         """A new shell in the initial directory, then back to where the old one was."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import threading
@@ -135,14 +136,36 @@ def test_sigterm_closes_everything_and_deregisters(start_host, redis_client):
     assert not redis_client.exists(keys.host(host.host_id))
 
 
-def test_kill_9_of_host_kills_its_shells(start_host, sandbox_root):
-    host = start_host(runtime="local")
-    entries = [entry_of(host, create(host, f"job-{i}")) for i in range(3)]
+@pytest.mark.parametrize("runtime", ["local", "bwrap"])
+def test_kill_9_of_host_kills_its_shells_and_what_they_run(start_host, sandbox_root, runtime):
+    """Idle shells and a command that is running (with a child of its own) all die with the host."""
+    if runtime == "bwrap" and not shutil.which("bwrap"):
+        pytest.skip("bwrap is not installed")
+    host = start_host(runtime=runtime)
+    boxes = [create(host, f"job-{i}") for i in range(3)]
+    entries = [entry_of(host, box) for box in boxes]
     assert all(e.info["workspace"].startswith(f"{sandbox_root}/{host.host_id}/") for e in entries)
     pids = [e.pid for e in entries]
+    marker = f"sleep {600 + os.getpid() % 1000}"
+    threading.Thread(target=lambda: _ignore_errors(boxes[0].exec, f"{marker} & {marker}; wait", 300),
+                     daemon=True).start()
+    assert wait_until(lambda: len(_running(marker)) == 2, timeout=10)
     assert all(psutil.pid_exists(pid) for pid in pids)
     host.stop(signal.SIGKILL)
-    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids), timeout=5)
+    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids) and not _running(marker),
+                      timeout=5), _running(marker)
+
+
+def _running(cmdline: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if " ".join(p.info["cmdline"] or []) == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+def _ignore_errors(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the host is killed under it
+        pass
 
 
 def test_registration_and_heartbeat_in_redis(start_host, redis_client):
