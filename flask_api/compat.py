@@ -6,7 +6,6 @@ Past ``2 x budget + 10 s`` the job is cancelled and the answer is 504, as in the
 """
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -94,15 +93,11 @@ def process():
     store = _store()
     (job_id,) = submit(store, [request])
     store.redis.sadd(keys.compat_jobs(), job_id)
-    deadline = time.monotonic() + 2 * _budget_s(body.sampling_params) + 10
-    pause = 0.01
-    while time.monotonic() < deadline:
-        record = store.get(job_id)
-        if record is not None and record.status.terminal:
-            store.redis.srem(keys.compat_jobs(), job_id)
-            return jsonify(reference_result(record.result or {}))
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.25)
+    status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
+    record = store.get(job_id) if status and status.terminal else None
+    if record is not None:
+        store.redis.srem(keys.compat_jobs(), job_id)
+        return jsonify(reference_result(record.result or {}))
     try:
         cancel(store, job_id, reason="/process timed out")
     except JobAlreadyTerminal:

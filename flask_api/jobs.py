@@ -1,7 +1,6 @@
 """Jobs: submit (one or a batch), read, wait for, cancel."""
 from __future__ import annotations
 
-import time
 
 from flask import Blueprint, current_app, jsonify, request
 
@@ -62,15 +61,9 @@ def wait_job(job_id: str):
     if not 0 <= timeout <= current_app.config["WAIT_MAX_S"]:
         raise InvalidRequest(f"timeout must be within 0..{current_app.config['WAIT_MAX_S']}",
                              field="timeout")
-    store, deadline, pause = _store(), time.monotonic() + timeout, 0.005
-    while True:
-        status = store.status(job_id)
-        if status is None:
-            raise UnknownJob(job_id)
-        if status.terminal or time.monotonic() >= deadline:
-            break
-        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-        pause = min(pause * 1.5, 0.1)
+    status = current_app.extensions["prorl_finishes"].wait(job_id, timeout)
+    if status is None:
+        raise UnknownJob(job_id)
     return jsonify(_view(job_id)), 200 if status.terminal else 202
 
 

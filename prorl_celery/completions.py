@@ -5,11 +5,18 @@ consumer that reconnects with its last cursor misses nothing and sees nothing tw
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any
 
+import redis
+
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
+from prorl_celery.status import JobStatus
+
+log = logging.getLogger(__name__)
 
 BLOCK_SLICE_S = 10.0
 START = "0-0"
@@ -58,3 +65,65 @@ def valid_cursor(cursor: str) -> bool:
         return True
     head, _, tail = cursor.partition("-")
     return head.isdigit() and (tail == "" or tail.isdigit())
+
+
+class FinishWatcher:
+    """Wakes the threads that wait for particular jobs to end.
+
+    One reader thread per process follows the completion stream (every terminal transition
+    writes to it) and wakes the waiters of each job it sees end, so a wait answers as soon as
+    the job ends instead of at the next poll. A waiter still looks at the job's status every
+    ``recheck_s`` in case the reader is cut off from Redis."""
+
+    def __init__(self, store: JobStore, recheck_s: float = 1.0):
+        self.store = store
+        self.recheck_s = recheck_s
+        self._waiters: dict[str, list[threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def wait(self, job_id: str, timeout: float) -> JobStatus | None:
+        """The job's status once it is terminal or ``timeout`` passed; None for an unknown job."""
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(job_id, []).append(event)
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(target=self._follow, args=(self._newest(),),
+                                                name="finish-watcher", daemon=True)
+                self._reader.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                status = self.store.status(job_id)  # read after registering: no end is missed
+                left = deadline - time.monotonic()
+                if status is None or status.terminal or left <= 0:
+                    return status
+                event.wait(min(left, self.recheck_s))
+        finally:
+            with self._lock:
+                waiting = self._waiters.get(job_id, [])
+                waiting.remove(event)
+                if not waiting:
+                    self._waiters.pop(job_id, None)
+
+    def _newest(self) -> str:
+        """The stream's newest entry id, read before the first waiter looks at its job."""
+        last = self.store.redis.xrevrange(keys.completions(), count=1)
+        return _text(last[0][0]) if last else START
+
+    def _follow(self, cursor: str) -> None:
+        while True:
+            try:
+                reply = self.store.redis.xread({keys.completions(): cursor}, count=1000,
+                                               block=round(BLOCK_SLICE_S * 1000))
+            except redis.RedisError as exc:
+                log.warning("finish watcher lost Redis (%s); waiters fall back to polling", exc)
+                time.sleep(1.0)
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    cursor = _text(entry_id)
+                    with self._lock:
+                        waiting = list(self._waiters.get(_text(fields.get(b"job_id", b"")), []))
+                    for event in waiting:
+                        event.set()

@@ -98,3 +98,25 @@ def test_counts_and_completion_streams(store):
                                                                   (b.encode(), b"cancelled")]
     group = store.redis.xrange("prorl:completions:group:gc")
     assert [e[b"job_id"] for _, e in group] == [a.encode()]
+
+
+def test_finish_watcher_wakes_a_waiter_when_its_job_ends(store):
+    """The waiters are woken by the completion stream: they wait up to 120 s and would look at
+    the status again only then, yet they return within the join's 15 s."""
+    from prorl_celery.completions import FinishWatcher
+
+    watcher = FinishWatcher(store, recheck_s=120)
+    job_id, other = _new(store), _new(store)
+    assert watcher.wait(job_id, 0.05) is JobStatus.QUEUED  # the timeout passes: not terminal
+    assert watcher.wait("no-such-job", 5) is None
+    seen = {}
+    waiters = [threading.Thread(target=lambda i=i: seen.update({i: watcher.wait(job_id, 120)})) for i in range(3)]
+    for thread in waiters:
+        thread.start()
+    store.transition(other, JobStatus.CANCELLED)  # someone else's end wakes nobody here for good
+    store.transition(job_id, JobStatus.CANCELLED)
+    for thread in waiters:
+        thread.join(timeout=15)
+    assert not any(thread.is_alive() for thread in waiters)
+    assert seen == {0: JobStatus.CANCELLED, 1: JobStatus.CANCELLED, 2: JobStatus.CANCELLED}
+    assert watcher._waiters == {}

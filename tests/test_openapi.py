@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from prorl_celery.procs import Child, free_port, wait_for
+from tests.conftest import wait_until
 
 
 def test_document_lists_every_route(api):
@@ -36,6 +37,10 @@ def fuzz_api(stack, tmp_path):
     wait_for(lambda: _up(f"{url}/healthz"), 30, "the API", child=child)
     yield url
     child.stop()
+    # The fuzzer's jobs are real ones (it learns instances from responses and posts them as
+    # groups of up to n samples): end them, or they hold the workers the next tests need.
+    wait_until(lambda: requests.post(f"{stack.api_url}/cancel_all", json={}, timeout=120).json()["cancelled"] == 0,
+               120, "the fuzzer's jobs cancelled")
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tmp_path):
