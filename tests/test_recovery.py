@@ -2,7 +2,6 @@
 job; every accepted job ends with a result."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest

@@ -1,8 +1,6 @@
 """The service end to end: API over HTTP, chains on real queues, real workers, a real sandbox host."""
 from __future__ import annotations
 
-import json
-import os
 import signal
 import uuid
 

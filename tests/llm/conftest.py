@@ -1,9 +1,9 @@
 """Fake LLM servers as real subprocesses on free ports, and a pool on the session's private Redis."""
 from __future__ import annotations
 
+import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +94,35 @@ def add(pool, proc_or_url, **spec) -> str:
 
 def eventually(predicate, timeout: float = 10.0, what: str = "condition"):
     return wait_until(predicate, timeout, what)
+
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"cmd": {"type": "string"}}}}}]
+SCRIPT = [{"content": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"cmd": "ls"}}]},
+          {"content": "", "tool_calls": [{"name": "bash", "arguments": {"cmd": "cat a.txt"}}]},
+          {"content": "Done: the answer is 42."}]
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(SCRIPT))
+    return path
+
+
+FIRST = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find it ✓"}]
+
+
+def tool_rollout(pool, rollout_id: str, turns: int = 3, **request) -> tuple[list, list[dict]]:
+    """``turns`` generated turns of one rollout, each answered by a tool message ``out <k>``;
+    returns the turns and the whole conversation."""
+    from prorl_celery.llm import LLMRequest
+
+    messages, done, previous = list(FIRST), [], None
+    for k in range(turns):
+        turn = pool.generate(rollout_id, LLMRequest(messages=messages, tools=TOOLS, previous=previous, **request))
+        done.append(turn)
+        messages = messages + [turn.message, {"role": "tool", "tool_call_id": "x", "content": f"out {k}\n"}]
+        previous = turn
+    return done, messages

@@ -2,41 +2,19 @@
 in chat mode, the context window, and the byte tokenizer's template."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from prorl_celery.errors import ContextWindowExceeded
 from prorl_celery.llm import BackendStatus, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.tokenizer import ByteTokenizer, continuation_ids, turn_closing_ids
-from tests.llm.conftest import add
-
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"cmd": {"type": "string"}}}}}]
-SCRIPT = [{"content": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"cmd": "ls"}}]},
-          {"content": "", "tool_calls": [{"name": "bash", "arguments": {"cmd": "cat a.txt"}}]},
-          {"content": "Done: the answer is 42."}]
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "script.json"
-    path.write_text(json.dumps(SCRIPT))
-    return path
-
+from tests.llm.conftest import TOOLS, add, tool_rollout
 
 def test_token_mode_sends_previous_ids_plus_new_tokens(pool, fake_llms, script):
     (proc,) = fake_llms(1, policy=f"scripted:{script}")
     add(pool, proc, protocol="generate", weight_version="step-7")
     tok = ByteTokenizer()
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find it ✓"}]
-    turns, previous = [], None
-    for k in range(3):
-        turn = pool.generate("tok", LLMRequest(messages=messages, tools=TOOLS, previous=previous))
-        turns.append(turn)
-        messages = messages + [turn.message, {"role": "tool", "tool_call_id": "x", "content": f"out {k}\n"}]
-        previous = turn
+    turns, messages = tool_rollout(pool, "tok")
     received = [r["prompt_ids"] for r in proc.received()]
     assert received == [t.prompt_ids for t in turns]
     assert received[0] == tok.apply_chat_template(messages[:2], tools=TOOLS)

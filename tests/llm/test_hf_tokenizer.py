@@ -11,8 +11,7 @@ import pytest
 from prorl_celery.errors import InvalidRequest
 from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
 from prorl_celery.llm.tokenizer import HFTokenizer, continuation_ids, get_tokenizer, turn_closing_ids
-from tests.llm.conftest import add
-from tests.llm.test_clients import SCRIPT, TOOLS
+from tests.llm.conftest import SCRIPT, TOOLS, add, tool_rollout
 
 transformers = pytest.importorskip("transformers", reason="the optional 'transformers' package is not installed")
 tokenizers = pytest.importorskip("tokenizers")
@@ -129,13 +128,7 @@ def test_token_mode_through_a_fake_server_with_the_same_tokenizer(pool, fake_llm
     tok = get_tokenizer(str(stable))
     raw = transformers.AutoTokenizer.from_pretrained(stable)
     im_end, newline = tok.encode("<|im_end|>")[0], tok.encode("\n")
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find it ✓"}]
-    turns, previous = [], None
-    for k in range(3):
-        turn = pool.generate("hf", LLMRequest(messages=messages, tools=TOOLS, previous=previous))
-        turns.append(turn)
-        messages = messages + [turn.message, {"role": "tool", "tool_call_id": "x", "content": f"out {k}\n"}]
-        previous = turn
+    turns, messages = tool_rollout(pool, "hf")
     received = proc.received()
     assert [r["prompt_ids"] for r in received] == [t.prompt_ids for t in turns]
     assert [r["response_ids"] for r in received] == [t.response_ids for t in turns]

@@ -1,7 +1,6 @@
 """LLMPool.generate against real fake-server processes: load, failures, drain/resume, cancel."""
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -237,7 +236,8 @@ def test_timeout_quarantines_and_retries_elsewhere(pool, fake_llms, monkeypatch)
 def test_quarantined_backend_comes_back_while_others_carry_the_load(pool, fake_llms):
     """No beat sweep here: the pool's own background probe brings the backend back."""
     flaky, steady = fake_llms(2)
-    flaky_id, steady_id = add(pool, flaky, model="prorl-fake-byte"), add(pool, steady, model="prorl-fake-byte")
+    flaky_id = add(pool, flaky, model="prorl-fake-byte")
+    add(pool, steady, model="prorl-fake-byte")
     flaky.faults(fail_next=1)
     used = set()
     deadline = time.monotonic() + 10

@@ -3,7 +3,6 @@ speaking it: the same exact-id trajectory and logprobs as the plain dialect, SGL
 on the wire, its finish reasons, and registration over HTTP."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import requests
@@ -13,29 +12,13 @@ from prorl_celery.llm import LLMRequest, SamplingParams
 from prorl_celery.llm.generate import WIRES, Generated
 from prorl_celery.llm.models import Dialect
 from prorl_celery.llm.tokenizer import ByteTokenizer
-from tests.llm.conftest import add
-from tests.llm.test_clients import SCRIPT, TOOLS
+from tests.llm.conftest import add, tool_rollout
 
 WINDOW = 4096
 
 
-def rollout(pool, job_id: str) -> list:
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find it ✓"}]
-    sampling = SamplingParams(temperature=0.7, seed=7, top_k=20)
-    turns, previous = [], None
-    for k in range(3):
-        turn = pool.generate(job_id, LLMRequest(messages=messages, tools=TOOLS, sampling=sampling, previous=previous))
-        turns.append(turn)
-        messages = messages + [turn.message, {"role": "tool", "tool_call_id": "x", "content": f"out {k}\n"}]
-        previous = turn
-    return turns
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "script.json"
-    path.write_text(json.dumps(SCRIPT))
-    return path
+def rollout(pool, rollout_id: str) -> list:
+    return tool_rollout(pool, rollout_id, sampling=SamplingParams(temperature=0.7, seed=7, top_k=20))[0]
 
 
 def test_sglang_dialect_gives_the_plain_dialects_trajectory(pool, fake_llms, script):

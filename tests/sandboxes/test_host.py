@@ -193,7 +193,11 @@ def test_open_sandbox_places_by_free_capacity(start_host, redis_client):
     with pytest.raises(NoSandboxCapacity):
         open_sandbox(redis_client, SandboxSpec(), "job-full")
     assert opened[0].close() is True
-    assert open_sandbox(redis_client, SandboxSpec(), "job-again").handle.host_id == opened[0].handle.host_id
+    freed = opened[0].handle.host_id
+    full = 2 if freed == small.host_id else 3
+    # placement reads the live counts the hosts publish (asynchronously): wait for the close to show
+    assert wait_until(lambda: int(redis_client.hget(keys.host(freed), "live")) == full - 1, timeout=5)
+    assert open_sandbox(redis_client, SandboxSpec(), "job-again").handle.host_id == freed
 
 
 def test_open_sandbox_skips_stale_dead_and_racing_hosts(start_host, redis_client):
