@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     result_expires_s: int = Field(86400, description="How long Celery keeps task results.")
     job_ttl_s: int = Field(7 * 86400, description="How long a finished job record is kept.")
 
+    plugin_packages: str = Field("", description="Comma-separated packages (besides the service's own) whose classes a job may name by dotted path as its data_source handler or sandbox runtime, e.g. 'mylab_envs'.")
     sandbox_runtime: str = Field("auto", description="Default sandbox runtime when the instance names none: bwrap, singularity, local, a dotted path, or auto (bwrap where it works, else local with a warning).")
     sandbox_root: str | None = Field(None, description="Where a sandbox host keeps workspaces (<root>/<host id>/...); default: <tmp>/prorl-sandboxes.")
     sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from typing import Any
 
 from prorl_celery.errors import UnknownPlugin
+from prorl_celery.plugins import is_dotted_path, load_class
 from sandboxes.base import Sandbox, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -23,10 +23,6 @@ def known_runtimes() -> list[str]:
     return sorted(RUNTIMES)
 
 
-def is_dotted_path(name: str) -> bool:
-    return ":" in name or "." in name
-
-
 def load_runtime(name: str) -> type:
     """The runtime class for a short name (``local``) or a dotted path (``pkg.mod:Class``).
 
@@ -36,13 +32,10 @@ def load_runtime(name: str) -> type:
     path = RUNTIMES.get(name)
     if path is None and not is_dotted_path(name):
         raise UnknownPlugin(f"unknown sandbox runtime {name!r}; known: {', '.join(known_runtimes())}")
-    path = path or name
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UnknownPlugin(f"cannot load sandbox runtime {name!r} from {path!r}: {exc}; "
-                            f"known: {', '.join(known_runtimes())}") from exc
+        return load_class(path or name, "sandbox runtime")
+    except UnknownPlugin as exc:
+        raise UnknownPlugin(f"{exc}; known: {', '.join(known_runtimes())}") from None
 
 
 def available_runtimes() -> list[str]:

@@ -22,6 +22,7 @@ TEST_ENV = {
     "PRORL_STAGE_LEASE_S": "3",
     "PRORL_STAGE_REQUEUE_AFTER_S": "5",
     "PRORL_CONSUMER_WATCHDOG_S": "2",
+    "PRORL_PLUGIN_PACKAGES": "tests",  # the handlers in tests/handlers_for_tests.py
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
 }
 os.environ.update(TEST_ENV)

@@ -47,3 +47,22 @@ def _up(url: str) -> bool:
         return requests.get(url, timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def test_a_request_cannot_name_arbitrary_code(api):
+    """A data source or sandbox runtime by dotted path loads only classes from allowed packages
+    (the service's own, and ``PRORL_PLUGIN_PACKAGES``, which the tests set to ``tests``)."""
+    from tests.conftest import submit, wait
+
+    for source, reason in [("os:abort", "none of the allowed packages"),
+                           ("subprocess.Popen", "none of the allowed packages"),
+                           ("tests.handlers_for_tests:annotations", "is not a class"),
+                           ("tests.handlers_for_tests:Nope", "cannot load handler")]:
+        resp = requests.post(f"{api}/jobs", json={"instance": {"data_source": source}}, timeout=10)
+        assert resp.status_code == 400, (source, resp.text)
+        error = resp.json()["error"]
+        assert error["field"] == "instance.data_source" and reason in error["message"], (source, error)
+    assert requests.get(f"{api}/healthz", timeout=10).json()["ok"]  # the API did not call os.abort
+    job_id = submit(api, {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "os:system"}})
+    result = wait(api, job_id)["result"]
+    assert result["status"] == "failed" and "none of the allowed packages" in result["error"]["message"]

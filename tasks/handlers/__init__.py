@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import functools
-import importlib
 
 from prorl_celery.errors import UnknownPlugin
+from prorl_celery.plugins import is_dotted_path, load_class
 from tasks.handlers.base import AgentHandler
 
 HANDLERS: dict[str, str] = {
@@ -22,24 +22,18 @@ ALIASES: dict[str, str] = {
 }
 
 
-def _import(path: str) -> type:
-    module, _, attr = path.partition(":")
-    if not attr:
-        module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
-
-
 @functools.cache
 def get_handler(data_source: str) -> AgentHandler:
     """The handler for a data source; an unknown name lists the known ones."""
     name = ALIASES.get(data_source, data_source)
     path = HANDLERS.get(name)
-    if path is None and (":" in name or "." in name):
+    if path is None and is_dotted_path(name):
         path = name
     if path is None:
         known = ", ".join(sorted([*HANDLERS, *ALIASES]))
         raise UnknownPlugin(f"unknown data_source {data_source!r}; known: {known}, or a dotted path")
-    try:
-        return _import(path)()
-    except (ImportError, AttributeError) as exc:
-        raise UnknownPlugin(f"cannot load handler {path!r}: {exc}") from exc
+    cls = load_class(path, "handler")
+    missing = [name for name in ("init", "run", "eval") if not callable(getattr(cls, name, None))]
+    if missing:
+        raise UnknownPlugin(f"handler {path!r} has no {', '.join(missing)}")
+    return cls()

@@ -109,6 +109,8 @@ def test_unknown_runtime_lists_known_names():
         registry.load_runtime("docker")
     with pytest.raises(UnknownPlugin, match="cannot load"):
         registry.load_runtime("sandboxes.nope:Thing")
+    with pytest.raises(UnknownPlugin, match="none of the allowed packages"):
+        registry.load_runtime("subprocess:Popen")  # a request cannot name arbitrary code
 
 
 def test_create_sandbox_uses_spec_runtime_or_default(tmp_path, monkeypatch):
