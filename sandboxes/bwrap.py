@@ -121,7 +121,15 @@ class BwrapShell(PersistentShell):
     def _kill_command(self) -> list[int]:
         if self._init_pid is None:
             return super()._kill_command()
-        return kill_descendants(self._init_pid, spare=self._bash_pid)  # also orphans of setsid
+        # Also orphans (of setsid, of killed parents). A child forked while a walk runs is
+        # reparented to pid 1 after the walk read pid 1's children: walk again until none is new.
+        killed: list[int] = []
+        for _ in range(5):
+            new = [pid for pid in kill_descendants(self._init_pid, spare=self._bash_pid) if pid not in killed]
+            if not new:
+                break
+            killed += new
+        return killed
 
     def _kill_all(self) -> list[int]:
         """SIGKILL the sandbox's pid 1: the kernel kills all in its pid namespace, and the outer
