@@ -1,7 +1,6 @@
 """Jobs: submit (one or a batch), read, wait for, cancel."""
 from __future__ import annotations
 
-
 from flask import Blueprint, current_app, jsonify, request
 
 from flask_api.errors import parse_body

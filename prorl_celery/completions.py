@@ -87,11 +87,8 @@ class FinishWatcher:
         event = threading.Event()
         with self._lock:
             self._waiters.setdefault(job_id, []).append(event)
-            if self._reader is None or not self._reader.is_alive():
-                self._reader = threading.Thread(target=self._follow, args=(self._newest(),),
-                                                name="finish-watcher", daemon=True)
-                self._reader.start()
         try:
+            self._ensure_reader()
             deadline = time.monotonic() + timeout
             while True:
                 status = self.store.status(job_id)  # read after registering: no end is missed
@@ -106,10 +103,14 @@ class FinishWatcher:
                 if not waiting:
                     self._waiters.pop(job_id, None)
 
-    def _newest(self) -> str:
-        """The stream's newest entry id, read before the first waiter looks at its job."""
-        last = self.store.redis.xrevrange(keys.completions(), count=1)
-        return _text(last[0][0]) if last else START
+    def _ensure_reader(self) -> None:
+        """Start the reader from the stream's newest entry, before the first waiter looks at its job."""
+        with self._lock:
+            if self._reader is None or not self._reader.is_alive():
+                last = self.store.redis.xrevrange(keys.completions(), count=1)
+                self._reader = threading.Thread(target=self._follow, args=(_text(last[0][0]) if last else START,),
+                                                name="finish-watcher", daemon=True)
+                self._reader.start()
 
     def _follow(self, cursor: str) -> None:
         while True:
