@@ -12,58 +12,33 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 
+from sandboxes.procs import kill_descendants, kill_pids
+
 log = logging.getLogger(__name__)
 
-# Runs with ``python -I -S``: no imports beyond the standard library's core, about 15 ms to start.
-GUARD = r"""
-import os, signal, sys
-for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(sig, signal.SIG_IGN)
-held = set()
-for line in sys.stdin:
-    op, _, pid = line.strip().partition(" ")
-    if pid.isdigit():
-        (held.add if op == "+" else held.discard)(int(pid))
 
-def children(pid):
-    found = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
+def main() -> None:
+    """The guardian process (``python -m sandboxes.guardian``): note ``+ <pid>`` and ``- <pid>``
+    lines until end of file, then kill every shell still held, with its whole tree."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C meant for the host must not disarm it
+    held: set[int] = set()
+    for line in sys.stdin:
+        op, _, pid = line.strip().partition(" ")
+        if pid.isdigit():
+            (held.add if op == "+" else held.discard)(int(pid))
+    for root in held:
+        kill_descendants(root)
+        kill_pids([root])
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                found += [int(x) for x in fh.read().split()]
+            os.killpg(root, signal.SIGKILL)
         except OSError:
             pass
-    return found
-
-def signal_pid(pid, sig):
-    try:
-        os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
-
-for root in held:
-    stopped, todo = [], children(root)
-    while todo:
-        pid = todo.pop()
-        if signal_pid(pid, signal.SIGSTOP):
-            stopped.append(pid)
-            todo += children(pid)
-    for pid in stopped + [root]:
-        signal_pid(pid, signal.SIGKILL)
-    try:
-        os.killpg(root, signal.SIGKILL)
-    except OSError:
-        pass
-"""
 
 
 class Guardian:
@@ -77,7 +52,7 @@ class Guardian:
     def _ensure(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", GUARD], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "sandboxes.guardian"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                 bufsize=0)
             if self._held:  # a guardian that died is replaced with the whole list
@@ -121,3 +96,7 @@ def guardian() -> Guardian:
         if found is None:
             found = _guardians[os.getpid()] = Guardian()
         return found
+
+
+if __name__ == "__main__":
+    main()
