@@ -137,18 +137,12 @@ class PersistentShell:
             self._preexec_fn()
         die_with_parent()  # last: a change of uid in the preexec would clear it
 
-    def _popen_args(self) -> tuple[list[str], Callable[[], None] | None]:
-        """A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per
-        start on a big host); the shell is left to the guardian instead (see
-        :mod:`sandboxes.guardian`), unless the caller has its own preexec."""
-        if self._preexec_fn is not None:
-            return self.argv, self._preexec
-        return self.argv, None
-
     def _start(self, cwd: str) -> None:
-        argv, preexec = self._popen_args()
+        # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
+        # on a big host), so parent death is the guardian's business unless the caller brings one.
+        preexec = self._preexec if self._preexec_fn is not None else None
         self._proc = spawn(
-            argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0)
         if self._guarded and preexec is None:
             guardian().hold(self._proc.pid)
