@@ -31,6 +31,7 @@ import requests  # noqa: E402
 from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
 from sandboxes.base import SandboxHandle  # noqa: E402
 from sandboxes.client import RemoteSandbox  # noqa: E402
+from sandboxes.procs import alive  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -72,7 +73,7 @@ def main() -> None:
             view = http.delete(f"{api}/jobs/{job_id}", timeout=30).json()
             answered.append((time.perf_counter() - start) * 1000)
             assert view["status"] == "cancelled" and view["result"]["critical_error"] == "cancelled"
-            while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            while alive(pid):  # gone, or a zombie its reaper has not collected yet
                 time.sleep(0.0005)
             gone.append((time.perf_counter() - start) * 1000)
         leftover = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]]
