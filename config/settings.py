@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0",
                            description="Broker and job store. The result backend uses the next db.")
     result_url: str | None = Field(None, description="Result backend URL; default: redis_url with db+1.")
+    redis_max_connections: int = Field(512, description="Connections one process keeps to Redis at most; past it a command waits (up to 30 s) for a free one.")
 
     init_budget_s: float = Field(300.0, description="Time budget of the init stage, seconds.")
     run_budget_s: float = Field(1800.0, description="Time budget of the run stage, seconds.")
@@ -66,6 +67,7 @@ class Settings(BaseSettings):
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
 
     api_token: str | None = Field(None, description="Bearer token the API requires (none: open on loopback).")
+    api_threads: int = Field(256, description="Requests the API serves at once; a long poll or a /process call holds one while it waits (waiting costs no CPU).")
     api_max_wait_s: float = Field(600.0, description="Longest long poll (wait, completions) the API allows.")
 
     @classmethod

@@ -27,8 +27,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"api listening on http://{args.host}:{args.port}", flush=True)
-    waitress.serve(create_app(), host=args.host, port=args.port, threads=args.threads,
-                   channel_timeout=900, ident="prorl-celery")
+    threads = args.threads or get_settings().api_threads
+    waitress.serve(create_app(), host=args.host, port=args.port, threads=threads,
+                   connection_limit=max(100, threads + 64), channel_timeout=900, ident="prorl-celery")
     return 0
 
 
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     api = sub.add_parser("api", help="serve the HTTP API (needs PRORL_REDIS_URL)")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8000)
-    api.add_argument("--threads", type=int, default=64, help="concurrent requests (long polls hold one)")
+    api.add_argument("--threads", type=int, default=None,
+                     help="concurrent requests (a long poll or /process holds one); default: settings.api_threads")
     api.set_defaults(func=_cmd_api)
 
     status = sub.add_parser("status", help="queues, workers, sandbox hosts, LLM backends, jobs by status")

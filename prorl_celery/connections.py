@@ -11,10 +11,15 @@ from prorl_celery.jobs import JobStore
 
 @functools.cache
 def get_redis() -> redis.Redis:
-    # redis-py 8 reads with a 5 s socket timeout unless told otherwise; blocking reads (the
-    # completion stream) wait in slices shorter than this.
-    return redis.Redis.from_url(get_settings().redis_url, health_check_interval=25,
-                                socket_keepalive=True, socket_timeout=30, socket_connect_timeout=10)
+    """One pool per process. redis-py 8 caps a pool at 100 connections and then *fails* a
+    command; the API serves hundreds of requests at once, so a full pool makes a command wait
+    for a free connection instead. Its reads time out after 5 s unless told otherwise; blocking
+    reads (the completion stream) wait in slices shorter than the 30 s set here."""
+    settings = get_settings()
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=settings.redis_max_connections, timeout=30,
+        health_check_interval=25, socket_keepalive=True, socket_timeout=30, socket_connect_timeout=10)
+    return redis.Redis(connection_pool=pool)
 
 
 @functools.cache

@@ -41,6 +41,25 @@ class StuckRunHandler(ShellHandler):
         time.sleep(20)
 
 
+class GateHandler:
+    """A class of the user's own with only init, run and eval (no sandbox): run waits until the
+    file named by ``instance["gate"]`` exists."""
+
+    def init(self, ctx) -> None:
+        pass
+
+    def run(self, ctx) -> None:
+        import os
+        import time
+
+        while not os.path.exists(ctx.instance["gate"]):
+            ctx.check()
+            time.sleep(0.05)
+
+    def eval(self, ctx) -> dict:
+        return {"reward": 1.0}
+
+
 class UserHandler:
     """A user's own scaffold, not derived from anything in the service: loaded by dotted path."""
 

@@ -91,3 +91,35 @@ def test_process_times_out_with_504_and_cancels(api):
         assert requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"] == "cancelled"
     finally:
         requests.post(f"{api}/stop", timeout=30)
+
+
+def test_more_concurrent_process_calls_than_a_small_server_would_hold(api, redis_client, tmp_path):
+    """150 /process calls wait at once (a reference trainer holds one per rollout): every job is
+    submitted while all of them still wait, and all answer once the gate opens."""
+    from prorl_celery import keys
+
+    requests.post(f"{api}/start", timeout=10)
+    gate, prefix = tmp_path / "gate", f"gate-{uuid.uuid4().hex[:6]}"
+    ids = [f"{prefix}-{i}" for i in range(150)]
+    instance = {"data_source": "tests.handlers_for_tests:GateHandler", "gate": str(gate)}
+    try:
+        with ThreadPoolExecutor(len(ids)) as pool:
+            futures = [pool.submit(_process, api, {**instance, "trajectory_id": i}, job_id=job_id)
+                       for i, job_id in enumerate(ids)]
+
+            def submitted() -> bool:
+                pipe = redis_client.pipeline(transaction=False)
+                for job_id in ids:
+                    pipe.exists(keys.job(job_id))
+                return all(pipe.execute())
+
+            wait_until(submitted, 60, "every /process call to have submitted its job")
+            assert not any(f.done() for f in futures)
+            gate.touch()
+            answers = [f.result() for f in futures]
+    finally:
+        gate.touch()
+        requests.post(f"{api}/stop", timeout=60)
+    assert [a.status_code for a in answers] == [200] * len(ids)
+    assert sorted(a.json()["trajectory_id"] for a in answers) == list(range(len(ids)))
+    assert all(a.json()["status"] == "completed" for a in answers)

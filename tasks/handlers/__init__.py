@@ -36,4 +36,6 @@ def get_handler(data_source: str) -> AgentHandler:
     missing = [name for name in ("init", "run", "eval") if not callable(getattr(cls, name, None))]
     if missing:
         raise UnknownPlugin(f"handler {path!r} has no {', '.join(missing)}")
+    if not issubclass(cls, AgentHandler):  # a class of the user's own: the optional hooks' defaults
+        cls = type(cls.__name__, (cls, AgentHandler), {"__module__": cls.__module__})
     return cls()

@@ -7,8 +7,9 @@ from tasks.context import StageContext
 
 
 class AgentHandler:
-    """A task domain. Subclass it, or point ``instance["data_source"]`` at any class with these
-    methods by dotted path (``"my_pkg.my_module:MyHandler"``).
+    """A task domain. Subclass it, or point ``instance["data_source"]`` at any class with
+    ``init``, ``run`` and ``eval`` by dotted path (``"my_pkg.my_module:MyHandler"``); the hooks
+    it leaves out (``result_fields``, ``on_exception``, ``finish``) are the ones below.
 
     Each stage may run on a different worker and node: whatever a later stage needs goes into
     ``ctx.state`` (saved in the job store) or into the sandbox.
