@@ -48,12 +48,15 @@ def next_stage(record: JobRecord) -> JobStatus | None:
 
 
 def _held_by_workers() -> set[str]:
-    """Ids of tasks live workers run, or have reserved while all their threads are busy. A task
-    reserved by a worker with idle threads for longer than the requeue delay will not run: seen
-    after a broker reconnect, when a worker kept requests it could no longer acknowledge."""
+    """Ids of tasks that live workers have reserved while all their threads are busy: they run
+    once a thread frees. Not the tasks workers call active: a stage that really runs takes its
+    lease and leaves the waiting state at once, so a job still waiting past the requeue delay
+    has no live delivery. Both were seen after a broker reconnect: a reserved request on a
+    worker with idle threads that never ran, and an active one that had died with the connection
+    (the thread pool cannot cancel it) and stayed listed as active."""
     inspect = app.control.inspect(timeout=1.0)
     active, reserved, stats = inspect.active() or {}, inspect.reserved() or {}, inspect.stats() or {}
-    held = {task["id"] for tasks in active.values() for task in tasks}
+    held: set[str] = set()
     for worker, tasks in reserved.items():
         slots = (stats.get(worker) or {}).get("pool", {}).get("max-concurrency", 0)
         if len(active.get(worker, [])) >= slots:
