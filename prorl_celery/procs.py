@@ -26,6 +26,13 @@ def _die_with_parent() -> None:
 _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
 
 
+def spawn(*args, **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` from the process's spawner thread: a child whose parent-death signal
+    is set (by a preexec, or by ``bwrap --die-with-parent``) dies with this process, not with
+    whichever short-lived thread happened to start it."""
+    return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -42,8 +49,8 @@ class Child:
 
     def start(self) -> "Child":
         log = open(self.log_path, "ab")
-        self.popen = _spawner.submit(subprocess.Popen, self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent).result()
+        self.popen = spawn(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                           stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         return self
 

@@ -18,9 +18,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from prorl_celery.errors import SandboxError, SandboxGone
+from prorl_celery.procs import spawn
 from sandboxes.base import ExecResult, Limits
 from sandboxes.guardian import guardian
 from sandboxes.output import Output, cut_middle
@@ -48,7 +48,6 @@ _READ_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
-_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shell-spawner")
 VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -66,12 +65,6 @@ def shell_warm_spec(spec):
 def die_with_parent() -> None:
     """preexec: SIGKILL this child when the thread that spawned it dies (a kill -9 of the host)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def spawn(*args, **kwargs) -> subprocess.Popen:
-    """Popen from one thread that lives as long as the process: PR_SET_PDEATHSIG fires when the
-    forking *thread* exits, so a shell forked by a short-lived request thread would die with it."""
-    return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
 
 
 def shell_quote(text: str) -> str:

@@ -82,7 +82,6 @@ class HFTokenizer:
         vocab = self.tok.get_vocab()
         stops = {self.tok.eos_token_id, *(vocab[t] for t in self.STOP_TOKENS if t in vocab)}
         self.stop_ids = frozenset(i for i in stops if isinstance(i, int))
-        self.vocab_size = len(self.tok)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
