@@ -4,16 +4,18 @@
   (``RemoteSandbox.exec``), as a stage task does;
 - spawn: a new ``bwrap ... bash -c 'echo hi'`` process per command (same namespaces and binds);
 - tmux: a tmux session driven by ``send-keys`` and polled with ``capture-pane`` until the output
-  appears (the design the reference system moved away from).
+  appears (the design the reference system moved away from);
+- SWE-ReX: the peer a user would pick (``pip install swe-rex``): its ``LocalRuntime`` with one bash
+  session (pexpect on a pty, no isolation), called in process, so it pays no HTTP and no sandbox.
 
-Also the time from ``POST /sandboxes`` to a sandbox whose shell answers (cold, and handed out by
-the warm pool), and the memory of an idle sandbox (its bwrap, bwrap and bash processes: RSS and
+Also the time from ``POST /sandboxes`` to a sandbox whose shell answers (cold, handed out by
+the warm pool, and cold with ``"network": true``: its own network namespace), and the memory of an idle sandbox (its bwrap, bwrap and bash processes: RSS and
 PSS summed).
 
     python bench/action_latency.py [--n 500] [--creates 40]
 
 Last line: ``action_p50_ms=<> action_p90_ms=<> vs_spawn=<spawn/ours> vs_tmux=<tmux/ours>
-create_p50_ms=<cold> idle_rss_mb=<>``.
+vs_swerex=<swerex/ours> create_p50_ms=<cold> create_net_p50_ms=<cold, network> idle_rss_mb=<>``.
 """
 from __future__ import annotations
 
@@ -53,8 +55,8 @@ def start_host(root: str, warm: int) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.readline().split()[-1]
 
 
-def create(address: str, job_id: str) -> RemoteSandbox:
-    body = json.dumps({"job_id": job_id, "spec": {"runtime": "bwrap"}})
+def create(address: str, job_id: str, network: bool = False) -> RemoteSandbox:
+    body = json.dumps({"job_id": job_id, "spec": {"runtime": "bwrap", "network": network}})
     entry = request("POST", address, TOKEN, "/sandboxes", 60, data=body).json()
     return RemoteSandbox(SandboxHandle(host_id=entry["host_id"], address=address, token=TOKEN,
                                        sandbox_id=entry["sandbox_id"], runtime="bwrap"))
@@ -121,13 +123,37 @@ def tmux(n: int) -> tuple[list[float] | None, str]:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
-def creates(address: str, n: int, pause_s: float) -> list[float]:
+def swerex(n: int) -> tuple[list[float] | None, str]:
+    """SWE-ReX's local runtime, one bash session, ``echo hi`` per call (in this process)."""
+    try:
+        from swerex.runtime.abstract import BashAction, CreateBashSessionRequest
+        from swerex.runtime.local import LocalRuntime
+    except ImportError:
+        return None, "swe-rex is not installed (pip install swe-rex)"
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    runtime = LocalRuntime()
+    loop.run_until_complete(runtime.create_session(CreateBashSessionRequest(startup_timeout=10)))
+
+    def call() -> None:
+        obs = loop.run_until_complete(runtime.run_in_session(BashAction(command="echo hi", timeout=10)))
+        assert obs.output.strip() == "hi" and obs.exit_code == 0, obs
+
+    try:
+        return time_calls(call, n), ""
+    finally:
+        loop.run_until_complete(runtime.close())
+        loop.close()
+
+
+def creates(address: str, n: int, pause_s: float, network: bool = False) -> list[float]:
     """POST /sandboxes until the sandbox's shell answered (the host answers only then)."""
     out = []
     for i in range(n):
         time.sleep(pause_s)  # lets a warm pool refill, as between rollouts
         started = time.perf_counter()
-        box = create(address, f"bench-create-{i}")
+        box = create(address, f"bench-create-{i}", network)
         out.append((time.perf_counter() - started) * 1000)
         box.close()
     return out
@@ -169,7 +195,9 @@ def main() -> None:
         mine = ours(cold, args.n)
         spawned = spawn(root, max(50, args.n // 5))
         tmuxed, why = tmux(args.n)
+        rexed, rex_why = swerex(args.n)
         cold_creates = creates(cold, args.creates, 0.05)
+        net_creates = creates(cold, args.creates, 0.05, network=True)
         creates(warm, 3, 0.3)  # the first request of a kind starts warming it
         warm_creates = creates(warm, args.creates, 0.1)
         rss, pss = idle_memory_mb(cold)
@@ -180,18 +208,22 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     rows = [("ours: persistent shell via sandbox host (HTTP)", mine),
             ("new bwrap process per command", spawned), ("tmux send-keys + capture-pane", tmuxed),
-            ("create-to-ready, cold", cold_creates), ("create-to-ready, from the warm pool", warm_creates)]
+            ("SWE-ReX local runtime, one bash session", rexed),
+            ("create-to-ready, cold", cold_creates), ("create-to-ready, from the warm pool", warm_creates),
+            ("create-to-ready, cold, network sandbox", net_creates)]
     for name, values in rows:
         if values is None:
-            print(f"{name:<48} skipped: {why}")
+            print(f"{name:<48} skipped: {rex_why if values is rexed else why}")
         else:
             print(f"{name:<48} p50 {pct(values, .5):8.2f} ms   p90 {pct(values, .9):8.2f} ms   n={len(values)}")
     print(f"{'idle sandbox (bwrap, bwrap, bash)':<48} RSS {rss:.1f} MiB   PSS {pss:.1f} MiB")
     p50 = statistics.median(mine)
     vs_tmux = f"{statistics.median(tmuxed) / p50:.0f}" if tmuxed else "skipped"
+    vs_rex = f"{statistics.median(rexed) / p50:.1f}" if rexed else "skipped"
     print(f"action_p50_ms={p50:.2f} action_p90_ms={pct(mine, .9):.2f} "
-          f"vs_spawn={statistics.median(spawned) / p50:.1f} vs_tmux={vs_tmux} "
-          f"create_p50_ms={statistics.median(cold_creates):.1f} idle_rss_mb={rss:.1f}")
+          f"vs_spawn={statistics.median(spawned) / p50:.1f} vs_tmux={vs_tmux} vs_swerex={vs_rex} "
+          f"create_p50_ms={statistics.median(cold_creates):.1f} "
+          f"create_net_p50_ms={statistics.median(net_creates):.1f} idle_rss_mb={rss:.1f}")
 
 
 if __name__ == "__main__":
