@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 SYSTEM = ("Write a Python solution to the task. You can test it in the sandbox with the bash and "
           "str_replace_editor tools. When it is ready, call submit with the complete solution source "
           "code as `answer` (or end your reply with it in a ```python block).")
+GRADER = ("tests judged outside the solution's process; only the nonce-framed report of the "
+          "runner counts")
 EVAL_LIMITS = {"memory_mb": 2048, "cpu_s": 120, "nproc": 64, "fsize_mb": 64}
 
 
@@ -83,16 +86,32 @@ class HumanEvalHandler(CodeHandler):
 
 def run_tests(ctx: StageContext, code: str, tests: dict[str, Any]) -> dict[str, Any]:
     """Run ``code`` against ``tests`` in a fresh sandbox, which replaces the agent's as the job's
-    sandbox (the agent cannot have touched it; a cancel or the end of eval closes it)."""
+    sandbox (the agent cannot have touched it; a cancel or the end of eval closes it).
+
+    The report counts only on the line that starts with a nonce the runner reads from its spec
+    and deletes before the solution runs (see :mod:`tasks.verify.code_runner`): whatever the
+    solution prints, or leaves running to print later, cannot carry it."""
     spec = SandboxSpec.model_validate({**(ctx.instance.get("sandbox") or {}), "limits": EVAL_LIMITS})
     box = ctx.open_sandbox(spec)
+    nonce = secrets.token_hex(16)
     box.write_file("solution.py", code.encode())
     box.write_file("code_runner.py", RUNNER.read_bytes())
-    box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6}).encode())
+    box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6,
+                                            "nonce": nonce}).encode())
     out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
-    last = out.output.strip().splitlines()[-1:] or [""]
-    try:
-        return json.loads(last[0])
-    except ValueError:
-        return {"passed": 0, "total": None, "error": f"test runner failed (exit {out.exit_code}): "
-                                                    f"{out.output[-1000:]}", "timed_out": out.timed_out}
+    return read_report(out.output, nonce) or {
+        "passed": 0, "total": None, "grader": GRADER, "timed_out": out.timed_out,
+        "error": f"test runner gave no report (exit {out.exit_code}): {out.output[-1000:]}"}
+
+
+def read_report(output: str, nonce: str) -> dict[str, Any] | None:
+    """The runner's report: the JSON after the first line that starts with ``nonce``."""
+    prefix = f"{nonce} "
+    for line in output.splitlines():
+        if line.startswith(prefix):
+            try:
+                report = json.loads(line[len(prefix):])
+            except ValueError:
+                return None
+            return {**report, "grader": GRADER} if isinstance(report, dict) else None
+    return None
