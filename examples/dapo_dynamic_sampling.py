@@ -101,7 +101,7 @@ def run(batch: int, n: int, in_flight: int, step_s: float = 0.01, stack: Stack |
     try:
         url = stack.start_fake_llm(name="fake-dapo", extra_args=[
             "--policy", "oracle:examples.dapo_policy:reply", "--latency-model", f"step_s={step_s},capacity=512"])
-        client = ProrlClient(stack.api_url)
+        client = ProrlClient(stack.api_url, token=stack.api_token)
         client.add_llm_server(url)
         baseline(client, itertools.count(10**6), 2, n)  # warm up workers, sandboxes and verifiers
         results = {"dynamic": dynamic(client, itertools.count(0), batch, n, in_flight),

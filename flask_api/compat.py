@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.settings import get_settings
 from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
+from flask_api.limits import acquire_stream
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobStore
@@ -90,10 +91,14 @@ def process():
     request = JobRequest(instance=body.instance, sampling_params=body.sampling_params,
                          job_id=body.job_id or uuid.uuid4().hex)
     check_handlers([request])
-    store = _store()
-    (job_id,) = submit(store, [request])
-    store.redis.sadd(keys.compat_jobs(), job_id)
-    status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
+    release = acquire_stream()  # before submitting: a refused /process runs nothing
+    try:
+        store = _store()
+        (job_id,) = submit(store, [request])
+        store.redis.sadd(keys.compat_jobs(), job_id)
+        status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
+    finally:
+        release()
     record = store.get(job_id) if status and status.terminal else None
     if record is not None:
         store.redis.srem(keys.compat_jobs(), job_id)

@@ -9,10 +9,12 @@ from flask import Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
+from flask_api.limits import TooManyStreams
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, NotFound, ProrlError
 
 log = logging.getLogger(__name__)
-_STATUS = {InvalidRequest: 400, NotFound: 404, JobAlreadyTerminal: 409}
+_STATUS = {InvalidRequest: 400, NotFound: 404, JobAlreadyTerminal: 409, TooManyStreams: 429}
+_OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
@@ -50,12 +52,23 @@ def _handle_other(exc: Exception):
     return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
-def _check_token():
-    token = current_app.config.get("API_TOKEN")
-    if not token or request.path == "/healthz":
+def _bearer(header: str) -> bytes | None:
+    """The credential of ``Authorization: Bearer <credential>`` as bytes; None if malformed.
+    Bytes, because ``compare_digest`` raises on a str with non-ASCII characters."""
+    scheme, _, credential = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
         return None
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given, token):
+    return credential.strip().encode("utf-8", "surrogateescape")
+
+
+def _check_token():
+    """Every route but the probes needs the token; an app without one configured refuses all
+    (fails closed, never open)."""
+    if request.path in _OPEN_PATHS:
+        return None
+    token = current_app.config.get("API_TOKEN")
+    given = _bearer(request.headers.get("Authorization", ""))
+    if not token or given is None or not hmac.compare_digest(given, token.encode("utf-8")):
         return error_response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' is required")
     return None
 

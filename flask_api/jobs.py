@@ -4,6 +4,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, request
 
 from flask_api.errors import parse_body
+from flask_api.limits import acquire_stream
 from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest
@@ -60,7 +61,11 @@ def wait_job(job_id: str):
     if not 0 <= timeout <= current_app.config["WAIT_MAX_S"]:
         raise InvalidRequest(f"timeout must be within 0..{current_app.config['WAIT_MAX_S']}",
                              field="timeout")
-    status = current_app.extensions["prorl_finishes"].wait(job_id, timeout)
+    release = acquire_stream() if timeout > 0 else (lambda: None)  # a long poll holds a thread
+    try:
+        status = current_app.extensions["prorl_finishes"].wait(job_id, timeout)
+    finally:
+        release()
     if status is None:
         raise UnknownJob(job_id)
     return jsonify(_view(job_id)), 200 if status.terminal else 202

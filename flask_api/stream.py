@@ -9,6 +9,7 @@ import json
 
 from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
 
+from flask_api.limits import acquire_stream
 from prorl_celery import completions
 from prorl_celery.errors import InvalidRequest
 
@@ -37,8 +38,12 @@ def get_completions():
     cursor = _cursor(request.args.get("cursor"))
     wait = _number("wait", 0, 0, current_app.config["WAIT_MAX_S"])
     limit = int(_number("limit", 500, 1, 5000))
-    items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
-                                          request.args.get("group_id") or None, limit)
+    release = acquire_stream() if wait > 0 else (lambda: None)  # a long poll holds a thread
+    try:
+        items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
+                                              request.args.get("group_id") or None, limit)
+    finally:
+        release()
     return jsonify({"cursor": next_cursor, "completions": items})
 
 
@@ -47,6 +52,7 @@ def events():
     cursor = _cursor(request.headers.get("Last-Event-ID") or request.args.get("cursor"))
     group_id = request.args.get("group_id") or None
     store = current_app.extensions["prorl_store"]
+    release = acquire_stream()  # held until the server closes the response (client gone)
 
     def generate():
         position = cursor
@@ -58,5 +64,7 @@ def events():
             for item in items:
                 yield f"id: {item['cursor']}\nevent: completion\ndata: {json.dumps(item)}\n\n"
 
-    return Response(stream_with_context(generate()), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response = Response(stream_with_context(generate()), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response.call_on_close(release)
+    return response

