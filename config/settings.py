@@ -66,9 +66,12 @@ class Settings(BaseSettings):
     llm_sticky_overload_margin: float = Field(0.25, description="... and also above the least load by this fraction of capacity.")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
 
-    api_token: str | None = Field(None, description="Bearer token the API requires (none: open on loopback).")
+    api_token: str | None = Field(None, description="Bearer token the API requires on every route but /healthz; the API refuses to start without one (`up` generates one into <state dir>/secrets.env).")
     api_threads: int = Field(256, description="Requests the API serves at once; a long poll or a /process call holds one while it waits (waiting costs no CPU).")
     api_max_wait_s: float = Field(600.0, description="Longest long poll (wait, completions) the API allows.")
+    api_max_streams: int = Field(512, description="Long-lived requests (GET /events, long polls of /completions and /jobs/<id>/wait, /process) served at once; past it 429. Each holds a thread of its own, on top of api_threads, so they never starve /healthz or submissions.")
+    api_max_streams_per_client: int = Field(256, description="Long-lived requests one client (remote address) may hold at once; past it 429.")
+    redis_user: str = Field("redis", description="User (name or uid) the service's own redis-server runs as when started by root; nobody when that user does not exist.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
