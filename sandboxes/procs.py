@@ -125,6 +125,6 @@ def ulimit_command(limits: Limits) -> str | None:
     raise a hard limit again."""
     flags = [("-v", limits.memory_mb and limits.memory_mb * 1024),
              ("-t", limits.cpu_s), ("-u", limits.nproc),
-             ("-f", limits.fsize_mb and limits.fsize_mb * 1024)]
+             ("-f", limits.fsize_mb and limits.fsize_mb * 1024), ("-n", limits.nofile)]
     parts = [f"{flag} {int(value)}" for flag, value in flags if value]
     return f"ulimit -S -H {' '.join(parts)}" if parts else None

@@ -4,7 +4,10 @@ The sandbox can put symlinks, FIFOs and odd modes in its workspace; the host (of
 and writes there for the file and archive calls. Every path is resolved relative to a descriptor
 of the workspace with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (Linux >= 5.6), or, on
 older kernels, one ``O_NOFOLLOW`` component at a time, so no ``..``, absolute symlink or symlink
-race reaches outside it. Only regular files are read (a FIFO cannot block the host).
+race reaches outside it. Only regular files are read (a FIFO cannot block the host), and no
+more than ``sandbox_read_max_mb`` of one (:class:`FileTooLarge`, HTTP 413, past that). Where the
+host is root a workspace is a size-capped filesystem of its own (:mod:`sandboxes.diskquota`);
+it is removed by descriptor, never following a symlink (:mod:`sandboxes.safedirs`).
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from prorl_celery.errors import SandboxError
+from sandboxes import diskquota
 from sandboxes.archive import add_tree, extract_archive, file_info, write_tree_archive
+from sandboxes.safedirs import remove_tree
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (new-style syscall table)
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
@@ -33,6 +39,34 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _have_openat2 = True
+
+
+class FileTooLarge(SandboxError, OSError):
+    """A file read through the host is larger than ``sandbox_read_max_mb`` (or the caller's cap)."""
+
+    type = "file_too_large"
+    status = 413
+
+    def __init__(self, message: str):
+        SandboxError.__init__(self, message)
+        self.errno, self.strerror, self.filename = errno.EFBIG, message, None
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def read_cap_bytes() -> int:
+    from config.settings import get_settings
+
+    return get_settings().sandbox_read_max_mb * (1 << 20)
+
+
+def quota_why_not() -> str:
+    return diskquota.why_not()
+
+
+def quota_supported() -> bool:
+    return not diskquota.why_not()
 
 
 def escape_error(path: str) -> PermissionError:
@@ -126,6 +160,10 @@ class Workspace:
         finally:
             os.close(parent)
 
+    def mount_quota(self, size_mb: int) -> None:
+        """Give the (still empty) workspace a filesystem of ``size_mb`` of its own."""
+        diskquota.mount_image(self.host_dir, size_mb, self.uid)
+
     def makedirs(self, path: str) -> None:
         root = self._root_fd()
         try:
@@ -134,7 +172,9 @@ class Workspace:
             os.close(root)
 
     # -- single files -----------------------------------------------------------------------
-    def read_bytes(self, path: str) -> bytes:
+    def open_read(self, path: str, max_bytes: int | None = None) -> IO[bytes]:
+        """The regular file ``path`` opened for reading; :class:`FileTooLarge` when it is larger
+        than ``max_bytes`` (default: ``sandbox_read_max_mb``). Read it with :func:`read_capped`."""
         parts = self.relative(path)
         if not parts:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
@@ -143,10 +183,23 @@ class Workspace:
             fd = open_beneath(root, "/".join(parts), os.O_RDONLY | os.O_NONBLOCK)
         finally:
             os.close(root)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh = os.fdopen(fd, "rb")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", path)
-            return fh.read()
+            _check_size(path, st.st_size, max_bytes or read_cap_bytes())
+        except BaseException:
+            fh.close()
+            raise
+        return fh
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        cap = max_bytes or read_cap_bytes()
+        with self.open_read(path, cap) as fh:
+            data = fh.read(cap + 1)  # the file may have grown since fstat
+        _check_size(path, len(data), cap)
+        return data
 
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         parts = self.relative(path)
@@ -261,7 +314,12 @@ class Workspace:
 
     def retire(self) -> None:
         """Move the workspace aside (one rename) so its path is gone at once; :meth:`remove`
-        deletes it later. Safe while the sandbox still has it mounted."""
+        deletes it later. Safe while the sandbox still has it mounted. A workspace filesystem
+        is detached first (a mountpoint cannot be renamed)."""
+        try:
+            diskquota.unmount(self.host_dir)
+        except OSError:
+            pass
         trash = self.host_dir.with_name(f".trash-{self.host_dir.name}")
         try:
             os.rename(self.host_dir, trash)
@@ -281,21 +339,10 @@ def _unlink_nondir(dir_fd: int, name: str) -> None:
         pass
 
 
-def remove_tree(path: str | os.PathLike) -> None:
-    """rmtree that also removes what the sandbox made unwritable (chmod 000 directories)."""
-    def retry(func, target, _exc) -> None:
-        try:
-            os.chmod(os.path.dirname(target), 0o700)
-            if os.path.isdir(target) and not os.path.islink(target):
-                os.chmod(target, 0o700)
-                shutil.rmtree(target, ignore_errors=True)
-            else:
-                func(target)
-        except OSError:
-            pass
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=retry)
+def _check_size(path: str, size: int, cap: int) -> None:
+    if size > cap:
+        raise FileTooLarge(f"{path} is larger than {cap >> 20} MiB ({size} bytes or more): "
+                           f"too large to read whole; read a part with a command instead")
 
 
 class WorkspaceFiles:
@@ -306,6 +353,10 @@ class WorkspaceFiles:
 
     def read_file(self, path: str) -> bytes:
         return self.workspace.read_bytes(path)
+
+    def open_file(self, path: str) -> IO[bytes]:
+        """For the host's read route: the file, size-checked, to be streamed."""
+        return self.workspace.open_read(path)
 
     def write_file(self, path: str, data: bytes) -> None:
         self.workspace.write_bytes(path, data)
