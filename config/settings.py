@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import tomllib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -49,6 +49,8 @@ class Settings(BaseSettings):
 
     plugin_packages: str = Field("", description="Comma-separated packages (besides the service's own) whose classes a job may name by dotted path as its data_source handler or sandbox runtime, e.g. 'mylab_envs'.")
     sandbox_runtime: str = Field("auto", description="Default sandbox runtime when the instance names none: bwrap, singularity, local, a dotted path, or auto (bwrap where it works, else local with a warning).")
+    sandbox_network: Literal["isolated", "off"] = Field("isolated", description="What \"network\": true in a sandbox spec gets: isolated (its own network namespace behind slirp4netns, reaching the outside but not the host's loopback, the host's addresses and subnets, private, link-local or IPv6 ranges) or off (refused with an error). Never the host's network.")
+    sandbox_network_deny: str = Field("", description="Comma-separated IPv4 networks (CIDR) a network sandbox may not reach either, beyond the built-in private ranges and the host's own subnets, e.g. the cluster's public subnet.")
     sandbox_root: str | None = Field(None, description="Where a sandbox host keeps workspaces (<root>/<host id>/...); default: <tmp>/prorl-sandboxes.")
     sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")
     sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")

@@ -6,9 +6,11 @@ from any node by its :class:`SandboxHandle`.
 """
 from __future__ import annotations
 
+import os
+import re
 from typing import IO, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Limits(BaseModel):
@@ -21,6 +23,43 @@ class Limits(BaseModel):
     wall_s: float | None = Field(None, description="Wall time after which the whole sandbox is killed.")
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Names that make a shell or the dynamic loader run code or change how commands parse: never
+# from a request, although sandbox.env only ever reaches the shell inside the sandbox.
+REFUSED_ENV = frozenset({
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "CDPATH",
+    "GLOBIGNORE", "EXECIGNORE", "BASH_XTRACEFD", "BASH_LOADABLES_PATH", "POSIXLY_CORRECT",
+    "TMOUT", "INPUTRC", "HISTFILE", "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES",
+    "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF",
+    "RES_OPTIONS", "TZDIR"})
+REFUSED_ENV_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
+# PATH entries a request may not put first: places a sandbox (or a local user) can write to.
+WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev", "/proc", "/run", "/workspace", "/home")
+MAX_ENV_ENTRIES, MAX_ENV_VALUE = 256, 32768
+
+
+def _env_problem(name: str, value: str) -> str | None:
+    """Why ``name=value`` may not be in a sandbox's environment (None: it may)."""
+    if not ENV_NAME.match(name):
+        return f"{name!r} is not a shell variable name (letters, digits, '_'; at most 128)"
+    if name in REFUSED_ENV or name.startswith(REFUSED_ENV_PREFIXES):
+        return f"{name} is refused: it makes the shell or the loader run code"
+    if "\x00" in value or len(value) > MAX_ENV_VALUE:
+        return f"the value of {name} has a NUL byte or is over {MAX_ENV_VALUE} characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"the value of {name} is not valid UTF-8"
+    if name == "PATH":
+        for entry in value.split(":"):
+            norm = os.path.normpath(entry) if entry else ""
+            if not entry.startswith("/") or norm != entry.rstrip("/") and entry != "/" \
+                    or any(norm == top or norm.startswith(top + "/") for top in WRITABLE_DIRS):
+                return (f"PATH entry {entry!r} refused: give absolute, normalised directories "
+                        f"outside {', '.join(WRITABLE_DIRS)}")
+    return None
+
+
 class SandboxSpec(BaseModel):
     """What an instance's ``sandbox`` block may ask for; the runtime picks what it understands."""
 
@@ -31,7 +70,21 @@ class SandboxSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits, description="Resource limits.")
     network: bool = Field(False, description="Allow network access from inside the sandbox.")
     workdir: str | None = Field(None, description="Directory the shell starts in (inside the sandbox).")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the shell.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the "
+                                "shell inside the sandbox (never for the host-side start). Refused: "
+                                "names that are not shell names, LD_*, BASH_ENV, BASH_FUNC_* and "
+                                "the like (REFUSED_ENV), NUL bytes, a PATH with relative or "
+                                "writable directories.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_safe(cls, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV_ENTRIES:
+            raise ValueError(f"at most {MAX_ENV_ENTRIES} variables")
+        problems = [why for name, value in env.items() if (why := _env_problem(name, value))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return env
 
 
 class ExecResult(BaseModel):
