@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")
     output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
+    sandbox_read_max_mb: int = Field(64, description="Largest file the sandbox host reads out of a workspace in one file call (larger: HTTP 413 file_too_large; use the tree/archive calls).")
+    sandbox_cgroups: bool = Field(True, description="Give each bwrap sandbox its own cgroup (memory, pids, cpu) and, where the host is root, a size-capped workspace filesystem; False only to compare costs.")
 
     llm_call_timeout_s: float = Field(600.0, description="Timeout of one LLM call (one turn), seconds.")
     llm_lease_s: float = Field(30.0, description="Expiry of an in-flight LLM request's lease; a dead worker's requests stop counting after it.")

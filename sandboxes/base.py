@@ -14,11 +14,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Limits(BaseModel):
+    """Per-sandbox resource limits. The defaults are safe on their own (a spec that names no
+    limits cannot start thousands of processes, hold gigabytes or fill the host's disk); a
+    request may lower them. How each is enforced on a node: :func:`sandboxes.cgroups.enforcement`.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
-    memory_mb: int | None = Field(None, description="Address-space limit per process, MiB.")
+    memory_mb: int | None = Field(2048, description="Memory of the whole sandbox, MiB: all its "
+                                  "processes and the tmpfs pages they write (/tmp, workspace); a "
+                                  "memory cgroup where the node has one, else an address-space "
+                                  "limit per process.")
     cpu_s: int | None = Field(None, description="CPU time limit per process, seconds.")
-    nproc: int | None = Field(None, description="Maximum number of processes.")
+    cpus: float | None = Field(1.0, description="CPU bandwidth of the whole sandbox, in cores "
+                               "(a cgroup CFS quota).")
+    pids: int | None = Field(512, description="Processes and threads of the whole sandbox at "
+                             "once (a pids cgroup; else RLIMIT_NPROC of the sandbox's own uid).")
+    nproc: int | None = Field(None, description="RLIMIT_NPROC: processes of the sandbox's uid.")
+    nofile: int | None = Field(4096, description="Open files per process (RLIMIT_NOFILE).")
+    disk_mb: int | None = Field(2048, description="Size of the workspace filesystem, MiB (an "
+                                "ext4 image of its own where the host is root; else each file "
+                                "is capped at this size by RLIMIT_FSIZE).")
     fsize_mb: int | None = Field(None, description="Largest file a process may write, MiB.")
     wall_s: float | None = Field(None, description="Wall time after which the whole sandbox is killed.")
 
