@@ -32,6 +32,8 @@ def check_handlers(requests: list[JobRequest]) -> None:
             get_handler(source)
         except UnknownPlugin as exc:
             raise InvalidRequest(str(exc), field="instance.data_source") from None
+    for req in requests:  # and what the operator's policy refuses (runtime, image, repo source)
+        get_handler(req.instance["data_source"]).check_instance(req.instance)
 
 
 @bp.post("/jobs")

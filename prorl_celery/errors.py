@@ -5,6 +5,7 @@ exceptions. What follows is for infrastructure faults and bad input::
 
     ProrlError
     ├── InvalidRequest(ValueError)        bad input from a client; carries the field
+    │   └── PolicyDenied                  beyond the operator's policy (runtime, image, repo source)
     ├── NotFound(KeyError)                no such id
     │   ├── UnknownJob                    no such job
     │   ├── UnknownGroup                  no such group
@@ -48,6 +49,13 @@ class InvalidRequest(ProrlError, ValueError):
         if self.field:
             out["field"] = self.field
         return out
+
+
+class PolicyDenied(InvalidRequest):
+    """The request asked for what the operator's policy does not allow: a runtime the host does
+    not serve, an unregistered image, a repository source outside the allowed ones."""
+
+    type = "policy_denied"
 
 
 class NotFound(ProrlError, KeyError):

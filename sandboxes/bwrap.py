@@ -1,10 +1,13 @@
 """``bwrap``: a persistent bash inside bubblewrap namespaces. Rootless; the default runtime.
 
-What the sandbox gets: new user, pid, ipc, uts, cgroup and (unless ``spec.network``) network
-namespaces; no capabilities and no nested user namespaces; a read-only root (the host's system
+What the sandbox gets: new user, pid, ipc, uts, cgroup and network namespaces (with
+``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.netns`; never the
+host's); no capabilities and no nested user namespaces; a read-only root (the host's system
 directories, or an image rootfs directory); its workspace read-write at ``/workspace``; a private
 size-capped ``/tmp`` and ``/dev/shm``; a fresh ``/proc`` and a minimal ``/dev``; a cleared
-environment; rlimits set on its shell. A host running as root starts each sandbox as its own
+environment (``--clearenv``, fixed defaults by ``--setenv``, ``spec.env`` exported by the shell
+itself once it runs: a request's variables never reach the host-side ``setpriv``/``bwrap``, which
+start with :data:`HOST_ENV` only, nor their command lines); rlimits set on its shell. A host running as root starts each sandbox as its own
 unprivileged uid (see :mod:`sandboxes.uids`), so ``nproc`` holds and nothing runs as host root.
 
 Processes: ``bwrap`` (started by the host, dies with it) -> ``bwrap`` as pid 1 of the sandbox ->
@@ -18,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.procs import child_pids, kill_descendants
-from sandboxes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
+from sandboxes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
+from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV, PersistentShell, shell_quote, shell_warm_spec
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles
 
@@ -35,6 +40,7 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NOT_FROM_IMAGE = {"proc", "dev", "tmp", "sys", "workspace"}
 _MB = 1024 * 1024
 SETPRIV = shutil.which("setpriv")
+HOST_ENV = HELPER_ENV  # the host-side start's whole environment: nothing from a request
 
 
 class BwrapConfig(BaseModel):
@@ -73,19 +79,24 @@ def root_entries(image: str | None, host_paths: list[str]) -> list[tuple[str, st
 
 def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network: bool,
                root: list[tuple[str, str | None]], image: str | None = None,
-               uid: int | None = None) -> list[str]:
-    """The whole command line of one sandbox's shell (pure: no I/O)."""
+               uid: int | None = None, env: dict[str, str] | None = None,
+               resolv: str | None = None) -> list[str]:
+    """The whole command line of one sandbox's shell (pure: no I/O). The network namespace is
+    always new; with ``network`` the host attaches user-mode networking to it once it runs, and
+    ``resolv`` (a file naming that network's resolver) is bound over /etc/resolv.conf. ``env``:
+    the whole environment inside (fixed defaults: it is visible in the host's process list)."""
     prefix = [SETPRIV or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] \
         if uid is not None else []
-    argv = [config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
-    argv += ["--share-net"] if network else []
+    argv = [tool(config.bwrap) or config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     argv += ["--uid", "0", "--gid", "0", "--hostname", config.hostname, "--die-with-parent",
-             "--new-session", "--cap-drop", "ALL"]
+             "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    for name, value in (env or {}).items():
+        argv += ["--setenv", name, value]
     for inside, target in root:
         source = os.path.join(image, inside.lstrip("/")) if image else inside
         argv += ["--symlink", target, inside] if target is not None else ["--ro-bind", source, inside]
-    if network and image:  # name resolution of the host inside an image's own /etc
-        argv += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+    if network and resolv:  # the sandbox's network has its own resolver
+        argv += ["--ro-bind", resolv, "/etc/resolv.conf"]
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
     size = str(config.tmp_size_mb * _MB)
@@ -96,15 +107,44 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
 
 
 class BwrapShell(PersistentShell):
-    """A persistent shell whose command processes are everything in the sandbox but bash."""
+    """A persistent shell whose command processes are everything in the sandbox but bash.
+
+    ``inner_env`` (the request's variables) is exported by the shell itself on every start,
+    before any command: it never is the environment or the command line of a host-side
+    process. With ``network``, each start (restarts too) gets its own :class:`UserNet`."""
 
     _init_pid: int | None = None
     _bash_pid: int | None = None
     _init_fd: int | None = None  # a pidfd: signals reach that process even once its pid is reused
+    net: UserNet | None = None
+
+    def __init__(self, argv: list[str], *, inner_env: dict[str, str] | None = None,
+                 network: bool = False, **kwargs: Any):
+        self.inner_env = dict(inner_env or {})
+        self.network = network
+        super().__init__(argv, **kwargs)
 
     @property
     def shell_pid(self) -> int | None:
         return self._bash_pid or self.pid
+
+    def _export(self, env: dict[str, str]) -> None:
+        if not env:
+            return
+        line = " && ".join(f"export {name}={shell_quote(value)}" for name, value in env.items())
+        out, state = self._roundtrip(line, time.monotonic() + 30, phase="start")
+        if state != "marker" or out.status != 0:
+            raise OSError(f"could not export the sandbox's environment ({state})")
+
+    def adopt(self, env, limits, cwd) -> None:
+        """As :meth:`PersistentShell.adopt`, but the variables are kept for the shell inside
+        (exported again after a restart), never put into the host-side start's environment."""
+        host_env = dict(self.env)
+        try:
+            super().adopt(env, limits, cwd)
+        finally:
+            self.env = host_env
+        self.inner_env.update(env)
 
     def _started(self) -> None:
         inits = child_pids(self._proc.pid)
@@ -116,6 +156,9 @@ class BwrapShell(PersistentShell):
             self._init_fd = os.pidfd_open(self._init_pid)
         except OSError:  # kernel < 5.3: signal by pid while the outer bwrap still runs
             self._init_fd = None
+        if self.network:  # before anything but ':' ran in it: not usable without its network
+            self.net = attach(self._init_pid, self._init_fd)
+        self._export(self.inner_env)
         super()._started()
 
     def _kill_command(self) -> list[int]:
@@ -153,6 +196,9 @@ class BwrapShell(PersistentShell):
         except subprocess.TimeoutExpired:
             self._proc.kill()
         super()._reap()
+        if self.net is not None:  # its namespace is gone with the sandbox: slirp4netns goes too
+            self.net.close()
+            self.net = None
         if self._init_fd is not None:
             os.close(self._init_fd)
         self._init_fd = self._init_pid = self._bash_pid = None
@@ -209,11 +255,14 @@ class BwrapSandbox(WorkspaceFiles):
             if uid is not None:
                 os.chown(host_dir, uid, uid)
             self.workdir = self._workdir(spec.workdir)
+            if spec.network:
+                require_network()
             argv = bwrap_argv(self.config, workspace_dir=host_dir, workdir=self.workdir,
                               network=spec.network, root=root_entries(spec.image, self.config.host_paths),
-                              image=spec.image, uid=uid)
-            self.shell = BwrapShell(argv, cwd="/", env=self._env(), limits=spec.limits,
-                                    guarded=False)
+                              image=spec.image, uid=uid, env=self._env(),
+                              resolv=resolv_conf() if spec.network else None)
+            self.shell = BwrapShell(argv, cwd="/", env=HOST_ENV, limits=spec.limits, guarded=False,
+                                    inner_env=spec.env, network=spec.network)
         except BaseException:
             self.close()
             raise
@@ -232,10 +281,11 @@ class BwrapSandbox(WorkspaceFiles):
         return inside
 
     def _env(self) -> dict[str, str]:
+        """The fixed environment inside (``spec.env`` is exported over it once the shell runs)."""
         base = {"PATH": SANDBOX_PATH, "HOME": self.config.mount, "USER": "root", "LOGNAME": "root",
                 "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash",
                 "HOSTNAME": self.config.hostname}
-        return {**base, **self.spec.env}
+        return {**NONINTERACTIVE_ENV, **base}
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
@@ -271,7 +321,8 @@ class BwrapSandbox(WorkspaceFiles):
     def info(self) -> dict[str, Any]:
         shell = self.shell
         return {"runtime": self.name, "isolation": "namespaces",
-                "network": "host" if self.spec.network else "none", "pid": shell.pid,
+                "network": "isolated (slirp4netns)" if self.spec.network else "none",
+                "net_pid": shell.net.pid if shell.net else None, "pid": shell.pid,
                 "init_pid": shell._init_pid, "shell_pid": shell.shell_pid,
                 "uid": self.workspace.uid, "workspace": str(self.workspace.host_dir),
                 "mount": self.config.mount, "workdir": self.workdir, "cwd": shell.cwd,

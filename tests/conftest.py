@@ -30,6 +30,9 @@ TEST_ENV = {
     "PRORL_STAGE_REQUEUE_AFTER_S": "5",
     "PRORL_CONSUMER_WATCHDOG_S": "2",
     "PRORL_PLUGIN_PACKAGES": "tests",  # the handlers in tests/handlers_for_tests.py
+    "PRORL_ALLOW_LOCAL_RUNTIME": "1",  # the test operator allows 'local'; tests/security/test_policy.py does not
+    "PRORL_REPO_SOURCE_DIRS": f"/tmp/pytest-of-{__import__('getpass').getuser()}",  # SWE fixtures in tmp_path
+    "PRORL_SANDBOX_IMAGE_DIRS": f"/tmp/prorl-test-images-{REDIS_PORT}",  # made by test_policy.py
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
 }
 os.environ.update(TEST_ENV)
