@@ -1,8 +1,10 @@
-"""Health: broker and result backend reachable, and how many workers consume each queue."""
+"""Health: broker and result backend reachable, how many workers consume each queue, and which
+sandbox runtimes (and isolation, and limit enforcement) each live sandbox host serves."""
 from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
+from flask_api.schemas import SandboxHostHealth
 from prorl_celery.celery_app import app as celery_app
 from prorl_celery.report import workers_per_queue
 
@@ -22,6 +24,15 @@ def _ping(check, attempts: int = 2) -> str | None:
     return error
 
 
+def sandbox_hosts(client) -> list[dict]:
+    """Each live sandbox host's runtimes, what ``auto`` means there, their isolation and how the
+    node enforces each limit (never its token)."""
+    from sandboxes.client import live_hosts
+
+    return [SandboxHostHealth.model_validate(record.model_dump()).model_dump()
+            for record in live_hosts(client)]
+
+
 @bp.get("/healthz")
 def healthz():
     store = current_app.extensions["prorl_store"]
@@ -30,8 +41,11 @@ def healthz():
     workers: dict[str, list[str]] = {}
     if broker_error is None:
         broker_error = _ping(lambda: workers.update(workers_per_queue()))
+    hosts: list[dict] = []
+    if broker_error is None:
+        broker_error = _ping(lambda: hosts.extend(sandbox_hosts(store.redis)))
     ok = broker_error is None and backend_error is None
     body = {"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
             "workers": {queue: len(names) for queue, names in workers.items()},
-            "worker_names": workers}
+            "worker_names": workers, "sandbox_hosts": hosts}
     return jsonify(body), 200 if ok else 503

@@ -24,12 +24,25 @@ class SubmitResponse(BaseModel):
     job_ids: list[str]
 
 
+class SandboxHostHealth(BaseModel):
+    host_id: str
+    address: str
+    runtimes: list[str] = Field(description="The runtimes this host serves, and no others.")
+    auto: str | None = Field(description="What runtime 'auto' means there; null: refused (no working bubblewrap, local not allowed).")
+    isolation: dict[str, str] = Field(description="Runtime -> isolation: namespaces, container, none.")
+    limit_enforcement: dict[str, str] = Field(description="Limit -> how the node enforces it (or why not).")
+    capacity: int
+    live: int
+    heartbeat_at: float
+
+
 class HealthResponse(BaseModel):
     ok: bool
     broker: str
     backend: str
     workers: dict[str, int] = Field(description="Queue -> number of workers consuming it.")
     worker_names: dict[str, list[str]]
+    sandbox_hosts: list[SandboxHostHealth] = Field(default_factory=list, description="Live sandbox hosts.")
 
 
 class GroupSubmitResponse(BaseModel):

@@ -12,14 +12,15 @@ import redis
 from pydantic import ValidationError
 
 from prorl_celery import keys
-from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, SandboxError, SandboxGone,
-                                 UnknownPlugin)
+from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, PolicyDenied, SandboxError,
+                                 SandboxGone, UnknownPlugin)
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
                                 RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
 from sandboxes.archive import extract_archive, write_tree_archive
 from sandboxes.http import Response, TransportError, call
+from sandboxes.workspace import FileTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +34,24 @@ _ERRORS: dict[str, type[Exception]] = {
     "no_sandbox_capacity": NoSandboxCapacity,
     "unknown_plugin": UnknownPlugin,
     "invalid_request": InvalidRequest,
+    "policy_denied": PolicyDenied,
     "file_not_found": FileNotFoundError,
     "file_error": OSError,
     "permission_denied": PermissionError,
+    "file_too_large": FileTooLarge,
 }
 
 
 def _raise_for(response: Response) -> None:
+    field = None
     try:
         detail = response.json()["error"]
-        type_, message = detail["type"], detail["message"]
-    except (ValueError, KeyError, TypeError):
+        type_, message, field = detail["type"], detail["message"], detail.get("field")
+    except (ValueError, KeyError, TypeError, AttributeError):
         type_, message = "sandbox", response.text[:500]
-    raise _ERRORS.get(type_, SandboxError)(f"{message} (HTTP {response.status_code})")
+    cls = _ERRORS.get(type_, SandboxError)
+    text = f"{message} (HTTP {response.status_code})"
+    raise cls(text, field=field) if issubclass(cls, InvalidRequest) else cls(text)
 
 
 def request(method: str, address: str, token: str, path: str, timeout: float,
@@ -68,8 +74,9 @@ def request(method: str, address: str, token: str, path: str, timeout: float,
 class RemoteSandbox:
     """The :class:`~sandboxes.base.Sandbox` protocol over HTTP to the host named in ``handle``."""
 
-    def __init__(self, handle: SandboxHandle):
+    def __init__(self, handle: SandboxHandle, entry: SandboxEntry | None = None):
         self.handle = handle
+        self.entry = entry  # the host's answer to the create (runtime, isolation, limits ...)
         self._prefix = f"/sandboxes/{handle.sandbox_id}"
 
     def _call(self, method: str, suffix: str = "", timeout: float = CONTROL_TIMEOUT_S,
@@ -149,7 +156,8 @@ def close_handle(handle: SandboxHandle | dict[str, Any]) -> bool:
 
 
 def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostRecord]:
-    """Hosts whose heartbeat is recent (3 periods), optionally only those offering ``runtime``."""
+    """Hosts whose heartbeat is recent (3 periods), optionally those offering ``runtime`` (all of
+    them when none does: each host applies its own policy and says why it refuses)."""
     from config.settings import get_settings
 
     cutoff = time.time() - 3 * get_settings().host_heartbeat_s
@@ -163,9 +171,13 @@ def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostReco
             records.append(HostRecord.from_redis(raw))
         except (ValidationError, ValueError) as exc:  # a half-expired or foreign hash
             log.warning("ignoring malformed sandbox host record: %s", exc)
-    if runtime is None or runtime == AUTO or is_dotted_path(runtime):
+    if runtime == AUTO:  # hosts that can honour it first; else all, so one says why not
+        return [record for record in records if record.auto] or records
+    if runtime is None or is_dotted_path(runtime):
         return records
-    return [record for record in records if runtime in record.runtimes]
+    # no host offers it: ask them anyway, and the first says why not (403) instead of init
+    # waiting out its budget for a host that will never come
+    return [record for record in records if runtime in record.runtimes] or records
 
 
 def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
@@ -201,7 +213,7 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
         entry = SandboxEntry.model_validate_json(response.content)
         return RemoteSandbox(SandboxHandle(host_id=host.host_id, address=host.address,
                                            token=host.token, sandbox_id=entry.sandbox_id,
-                                           runtime=entry.runtime))
+                                           runtime=entry.runtime), entry)
     if failed and not full:  # hosts answered with a real failure: retrying will not help
         raise SandboxError(f"every sandbox host failed to create the sandbox: {'; '.join(failed)}")
     raise NoSandboxCapacity(f"no live sandbox host with room for runtime {runtime!r}"

@@ -25,10 +25,12 @@ import redis
 import waitress
 
 from prorl_celery import keys
+from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.host_app import create_app
-from sandboxes.pool import SandboxPool
+from sandboxes.pool import SandboxPool, limit_enforcement
 from sandboxes.protocol import HostRecord
-from sandboxes.registry import available_runtimes
+from sandboxes.registry import ServedRuntimes
+from sandboxes import cgroups, safedirs
 from sandboxes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
@@ -120,9 +122,8 @@ class HostDirs:
         path = Path(root) / self.host_id
         if path in self.dirs:
             return path
-        for directory in (Path(root), path):
-            directory.mkdir(mode=0o711, parents=True, exist_ok=True)
-        lock = os.open(Path(root) / f".{self.host_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        safedirs.host_dir(root, self.host_id)  # ours and private, or the host refuses to start
+        lock = safedirs.open_lock(Path(root) / f".{self.host_id}.lock")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -186,10 +187,15 @@ class SandboxHost:
 
         settings = get_settings()
         self.token = token or secrets.token_urlsafe(24)
-        self.runtimes = runtimes or available_runtimes()
+        try:
+            self.served = ServedRuntimes(runtimes, runtime_config)
+        except (SandboxError, InvalidRequest) as exc:  # nothing to serve, or local not allowed
+            raise SystemExit(f"sandbox host: {exc}") from None
+        self.runtimes = self.served.names
         capacity = capacity or settings.sandbox_capacity
         self.pool = SandboxPool("", capacity, lease_s or settings.sandbox_lease_s, runtime_config,
-                                warm=settings.sandbox_warm if warm is None else warm)
+                                warm=settings.sandbox_warm if warm is None else warm,
+                                served=self.served)
         app = create_app(self.pool, self.token, self.runtimes)
         self.server = waitress.create_server(
             app, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
@@ -210,12 +216,15 @@ class SandboxHost:
         self.registration: Registration | None = None
         if register:
             record = HostRecord(host_id=self.host_id, address=self.address, token=self.token,
-                                runtimes=self.runtimes, capacity=capacity, live=0, pid=os.getpid())
+                                runtimes=self.runtimes, capacity=capacity, live=0, pid=os.getpid(),
+                                auto=self.served.auto, isolation=self.served.isolation(),
+                                limit_enforcement=limit_enforcement())
             client = redis.Redis.from_url(redis_url or settings.redis_url)
             self.registration = Registration(client, record, self.pool, settings.host_heartbeat_s)
             self.pool.on_change = self.registration.update_live
 
     def start(self) -> None:
+        cgroups.sweep(self.host_id)  # what a killed earlier run of this host id left
         self.pool.start_reaper()
         self.pool.warm.start()
         if self.registration:
@@ -260,8 +269,9 @@ def serve(host: str = "127.0.0.1", port: int = 0, redis_url: str | None = None,
         if ready_file:
             sandbox_host.write_ready_file(ready_file)
         print(f"sandbox-host ready {sandbox_host.address}", flush=True)
-        log.info("sandbox host %s on %s, runtimes %s, capacity %d", sandbox_host.host_id,
-                 sandbox_host.address, sandbox_host.runtimes, sandbox_host.pool.capacity)
+        log.info("sandbox host %s on %s, runtimes %s (auto: %s), capacity %d", sandbox_host.host_id,
+                 sandbox_host.address, sandbox_host.runtimes, sandbox_host.served.auto,
+                 sandbox_host.pool.capacity)
         sandbox_host.run()
     finally:
         sandbox_host.shutdown()
@@ -279,7 +289,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-id", default=None, help="Default: <hostname>-<port>.")
     parser.add_argument("--advertise", default=None, help="Base URL clients use to reach this host.")
     parser.add_argument("--ready-file", default=None, help="Write address, token, pid here (JSON).")
-    parser.add_argument("--runtimes", default=None, help="Comma-separated; default: all available.")
+    parser.add_argument("--runtimes", default=None,
+                        help="Comma-separated; the host serves these and nothing else (default: "
+                             "every available one; 'local' only with PRORL_ALLOW_LOCAL_RUNTIME=1).")
     parser.add_argument("--runtime-config", default=None,
                         help='JSON per runtime, e.g. \'{"local": {"root": "/scratch"}}\'.')
     parser.add_argument("--warm", type=int, default=None,

@@ -1,7 +1,9 @@
 """The sandbox host's HTTP API: a Flask app over a :class:`~sandboxes.pool.SandboxPool`.
 
 Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors are
-``{"error": {"type", "message"}}`` with a 4xx/5xx status; the client re-raises them by type.
+``{"error": {"type", "message", "field"?}}`` with a 4xx/5xx status; the client re-raises them by
+type. A create the operator's policy refuses (a runtime not served, an unregistered image) is 403
+``policy_denied`` naming the field: the token does not carry the right to widen the policy.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from flask import Flask, Response, request
 from pydantic import BaseModel, ValidationError
 
 from prorl_celery.errors import InvalidRequest, ProrlError
-from sandboxes.pool import SandboxPool
+from sandboxes.workspace import stream_capped
+from sandboxes.pool import SandboxPool, limit_enforcement
 from sandboxes.protocol import (CloseResponse, CreateRequest, ErrorResponse, ExecRequest, Health,
                                 RenewRequest, SandboxList)
 
@@ -24,16 +27,18 @@ STATUS_BY_TYPE = {
     "file_error": 400,
     "unauthorized": 401,
     "permission_denied": 403,
+    "policy_denied": 403,
     "sandbox_gone": 404,
     "file_not_found": 404,
     "not_found": 404,
+    "file_too_large": 413,
     "no_sandbox_capacity": 503,
 }
 
 
-def error(type_: str, message: str, status: int | None = None) -> Response:
-    body = ErrorResponse.model_validate({"error": {"type": type_, "message": message}})
-    return Response(body.model_dump_json(), status or STATUS_BY_TYPE.get(type_, 500),
+def error(type_: str, message: str, status: int | None = None, field: str | None = None) -> Response:
+    body = ErrorResponse.model_validate({"error": {"type": type_, "message": message, "field": field}})
+    return Response(body.model_dump_json(exclude_none=True), status or STATUS_BY_TYPE.get(type_, 500),
                     mimetype="application/json")
 
 
@@ -55,7 +60,8 @@ def file_path() -> str:
     return path
 
 
-def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
+def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None) -> Flask:
+    """``runtimes`` is ignored: the pool's served runtimes are the ones the host serves."""
     app = Flask("sandboxes.host")
     expected = f"Bearer {token}".encode()
 
@@ -70,7 +76,7 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
 
     @app.errorhandler(ProrlError)
     def prorl_error(exc: ProrlError) -> Response:
-        return error(exc.type, str(exc))
+        return error(exc.type, str(exc), field=getattr(exc, "field", None))
 
     @app.errorhandler(FileNotFoundError)
     def file_not_found(exc: FileNotFoundError) -> Response:
@@ -91,8 +97,10 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
 
     @app.get("/health")
     def health() -> Response:
+        served = pool.served
         return ok(Health(host_id=pool.host_id, live=pool.live, capacity=pool.capacity,
-                         runtimes=runtimes))
+                         runtimes=served.names, auto=served.auto, isolation=served.isolation(),
+                         limit_enforcement=limit_enforcement()))
 
     @app.post("/sandboxes")
     def create() -> Response:
@@ -132,8 +140,9 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str]) -> Flask:
     @app.get("/sandboxes/<sandbox_id>/files")
     def read_file(sandbox_id: str) -> Response:
         path = file_path()
-        with pool.using(sandbox_id) as sandbox:
-            data = sandbox.read_file(path)
+        with pool.using(sandbox_id) as sandbox:  # size-checked, then streamed (workspace.py)
+            opened = sandbox.open_file(path) if hasattr(sandbox, "open_file") else None
+            data = sandbox.read_file(path) if opened is None else stream_capped(opened)
         return Response(data, 200, mimetype="application/octet-stream")
 
     @app.put("/sandboxes/<sandbox_id>/tree")

@@ -14,7 +14,8 @@ from typing import Any
 from prorl_celery.errors import NoSandboxCapacity, SandboxGone
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from sandboxes.protocol import SandboxEntry
-from sandboxes.registry import create_sandbox, runtime_name
+from sandboxes import policy
+from sandboxes.registry import ServedRuntimes, isolation_of, load_runtime, requested_runtime
 from sandboxes.warm import WarmPool
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class _Slot:
     expires_at: float = 0.0
     wall_deadline: float | None = None
     busy: int = 0  # requests in flight; a busy sandbox's lease cannot lapse
+    policy: dict[str, Any] = field(default_factory=dict)  # what the host decided, for info()
 
     def renew(self, lease_s: float | None = None) -> None:
         self.lease_s = lease_s or self.lease_s
@@ -47,8 +49,10 @@ class SandboxPool:
 
     def __init__(self, host_id: str, capacity: int, default_lease_s: float,
                  runtime_config: dict[str, dict[str, Any]] | None = None,
-                 on_change: Callable[[], None] | None = None, warm: int = 0):
+                 on_change: Callable[[], None] | None = None, warm: int = 0,
+                 served: ServedRuntimes | None = None):
         self.host_id = host_id
+        self.served = served or ServedRuntimes(None, runtime_config)
         self.capacity = capacity
         self.default_lease_s = default_lease_s
         self.runtime_config = runtime_config or {}
@@ -67,20 +71,30 @@ class SandboxPool:
         with self._lock:
             return len(self._slots) + self._starting
 
+    def admit(self, spec: SandboxSpec) -> tuple[str, SandboxSpec]:
+        """The served runtime and the spec as the operator's policy lets it run: the runtime
+        must be one this host serves, the image a registered one, the limits under the ceilings.
+        Raises :class:`~prorl_celery.errors.PolicyDenied` naming the field."""
+        name = self.served.select(requested_runtime(spec))
+        image = policy.check_image(spec.image, "spec.image")
+        return name, policy.clamp_spec(spec).model_copy(update={"runtime": name, "image": image})
+
     def create(self, job_id: str, spec: SandboxSpec, lease_s: float | None = None) -> SandboxEntry:
+        name, spec = self.admit(spec)
         with self._lock:
             if len(self._slots) + self._starting >= self.capacity:
                 raise NoSandboxCapacity(f"host {self.host_id} is full ({self.capacity} sandboxes)")
             self._starting += 1  # reserve the slot; starting a sandbox can be slow
         try:
-            name = runtime_name(spec)
             sandbox = self.warm.take(name, spec, job_id) or \
-                create_sandbox(spec, job_id, self.runtime_config.get(name))
+                load_runtime(name)(spec, job_id, self.runtime_config.get(name))
         finally:
             with self._lock:
                 self._starting -= 1
         slot = _Slot(secrets.token_hex(8), job_id, name, sandbox, lease_s or self.default_lease_s)
         slot.renew()
+        slot.policy = {"isolation": isolation_of(name), "limits": spec.limits.model_dump(exclude_none=True),
+                       "limit_enforcement": limit_enforcement()}
         if spec.limits.wall_s:
             slot.wall_deadline = slot.created_at + spec.limits.wall_s
         with self._lock:
@@ -90,6 +104,8 @@ class SandboxPool:
 
     def entry(self, slot: _Slot) -> SandboxEntry:
         info = slot.sandbox.info()
+        for key, value in slot.policy.items():  # the runtime's own account comes first
+            info.setdefault(key, value)
         return SandboxEntry(sandbox_id=slot.sandbox_id, host_id=self.host_id, job_id=slot.job_id,
                             runtime=slot.runtime, created_at=slot.created_at,
                             expires_at=slot.expires_at, lease_s=slot.lease_s, pid=info.get("pid"),
@@ -209,6 +225,21 @@ class SandboxPool:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def limit_enforcement() -> dict[str, str]:
+    """Limit name -> how this node enforces it, from :mod:`sandboxes.cgroups` where that module
+    exists (imported lazily: it probes the node); empty otherwise."""
+    try:
+        from sandboxes import cgroups
+    except ImportError:
+        return {}
+    enforcement = getattr(cgroups, "enforcement", None)
+    try:
+        return dict(enforcement()) if callable(enforcement) else {}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: a probe must not stop creates
+        log.warning("could not tell how limits are enforced: %s", exc)
+        return {}
 
 
 def _close(sandbox: Sandbox, sandbox_id: str) -> None:

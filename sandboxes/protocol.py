@@ -55,15 +55,23 @@ class Health(BaseModel):
     live: int
     capacity: int
     runtimes: list[str]
+    auto: str | None = Field(None, description="What 'auto' resolves to here; None: refused.")
+    isolation: dict[str, str] = Field(default_factory=dict, description="Runtime -> isolation.")
+    limit_enforcement: dict[str, str] = Field(default_factory=dict,
+                                              description="Limit -> how this node enforces it.")
 
 
 class ErrorDetail(BaseModel):
     type: str
     message: str
+    field: str | None = None
 
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+_JSON_FIELDS = {"runtimes": "[]", "isolation": "{}", "limit_enforcement": "{}"}
 
 
 class HostRecord(BaseModel):
@@ -77,6 +85,10 @@ class HostRecord(BaseModel):
     live: int
     pid: int | None = None
     heartbeat_at: float = 0.0
+    auto: str | None = Field(None, description="What 'auto' resolves to on this host; None: refused.")
+    isolation: dict[str, str] = Field(default_factory=dict, description="Runtime -> isolation.")
+    limit_enforcement: dict[str, str] = Field(default_factory=dict,
+                                              description="Limit -> how this node enforces it.")
 
     @property
     def free(self) -> int:
@@ -84,12 +96,23 @@ class HostRecord(BaseModel):
 
     def to_redis(self) -> dict[str, str]:
         data = self.model_dump()
-        data["runtimes"] = json.dumps(self.runtimes)
+        for name in _JSON_FIELDS:
+            data[name] = json.dumps(data[name])
         return {k: str(v) for k, v in data.items() if v is not None}
 
     @classmethod
     def from_redis(cls, raw: dict[Any, Any]) -> HostRecord:
         data = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                 for k, v in raw.items()}
-        data["runtimes"] = json.loads(data.get("runtimes") or "[]")
+        for name, empty in _JSON_FIELDS.items():
+            data[name] = json.loads(data.get(name) or empty)
         return cls.model_validate(data)
+
+
+def sandbox_block(entry: SandboxEntry) -> dict[str, Any]:
+    """What a job's result says about the sandbox it ran in: runtime, isolation, network, image,
+    the limits applied and how this node enforces them."""
+    info = entry.info
+    return {"runtime": entry.runtime, "isolation": info.get("isolation", "unknown"),
+            "network": info.get("network"), "image": info.get("image"), "host_id": entry.host_id,
+            "limits": info.get("limits", {}), "limit_enforcement": info.get("limit_enforcement", {})}

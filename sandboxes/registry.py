@@ -5,7 +5,7 @@ import functools
 import logging
 from typing import Any
 
-from prorl_celery.errors import UnknownPlugin
+from prorl_celery.errors import PolicyDenied, SandboxError, UnknownPlugin
 from prorl_celery.plugins import is_dotted_path, load_class
 from sandboxes.base import Sandbox, SandboxSpec
 
@@ -16,7 +16,7 @@ RUNTIMES: dict[str, str] = {
     "local": "sandboxes.local:LocalSandbox",
     "singularity": "sandboxes.singularity:SingularitySandbox",
 }
-AUTO = "auto"  # bwrap where it works, else local (with a warning)
+AUTO = "auto"  # bwrap where it works; local only where the operator allows it
 
 
 def known_runtimes() -> list[str]:
@@ -38,17 +38,49 @@ def load_runtime(name: str) -> type:
         raise UnknownPlugin(f"{exc}; known: {', '.join(known_runtimes())}") from None
 
 
-def available_runtimes() -> list[str]:
-    """Registered runtimes that can run on this machine (their binary is present)."""
-    names = []
-    for name in known_runtimes():
-        try:
-            cls = load_runtime(name)
-        except UnknownPlugin:
-            continue
-        if getattr(cls, "available", lambda: True)():
-            names.append(name)
-    return names
+ISOLATION: dict[str, str] = {"bwrap": "namespaces", "local": "none", "singularity": "container"}
+AUTO_UNAVAILABLE = ("sandbox runtime 'auto' needs bubblewrap, which is missing or cannot create "
+                    "namespaces on this host, and will not fall back to 'local' (no isolation): "
+                    "install bubblewrap with scripts/install-system-deps.sh, or let the operator "
+                    "allow the unisolated runtime with PRORL_ALLOW_LOCAL_RUNTIME=1 (prorl-celery "
+                    "up --dev)")
+
+
+def isolation_of(name: str) -> str:
+    """How a runtime isolates its sandboxes (``namespaces``, ``none`` ...), as /healthz shows."""
+    if name in ISOLATION:
+        return ISOLATION[name]
+    try:
+        return str(getattr(load_runtime(name), "isolation", "unknown"))
+    except UnknownPlugin:
+        return "unknown"
+
+
+def runtime_works(name: str, config: dict[str, Any] | None = None) -> bool:
+    """Whether ``name`` can run here, with its configured binary where it has one."""
+    if name == "bwrap":
+        from sandboxes.bwrap import bwrap_works
+
+        return bwrap_works((config or {}).get("bwrap") or "bwrap")
+    try:
+        cls = load_runtime(name)
+    except UnknownPlugin:
+        return False
+    return bool(getattr(cls, "available", lambda: True)())
+
+
+def _local_allowed() -> bool:
+    from config.settings import get_settings
+
+    return bool(get_settings().allow_local_runtime)
+
+
+def available_runtimes(runtime_config: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Registered runtimes that can run on this machine and that the operator allows (``local``
+    only with ``allow_local_runtime``)."""
+    config = runtime_config or {}
+    return [name for name in known_runtimes()
+            if (name != "local" or _local_allowed()) and runtime_works(name, config.get(name))]
 
 
 def requested_runtime(spec: SandboxSpec) -> str:
@@ -58,23 +90,74 @@ def requested_runtime(spec: SandboxSpec) -> str:
     return spec.runtime or get_settings().sandbox_runtime
 
 
+def resolve_auto(served: list[str], runtime_config: dict[str, dict[str, Any]] | None = None) -> str | None:
+    """What ``auto`` means among ``served``: ``bwrap`` if it works here; else ``local`` only when
+    the operator allows it (and says so in the log and in every result); else None."""
+    config = runtime_config or {}
+    if "bwrap" in served and runtime_works("bwrap", config.get("bwrap")):
+        return "bwrap"
+    if "local" in served and _local_allowed():
+        log.warning("sandbox runtime 'auto': bubblewrap does not work here; using 'local', which "
+                    "has NO isolation, because PRORL_ALLOW_LOCAL_RUNTIME is set")
+        return "local"
+    return None
+
+
 @functools.cache
 def auto_runtime() -> str:
-    """What ``auto`` means on this machine: ``bwrap`` if it works here, else ``local``."""
-    if getattr(load_runtime("bwrap"), "available")():
-        return "bwrap"
-    log.warning("sandbox runtime 'auto': bubblewrap is missing or cannot create namespaces here; "
-                "falling back to 'local', which has NO isolation (install it with "
-                "scripts/install-system-deps.sh)")
-    return "local"
+    """What ``auto`` means in this process (see :func:`resolve_auto`); an error if nothing."""
+    name = resolve_auto(["bwrap", "local"])
+    if name is None:
+        raise SandboxError(AUTO_UNAVAILABLE)
+    return name
 
 
 def runtime_name(spec: SandboxSpec) -> str:
-    """The runtime that serves ``spec`` on this machine (``auto`` resolved)."""
+    """The runtime that serves ``spec`` in this process (``auto`` resolved)."""
     name = requested_runtime(spec)
     return auto_runtime() if name == AUTO else name
 
 
 def create_sandbox(spec: SandboxSpec, job_id: str, config: dict[str, Any] | None = None) -> Sandbox:
-    """Start a sandbox of ``spec.runtime`` (default: ``settings.sandbox_runtime``) in this process."""
+    """Start a sandbox of ``spec.runtime`` (default: ``settings.sandbox_runtime``) in this
+    process. The operator's policy is the sandbox host's to apply (:class:`ServedRuntimes`)."""
     return load_runtime(runtime_name(spec))(spec, job_id, config)
+
+
+class ServedRuntimes:
+    """The runtimes one sandbox host was started with, and the one choice it makes per create:
+    which of them serves a spec. Anything else is refused, whatever the request names."""
+
+    def __init__(self, names: list[str] | None = None,
+                 runtime_config: dict[str, dict[str, Any]] | None = None):
+        from sandboxes.policy import local_refused, names_local
+
+        if names and any(names_local(name) for name in names) and not _local_allowed():
+            raise local_refused("--runtimes")
+        self.names = list(names) if names else available_runtimes(runtime_config)
+        if not self.names:
+            raise SandboxError("this host has no sandbox runtime to serve: " + AUTO_UNAVAILABLE)
+        self.auto = resolve_auto(self.names, runtime_config)
+        self._classes = {name: load_runtime(name) for name in self.names}
+
+    def isolation(self) -> dict[str, str]:
+        return {name: isolation_of(name) for name in self.names}
+
+    def select(self, requested: str) -> str:
+        """The served runtime for a requested name (``auto``, a short name, a dotted path)."""
+        from sandboxes.policy import local_refused, names_local
+
+        if requested == AUTO:
+            if self.auto is None:
+                raise SandboxError(AUTO_UNAVAILABLE)
+            return self.auto
+        if requested in self._classes:
+            return requested
+        if names_local(requested) and not _local_allowed():
+            raise local_refused("spec.runtime")
+        cls = load_runtime(requested)  # an unknown name lists the known ones
+        for name, served in self._classes.items():
+            if cls is served:
+                return name
+        raise PolicyDenied(f"sandbox runtime {requested!r} is not served by this host (it serves "
+                           f"{', '.join(self.names)})", field="spec.runtime")

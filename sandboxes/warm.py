@@ -4,7 +4,9 @@ A runtime takes part by defining ``warm_spec(spec) -> SandboxSpec | None`` (the 
 that must be fixed when the sandbox starts: image, network; None when it cannot be pre-started)
 and ``claim(job_id, spec)`` (applies the rest: environment, limits, working directory). Sandboxes
 are kept per (runtime, warm spec) that has been asked for at least once, ``per_key`` of each,
-refilled by one background thread. They do not count against the host's capacity.
+refilled by one background thread. They do not count against the host's capacity. The pool
+starts only what the host admitted (:meth:`sandboxes.pool.SandboxPool.admit`): the runtime by its
+served name, never re-resolved from the spec.
 """
 from __future__ import annotations
 
@@ -66,13 +68,11 @@ class WarmPool:
 
     def fill_once(self) -> int:
         """Start what is missing; returns how many were started."""
-        from sandboxes.registry import create_sandbox
-
         started = 0
         while not self._stop.is_set() and (missing := self._missing()):
             key, name, template = missing[0]
             try:
-                sandbox = create_sandbox(template, WARM_JOB, self.config_for(name))
+                sandbox = load_runtime(name)(template, WARM_JOB, self.config_for(name))
             except Exception as exc:  # noqa: BLE001 - stop warming this key, keep serving cold
                 log.warning("could not pre-start a %s sandbox: %s", name, exc)
                 with self._lock:

@@ -11,6 +11,7 @@ from prorl_celery.status import JobStatus
 from sandboxes.base import SandboxHandle, SandboxSpec
 
 log = logging.getLogger(__name__)
+SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
 
 
 class StageContext:
@@ -68,8 +69,14 @@ class StageContext:
     def open_sandbox(self, spec: SandboxSpec):
         """Start a sandbox on the least-loaded live host and record its handle in the job.
 
-        A full cluster is waited out (cancellable) until the stage budget ends."""
+        A full cluster is waited out (cancellable) until the stage budget ends. The limits are
+        put under the operator's ceilings here (and again by the host); what the host started
+        (runtime, isolation, limits) is kept in ``state["_sandbox"]`` for the result."""
         from sandboxes.client import close_handle, open_sandbox
+        from sandboxes.policy import clamp_spec
+        from sandboxes.protocol import sandbox_block
+
+        spec = clamp_spec(spec)
 
         self.close_sandbox()  # a redelivered init must not leave the first attempt's sandbox
         pause = 0.2
@@ -89,6 +96,8 @@ class StageContext:
             raise JobCancelled(f"job {self.job_id} ended while its sandbox started")
         self.record.sandbox = handle
         self._sandbox = box
+        if box.entry is not None:
+            self.state[SANDBOX_KEY] = sandbox_block(box.entry)
         return box
 
     def close_sandbox(self) -> None:

@@ -9,6 +9,7 @@ from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.models import ErrorInfo, JobResult
 from prorl_celery.status import JobStatus
+from tasks.context import SANDBOX_KEY
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] 
     instance = record.instance
     data = {**partial, **(fields or {})}
     data.setdefault("filter", status is not JobStatus.COMPLETED)
+    if state.get(SANDBOX_KEY):  # which runtime and isolation the job really ran in
+        data.setdefault("sandbox", state[SANDBOX_KEY])
     timing = record.timings().model_copy(update=data.pop("timing", {}))
     return JobResult(job_id=record.job_id, status=status, critical_error=critical_error, error=error,
                      timing=timing, instance_id=_maybe_str(instance.get("instance_id")),

@@ -7,6 +7,7 @@ from prorl_celery.agent import AgentConfig, AgentOutcome, run_agent
 from prorl_celery.agent.trajectory import assistant_messages, flatten
 from prorl_celery.llm import Turn
 from sandboxes.base import SandboxSpec
+from sandboxes.policy import handler_spec
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
 
@@ -19,7 +20,9 @@ class AgentTaskHandler(AgentHandler):
     default_sandbox: dict[str, Any] = {}
 
     def sandbox_spec(self, instance: dict[str, Any]) -> SandboxSpec:
-        return SandboxSpec.model_validate({**self.default_sandbox, **(instance.get("sandbox") or {})})
+        """The instance's ``sandbox`` block over :attr:`default_sandbox`; its limits merged
+        field by field, so an instance can lower a default but not lift or drop it."""
+        return handler_spec(self.default_sandbox, instance.get("sandbox"))
 
     def prompt(self, ctx: StageContext) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -17,6 +17,15 @@ class AgentHandler:
 
     name: str = "base"
 
+    def check_instance(self, instance: dict[str, Any]) -> None:
+        """Refuse, at submission (before anything is stored), what the operator's policy does
+        not allow and the API can tell: by default the ``sandbox`` block's runtime and image.
+        Raises :class:`~prorl_celery.errors.PolicyDenied` naming the field. The sandbox host
+        and the worker check again, with the facts of their own node."""
+        from sandboxes.policy import check_request_sandbox
+
+        check_request_sandbox(instance.get("sandbox"))
+
     def init(self, ctx: StageContext) -> None:
         """Prepare the job: open its sandbox, put the task's files in place."""
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import get_settings
 from sandboxes.base import SandboxSpec
+from sandboxes.policy import handler_spec
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
 
@@ -27,8 +28,8 @@ class ShellHandler(AgentHandler):
     name = "shell"
 
     def init(self, ctx: StageContext) -> None:
-        spec = ShellInstance.model_validate(ctx.instance).sandbox
-        ctx.open_sandbox(spec)
+        ShellInstance.model_validate(ctx.instance)
+        ctx.open_sandbox(handler_spec({}, ctx.instance.get("sandbox")))
         ctx.state["steps"] = []
         ctx.save()
 

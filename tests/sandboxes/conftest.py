@@ -98,17 +98,22 @@ class HostProc:
 
 @pytest.fixture
 def start_host(sandbox_redis: str, tmp_path: Path, sandbox_root: Path):
-    """Factory: ``start_host(capacity=2, lease_s=..., register=True, runtime=None, warm=0)`` ->
-    a running host process; workspaces go under ``sandbox_root``."""
+    """Factory: ``start_host(capacity=2, lease_s=..., register=True, runtime=None, warm=0,
+    env=None, runtimes=None, runtime_config=None)`` -> a running host process; workspaces go
+    under ``sandbox_root``. The host allows ``local`` (the test operator does) unless ``env``
+    says otherwise (a value of None removes a variable)."""
     started: list[HostProc] = []
 
     def start(capacity: int = 4, lease_s: float | None = None, register: bool = True,
               heartbeat_s: float = 0.5, runtime: str | None = None, warm: int = 0,
-              host_id: str | None = None) -> HostProc:
+              host_id: str | None = None, env: dict[str, str | None] | None = None,
+              runtimes: str | None = None, runtime_config: dict | None = None) -> HostProc:
         token = f"token-{len(started)}"
         host_id = host_id or f"test-host-{len(started)}"
         ready = tmp_path / f"ready-{len(started)}.json"
         roots = {name: {"root": str(sandbox_root)} for name in ("local", "bwrap")}
+        for name, extra in (runtime_config or {}).items():
+            roots.setdefault(name, {}).update(extra)
         argv = [sys.executable, "-m", "sandboxes.host", "--token", token, "--host-id", host_id,
                 "--capacity", str(capacity), "--redis-url", sandbox_redis,
                 "--ready-file", str(ready), "--log-level", "WARNING", "--warm", str(warm),
@@ -117,7 +122,11 @@ def start_host(sandbox_redis: str, tmp_path: Path, sandbox_root: Path):
             argv += ["--lease-s", str(lease_s)]
         if not register:
             argv.append("--no-register")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PRORL_HOST_HEARTBEAT_S": str(heartbeat_s)}
+        if runtimes:
+            argv += ["--runtimes", runtimes]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PRORL_HOST_HEARTBEAT_S": str(heartbeat_s),
+               "PRORL_ALLOW_LOCAL_RUNTIME": "1", **(env or {})}
+        env = {name: value for name, value in env.items() if value is not None}
         if runtime:
             env["PRORL_SANDBOX_RUNTIME"] = runtime
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
