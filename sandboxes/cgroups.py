@@ -184,6 +184,7 @@ def sweep(host_key: str) -> int:
     return removed
 
 
+@functools.cache
 def enforcement() -> dict[str, str]:
     """Limit name -> how it is enforced for bwrap sandboxes on this node (for /healthz)."""
     from config.settings import get_settings

@@ -144,3 +144,17 @@ def remove_tree(path: str | os.PathLike) -> None:
         os.rmdir(path.name, dir_fd=parent)
     finally:
         os.close(parent)
+
+
+def host_dir(root: str | os.PathLike, host_id: str) -> Path:
+    """``<root>/<host id>``, both made or checked by :func:`private_dir` (0711): what the sandbox
+    host calls at start; :class:`UnsafeDirectory` is turned into a refusal to start."""
+    try:
+        return private_dir(private_dir(root) / host_id)
+    except UnsafeDirectory as exc:
+        raise SystemExit(f"sandbox host refuses to start: unsafe sandbox root: {exc}") from exc
+
+
+def open_lock(path: str | os.PathLike) -> int:
+    """A lock file in a private directory, opened without following a planted symlink."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

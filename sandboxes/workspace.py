@@ -19,6 +19,7 @@ import stat
 import tarfile
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import IO
 
 from prorl_celery.errors import SandboxError
@@ -337,6 +338,16 @@ def _unlink_nondir(dir_fd: int, name: str) -> None:
             os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+
+
+def stream_capped(fh: IO[bytes], cap: int | None = None) -> Iterator[bytes]:
+    """Chunks of an opened file, closed at the end; no more than ``cap`` bytes in all (a file
+    that grew after :meth:`Workspace.open_read` checked it is cut there)."""
+    left = cap or read_cap_bytes()
+    with fh:
+        while left > 0 and (chunk := fh.read(min(_CHUNK, left))):
+            left -= len(chunk)
+            yield chunk
 
 
 def _check_size(path: str, size: int, cap: int) -> None:

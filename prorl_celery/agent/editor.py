@@ -1,5 +1,10 @@
 """``str_replace_editor`` over any sandbox: files are read and written whole through the sandbox's
-file API, so edits are exact (no shell quoting), and every edit can be undone."""
+file API, so edits are exact (no shell quoting), and every edit can be undone.
+
+A file larger than ``MAX_FILE_BYTES`` is refused before any of it is read (its size is asked of
+the sandbox first), so a huge or sparse file cannot swell the worker or the sandbox host; a read
+or write the sandbox refuses (outside the workspace, read-only, too large) is an observation for
+the agent, never a crash of the run."""
 from __future__ import annotations
 
 import posixpath
@@ -10,6 +15,7 @@ from sandboxes.base import Sandbox
 
 SNIPPET_LINES = 4
 MAX_VIEW_CHARS = 16000
+MAX_FILE_BYTES = 4 << 20
 HISTORY_PER_FILE = 5
 
 
@@ -43,7 +49,16 @@ class Editor:
         cwd = self.sandbox.exec("pwd").output.strip() or "/"
         return posixpath.normpath(posixpath.join(cwd, path))
 
+    def _size(self, path: str) -> int | None:
+        out = self.sandbox.exec(f"stat -L -c %s -- {shlex.quote(path)} 2>/dev/null").output.strip()
+        return int(out) if out.isdigit() else None
+
     def _read(self, path: str) -> str:
+        size = self._size(path)
+        if size is not None and size > MAX_FILE_BYTES:
+            raise EditorError(f"{path} is {size} bytes, larger than the editor's limit of "
+                              f"{MAX_FILE_BYTES >> 20} MiB; look at parts of it with bash "
+                              f"(head, tail, sed -n, grep) instead")
         try:
             return self.sandbox.read_file(path).decode("utf-8", errors="replace")
         except FileNotFoundError:
@@ -55,7 +70,19 @@ class Editor:
         if previous is not None:
             self.history.setdefault(path, []).append(previous)
             del self.history[path][:-HISTORY_PER_FILE]
-        self.sandbox.write_file(path, text.encode())
+        try:
+            self._put(path, text)
+        except EditorError:
+            if previous is not None:
+                self.history[path].pop()
+            raise
+
+    def _put(self, path: str, text: str) -> None:
+        try:
+            self.sandbox.write_file(path, text.encode())
+        except OSError as exc:  # PermissionError: outside the workspace or read-only
+            raise EditorError(f"cannot write {path}: {exc}. The editor writes files under the "
+                              f"workspace only; use bash for other places") from None
 
     def _is_dir(self, path: str) -> bool:
         return self.sandbox.exec(f"test -d {shlex.quote(path)}").exit_code == 0
@@ -122,7 +149,8 @@ class Editor:
         earlier = self.history.get(path)
         if not earlier:
             raise EditorError(f"no edit of {path} to undo")
-        self.sandbox.write_file(path, earlier.pop().encode())
+        self._put(path, earlier[-1])
+        earlier.pop()
         return f"Reverted the last edit of {path}."
 
     @staticmethod

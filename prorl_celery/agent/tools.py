@@ -20,7 +20,8 @@ EDITOR = _function(
     "str_replace_editor", "View, create and edit files. `view` shows a file with line numbers (or lists a "
                           "directory); `create` writes a new file; `str_replace` replaces one exact, unique "
                           "occurrence of old_str; `insert` adds new_str after line insert_line; `undo_edit` "
-                          "reverts the last edit of the file.",
+                          "reverts the last edit of the file. Files over 4 MiB are refused (use bash to look at "
+                          "parts of them); only files under the workspace can be written.",
     {"command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
      "path": {"type": "string", "description": "Absolute path, or relative to the shell's directory."},
      "file_text": {"type": "string", "description": "create: the whole content."},
