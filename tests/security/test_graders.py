@@ -152,3 +152,69 @@ def test_code_grader_attack_through_the_service(api, stack, tmp_path):
     requests.post(f"{api}/clear_llm_server", timeout=10)
     assert results["forged"]["reward"] == 0.0 and results["forged"]["resolved"] is False, results["forged"]["eval"]
     assert results["honest"]["reward"] == 1.0 and results["honest"]["resolved"] is True, results["honest"]["eval"]
+
+
+# -- SWE (row 13) -------------------------------------------------------------------------------
+
+PACKAGE_OVERRIDE = '''
+import unittest as _unittest
+
+
+def _always_ok(self, result=None):
+    result.startTest(self)
+    result.addSuccess(self)
+    result.stopTest(self)
+
+
+_unittest.TestCase.run = _always_ok
+'''
+
+
+def _swe_job(api, stack, tmp_path, name: str, commands: list[str]) -> dict:
+    from tasks.fixtures import swe
+    from tests.conftest import submit, wait
+
+    instance = swe.build("statkit", tmp_path / f"repos-{name}")
+    turns = [{"tool_calls": [{"name": "bash", "arguments": {"command": c}}]} for c in commands]
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps(turns + [{"tool_calls": [{"name": "submit", "arguments": {}}]}]))
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    url = stack.start_fake_llm(name=f"fake-swe-{name}",
+                               extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
+    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate"}, timeout=10).ok
+    try:
+        view = wait(api, submit(api, instance), timeout=180)
+    finally:
+        requests.post(f"{api}/clear_llm_server", timeout=10)
+    assert view["status"] == "completed", view
+    return view["result"]
+
+
+def _write(path: str, text: str, append: bool = False) -> str:
+    return f"cat {'>>' if append else '>'} {path} <<'PRORL_EOF'\n{text}\nPRORL_EOF"
+
+
+def test_swe_package_that_overrides_testcase_run_earns_nothing(api, stack, tmp_path):
+    result = _swe_job(api, stack, tmp_path, "override", [_write("statkit/__init__.py", PACKAGE_OVERRIDE, append=True)])
+    assert "_always_ok" in result["git_patch"]
+    assert result["reward"] == 0.0 and result["resolved"] is False, result["eval"]
+    assert set(result["eval"]["FAIL_TO_PASS"].values()) == {"FAILED"}, result["eval"]
+    assert "TestCase.run" in result["eval"]["restored"] and "grader" in result["eval"]
+
+
+def test_swe_patch_touching_tests_or_infrastructure_is_flagged(api, stack, tmp_path):
+    conftest = "import unittest\nunittest.TestCase.run = lambda self, result=None: None\n"
+    commands = [_write("tests/conftest.py", conftest), _write("sitecustomize.py", conftest),
+                "sed -i 's/assertEqual/assertAlmostEqual/' tests/test_central.py"]
+    result = _swe_job(api, stack, tmp_path, "tamper", commands)
+    assert result["reward"] == 0.0 and result["resolved"] is False
+    assert result["eval"]["tampered"] == ["sitecustomize.py", "tests/conftest.py", "tests/test_central.py"]
+
+
+def test_swe_honest_fix_still_resolves(api, stack, tmp_path):
+    from tasks.fixtures.swe import HERE
+
+    fixed = (HERE / "statkit" / "fixed" / "statkit" / "central.py").read_text()
+    result = _swe_job(api, stack, tmp_path, "honest", [_write("statkit/central.py", fixed.rstrip("\n"))])
+    assert result["reward"] == 1.0 and result["resolved"] is True, result["eval"]
+    assert result["eval"]["tampered"] == [] and result["eval"]["restored"] == []

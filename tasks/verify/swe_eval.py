@@ -1,0 +1,146 @@
+"""The SWE grader: model patch, tamper check, tests reset to base + test patch, a guarded run.
+
+1. The model patch is applied to a clean checkout; the paths it really changed are read from git.
+2. A change to a test, to a file the test patch touches, or to test infrastructure (see
+   :mod:`tasks.verify.tamper`) is ``eval.tampered``: no reward, the tests are not run.
+3. Every file of the test patch and every test-infrastructure file of the base commit is reset to
+   the base commit, and the test patch applied (so nothing but the package differs from the
+   reference the tests were written against).
+4. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
+   nonce-framed report (cross-checked with its exit status) is the verdict; other commands are
+   read from their log.
+
+Residual risk (``eval.grader``): the code under test runs in the test process. The guard undoes a
+package's import-time patches of unittest, but code that patches again while the tests run, or
+that inspects the process's memory, can still forge outcomes; a pytest command has no guard and
+is read from its log, which the package can print to. Only a separate process per call (as the
+code grader does) would close that, and SWE tests call the package directly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tasks.verify import tamper, test_log
+
+GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
+_UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
+NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
+                "is imported; the code under test still runs in the test process")
+NOTE_LOG = "outcomes parsed from the test log, which the code under test can print to"
+
+
+def _q(text: str) -> str:
+    return shlex.quote(text)
+
+
+def apply_patch(box, root: str, patch: str) -> bool:
+    if not patch.strip():
+        return True
+    box.write_file(f"{root}/.prorl.patch", patch.encode())
+    out = box.exec(f"cd {_q(root)} && (git apply --whitespace=nowarn .prorl.patch || "
+                   "patch --batch --fuzz=5 -p1 -i .prorl.patch) && rm -f .prorl.patch", timeout=120)
+    return out.exit_code == 0
+
+
+def _lines(box, command: str) -> list[str]:
+    out = box.exec(command, timeout=120)
+    return [line for line in out.output.split("\0" if "-z" in command else "\n") if line.strip()]
+
+
+def changed_paths(box, root: str, base: str) -> set[str]:
+    return set(_lines(box, f"cd {_q(root)} && git add -A >/dev/null 2>&1; "
+                           f"git diff --cached --no-renames --name-only -z {_q(base)}"))
+
+
+def _sections_changed(box, root: str, base: str, paths: set[str]) -> set[str]:
+    changed = set()
+    for path in (p for p in paths if tamper.needs_sections(p)):
+        old = box.exec(f"cd {_q(root)} && git show {_q(base)}:{_q(path)} 2>/dev/null", timeout=60).output
+        new = box.exec(f"cd {_q(root)} && cat -- {_q(path)} 2>/dev/null", timeout=60).output
+        if tamper.test_sections(path, old) != tamper.test_sections(path, new):
+            changed.add(path)
+    return changed
+
+
+def find_tampering(box, root: str, base: str, test_patch: str) -> list[str]:
+    changed = changed_paths(box, root, base)
+    return tamper.tampered(changed, tamper.patch_paths(test_patch), _sections_changed(box, root, base, changed))
+
+
+def reset_tests(box, root: str, base: str, test_patch: str) -> None:
+    """Test-patch files and test infrastructure back to the base commit (new ones removed)."""
+    in_base = set(_lines(box, f"cd {_q(root)} && git ls-tree -r -z --name-only {_q(base)}"))
+    targets = tamper.patch_paths(test_patch) | {p for p in in_base if tamper.is_test_path(p)}
+    restore = sorted(targets & in_base)
+    remove = sorted(targets - in_base)
+    for chunk in range(0, len(restore), 200):
+        box.exec(f"cd {_q(root)} && git checkout -q {_q(base)} -- "
+                 + " ".join(_q(p) for p in restore[chunk:chunk + 200]), timeout=120)
+    if remove:
+        box.exec(f"cd {_q(root)} && rm -f -- " + " ".join(_q(p) for p in remove), timeout=120)
+
+
+def run_tests(box, root: str, cmd: str, timeout: float) -> tuple[dict[str, str], dict[str, Any]]:
+    """(outcomes by test name, facts about the run)."""
+    found = _UNITTEST.match(cmd)
+    if not found:
+        run = box.exec(f"cd {_q(root)} && {cmd}", timeout=timeout)
+        return test_log.parse(run.output), {"exit_code": run.exit_code, "timed_out": run.timed_out,
+                                            "log_tail": run.output[-3000:], "grader": NOTE_LOG}
+    nonce = secrets.token_hex(16)
+    home = os.path.dirname(root.rstrip("/"))
+    box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
+    box.write_file(f"{home}/.prorl-nonce", nonce.encode())
+    run = box.exec(f"cd {_q(root)} && python3 {_q(home + '/.prorl-unittest-guard.py')} "
+                   f"{_q(home + '/.prorl-nonce')} {found.group(1).strip()}", timeout=timeout)
+    facts = {"exit_code": run.exit_code, "timed_out": run.timed_out, "log_tail": run.output[-3000:],
+             "grader": NOTE_GUARDED}
+    report = _guard_report(run.output, nonce)
+    if report is None:
+        return {}, {**facts, "error": "the unittest guard gave no report"}
+    outcomes = report.get("outcomes") if isinstance(report.get("outcomes"), dict) else {}
+    all_ok = all(v in (test_log.PASSED, test_log.SKIPPED) for v in outcomes.values())
+    if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
+        return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
+    return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+
+
+def _guard_report(output: str, nonce: str) -> dict | None:
+    for line in output.splitlines():
+        if line.startswith(nonce + " "):
+            try:
+                report = json.loads(line[len(nonce) + 1:])
+            except ValueError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) -> dict[str, Any]:
+    """The eval result of ``patch`` in a clean checkout at ``root`` of ``box``."""
+    base, test_patch = instance["base_commit"], instance.get("test_patch", "")
+    if not apply_patch(box, root, patch):
+        return {"reward": 0.0, "resolved": False,
+                "eval": {"applied": {"model_patch": False}, "error": "model patch does not apply"}}
+    tampered = find_tampering(box, root, base, test_patch)
+    if tampered:
+        return {"reward": 0.0, "resolved": False, "eval": {
+            "tampered": tampered, "applied": {"model_patch": True},
+            "error": "the model patch changes tests or test infrastructure"}}
+    reset_tests(box, root, base, test_patch)
+    applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
+    cmd = instance.get("test_cmd") or "python3 -m pytest -rA -p no:cacheprovider"
+    outcomes, facts = run_tests(box, root, cmd, timeout)
+    report = test_log.report(outcomes, list(instance.get("FAIL_TO_PASS", [])), list(instance.get("PASS_TO_PASS", [])))
+    f2p = report["FAIL_TO_PASS"]
+    broke = any(v != test_log.PASSED for v in report["PASS_TO_PASS"].values())
+    fixed = sum(v == test_log.PASSED for v in f2p.values()) / len(f2p) if f2p else 0.0
+    report.update({"applied": applied, "tampered": [], **facts})
+    return {"reward": 0.0 if broke or not applied["test_patch"] else fixed,
+            "resolved": report["resolved"] and applied["test_patch"], "eval": report}
