@@ -1,14 +1,18 @@
-"""`prorl-celery up` as a user runs it: a private Redis, workers, beat, API; SIGTERM leaves nothing."""
+"""`prorl-celery up` as a user runs it: a private Redis, workers, beat, API, all authenticated with
+secrets it generates into a 0600 file; SIGTERM leaves nothing."""
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 import psutil
 import requests
+
+from prorl_celery.statedir import read_secrets
 
 
 def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:
@@ -24,7 +28,7 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str
 
 
 def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PRORL_REDIS_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PRORL_REDIS_URL", "PRORL_API_TOKEN")}
     proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.cli", "up", "--port", "0", "--demo",
                              "--stay", "--state-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -34,6 +38,17 @@ def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
         redis_line = next(line for line in lines if line.startswith("redis "))
         assert "6379" not in redis_line  # a private Redis, not the machine's
         assert any(line.startswith("llm ") and "fake" in line for line in lines)  # the embedded fake LLM
+        secrets_line = next(line for line in lines if line.startswith("secrets "))
+        secrets_path = tmp_path / "secrets.env"
+        assert str(secrets_path) in secrets_line
+        assert stat.S_IMODE(secrets_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700
+        saved = read_secrets(tmp_path)
+        token, password = saved["PRORL_API_TOKEN"], saved["PRORL_REDIS_URL"].split(":")[2].split("@")[0]
+        assert token not in "".join(lines) and password not in "".join(lines)  # said where, not what
+        assert requests.get(f"{api}/jobs/x", timeout=10).status_code == 401  # loopback needs it too
+        auth = {"Authorization": f"Bearer {token}"}
+        assert requests.get(f"{api}/jobs/x", headers=auth, timeout=10).status_code == 404
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 8  # redis, sandbox host, 4 workers, beat, api, fake LLM
         table = _read_until(proc, "job ", 180)
