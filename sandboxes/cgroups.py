@@ -136,6 +136,21 @@ class SandboxCgroup:
     def members(self) -> list[int]:
         return _pids_in(self.dirs["pids"])
 
+    def kill_except(self, spare: set[int], timeout: float = 2.0) -> list[int]:
+        """SIGKILL every member but ``spare`` until none is left (pids.max bounds a fork loop)."""
+        killed: list[int] = []
+        deadline = time.monotonic() + timeout
+        while (doomed := [pid for pid in self.members() if pid not in spare]) and \
+                time.monotonic() < deadline:
+            for pid in doomed:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.002)
+        return killed
+
     def stat(self, ctrl: str, name: str) -> str:
         return (self.dirs[ctrl] / name).read_text().strip()
 
@@ -167,17 +182,19 @@ def workspace_quota() -> bool:
 
 
 def sweep(host_key: str) -> int:
-    """At host start: remove the cgroups an earlier run of this host left (killing what is
-    still in them) and every empty one under ``prorl/``. Returns how many were removed."""
+    """At host start: remove the cgroups an earlier run of this host id left (killing what is
+    still in them; the host id is this node's only user of them while the host lives), and the
+    empty directories of other host ids (never their sandboxes' cgroups: a live host may have
+    made one an instant ago, before its first process entered it). Returns how many went."""
     removed = 0
     for ctrl in controllers():
         base = V1_ROOT / ctrl / PREFIX
         own = base / _safe(host_key)
         for directory in sorted(own.glob("*/")) if own.is_dir() else []:
             removed += _kill_and_remove(directory, timeout=2)
-        for directory in sorted(base.glob("*/*/")) + sorted(base.glob("*/")):
+        for directory in sorted(base.glob("*/")) if base.is_dir() else []:
             try:
-                directory.rmdir()  # only empty ones: those of live hosts stay
+                directory.rmdir()  # only a host directory without sandboxes
                 removed += 1
             except OSError:
                 pass
@@ -240,6 +257,9 @@ class SandboxLimits:
 
     def rlimits(self, limits: Limits) -> Limits:
         return rlimits_for(limits, self.own_uid)
+
+    def kill_except(self, spare: set[int]) -> list[int]:
+        return self.cgroup.kill_except(spare) if self.cgroup else []
 
     def claim(self, limits: Limits) -> None:
         if self.cgroup:
