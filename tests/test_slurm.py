@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import psutil
@@ -166,6 +167,27 @@ def slurm() -> None:
                     "scripts/install-slurm.sh as root")
 
 
+def _assert_hardened_redis(url: str, state_dir: Path) -> None:
+    """The head's Redis is the hardened one: password required, MODULE/CONFIG/DEBUG gone, not
+    root, state dir 0700, secrets 0600, no password in any argv."""
+    import redis
+
+    parts = urllib.parse.urlsplit(url)
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(host=parts.hostname, port=parts.port).ping()
+    client = redis.Redis.from_url(url)
+    for command in (("MODULE", "LIST"), ("CONFIG", "GET", "dir"), ("DEBUG", "SLEEP", "0")):
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            client.execute_command(*command)
+    servers = [p for p in psutil.process_iter(["name", "uids", "cmdline"]) if p.info["name"] == "redis-server"
+               and f":{parts.port}" in " ".join(p.info["cmdline"] or [])]
+    assert servers and all(p.info["uids"].real != 0 for p in servers) or os.geteuid() != 0, servers
+    assert oct(state_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((state_dir / "secrets.env").stat().st_mode & 0o777) == "0o600"
+    argvs = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
+    assert not [a for a in argvs if parts.password in a]
+
+
 # -- the test -----------------------------------------------------------------------------------
 def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path):
     state_dir = tmp_path / "state"
@@ -186,6 +208,7 @@ def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path)
         "PRORL_STOP_GRACE_S": "5",
         "PRORL_HEAD_WAIT_S": "180",
         "PRORL_SANDBOX_RUNTIME_CONFIG": json.dumps({"local": {"root": str(sandbox_root)}}),
+        "PRORL_ALLOW_LOCAL_RUNTIME": "1",  # the test's rollouts name the (unisolated) local runtime
         "PRORL_LLM_CMD": fake_llm_command(),
         "PRORL_LLM_PORT": str(ports["llm"]),
         "PRORL_LLM_REGISTER_ARGS": "--capacity 8 --timeout 180 --wait-llm 60",
@@ -225,6 +248,7 @@ def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path)
         http = requests.Session()
         http.headers["Authorization"] = f"Bearer {head_info['PRORL_API_TOKEN']}"
         assert requests.get(f"{api}/llm_servers", timeout=10).status_code == 401  # token required
+        _assert_hardened_redis(head_info["PRORL_REDIS_URL"], state_dir)
 
         def all_queues_served():
             body = http.get(f"{api}/healthz", timeout=10).json()
