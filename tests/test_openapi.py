@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from prorl_celery.procs import Child, free_port, wait_for
-from tests.conftest import wait_until
+from tests.conftest import API_TOKEN, wait_until
 
 
 def test_document_lists_every_route(api):
@@ -50,7 +50,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tm
         [st, "run", f"{fuzz_api}/openapi.json", "--checks",
          "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
          "--max-examples", "25", "--exclude-path", "/events", "--request-timeout", "20",
-         "--generation-deterministic", "--suppress-health-check", "all"],
+         "--generation-deterministic", "--suppress-health-check", "all",
+         "--header", f"Authorization: Bearer {API_TOKEN}"],  # the stack's token (env has it too)
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
 
