@@ -1,4 +1,11 @@
-"""``local``: a persistent shell in a fresh temp directory on the host. NO isolation: dev only."""
+"""``local``: a persistent shell in a fresh temp directory on the host. NO isolation: dev only.
+
+The shell is the host-side process here, so ``spec.env`` is its environment: what keeps a request
+from steering it is :class:`~sandboxes.base.SandboxSpec`'s refusal of ``LD_*``, ``BASH_ENV`` and the
+like, and the shell's own binary being found on the host's PATH, never on the spec's. ``"network":
+true`` is refused when the operator turned network sandboxes off (the host's network is all this
+runtime has).
+"""
 from __future__ import annotations
 
 import logging
@@ -10,8 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from config.settings import get_settings
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.netns import require_network
 from sandboxes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
 from sandboxes.workspace import Workspace, WorkspaceFiles, remove_tree
 
@@ -56,7 +65,9 @@ class LocalSandbox(WorkspaceFiles):
         self.workspace = Workspace(host_dir, str(host_dir))
         try:
             self.workdir = self._workdir(spec.workdir)
-            self.shell = PersistentShell(self.config.shell, cwd=str(self.workdir), env=self._env(),
+            if spec.network and get_settings().sandbox_network == "off":
+                require_network()
+            self.shell = PersistentShell(self._argv(), cwd=str(self.workdir), env=self._env(),
                                          limits=spec.limits)
         except BaseException:
             remove_tree(host_dir)
@@ -79,6 +90,13 @@ class LocalSandbox(WorkspaceFiles):
         if not os.path.isabs(workdir):
             self.workspace.makedirs(workdir)
         return path
+
+    def _argv(self) -> list[str]:
+        """The shell by absolute path: Popen would otherwise look it up on the spec's PATH."""
+        binary = shutil.which(self.config.shell[0], path=os.environ.get("PATH", os.defpath))
+        if binary is None:
+            raise SandboxError(f"shell {self.config.shell[0]!r} not found on this host")
+        return [binary, *self.config.shell[1:]]
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from prorl_celery.errors import PolicyDenied
+from pydantic import ValidationError
+
+from prorl_celery.errors import InvalidRequest, PolicyDenied
 from sandboxes.base import Limits, SandboxSpec
+from sandboxes.netns import check_request_network
 
 LOCAL = "local"
 IMAGE_SCHEMES = ("docker://", "docker-archive:", "library://", "oras://", "shub://", "oci:")
@@ -177,6 +180,12 @@ def check_request_sandbox(block: Any, field: str = "instance.sandbox") -> None:
     image = block.get("image")
     if isinstance(image, str):
         check_image(image, f"{field}.image", lexical=True)
+    if "env" in block:  # LD_*, BASH_ENV, a planted PATH ...: SandboxSpec's own rules, named here
+        try:
+            SandboxSpec.model_validate({"env": block["env"]})
+        except ValidationError as exc:
+            raise InvalidRequest(f"{field}.env: {exc.errors()[0]['msg']}", field=f"{field}.env") from None
+    check_request_network(block, f"{field}.network")
 
 
 # -- repository sources -------------------------------------------------------------------------

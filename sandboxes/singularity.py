@@ -2,11 +2,14 @@
 
 The image is a ``.sif`` path or a ``docker://`` (``oras://``, ``library://`` ...) reference,
 pulled once per node into a cache directory under a file lock. The instance is started with
-``--writable-tmpfs --contain --no-home`` (plus ``--fakeroot`` when configured, and
-``--net --network none`` unless ``spec.network``), the workspace bound at ``/workspace``; its
+``--writable-tmpfs --contain --no-home --net --network none`` (plus ``--fakeroot`` when
+configured), the workspace bound at ``/workspace``; ``spec.network`` is refused (Apptainer's own
+networks need root and CNI setup; without ``--net`` an instance would share the host's network:
+a network sandbox is a bwrap one, see :mod:`sandboxes.netns`); its
 name carries the job id and start time (``prorl.<job id>.<start ms>.<nonce>``), so a sweep that
 only sees ``instance list`` can still tell whose it is and how old. The persistent shell is
-``singularity exec --cleanenv instance://<name> bash``, run by our own Popen.
+``singularity exec --cleanenv instance://<name> bash``, run by our own Popen with a few of the
+host's own variables only: ``spec.env`` goes into the container as ``--env`` flags.
 
 spython's traps and what is done about them: it calls ``sys.exit`` on some errors (caught here
 as ``SystemExit`` and raised as :class:`SandboxError`, so a worker never exits); its ``environ``
@@ -192,6 +195,10 @@ class SingularitySandbox(WorkspaceFiles):
         host_dir = tempfile.mkdtemp(prefix="sif-", dir=self.config.root)
         self.workspace = Workspace(host_dir, self.config.mount)
         try:
+            if spec.network:
+                raise SandboxError("the singularity runtime has no isolated network (without --net "
+                                   "an instance shares the host's); use the bwrap runtime for a "
+                                   "network sandbox")
             self.image = self._image(spec.image or self.config.image)
             self.started_at = time.time()
             self.instance_name = instance_name(job_id, self.started_at, secrets.token_hex(3))
