@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # System packages the tests use, installed when missing: bubblewrap (the rootless sandbox runtime),
-# Chromium (the Flower UI check) and git (SWE tasks). Idempotent; does nothing when all are present.
+# slirp4netns and nftables (a network sandbox's own user-mode network and its outbound policy,
+# see sandboxes/netns.py), iproute2 (the network tests' "outside" namespace), Chromium (the Flower
+# UI check) and git (SWE tasks). Idempotent; does nothing when all are present.
 # Needs root (or passwordless sudo) and apt; otherwise it says what is missing and the tests that
 # need it skip with that reason.
 set -euo pipefail
 want=()
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
+command -v slirp4netns >/dev/null 2>&1 || want+=(slirp4netns)
+command -v nft >/dev/null 2>&1 || want+=(nftables)
+command -v nsenter >/dev/null 2>&1 || want+=(util-linux)
+command -v ip >/dev/null 2>&1 || want+=(iproute2)
 command -v chromium >/dev/null 2>&1 || want+=(chromium)
 command -v git >/dev/null 2>&1 || want+=(git)
 ((${#want[@]})) || exit 0
