@@ -11,6 +11,7 @@ sandbox: not after a close, a shell restart, or a kill -9 of the host.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import signal
@@ -122,6 +123,9 @@ def listeners() -> Iterator[tuple[list[str], str]]:
     addresses = ["127.0.0.1"] + [net.split("/")[0] for net in netns.host_addresses()
                                  if not net.startswith("127.")]
     servers = [socket.create_server((address, 0)) for address in addresses]
+    v6 = ["::1"] + host_addresses_v6()
+    servers += [socket.create_server(("::", 0), family=socket.AF_INET6)] * len(v6)
+    addresses += v6
     stop = threading.Event()
 
     def serve(server: socket.socket) -> None:
@@ -134,7 +138,7 @@ def listeners() -> Iterator[tuple[list[str], str]]:
             with conn:
                 conn.sendall(secret.encode())
 
-    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in servers]
+    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in set(servers)]
     for thread in threads:
         thread.start()
     targets = [f"{a}:{s.getsockname()[1]}" for a, s in zip(addresses, servers)]
@@ -143,8 +147,16 @@ def listeners() -> Iterator[tuple[list[str], str]]:
             assert conn.recv(100).decode() == secret
     yield targets, secret
     stop.set()
-    for server in servers:
+    for server in set(servers):
         server.close()
+
+
+def host_addresses_v6() -> list[str]:
+    """The host's global IPv6 addresses (scope 00 in /proc/net/if_inet6)."""
+    with open("/proc/net/if_inet6") as fh:
+        rows = [line.split() for line in fh]
+    return [str(ipaddress.IPv6Address(bytes.fromhex(row[0]))) for row in rows if row[3] == "00"
+            and row[5] != "lo"]
 
 
 def own_host(start_host, **kwargs):
