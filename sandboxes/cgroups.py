@@ -18,6 +18,7 @@ and reported as not enforced (see :func:`enforcement`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -181,9 +182,18 @@ def workspace_quota() -> bool:
     return quota_supported()
 
 
+def host_key(root: str | None) -> str:
+    """The cgroup directory of the sandboxes under one workspace root: its name plus a hash of
+    its path (two hosts of one id under different roots, as parallel test runs are, stay apart)."""
+    if not root:
+        return f"pid-{os.getpid()}"
+    path = os.path.realpath(root)
+    return f"{os.path.basename(path)}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+
+
 def sweep(host_key: str) -> int:
-    """At host start: remove the cgroups an earlier run of this host id left (killing what is
-    still in them; the host id is this node's only user of them while the host lives), and the
+    """At host start, for each of its workspace roots (``host_key(root)``): remove the cgroups an
+    earlier run left (killing what is still in them; the host holds that root's lock), and the
     empty directories of other host ids (never their sandboxes' cgroups: a live host may have
     made one an instant ago, before its first process entered it). Returns how many went."""
     removed = 0
@@ -242,8 +252,7 @@ class SandboxLimits:
         self.own_uid = own_uid
         self.cgroup: SandboxCgroup | None = None
         if controllers():
-            key = os.path.basename(os.path.normpath(root)) if root else f"pid-{os.getpid()}"
-            self.cgroup = SandboxCgroup(key, workspace.host_dir.name)
+            self.cgroup = SandboxCgroup(host_key(root), workspace.host_dir.name)
             self.cgroup.apply(limits)
         if limits.disk_mb and workspace_quota():
             try:

@@ -45,7 +45,8 @@ HOG = ("for i in 1 2 3 4 5 6 7 8; do python3 -c 'import time; b = bytearray(512 
 
 def cgroup_dir(host, box, controller: str) -> Path:
     workspace = Path(entry_of(host, box).info["workspace"])
-    return cgroups.V1_ROOT / controller / cgroups.PREFIX / host.host_id / workspace.name
+    key = cgroups.host_key(str(workspace.parent))
+    return cgroups.V1_ROOT / controller / cgroups.PREFIX / key / workspace.name
 
 
 def read(path: Path) -> str:
