@@ -21,9 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prorl_celery.procs import free_port  # noqa: E402
-
-os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
 
 import psutil  # noqa: E402
 import requests  # noqa: E402
@@ -44,14 +42,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     args = parser.parse_args()
     n = args.jobs
-    options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-cancel-")), beat=False, persist=False,
+    options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-cancel-")), beat=False, persist=False,
                            concurrency={"init": 16, "run": n + 8, "eval": 8, "maint": 1},
                            env={"PRORL_SANDBOX_CAPACITY": str(2 * n)})
     stack = Stack(options)
-    stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
+    stack.start_redis(REDIS_PORT)
     http = requests.Session()
     with stack:
         api = stack.api_url
+        http.headers["Authorization"] = f"Bearer {stack.api_token}"
         jobs = [{"instance": {"data_source": "shell", "commands": ["sleep 600"], "sandbox": {"runtime": "local"}}}
                 for _ in range(n)]
         ids = http.post(f"{api}/jobs", json={"jobs": jobs}, timeout=60).json()["job_ids"]

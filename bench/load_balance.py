@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prorl_celery.procs import Child, free_port, wait_for  # noqa: E402
 
-os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
 
 import requests  # noqa: E402
 
@@ -225,8 +225,8 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=3.0, help="new server's share measured over this")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-lb-"))
-    stack = Stack(StackOptions(state_dir=state, persist=False, beat=False))
-    stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
+    stack = Stack(StackOptions(redis_password=REDIS_PASSWORD, state_dir=state, persist=False, beat=False))
+    stack.start_redis(REDIS_PORT)
     servers = [Server(f"fake-{i}-{s}x", s, args, stack.log_dir) for i, s in enumerate(SPEEDS)]
     new = Server(f"fake-new-{NEW_SPEED}x", NEW_SPEED, args, stack.log_dir)
     try:

@@ -24,9 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prorl_celery.procs import free_port  # noqa: E402
 
-os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
 
 import psutil  # noqa: E402
 from celery import chain  # noqa: E402
@@ -96,10 +95,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
+    options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
                            redis_url=None, beat=False, persist=False)
     stack = Stack(options)
-    stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
+    os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
+    stack.start_redis(REDIS_PORT)
     with stack:
         ours(stack.api_url, 10), bare(10)  # warm up both paths
         rows = []
