@@ -204,6 +204,12 @@ class BwrapShell(PersistentShell):
         self._init_fd = self._init_pid = self._bash_pid = None
 
 
+def _has_resolv(image: str | None) -> bool:
+    """Whether the root has an /etc/resolv.conf to bind over (bwrap cannot create one in a
+    read-only /etc; without it names do not resolve, addresses still do)."""
+    return os.path.lexists(os.path.join(image or "/", "etc", "resolv.conf"))
+
+
 @functools.cache
 def check_traversable(path: str) -> None:
     """A sandbox's own uid must be able to reach its workspace through the directories above."""
@@ -260,7 +266,7 @@ class BwrapSandbox(WorkspaceFiles):
             argv = bwrap_argv(self.config, workspace_dir=host_dir, workdir=self.workdir,
                               network=spec.network, root=root_entries(spec.image, self.config.host_paths),
                               image=spec.image, uid=uid, env=self._env(),
-                              resolv=resolv_conf() if spec.network else None)
+                              resolv=resolv_conf() if spec.network and _has_resolv(spec.image) else None)
             self.shell = BwrapShell(argv, cwd="/", env=HOST_ENV, limits=spec.limits, guarded=False,
                                     inner_env=spec.env, network=spec.network)
         except BaseException:
