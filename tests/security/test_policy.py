@@ -293,3 +293,18 @@ def test_results_and_healthz_say_which_runtime_ran(api):
     assert {"bwrap", "local"} <= set(host["runtimes"]) and host["auto"] == "bwrap"
     assert host["isolation"]["bwrap"] == "namespaces" and host["isolation"]["local"] == "none"
     assert isinstance(host["limit_enforcement"], dict)
+
+
+# -- the pure policy, without processes ---------------------------------------------------------
+def test_merge_is_field_by_field_and_only_lowers():
+    from sandboxes.policy import merge_limits
+    from tasks.handlers.swe import SweHandler
+
+    defaults = SweHandler.default_sandbox["limits"]
+    merged = merge_limits(defaults, {"memory_mb": 10**6, "nproc": None, "fsize_mb": 10}, caps={"nproc": 100})
+    assert merged.memory_mb == defaults["memory_mb"]  # clamped to the handler's default
+    assert merged.nproc == 100  # null kept the default (256), then the ceiling clamped it
+    assert merged.fsize_mb == 10  # lowered: allowed
+    assert merged.pids == Limits().pids  # a field neither names keeps Limits' own default
+    spec = SweHandler().sandbox_spec({"sandbox": {"limits": {"memory_mb": 64}}})
+    assert spec.limits.memory_mb == 64 and spec.limits.nproc == defaults["nproc"]
