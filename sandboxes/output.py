@@ -1,4 +1,4 @@
-"""What one shell command printed: read in chunks until the end marker, kept as head and tail
+"""What one shell command printed: read in chunks until its status arrives, kept as head and tail
 when it grows past what could be shown, and cut in the middle for the agent."""
 from __future__ import annotations
 
@@ -17,18 +17,16 @@ def cut_middle(text: str, limit: int, extra_cut: int = 0) -> tuple[str, bool]:
 
 
 class Output:
-    """Bytes read for one command; keeps only head and tail once it grows past what could be shown."""
+    """Bytes read for one command; keeps only head and tail once it grows past what could be shown.
+    ``status`` and ``pwd`` come from the shell's status pipe, never from these bytes."""
 
-    def __init__(self, limit_chars: int, marker: bytes):
-        self._keep = max(4 * limit_chars, 4096) + len(marker) + 8192  # 4 bytes/char worst case; $PWD
+    def __init__(self, limit_chars: int):
+        self._keep = max(4 * limit_chars, 4096) + 8192  # 4 bytes/char worst case
         self.head = bytearray()
         self.tail = bytearray()
         self.dropped = 0
         self.status: int | None = None
         self.pwd: str | None = None
-        self._marker = marker
-        self._marker_at: int | None = None
-        self._scan_from = 0
 
     def add(self, data: bytes) -> None:
         self.tail += data
@@ -39,21 +37,6 @@ class Output:
             drop = len(self.tail) - self._keep
             self.dropped += drop
             del self.tail[:drop]
-            self._scan_from = 0
-
-    def parse_marker(self) -> bool:
-        """True once the complete marker line arrived; sets ``status`` and ``pwd``."""
-        start = self.tail.find(self._marker, max(0, self._scan_from - len(self._marker)))
-        if start < 0:
-            self._scan_from = len(self.tail)
-            return False
-        end = self.tail.find(b"\n", start + len(self._marker))
-        if end < 0:
-            return False
-        status, _, pwd = self.tail[start + len(self._marker): end].decode(errors="replace").partition(" ")
-        self.status, self.pwd, self._marker_at = int(status), pwd or None, start
-        return True
 
     def text(self) -> str:
-        tail = self.tail if self._marker_at is None else self.tail[: self._marker_at]
-        return (self.head + tail).decode("utf-8", errors="replace")
+        return (self.head + self.tail).decode("utf-8", errors="replace")

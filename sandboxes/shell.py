@@ -1,9 +1,22 @@
 """One long-lived bash per sandbox: a command costs a pipe round trip, not a process start.
 
-Each command is sent as one ``eval`` line followed by a ``printf`` of a per-shell nonce, the exit
-status and ``$PWD``; the output is everything before that marker. The runtime supplies the argv
-(``bash`` locally, ``bwrap ... bash`` or ``singularity exec ... bash`` later), so the shell never
-knows how it is isolated.
+The exit status comes through a channel the command cannot reach. The long-lived bash (the
+*parent*) never runs the agent's code: each command runs in a forked subshell ``( ... )`` that
+first closes the parent's status fd and replaces its stdin, then sources the state the previous
+command left (cwd, exported variables, functions, aliases, shell options), runs the command with
+``eval``, and dumps its state for the next one. The parent, whose functions and builtins the
+agent never touched, writes ``$?`` and the cwd to the status pipe, which only this process reads;
+the output is everything on stdout until then. So a redefined ``printf``/``builtin``/``command``,
+``enable -n``, traps, ``PROMPT_COMMAND``, ``exec`` of another shell or a printed fake marker
+change only the subshell. What is left is reaching the parent from outside: ``/proc/<ppid>/fd``,
+``/proc/<ppid>/mem`` or ptrace, all of which need the parent to be dumpable. Where the host can
+make one (:func:`trusted_bash`), the parent re-executes an execute-only copy of bash owned by root,
+which makes it non-dumpable for a sandbox without ``CAP_SYS_PTRACE``; a ``local`` shell run as
+root, or a bwrap image without that copy, stays dumpable (``status_channel`` says which).
+Killing the parent yields no status (``exit_code`` None), never a forged one.
+
+The runtime supplies the argv (``bash`` locally, ``bwrap ... bash`` or ``singularity exec ...
+bash``), so the shell never knows how it is isolated.
 """
 from __future__ import annotations
 
@@ -13,6 +26,9 @@ import os
 import re
 import secrets
 import select
+import shutil
+import stat
+import tempfile
 import signal
 import subprocess
 import threading
@@ -49,6 +65,33 @@ _PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
 VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TRUSTED_BASH = "/usr/local/libexec/prorl/bash"  # under /usr: bound into every host-rooted sandbox
+# What a command's subshell leaves for the next one (builtins only: no fork per command).
+# Its first line, "#<cwd>", is also what the parent reads back as the cwd.
+_DUMP = ("{ builtin printf '#%s\\nbuiltin cd -- %q\\n' \"$PWD\" \"$PWD\"; builtin shopt -p; builtin set +o; "
+         "builtin export -p; builtin declare -f; builtin alias -p; } >|\"$__prorl_S\" 2>/dev/null")
+
+
+def trusted_bash() -> str | None:
+    """An execute-only copy of bash owned by this (root) process: a bash exec'd from a file its
+    user cannot read is not dumpable, so nothing in the sandbox can open its fds or memory."""
+    if os.geteuid() != 0:
+        return None
+    if os.path.exists(TRUSTED_BASH):
+        return TRUSTED_BASH
+    source = shutil.which("bash")
+    if not source:
+        return None
+    try:
+        os.makedirs(os.path.dirname(TRUSTED_BASH), mode=0o755, exist_ok=True)
+        staging = f"{TRUSTED_BASH}.{os.getpid()}.tmp"
+        shutil.copyfile(source, staging)
+        os.chmod(staging, stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        os.replace(staging, TRUSTED_BASH)
+    except OSError as exc:
+        log.warning("no execute-only bash at %s (%s): shell parents stay dumpable", TRUSTED_BASH, exc)
+        return None
+    return TRUSTED_BASH
 
 
 def shell_warm_spec(spec):
@@ -96,8 +139,11 @@ class PersistentShell:
         self.limits = limits
         self._preexec_fn = preexec_fn
         self._guarded = guarded
-        self._nonce = secrets.token_hex(12)
-        self._marker = f"\n{self._nonce} ".encode()
+        self._state_name = f"prorl-shell.{secrets.token_hex(8)}"
+        self._status_fd: int | None = None
+        self._status_w = -1
+        self.status_channel = "unknown"
+        self._trusted = trusted_bash()
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
         self._running = False
@@ -134,13 +180,28 @@ class PersistentShell:
         # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
         # on a big host), so parent death is the guardian's business unless the caller brings one.
         preexec = self._preexec if self._preexec_fn is not None else None
-        self._proc = spawn(
-            self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0)
+        status_r, status_w = os.pipe()
+        try:
+            self._proc = spawn(
+                self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0,
+                pass_fds=(status_w,))
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        self._status_fd, self._status_w, self._status_buf, self._token = status_r, status_w, b"", b""
         if self._guarded and preexec is None:
             guardian().hold(self._proc.pid)
         self._fd = self._proc.stdout.fileno()
-        out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start")
+        out, state = self._roundtrip(self._setup_command(), time.monotonic() + START_TIMEOUT_S,
+                                     phase="start", raw=True, info='"$__prorl_D"')
+        if state == "marker" and out.status != 0:
+            state = f"setup failed (status {out.status})"
+        self.status_channel = f"status pipe, parent {out.pwd}" if state == "marker" else "unknown"
+        if state == "marker":
+            out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start", raw=True)
         if state == "marker":
             try:
                 self._started()
@@ -151,11 +212,23 @@ class PersistentShell:
         self._reap()
         raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
 
+    def _setup_command(self) -> str:
+        """The parent's first lines: become the execute-only bash if there is one (bash reads a
+        pipe a byte at a time, so the new image reads on from the next line), make the state
+        directory, and find out whether another process can reach the parent's fds."""
+        trusted = (f"builtin shopt -s execfail; [ -x {self._trusted} ] && "
+                   f"builtin exec {self._trusted} --noprofile --norc\n") if self._trusted else ""
+        return (f"{trusted}__prorl_S=\"${{TMPDIR:-/tmp}}/{self._state_name}\"; "
+                "(builtin umask 077; builtin set -C; builtin printf '#%s\\n' \"$PWD\" >\"$__prorl_S\") && "
+                "if (builtin read -r -n0 </proc/$$/environ) 2>/dev/null; then __prorl_D=dumpable; "
+                "else __prorl_D=non-dumpable; fi")
+
     def _started(self) -> None:
         """Runs once the shell answered: the shell limits itself (and so all it starts)."""
         command = self.limits and ulimit_command(self.limits)
         if command:
-            out, state = self._roundtrip(command, time.monotonic() + START_TIMEOUT_S, phase="start")
+            out, state = self._roundtrip(command, time.monotonic() + START_TIMEOUT_S, phase="start",
+                                         raw=True)
             if state != "marker" or out.status != 0:
                 raise OSError(f"could not set limits ({state}): {out.text()[-500:]!r}")
 
@@ -187,6 +260,10 @@ class PersistentShell:
                 stream.close()
             except OSError:
                 pass
+        if self._status_fd is not None:
+            os.close(self._status_fd)
+            self._status_fd = None
+        _remove_own_file(os.path.join(tempfile.gettempdir(), self._state_name))
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -203,7 +280,7 @@ class PersistentShell:
         self._start(self.initial_cwd)
         if last != self.cwd:
             self._roundtrip(f"cd -- {shell_quote(last)}", time.monotonic() + START_TIMEOUT_S,
-                            phase="start")
+                            phase="start", raw=True)
         return self.cwd
 
     def adopt(self, env: Mapping[str, str], limits: Limits | None, cwd: str | None) -> None:
@@ -220,7 +297,7 @@ class PersistentShell:
         if parts:
             with self._lock:
                 out, state = self._roundtrip(" && ".join(parts), time.monotonic() + START_TIMEOUT_S,
-                                             phase="start")
+                                             phase="start", raw=True)
             if state != "marker" or out.status != 0:
                 raise SandboxError(f"could not prepare the shell ({state}): {out.text()[-500:]!r}")
 
@@ -287,12 +364,13 @@ class PersistentShell:
             else:  # reap the killed jobs now, so bash's "Killed ..." notices do not leak into
                 # the next command's output
                 self._roundtrip("wait", time.monotonic() + KILL_GRACE_S, phase="recover")
-        elif state == "eof":  # the command ended the shell: exit, exec, set -e ...
+        elif state == "eof":  # the command killed the shell itself: its own status is unknown
             try:
-                out.status = self._proc.wait(timeout=2)
+                gone = self._proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                out.status = None
-            note = (f"[the shell exited with status {out.status}; a new shell was started in "
+                gone = None
+            out.status = None
+            note = (f"[the shell exited with status {gone}; a new shell was started in "
                     f"{self._restart()}; exported variables and functions were lost]")
         output, truncated = cut_middle(out.text(), self.output_limit, out.dropped)
         if note:
@@ -300,10 +378,22 @@ class PersistentShell:
         return ExecResult(output=output, exit_code=None if timed_out or interrupted else out.status,
                           timed_out=timed_out, interrupted=interrupted, truncated=truncated)
 
-    def _roundtrip(self, command: str, deadline: float, phase: str = "command") -> tuple[Output, str]:
-        out = Output(self.output_limit, self._marker)
-        line = (f"eval {shell_quote(command)} </dev/null 2>&1; "
-                f"printf '\\n{self._nonce} %d %s\\n' \"$?\" \"$PWD\"\n")
+    def _roundtrip(self, command: str, deadline: float, phase: str = "command", raw: bool = False,
+                   info: str = '"$PWD"') -> tuple[Output, str]:
+        """Send ``command`` and read until its status arrives. ``raw``: the parent itself runs it
+        (the host's own setup commands only); otherwise a subshell does, as described above."""
+        out = Output(self.output_limit)
+        fd, token = self._status_w, secrets.token_hex(6)
+        self._token = token.encode()  # a line with another token is stale or injected: ignored
+        if raw:
+            line = f"{command}\nbuiltin printf '{token} %d %s\\n' \"$?\" {info} >&{fd}\n"
+        else:
+            # The eval is the subshell's last command, so its status is the subshell's: the
+            # state is dumped by an EXIT trap set before any of the agent's code exists here.
+            line = (f"{{ ( exec 0</dev/null 2>&1 {fd}>&-; builtin trap {shell_quote(_DUMP)} EXIT; "
+                    f"builtin . \"$__prorl_S\" >/dev/null 2>&1; builtin eval {shell_quote(command)} ); }} 2>/dev/null"
+                    f"; __prorl_s=$?; IFS= builtin read -r __prorl_p <\"$__prorl_S\"; "
+                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" \"${{__prorl_p#?}}\" >&{fd}\n")
         try:
             self._write(line.encode("utf-8", errors="surrogateescape"))
         except (OSError, ValueError):
@@ -317,11 +407,13 @@ class PersistentShell:
             view = view[os.write(fd, view):]
 
     def _read_until_marker(self, out: Output, deadline: float, phase: str = "command") -> str:
-        """Read into ``out``; returns "marker", "eof" or "timeout" (also on close, and on interrupt
-        while a command runs). ``phase``: "command", "recover" (keep killing) or "start"."""
+        """Read output into ``out`` until the status line arrives on the status pipe; returns
+        "marker", "eof" or "timeout" (also on close, and on interrupt while a command runs).
+        ``phase``: "command", "recover" (keep killing) or "start"."""
         stop_on_interrupt, kill_each_poll = phase == "command", phase == "recover"
         while True:
-            if out.parse_marker():
+            if self._status_line(out):
+                self._drain(out)  # all the subshell wrote before it exited is in the pipe now
                 if out.pwd:
                     self.cwd = out.pwd
                 return "marker"
@@ -331,11 +423,50 @@ class PersistentShell:
             if kill_each_poll:  # a fork loop may have spawned more since the last kill
                 self._kill_command()
             try:
-                ready, _, _ = select.select([self._fd], [], [], min(remaining, 0.05))
-                chunk = os.read(self._fd, _READ_CHUNK) if ready else None
-            except (OSError, ValueError):
+                ready, _, _ = select.select([self._fd, self._status_fd], [], [], min(remaining, 0.05))
+                if self._status_fd in ready:
+                    status = os.read(self._status_fd, 4096)
+                    if status == b"":
+                        return "eof"
+                    self._status_buf += status
+                chunk = os.read(self._fd, _READ_CHUNK) if self._fd in ready else None
+            except (OSError, ValueError, TypeError):
                 chunk = b""
             if chunk == b"":
                 return "eof"
             if chunk:
                 out.add(chunk)
+
+    def _status_line(self, out: Output) -> bool:
+        while True:
+            line, found, rest = self._status_buf.partition(b"\n")
+            if not found:
+                return False
+            self._status_buf = rest
+            token, _, line = line.partition(b" ")
+            if token == self._token:
+                break
+        status, _, pwd = line.decode(errors="replace").partition(" ")
+        out.status, out.pwd = (int(status) if status.lstrip("-").isdigit() else None), pwd or None
+        return True
+
+    def _drain(self, out: Output) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self._fd], [], [], 0)
+                chunk = os.read(self._fd, _READ_CHUNK) if ready else b""
+            except (OSError, ValueError):
+                return
+            if not chunk:
+                return
+            out.add(chunk)
+
+
+def _remove_own_file(path: str) -> None:
+    """Remove a local shell's state file: only a regular file this process owns."""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+            os.unlink(path)
+    except OSError:
+        pass

@@ -63,11 +63,19 @@ def test_stderr_is_merged(shell):
     assert shell.run("echo out; echo err >&2; ls /nonexistent-dir").output.startswith("out\nerr\n")
 
 
-def test_exit_restarts_shell_and_keeps_cwd(shell, tmp_path):
-    shell.run("cd /usr")
+def test_exit_ends_only_the_command(shell, tmp_path):
+    shell.run("cd /usr && export KEEP=1")
     old_pid = shell.pid
     result = shell.run("exit 3")
-    assert result.exit_code == 3 and "new shell" in result.output
+    assert result.exit_code == 3 and result.output == ""
+    assert shell.pid == old_pid and shell.run('pwd; echo "$KEEP"').output == "/usr\n1\n"
+
+
+def test_killing_the_shell_restarts_it_and_keeps_cwd(shell, tmp_path):
+    shell.run("cd /usr")
+    old_pid = shell.pid
+    result = shell.run("kill -9 $$")
+    assert result.exit_code is None and "new shell" in result.output
     assert shell.pid != old_pid and not psutil.pid_exists(old_pid)
     assert shell.run("pwd").output == "/usr\n"
 
@@ -92,15 +100,15 @@ def test_timeout_kills_sleep_and_process_tree(shell):
     assert shell.run("echo alive").output == "alive\n"
 
 
-def test_builtin_loop_timeout_restarts_shell_in_last_cwd(shell, tmp_path):
+def test_builtin_loop_timeout_keeps_the_shell_and_its_state(shell, tmp_path):
     (tmp_path / "d").mkdir()
-    shell.run("cd d")
+    shell.run("cd d && f() { echo kept; }")
     old_pid = shell.pid
     result = shell.run("while :; do :; done", timeout=0.3)
-    assert result.timed_out and result.exit_code is None and "restarted" in result.output
+    assert result.timed_out and result.exit_code is None and "killed" in result.output
     assert result.duration_s < 0.3 + KILL_GRACE_S + 1
-    assert shell.pid != old_pid and not psutil.pid_exists(old_pid)
-    assert shell.run("pwd").output == f"{tmp_path / 'd'}\n"
+    assert shell.pid == old_pid  # the loop ran in the command's subshell, not in the shell
+    assert shell.run("pwd; f").output == f"{tmp_path / 'd'}\nkept\n"
 
 
 def test_interrupt_from_another_thread(shell):
@@ -180,7 +188,7 @@ def test_shell_outlives_the_thread_that_created_it(tmp_path):
         sh.close()
 
 
-def test_interrupting_a_builtin_loop_restarts_the_shell(shell):
+def test_interrupting_a_builtin_loop_keeps_the_shell(shell):
     results = []
     worker = threading.Thread(target=lambda: results.append(shell.run("while :; do :; done", timeout=30)))
     worker.start()
@@ -188,5 +196,5 @@ def test_interrupting_a_builtin_loop_restarts_the_shell(shell):
     old_pid = shell.pid
     shell.interrupt()
     worker.join(KILL_GRACE_S + 3)
-    assert results and results[0].interrupted and "restarted" in results[0].output
-    assert shell.pid != old_pid and shell.run("echo back").output == "back\n"
+    assert results and results[0].interrupted and "killed" in results[0].output
+    assert shell.pid == old_pid and shell.run("echo back").output == "back\n"
