@@ -21,11 +21,12 @@ Why rules inside the sandbox's namespace rather than slirp4netns as a dedicated 
 firewall state (no conflict with Docker's or the operator's rules, nothing to clean up after a
 crash) and needs no extra uid range. The sandbox cannot remove it: bwrap drops every capability
 (``--cap-drop ALL``, no nested user namespaces), and ``CAP_NET_ADMIN`` over its namespace is
-needed even to list the rules. Measured on the 2-core test machine: the nft table ~5 ms, slirp4netns
-ready in ~4-8 ms; a network sandbox's create costs ~15 ms more than a plain one (p50 of 20 through
-the host, see the tests). What is not covered: a host address added after the sandbox started,
-and the destinations beyond the host's own subnets that are only reachable from it (list them in
-``PRORL_SANDBOX_NETWORK_DENY``).
+needed even to list the rules. Measured on the 2-core test machine (shared with other test runs):
+the table and slirp4netns's readiness together take 11-20 ms (p50 of 20: 19 ms); a cold create
+through the sandbox host, p50 of 20, is 67-78 ms plain and 88-109 ms with the network. What is not
+covered: a host address added after the sandbox started, destinations beyond the host's own
+subnets that only the host may reach (list them in ``PRORL_SANDBOX_NETWORK_DENY``), and the CPU
+slirp4netns spends for the sandbox's traffic (it is not in the sandbox's cgroup).
 
 slirp4netns runs as the host's user with ``--enable-sandbox`` (its own empty mount namespace, all
 capabilities dropped but ``CAP_NET_BIND_SERVICE``) and ``--enable-seccomp``. It is not run as the
@@ -33,6 +34,7 @@ sandbox's uid because ``/dev/net/tun`` is root-only on some hosts (here: mode 06
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import ipaddress
@@ -160,6 +162,7 @@ def resolv_conf() -> str:
     with open(path, "x") as fh:
         fh.write(f"nameserver {SLIRP_DNS}\noptions timeout:2 attempts:2\n")
     os.chmod(path, 0o444)
+    atexit.register(shutil.rmtree, directory, True)
     return path
 
 
