@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.cgroups import SandboxLimits, warm_limits
 from sandboxes.procs import child_pids, kill_descendants
 from sandboxes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
 from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV, PersistentShell, shell_quote, shell_warm_spec
@@ -117,6 +118,7 @@ class BwrapShell(PersistentShell):
     _bash_pid: int | None = None
     _init_fd: int | None = None  # a pidfd: signals reach that process even once its pid is reused
     net: UserNet | None = None
+    cgroup_kill: Any = None  # SandboxCgroup.kill_except, where the sandbox has a cgroup
 
     def __init__(self, argv: list[str], *, inner_env: dict[str, str] | None = None,
                  network: bool = False, **kwargs: Any):
@@ -172,6 +174,8 @@ class BwrapShell(PersistentShell):
             if not new:
                 break
             killed += new
+        if self.cgroup_kill:  # the cgroup lists every process the command forked, raced or not
+            killed += self.cgroup_kill({self._proc.pid, self._init_pid, self._bash_pid})
         return killed
 
     def _kill_all(self) -> list[int]:
@@ -253,11 +257,13 @@ class BwrapSandbox(WorkspaceFiles):
             self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
         uid = self._uid.uid if self._uid else None
         self.shell: BwrapShell | None = None
+        self._limits: SandboxLimits | None = None
         if uid is not None:
             check_traversable(self.config.root or tempfile.gettempdir())
         host_dir = tempfile.mkdtemp(prefix="bwrap-", dir=self.config.root)
         self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
         try:
+            self._limits = SandboxLimits(self.workspace, spec.limits, self.config.root, uid is not None)
             if uid is not None:
                 os.chown(host_dir, uid, uid)
             self.workdir = self._workdir(spec.workdir)
@@ -267,8 +273,10 @@ class BwrapSandbox(WorkspaceFiles):
                               network=spec.network, root=root_entries(spec.image, self.config.host_paths),
                               image=spec.image, uid=uid, env=self._env(),
                               resolv=resolv_conf() if spec.network and _has_resolv(spec.image) else None)
-            self.shell = BwrapShell(argv, cwd="/", env=HOST_ENV, limits=spec.limits, guarded=False,
+            self.shell = BwrapShell(self._limits.argv(argv), cwd="/", env=HOST_ENV,
+                                    limits=self._limits.rlimits(spec.limits), guarded=False,
                                     inner_env=spec.env, network=spec.network)
+            self.shell.cgroup_kill = self._limits.kill_except
         except BaseException:
             self.close()
             raise
@@ -296,12 +304,14 @@ class BwrapSandbox(WorkspaceFiles):
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
         """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
-        return shell_warm_spec(spec)
+        warm = shell_warm_spec(spec)
+        return warm and warm.model_copy(update={"limits": warm_limits(spec.limits)})
 
     def claim(self, job_id: str, spec: SandboxSpec) -> None:
         """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
         workdir = self._workdir(spec.workdir)
-        self.shell.adopt(spec.env, spec.limits, workdir if spec.workdir else None)
+        self._limits.claim(spec.limits)
+        self.shell.adopt(spec.env, self._limits.rlimits(spec.limits), workdir if spec.workdir else None)
         self.spec, self.job_id, self.workdir = spec, job_id, workdir
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -319,6 +329,8 @@ class BwrapSandbox(WorkspaceFiles):
     def close(self) -> None:
         if self.shell is not None:
             self.shell.close()
+        if self._limits is not None:
+            self._limits.close()  # whatever is still in the cgroup dies here
         self.workspace.remove()
         if self._uid is not None:
             self._uid.release()  # only now: nothing of the sandbox runs as that uid any more

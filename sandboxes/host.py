@@ -224,7 +224,8 @@ class SandboxHost:
             self.pool.on_change = self.registration.update_live
 
     def start(self) -> None:
-        cgroups.sweep(self.host_id)  # what a killed earlier run of this host id left
+        for path in self.dirs.dirs:  # what a killed earlier run of this host id left
+            cgroups.sweep(cgroups.host_key(str(path)))
         self.pool.start_reaper()
         self.pool.warm.start()
         if self.registration:

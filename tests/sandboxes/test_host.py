@@ -260,15 +260,16 @@ def test_warm_sandboxes_are_claimed_with_the_jobs_settings(start_host):
     assert wait_until(lambda: len(list_sandboxes(host.address, host.token)) == 1, timeout=1)
     time.sleep(0.5)  # the warm one starts in the background; it is not a live sandbox
     assert requests.get(f"{host.address}/health").json()["live"] == 1
-    spec = {"env": {"TASK": "warm start"}, "workdir": "repo/src", "limits": {"memory_mb": 300}}
+    spec = {"env": {"TASK": "warm start"}, "workdir": "repo/src",
+            "limits": {"memory_mb": 300, "nofile": 300}}  # memory: a cgroup where root; nofile: an rlimit
     asked_at = time.time()
     second = create(host, "job-warm", spec=spec)
     entry = entry_of(host, second)
     assert entry.job_id == "job-warm" and entry.info["job_id"] == "job-warm"
     assert entry.pid != cold_pid
     assert psutil.Process(entry.pid).create_time() < asked_at  # it was running before the ask
-    out = second.exec('echo "$TASK"; pwd; ulimit -v').output
-    assert out == f"warm start\n/workspace/repo/src\n{300 * 1024}\n"
+    out = second.exec('echo "$TASK"; pwd; ulimit -n').output
+    assert out == "warm start\n/workspace/repo/src\n300\n"
     restarted = second.exec("exit 1")  # a new shell keeps the job's environment and limits
     assert "new shell" in restarted.output
-    assert second.exec('echo "$TASK"; ulimit -v').output == f"warm start\n{300 * 1024}\n"
+    assert second.exec('echo "$TASK"; ulimit -n').output == "warm start\n300\n"
