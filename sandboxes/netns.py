@@ -22,8 +22,10 @@ firewall state (no conflict with Docker's or the operator's rules, nothing to cl
 crash) and needs no extra uid range. The sandbox cannot remove it: bwrap drops every capability
 (``--cap-drop ALL``, no nested user namespaces), and ``CAP_NET_ADMIN`` over its namespace is
 needed even to list the rules. Measured on the 2-core test machine (shared with other test runs):
-the table and slirp4netns's readiness together take 11-20 ms (p50 of 20: 19 ms); a cold create
-through the sandbox host, p50 of 20, is 67-78 ms plain and 88-109 ms with the network. What is not
+the table and slirp4netns's readiness together take 9-20 ms; a cold create through the sandbox
+host, p50 of 20, is 12 ms plain and 21-24 ms with the network (``bench/action_latency.py``:
+11.8 vs 23.8 ms; with the per-sandbox cgroups and workspace filesystem being added beside this,
+67-78 vs 88-109 ms). What is not
 covered: a host address added after the sandbox started, destinations beyond the host's own
 subnets that only the host may reach (list them in ``PRORL_SANDBOX_NETWORK_DENY``), and the CPU
 slirp4netns spends for the sandbox's traffic (it is not in the sandbox's cgroup).
