@@ -77,7 +77,7 @@ def test_sandboxes_see_neither_the_host_nor_each_other(start_host):
     assert second.exec("find / -name 'secret-a*' 2>/dev/null | head -1").output == ""
     assert second.exec(f"ls {workspace_a} 2>&1").exit_code != 0
     listing = second.exec("ps -e -o pid=,comm=").output.split("\n")
-    assert [line.split()[1] for line in listing if line.strip()] == ["bwrap", "bash", "ps"]
+    assert [line.split()[1] for line in listing if line.strip()] == ["bwrap", "bash", "bash", "ps"]  # the command's subshell
     # distinct unprivileged host uids: no sandbox runs as host root, none shares a uid
     uids = {host_uid(entry_of(host, box).info["shell_pid"]) for box in (first, second)}
     assert len(uids) == 2 and 0 not in uids if os.geteuid() == 0 else True
