@@ -65,7 +65,11 @@ class Wire(TypingProtocol):
     def answer(self, data: dict[str, Any]) -> Generated: ...
 
 
-class PlainWire:
+class FakeWire:
+    """The project's fake server only (no real server has this API)."""
+
+    path = "/generate"
+
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]:
         body = {**sampling_body(request), "prompt_ids": prompt, "model": model, "skip_special_tokens": False,
@@ -80,6 +84,7 @@ class PlainWire:
 
 
 class SGLangWire:
+    path = "/generate"
     RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "seed": "sampling_seed"}
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
@@ -105,7 +110,7 @@ class SGLangWire:
         return Generated([int(i) for i in ids], _logprobs(triples), kind)
 
 
-WIRES: dict[Dialect, Wire] = {Dialect.PLAIN: PlainWire(), Dialect.SGLANG: SGLangWire()}
+WIRES: dict[Dialect, Wire] = {Dialect.FAKE: FakeWire(), Dialect.SGLANG: SGLangWire()}
 
 
 class GenerateClient:
@@ -114,8 +119,8 @@ class GenerateClient:
         tok = get_tokenizer(request.tokenizer or slot.tokenizer or model)
         prompt = build_prompt(tok, request)
         max_tokens = max_new_tokens(slot, request, prompt)
-        wire = WIRES[slot.dialect or Dialect.PLAIN]
-        data = post(slot, "/generate", wire.body(request, model, tok, prompt, max_tokens), call)
+        wire = WIRES[slot.dialect or Dialect.FAKE]
+        data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
         try:
             out = wire.answer(data)
             if out.logprobs is not None and len(out.logprobs) != len(out.response_ids):

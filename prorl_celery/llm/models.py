@@ -5,7 +5,8 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class Protocol(str, Enum):
@@ -16,10 +17,28 @@ class Protocol(str, Enum):
 
 
 class Dialect(str, Enum):
-    """Wire format of a ``generate`` backend's ``POST /generate``."""
+    """Wire format of a backend: which real server's API the protocol is spoken in.
 
-    PLAIN = "plain"    # {"prompt_ids", sampling params} -> {"response_ids", "logprobs", "finish_reason"}
-    SGLANG = "sglang"  # {"input_ids", "sampling_params", "return_logprob"} -> {"output_ids", "meta_info"}
+    generate (token in, token out): ``sglang`` (``POST /generate``, SGLang's native API),
+    ``vllm-completions`` (``POST /v1/completions`` with a token-id prompt), ``vllm-generate``
+    (``POST /inference/v1/generate``), ``llama.cpp`` (``POST /completion`` with a token-id prompt),
+    ``fake`` (the project's fake server only: ``{"prompt_ids"}`` -> ``{"response_ids"}``).
+    chat (OpenAI chat completions): ``openai`` (strict OpenAI fields), ``vllm`` (plus
+    ``return_token_ids``), ``sglang``, ``llama.cpp``.
+    """
+
+    FAKE = "fake"
+    SGLANG = "sglang"
+    VLLM_COMPLETIONS = "vllm-completions"
+    VLLM_GENERATE = "vllm-generate"
+    LLAMACPP = "llama.cpp"
+    OPENAI = "openai"
+    VLLM = "vllm"
+
+
+GENERATE_DIALECTS = frozenset({Dialect.FAKE, Dialect.SGLANG, Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE,
+                               Dialect.LLAMACPP})
+CHAT_DIALECTS = frozenset({Dialect.OPENAI, Dialect.VLLM, Dialect.SGLANG, Dialect.LLAMACPP})
 
 
 class BackendStatus(str, Enum):
@@ -37,21 +56,30 @@ class BackendSpec(BaseModel):
     capacity: int | None = Field(None, ge=1, le=100000,
                                  description="Sequences it runs at once; default llm_default_capacity.")
     protocol: Protocol = Field(Protocol.CHAT, description="chat (OpenAI-compatible) or generate (token ids).")
-    dialect: Dialect | None = Field(None, description="generate only: the /generate wire format, plain (default) "
-                                                      "or sglang (SGLang's native API).")
+    dialect: Dialect | None = Field(None, description="The server's API: generate needs one of fake, sglang, "
+                                                      "vllm-completions, vllm-generate, llama.cpp; chat takes "
+                                                      "openai, vllm (default), sglang, llama.cpp.")
     model: str | None = Field(None, description="Model name to send; default: the first of /v1/models.")
     weight_version: str | None = Field(None, description="Version of the weights it serves now.")
     max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")
     tokenizer: str | None = Field(None, description="Token mode: tokenizer name (default: the model name).")
     api_key: str | None = Field(None, description="Bearer token the server requires, if any.")
 
-    @field_validator("dialect")
-    @classmethod
-    def _generate_only(cls, dialect: Dialect | None, info: ValidationInfo) -> Dialect | None:
-        if dialect not in (None, Dialect.PLAIN) and info.data.get("protocol") is not Protocol.GENERATE:
-            raise ValueError(f"dialect {dialect.value!r} is a wire format of the generate protocol: "
-                             "set protocol to generate")
-        return dialect
+    @model_validator(mode="after")
+    def _dialect_of_protocol(self) -> "BackendSpec":
+        """A generate backend names its wire (there is no default token API that real servers share);
+        a chat backend takes only chat dialects."""
+        if self.protocol is Protocol.GENERATE:
+            if self.dialect not in GENERATE_DIALECTS:
+                raise PydanticCustomError(
+                    "dialect", "the generate protocol needs the server's token API, one of {names}",
+                    {"loc": "dialect", "names": ", ".join(sorted(d.value for d in GENERATE_DIALECTS))})
+        elif self.dialect is not None and self.dialect not in CHAT_DIALECTS:
+            raise PydanticCustomError(
+                "dialect", "{name!r} is a wire format of the generate protocol: set protocol to "
+                "generate (chat takes {names})",
+                {"loc": "dialect", "name": self.dialect.value, "names": ", ".join(sorted(d.value for d in CHAT_DIALECTS))})
+        return self
 
 
 class Backend(BaseModel):
