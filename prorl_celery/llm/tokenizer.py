@@ -7,12 +7,16 @@ turn, by diffing two renders of a fixed dummy conversation.
 """
 from __future__ import annotations
 
-import functools
+import logging
 import re
+import threading
+import time
 from typing import Any, Protocol, runtime_checkable
 
 from prorl_celery.errors import InvalidRequest, UnknownPlugin
 from prorl_celery.llm import chatml
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -74,11 +78,7 @@ class HFTokenizer:
     STOP_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
 
     def __init__(self, name: str):
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as exc:
-            raise UnknownPlugin(f"tokenizer {name!r} needs the optional 'transformers' package") from exc
-        self.tok = AutoTokenizer.from_pretrained(name)
+        self.tok = _auto_tokenizer(name).from_pretrained(name)
         vocab = self.tok.get_vocab()
         stops = {self.tok.eos_token_id, *(vocab[t] for t in self.STOP_TOKENS if t in vocab)}
         self.stop_ids = frozenset(i for i in stops if isinstance(i, int))
@@ -100,13 +100,70 @@ class HFTokenizer:
 
 BUILTIN = {"byte": ByteTokenizer, "prorl-fake-byte": ByteTokenizer}
 
+LOAD_ATTEMPTS = 3
+LOAD_BACKOFF_S = 0.5
+_loaded: dict[str, Tokenizer] = {}
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+_import_lock = threading.Lock()
 
-@functools.lru_cache(maxsize=16)
+
 def get_tokenizer(name: str | None) -> Tokenizer:
-    """``byte`` (also the fake server's model name ``prorl-fake-byte``) or a Hugging Face name."""
-    if not name or name in BUILTIN:
-        return BUILTIN.get(name or "byte", ByteTokenizer)()
-    return HFTokenizer(name)
+    """``byte`` (also the fake server's model name ``prorl-fake-byte``) or a Hugging Face name.
+
+    Loaded once per process: the first caller of a name builds it under that name's lock while
+    later callers wait for it (a worker's ``run`` threads all ask at once when it starts; an
+    ``lru_cache`` let each build its own, and their concurrent first imports of ``transformers``
+    failed). A failure is not cached: the next call tries again."""
+    key = name or "byte"
+    tok = _loaded.get(key)
+    if tok is not None:
+        return tok
+    with _locks_guard:
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:
+        tok = _loaded.get(key)
+        if tok is None:
+            tok = BUILTIN[key]() if key in BUILTIN else _load_hf(key)
+            _loaded[key] = tok
+    return tok
+
+
+def _load_hf(name: str) -> Tokenizer:
+    """An :class:`HFTokenizer`, tried ``LOAD_ATTEMPTS`` times: an ``ImportError`` other than the
+    package being absent, or an ``OSError`` (a file being written, a busy disk), can pass; what
+    cannot is raised as what it is."""
+    for attempt in range(1, LOAD_ATTEMPTS + 1):
+        try:
+            return HFTokenizer(name)
+        except UnknownPlugin:
+            raise
+        except (ImportError, OSError) as exc:
+            if attempt == LOAD_ATTEMPTS:
+                raise InvalidRequest(f"tokenizer {name!r} could not be loaded ({LOAD_ATTEMPTS} attempts): "
+                                     f"{type(exc).__name__}: {exc}", field="tokenizer") from exc
+            log.warning("loading tokenizer %r failed (%s: %s); attempt %d of %d", name, type(exc).__name__,
+                        exc, attempt + 1, LOAD_ATTEMPTS)
+            time.sleep(LOAD_BACKOFF_S * attempt)
+        except Exception as exc:  # noqa: BLE001 - a bad name or directory: say so, with the cause
+            raise InvalidRequest(f"tokenizer {name!r} could not be loaded: {type(exc).__name__}: {exc}",
+                                 field="tokenizer") from exc
+    raise AssertionError("unreachable")
+
+
+def _auto_tokenizer(name: str) -> Any:
+    """``transformers.AutoTokenizer``, imported by one thread at a time (the package's lazy
+    modules are not safe to initialise from two threads at once). Only a missing package is
+    reported as missing; any other import error is raised as itself."""
+    with _import_lock:
+        try:
+            from transformers import AutoTokenizer
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] == "transformers":
+                raise UnknownPlugin(f"tokenizer {name!r} needs the optional 'transformers' package "
+                                    "(pip install transformers)") from exc
+            raise
+    return AutoTokenizer
 
 
 _DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
