@@ -7,4 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-system-deps.sh
 python3 -m pip install -q -e '.[test]'
+bash scripts/install-real-llm.sh
 exec python3 -m pytest "$@"
