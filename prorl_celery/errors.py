@@ -19,6 +19,8 @@ exceptions. What follows is for infrastructure faults and bad input::
     │   └── SandboxGone                   the sandbox no longer exists (lease lapsed, host died)
     └── LLMError                          an inference backend or the LLM pool failed
         ├── BackendFailed                 one call failed (connection, 5xx, timeout); retried
+        │   ├── LogprobMismatch           the answer's logprobs do not match its tokens (one each)
+        │   └── BackendAborted            the server aborted the request (weight update): retried, no quarantine
         ├── BackendUnavailable            retry budget spent, or no backend came up in time
         ├── ContextWindowExceeded         the conversation no longer fits the model's context
         ├── LLMTimeout(TimeoutError)      the caller's own (shortened) call timeout passed
@@ -122,6 +124,19 @@ class BackendFailed(LLMError):
     """One call to one backend failed in a way that says the backend is unwell."""
 
     type = "backend_failed"
+
+
+class LogprobMismatch(BackendFailed):
+    """The server answered a logprob count other than its token count: never padded, retried elsewhere."""
+
+    type = "logprob_mismatch"
+
+
+class BackendAborted(BackendFailed):
+    """The server aborted the request itself (SGLang during a weight update): retried, the backend
+    stays in rotation."""
+
+    type = "backend_aborted"
 
 
 class BackendUnavailable(LLMError):
