@@ -1,5 +1,12 @@
-"""The fake LLM server's generation endpoints: OpenAI chat completions, token-in/token-out
-``/generate``, and SGLang's native ``/generate`` (see :mod:`prorl_celery.llm.fake_server`)."""
+"""The fake LLM server's chat endpoint and what its endpoints share: each real server's error body
+and context-window rule (see :mod:`prorl_celery.llm.fake_server`; token endpoints in
+:mod:`prorl_celery.llm.fake_token_api`).
+
+Chat answers in the shape of the server named by ``--chat-flavor`` (``vllm``, ``llama.cpp`` or
+``sglang``), as recorded from the real ones (``tests/fixtures/recorded``): vLLM's extra fields
+(``token_ids``, ``prompt_token_ids`` with ``return_token_ids``, ``stop_reason``, ``reasoning_content``),
+llama.cpp's logprob entries with ids and its ``timings``.
+"""
 from __future__ import annotations
 
 import time
@@ -11,82 +18,148 @@ from prorl_celery.llm import chatml
 if TYPE_CHECKING:
     from prorl_celery.llm.fake_server import FakeLLM
 
-SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none
+TOOL_PARSER_MISSING = ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError"):
+    """An error answer; ``body`` is the server's own error JSON when it has one."""
+
+    def __init__(self, status: int, message: str, type_: str = "BadRequestError",
+                 body: dict[str, Any] | None = None):
         super().__init__(message)
-        self.status, self.type = status, type_
+        self.status, self.type, self.body = status, type_, body
+
+
+def vllm_error(status: int, message: str, type_: str = "BadRequestError", param: str | None = None) -> HTTPError:
+    return HTTPError(status, message, type_, {"error": {"message": message, "type": type_, "param": param,
+                                                        "code": status}})
+
+
+def llamacpp_error(status: int, message: str, type_: str = "invalid_request_error", **extra: Any) -> HTTPError:
+    return HTTPError(status, message, type_, {"error": {"code": status, "message": message, "type": type_,
+                                                        **extra}})
+
+
+def sglang_error(status: int, message: str) -> HTTPError:
+    return HTTPError(status, message, "ValueError", {"error": {"message": message}})
+
+
+def vllm_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None, default: int | None) -> int:
+    """vLLM's rule: prompt + max_tokens must fit in max_model_len (``>``); no max_tokens means
+    ``default`` (16 on /v1/completions) or, for chat, the whole room left."""
+    limit = fake.max_model_len
+    if len(prompt) >= limit:
+        raise vllm_error(400, f"This model's maximum context length is {limit} tokens. However, your request has "
+                              f"{len(prompt)} input tokens. Please reduce the length of the input messages.")
+    max_tokens = asked if asked is not None else (default if default is not None else limit - len(prompt))
+    if len(prompt) + max_tokens > limit:
+        raise vllm_error(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                              f"maximum context length is {limit} tokens and your request has {len(prompt)} input "
+                              f"tokens ({max_tokens} > {limit} - {len(prompt)}).", param="max_tokens")
+    return max_tokens
+
+
+def llamacpp_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None) -> int:
+    """llama.cpp's rule: a prompt that fills the context is refused; generation stops where the
+    context ends (``n_predict`` -1 or absent: no other limit)."""
+    n_ctx = fake.max_model_len
+    if len(prompt) >= n_ctx:
+        raise llamacpp_error(400, "the request exceeds the available context size, try increasing it",
+                             "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=n_ctx)
+    room = n_ctx - len(prompt)
+    return room if asked is None or asked < 0 else min(asked, room)
+
+
+def forced_tool(body: dict[str, Any]) -> str | None:
+    """The tool a ``tool_choice`` forces: a named function, ``"*"`` for ``required``, else None."""
+    choice = body.get("tool_choice")
+    if choice == "required":
+        return "*"
+    if isinstance(choice, dict):
+        return (choice.get("function") or {}).get("name") or "*"
+    return None
+
+
+def _check_tools(fake: FakeLLM, body: dict[str, Any]) -> None:
+    """vLLM started without ``--enable-auto-tool-choice --tool-call-parser`` refuses tools under
+    ``tool_choice`` auto (the default when tools are sent)."""
+    if body.get("tools") and body.get("tool_choice") in (None, "auto") and not fake.options.tool_parser:
+        raise vllm_error(400, TOOL_PARSER_MISSING)
 
 
 def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
     messages, tools = body.get("messages"), body.get("tools")
+    flavor = fake.options.chat_flavor
     if not isinstance(messages, list) or not messages:
-        raise HTTPError(400, "messages: a non-empty list is required")
+        raise vllm_error(400, "messages: a non-empty list is required", param="messages")
+    if flavor == "vllm":
+        _check_tools(fake, body)
     prompt = fake.tok.apply_chat_template(messages, tools=tools)
-    entry = fake.generate(messages, tools, prompt, body, "chat", sock)
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    if flavor == "llama.cpp":
+        max_tokens = llamacpp_max_tokens(fake, prompt, asked)
+    else:
+        max_tokens = vllm_max_tokens(fake, prompt, asked, None)
+    entry = fake.generate(messages, tools, prompt, max_tokens, "chat", sock, ignore_eos=bool(body.get("ignore_eos")),
+                          min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body))
     if entry is None:
         return None
-    ids = entry["response_ids"]
+    return (llamacpp_chat if flavor == "llama.cpp" else vllm_chat)(fake, body, prompt, entry)
+
+
+def _message(fake: FakeLLM, ids: list[int], finish: str) -> tuple[dict[str, Any], str]:
     text = fake.tok.decode([i for i in ids if i not in fake.tok.stop_ids])
     content, calls, _ = chatml.split_tool_calls(text)
-    finish = "tool_calls" if calls and entry["finish_reason"] == "stop" else entry["finish_reason"]
+    finish = "tool_calls" if calls and finish == "stop" else finish
     message = {"role": "assistant", "content": content or (None if calls else ""),
                "tool_calls": [c.to_openai() for c in calls]}
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+    return message, finish
+
+
+def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
+    ids = entry["response_ids"]
+    message, finish = _message(fake, ids, entry["finish_reason"])
+    for call in message["tool_calls"]:
+        call["id"] = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
+    message.update(refusal=None, annotations=None, audio=None, function_call=None, reasoning_content=None)
+    logprobs = None
     if body.get("logprobs"):
-        choice["logprobs"] = {"content": [{"token": fake.tok.decode([t]), "logprob": lp, "top_logprobs": []}
-                                          for t, lp in zip(ids, fake.logprobs(ids))]}
-    out = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-           "model": body.get("model") or fake.model, "choices": [choice],
-           "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                     "total_tokens": len(prompt) + len(ids)}}
-    if body.get("return_token_ids"):
-        choice["token_ids"] = ids
-        out["prompt_token_ids"] = prompt
-    return out
+        logprobs = {"content": [{"token": fake.tok.decode([t]), "logprob": lp,
+                                 "bytes": list(fake.tok.decode([t]).encode()), "top_logprobs": []}
+                                for t, lp in zip(ids, fake.logprobs(ids))]}
+    stop_reason = None
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                              "stop_reason": stop_reason, "token_ids": ids if body.get("return_token_ids") else None}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
+            "system_fingerprint": None, "usage": usage(prompt, ids), "prompt_logprobs": None,
+            "prompt_token_ids": prompt if body.get("return_token_ids") else None, "kv_transfer_params": None}
 
 
-def _token_ids(body: dict[str, Any], name: str) -> list[int]:
-    ids = body.get(name)
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-        raise HTTPError(400, f"{name}: a non-empty list of token ids is required")
-    return ids
-
-
-def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
-    if "input_ids" in body:
-        return sglang_generate(fake, body, sock)
-    prompt = _token_ids(body, "prompt_ids")
-    messages = chatml.parse(fake.tok.decode(prompt))
-    entry = fake.generate(messages, None, prompt, body, "generate", sock)
-    if entry is None:
-        return None
+def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
     ids = entry["response_ids"]
-    return {"response_ids": ids, "logprobs": fake.logprobs(ids), "finish_reason": entry["finish_reason"],
-            "text": fake.tok.decode(ids)}
+    message, finish = _message(fake, ids, entry["finish_reason"])
+    if not message["tool_calls"]:
+        del message["tool_calls"]
+    choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "message": message}
+    if body.get("logprobs"):
+        choice["logprobs"] = {"content": llamacpp_probs(fake, ids)}
+    return {"choices": [choice], "created": int(time.time()), "model": body.get("model") or fake.model,
+            "system_fingerprint": "b0-prorl-fake", "object": "chat.completion", "usage": usage(prompt, ids),
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "timings": timings(prompt, ids)}
 
 
-def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
-    """SGLang's native ``/generate`` for one prompt of ``input_ids`` (no streaming, no batches)."""
-    prompt = _token_ids(body, "input_ids")
-    sampling = body.get("sampling_params") or {}
-    if not isinstance(sampling, dict):
-        raise HTTPError(400, "sampling_params: an object is required")
-    room = fake.max_model_len - len(prompt)  # SGLang clips its default to the room left, not a given value
-    params = {"max_tokens": sampling.get("max_new_tokens") or min(SGLANG_MAX_NEW_TOKENS, max(room, 0)) or None,
-              "min_tokens": sampling.get("min_new_tokens"), "ignore_eos": sampling.get("ignore_eos")}
-    messages = chatml.parse(fake.tok.decode(prompt))
-    entry = fake.generate(messages, None, prompt, params, "sglang", sock, sampling_params=sampling)
-    if entry is None:
-        return None
-    ids = entry["response_ids"]
-    matched = entry["finish_reason"] == "stop" and bool(ids) and ids[-1] in fake.tok.stop_ids
-    finish = {"type": "stop", "matched": ids[-1]} if matched else {"type": "length", "length": len(ids)}
-    meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
-                            "completion_tokens": len(ids), "cached_tokens": 0}
-    if body.get("return_logprob"):
-        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, fake.logprobs(ids))]
-    text = fake.tok.decode(ids[:-1] if matched else ids)  # SGLang trims the matched stop token from the text
-    return {"text": text, "output_ids": ids, "meta_info": meta}
+def llamacpp_probs(fake: FakeLLM, ids: list[int]) -> list[dict[str, Any]]:
+    """llama.cpp's per-token probability entries (``n_probs`` / chat ``logprobs``)."""
+    return [{"id": t, "token": fake.tok.decode([t]), "bytes": list(fake.tok.decode([t]).encode()), "logprob": lp,
+             "top_logprobs": []} for t, lp in zip(ids, fake.logprobs(ids))]
+
+
+def usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+    return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids)}
+
+
+def timings(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+    return {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": 1.0, "prompt_per_token_ms": 1.0,
+            "prompt_per_second": 1000.0, "predicted_n": len(ids), "predicted_ms": 1.0,
+            "predicted_per_token_ms": 1.0, "predicted_per_second": 1000.0}

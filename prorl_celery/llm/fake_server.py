@@ -1,18 +1,23 @@
-"""A fake OpenAI-compatible / token-in-token-out LLM server. TEST AND DEMO TOOL: it runs no model.
+"""A fake LLM server speaking the real servers' APIs. TEST AND DEMO TOOL: it runs no model.
 
     prorl-celery fake-llm --port 8100 [--latency-model step_s=0.02,capacity=32] [--speed 0.5]
                           [--policy echo|scripted:FILE|oracle[:NAME]] [--tokenizer byte|NAME_OR_DIR]
+                          [--chat-flavor vllm|llama.cpp|sglang] [--no-tool-parser] [--sglang-prompt-in-output]
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
-``return_token_ids``), ``POST /generate`` (``{"prompt_ids", ...}`` -> ``{"response_ids",
-"logprobs"}``, or SGLang's native ``{"input_ids", "sampling_params", "return_logprob"}`` ->
-``{"text", "output_ids", "meta_info"}``) with a tokenizer (the built-in byte-level one unless
-``--tokenizer`` names a Hugging Face one) and a latency model of a batching GPU server.
-Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received: endpoint, prompt
-ids, response ids, SGLang's sampling_params, status ok|aborted|error), ``GET /debug/stats`` (busy fraction, occupancy,
-completed, aborted = client disconnects), ``POST /debug/reset``, ``POST /debug/faults``
-(``{"fail_next": n, "fail_all": bool, "error_status": 500 (0: drop the connection),
-"healthy": bool}``).
+``return_token_ids``, ``tool_choice`` required/named forces a call; in vLLM's, llama.cpp's or
+SGLang's shape) and the token endpoints of :mod:`prorl_celery.llm.fake_token_api` (vLLM's
+``/v1/completions`` and ``/inference/v1/generate``, llama.cpp's ``/completion``, SGLang's
+``/generate``, and the test-only ``fake`` dialect ``/generate`` with ``prompt_ids``), each with its
+server's defaults, context rule and error body, as recorded from the real servers
+(``tests/fixtures/recorded``, checked by ``tests/llm/test_recorded_contract.py``). A tokenizer (the
+built-in byte-level one unless ``--tokenizer`` names a Hugging Face one) and a latency model of a
+batching GPU server. Debug endpoints for tests: ``GET /debug/requests?since=N`` (what it received:
+endpoint, prompt ids, response ids, sampling_params, status ok|aborted|error), ``GET /debug/stats``
+(busy fraction, occupancy, completed, aborted = client disconnects), ``POST /debug/reset``,
+``POST /debug/faults`` (``{"fail_next": n, "fail_all": bool, "error_status": 500 (0: drop the
+connection), "healthy": bool, "abort_next": n}``; ``abort_next``: SGLang answers the next n with
+``finish_reason.type == "abort"``, as during a weight update).
 """
 from __future__ import annotations
 
@@ -26,11 +31,14 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from prorl_celery.llm import chatml
-from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion, generate
+from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion
+from prorl_celery.llm.fake_token_api import ROUTES
 from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
 from prorl_celery.llm.fake_policies import Policy, load_policy
 from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
@@ -40,12 +48,27 @@ BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language m
 FILLER = " lorem"
 
 
+class FakeOptions(BaseModel):
+    """Which real server's behaviour the fake reproduces where they differ."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat_flavor: Literal["vllm", "llama.cpp", "sglang"] = Field(
+        "vllm", description="Shape of the chat answer and its context rule: vLLM's, llama.cpp's or SGLang's.")
+    tool_parser: bool = Field(True, description="As vLLM started with --enable-auto-tool-choice "
+                                                "--tool-call-parser; False: tools under tool_choice auto get 400.")
+    sglang_prompt_in_output: bool = Field(False, description="SGLang's output_ids start with the prompt ids "
+                                                             "(as some versions answer).")
+    weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
+
+
 class FakeLLM:
     """The server's state: policy, engine, tokenizer, what it received, injected faults."""
 
     def __init__(self, policy: Policy, engine: BatchEngine, model: str, max_model_len: int,
-                 tok: Tokenizer | None = None):
+                 tok: Tokenizer | None = None, options: FakeOptions | None = None):
         self.policy, self.engine, self.model, self.max_model_len = policy, engine, model, max_model_len
+        self.options = options or FakeOptions()
         self.tok = tok or ByteTokenizer()
         end = self.tok.encode(chatml.IM_END)  # the ChatML end of turn if it is one stop token
         self.end_id = end[0] if len(end) == 1 and end[0] in self.tok.stop_ids else min(self.tok.stop_ids)
@@ -56,7 +79,8 @@ class FakeLLM:
         with self.lock:
             self.records: deque[dict[str, Any]] = deque(maxlen=20000)
             self.ids = itertools.count(1)
-            self.faults = {"fail_next": 0, "fail_all": False, "error_status": 500, "healthy": True}
+            self.faults = {"fail_next": 0, "fail_all": False, "error_status": 500, "healthy": True,
+                           "abort_next": 0}
             self.errors = 0
         self.engine.reset_stats()
 
@@ -76,25 +100,23 @@ class FakeLLM:
         return None
 
     def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], params: dict[str, Any], endpoint: str, sock,
-                 **extra: Any) -> dict[str, Any] | None:
-        """Run one generation; the record (with response ids and ``extra``) or None if the client
-        went away."""
-        max_tokens = params.get("max_tokens") or params.get("max_completion_tokens")
-        if len(prompt_ids) + (max_tokens or 1) > self.max_model_len:
-            raise HTTPError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
-                                 f"However, you requested {len(prompt_ids) + (max_tokens or 1)} tokens "
-                                 f"({len(prompt_ids)} in the messages, {max_tokens or 1} in the "
-                                 "completion). Please reduce the length of the messages or completion.")
-        max_tokens = max_tokens or self.max_model_len - len(prompt_ids)
+                 prompt_ids: list[int], max_tokens: int, endpoint: str, sock, *, ignore_eos: bool = False,
+                 min_tokens: int = 0, force_tool: str | None = None, **extra: Any) -> dict[str, Any] | None:
+        """Run one generation of at most ``max_tokens`` tokens (the endpoint has applied its
+        server's defaults and context checks); the record (with response ids and ``extra``) or
+        None if the client went away. ``force_tool`` names the tool a ``tool_choice`` forces (as
+        vLLM's grammar does), ``"*"`` the first one."""
         reply = self.policy.reply(messages, tools)
-        text = reply.content + "".join(chatml.render_tool_call(c.name, c.arguments) for c in reply.tool_calls)
+        calls = [(c.name, c.arguments) for c in reply.tool_calls]
+        if force_tool and not calls and tools:
+            calls = [(force_tool if force_tool != "*" else tools[0]["function"]["name"], {})]
+        text = reply.content + "".join(chatml.render_tool_call(name, args) for name, args in calls)
         ids = self.tok.encode(text)
-        target = max_tokens if params.get("ignore_eos") else int(params.get("min_tokens") or 0)
+        target = max_tokens if ignore_eos else int(min_tokens or 0)
         filler = self.tok.encode(FILLER)
         while len(ids) < target:
             ids.extend(filler)
-        if not params.get("ignore_eos"):
+        if not ignore_eos:
             ids.append(self.end_id)
         finish = "length" if len(ids) > max_tokens else "stop"
         ids = ids[:max_tokens]
@@ -103,6 +125,14 @@ class FakeLLM:
         completed = self.engine.run(len(ids), sock)
         entry.update(status="ok" if completed else "aborted", t_end=time.time())
         return entry if completed else None
+
+    def take_abort(self) -> bool:
+        """Whether this request is caught by a simulated weight update (fault ``abort_next``)."""
+        with self.lock:
+            if self.faults["abort_next"] > 0:
+                self.faults["abort_next"] -= 1
+                return True
+        return False
 
     def logprobs(self, ids: list[int]) -> list[float]:
         return [-0.005 - ((i * 31 + t) % 97) / 100 for i, t in enumerate(ids)]
@@ -126,9 +156,9 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client is gone
 
-    def _error(self, status: int, message: str, type_: str = "BadRequestError") -> None:
-        self._send(status, {"error": {"message": message, "type": type_, "code": status},
-                            "object": "error", "message": message})
+    def _error(self, status: int, message: str, type_: str = "BadRequestError",
+               body: dict[str, Any] | None = None) -> None:
+        self._send(status, body or {"error": {"message": message, "type": type_, "param": None, "code": status}})
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -165,7 +195,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._route(path, body)
         except HTTPError as exc:
-            self._error(exc.status, str(exc), exc.type)
+            self._error(exc.status, str(exc), exc.type, exc.body)
 
     def _route(self, path: str, body: dict[str, Any]) -> None:
         fake = self.fake
@@ -177,8 +207,7 @@ class Handler(BaseHTTPRequestHandler):
                 fake.faults.update({k: v for k, v in body.items() if k in fake.faults})
                 faults = dict(fake.faults)
             return self._send(200, faults)
-        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion,
-                    "/generate": generate}
+        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion, **ROUTES}
         if path not in handlers:
             raise HTTPError(404, f"no route {path}", "NotFoundError")
         status = fake.injected_failure()
@@ -204,9 +233,10 @@ class FakeHTTPServer(ThreadingHTTPServer):
 
 def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
                 latency: LatencyModel | None = None, model: str = "prorl-fake-byte",
-                max_model_len: int = 32768, tokenizer: str = "byte") -> tuple[FakeHTTPServer, FakeLLM]:
+                max_model_len: int = 32768, tokenizer: str = "byte",
+                options: FakeOptions | None = None) -> tuple[FakeHTTPServer, FakeLLM]:
     fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len,
-                   get_tokenizer(tokenizer))
+                   get_tokenizer(tokenizer), options)
     handler = type("BoundHandler", (Handler,), {"fake": fake})
     return FakeHTTPServer((host, port), handler), fake
 
@@ -224,14 +254,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default="byte",
                         help="Tokenizer and chat template: byte (built in) or a Hugging Face name or "
                              "directory (needs transformers).")
+    parser.add_argument("--chat-flavor", choices=["vllm", "llama.cpp", "sglang"], default="vllm",
+                        help="Whose chat answer shape and context rule to reproduce.")
+    parser.add_argument("--no-tool-parser", action="store_true",
+                        help="Behave as vLLM started without --enable-auto-tool-choice --tool-call-parser: "
+                             "tools under tool_choice auto get its 400.")
+    parser.add_argument("--sglang-prompt-in-output", action="store_true",
+                        help="SGLang's /generate output_ids start with the prompt ids (some versions).")
+    parser.add_argument("--weight-version", default="default", help="Weight version SGLang's answer reports.")
     parser.add_argument("--log-level", default="WARNING")
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
+    options = FakeOptions(chat_flavor=args.chat_flavor, tool_parser=not args.no_tool_parser,
+                          sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version)
     server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,
-                            args.tokenizer)
+                            args.tokenizer, options)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     host, port = server.server_address[:2]
     print(BANNER, flush=True)

@@ -1,0 +1,182 @@
+"""The fake LLM server's token-in/token-out endpoints, one per real server's API (test and demo
+tool; see :mod:`prorl_celery.llm.fake_server`):
+
+- vLLM ``POST /v1/completions`` with a token-id ``prompt``: ``max_tokens`` defaults to 16,
+  ``logprobs`` (an int) gives OpenAI's ``{"tokens", "token_logprobs", ...}``, ``return_token_ids``
+  gives ``choices[0].token_ids`` and ``prompt_token_ids``;
+- vLLM ``POST /inference/v1/generate``: ``{"token_ids", "sampling_params"}`` ->
+  ``choices[0].token_ids`` and chat-style ``logprobs.content``;
+- llama.cpp ``POST /completion`` with a token-id ``prompt``: ``n_predict``, ``n_probs`` ->
+  ``tokens`` (with ``return_tokens``), ``completion_probabilities``, ``stop_type``;
+- SGLang ``POST /generate`` with ``input_ids``: ``meta_info.output_token_logprobs`` triples and
+  ``finish_reason.type`` stop | length | abort (fault ``abort_next``: a weight update), its ``>=``
+  context check, and with ``--sglang-prompt-in-output`` the prompt ids before ``output_ids`` (as
+  some versions do);
+- ``POST /generate`` with ``prompt_ids``: the ``fake`` dialect, this server's own test-only shape.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from prorl_celery.llm import chatml
+from prorl_celery.llm.fake_endpoints import (HTTPError, llamacpp_error, llamacpp_max_tokens, llamacpp_probs,
+                                             sglang_error, timings, usage, vllm_error, vllm_max_tokens)
+
+if TYPE_CHECKING:
+    from prorl_celery.llm.fake_server import FakeLLM
+
+SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none
+VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest / SamplingParams default
+
+
+def _ids(value: Any, name: str, error) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(i, int) and i >= 0 for i in value):
+        raise error(400, f"{name}: a non-empty list of token ids is required")
+    return value
+
+
+def _run(fake: FakeLLM, prompt: list[int], max_tokens: int, endpoint: str, sock, params: dict[str, Any],
+         **extra: Any) -> dict[str, Any] | None:
+    messages = chatml.parse(fake.tok.decode(prompt))
+    return fake.generate(messages, None, prompt, max_tokens, endpoint, sock, ignore_eos=bool(params.get("ignore_eos")),
+                         min_tokens=int(params.get("min_tokens") or 0), **extra)
+
+
+def _text(fake: FakeLLM, ids: list[int]) -> str:
+    return fake.tok.decode([i for i in ids if i not in fake.tok.stop_ids])
+
+
+def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    prompt = body.get("prompt")
+    prompt = fake.tok.encode(prompt) if isinstance(prompt, str) and prompt else _ids(prompt, "prompt", vllm_error)
+    max_tokens = vllm_max_tokens(fake, prompt, body.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
+    entry = _run(fake, prompt, max_tokens, "vllm-completions", sock, body)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    logprobs = None
+    if body.get("logprobs") is not None:
+        tokens = [fake.tok.decode([t]) for t in ids]
+        lps = fake.logprobs(ids)
+        offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+        top = [{tok: lp} for tok, lp in zip(tokens, lps)] if body["logprobs"] else [None] * len(ids)
+        logprobs = {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": top}
+    want_ids = bool(body.get("return_token_ids"))
+    choice = {"index": 0, "text": _text(fake, ids), "logprobs": logprobs, "finish_reason": entry["finish_reason"],
+              "stop_reason": None, "token_ids": ids if want_ids else None, "prompt_logprobs": None,
+              "prompt_token_ids": prompt if want_ids else None}
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
+            "system_fingerprint": None, "usage": {**usage(prompt, ids), "prompt_tokens_details": None},
+            "kv_transfer_params": None}
+
+
+def vllm_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    prompt = _ids(body.get("token_ids"), "token_ids", vllm_error)
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise vllm_error(400, "sampling_params: an object is required", param="sampling_params")
+    max_tokens = vllm_max_tokens(fake, prompt, params.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
+    entry = _run(fake, prompt, max_tokens, "vllm-generate", sock, params, sampling_params=params)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    logprobs = None
+    if params.get("logprobs") is not None:
+        logprobs = {"content": [{"token": fake.tok.decode([t]), "logprob": lp,
+                                 "bytes": list(fake.tok.decode([t]).encode()), "top_logprobs": []}
+                                for t, lp in zip(ids, fake.logprobs(ids))]}
+    choice = {"index": 0, "logprobs": logprobs, "finish_reason": entry["finish_reason"], "token_ids": ids}
+    return {"request_id": body.get("request_id") or uuid.uuid4().hex, "choices": [choice], "prompt_logprobs": None,
+            "kv_transfer_params": None}
+
+
+def llamacpp_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    prompt = body.get("prompt")
+    prompt = fake.tok.encode(prompt) if isinstance(prompt, str) and prompt else _ids(prompt, "prompt", llamacpp_error)
+    n_predict = body.get("n_predict", body.get("max_tokens"))
+    max_tokens = llamacpp_max_tokens(fake, prompt, n_predict)
+    entry = _run(fake, prompt, max_tokens, "llama.cpp", sock, body)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    eos = bool(ids) and ids[-1] in fake.tok.stop_ids
+    stop_type = "eos" if eos else "limit"
+    out: dict[str, Any] = {
+        "index": 0, "content": _text(fake, ids), "tokens": ids if body.get("return_tokens") else [],
+        "id_slot": 0, "stop": True, "model": body.get("model") or fake.model, "tokens_predicted": len(ids),
+        "tokens_evaluated": len(prompt), "generation_settings": {"n_predict": -1 if n_predict is None else n_predict,
+                                                                 "temperature": body.get("temperature", 0.8)},
+        "prompt": fake.tok.decode(prompt), "has_new_line": "\n" in _text(fake, ids), "truncated": False,
+        "stop_type": stop_type, "stopping_word": "", "tokens_cached": len(prompt) + len(ids),
+        "timings": timings(prompt, ids)}
+    if body.get("n_probs"):
+        out["completion_probabilities"] = llamacpp_probs(fake, ids)
+    return out
+
+
+def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """SGLang's native ``/generate`` for one prompt of ``input_ids`` (no streaming, no batches)."""
+    prompt = _ids(body.get("input_ids"), "input_ids", sglang_error)
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        raise sglang_error(400, "sampling_params: an object is required")
+    limit = fake.max_model_len
+    if len(prompt) >= limit:
+        raise sglang_error(400, f"The input ({len(prompt)} tokens) is longer than the model's context length "
+                                f"({limit} tokens).")
+    asked = sampling.get("max_new_tokens")
+    if asked is not None and asked + len(prompt) >= limit:  # SGLang's own check is >=: the last slot stays free
+        raise sglang_error(400, f"Requested token count exceeds the model's maximum context length of {limit} "
+                                f"tokens. You requested a total of {asked + len(prompt)} tokens: {len(prompt)} "
+                                f"tokens from the input messages and {asked} tokens for the completion. Please "
+                                "reduce the number of tokens in the input messages or the completion to fit "
+                                "within the limit.")
+    max_tokens = asked if asked is not None else min(SGLANG_MAX_NEW_TOKENS, limit - len(prompt) - 1)
+    params = {"min_tokens": sampling.get("min_new_tokens"), "ignore_eos": sampling.get("ignore_eos")}
+    started = time.time()
+    entry = _run(fake, prompt, max_tokens, "sglang", sock, params, sampling_params=sampling)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    if fake.take_abort():
+        ids, finish = [], {"type": "abort", "message": "Abort before weight update.", "status_code": 503}
+    elif entry["finish_reason"] == "stop" and ids and ids[-1] in fake.tok.stop_ids:
+        finish = {"type": "stop", "matched": ids[-1]}
+    else:
+        finish = {"type": "length", "length": len(ids)}
+    meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
+                            "weight_version": fake.options.weight_version, "completion_tokens": len(ids),
+                            "cached_tokens": 0, "e2e_latency": time.time() - started}
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, fake.logprobs(ids))]
+    text = fake.tok.decode(ids[:-1] if finish["type"] == "stop" else ids)  # the matched stop token is trimmed
+    output_ids = (prompt + ids) if fake.options.sglang_prompt_in_output else ids
+    return {"text": text, "output_ids": output_ids, "meta_info": meta}
+
+
+def fake_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """The ``fake`` dialect: no real server has it; for the project's own tests only."""
+    prompt = _ids(body.get("prompt_ids"), "prompt_ids", lambda s, m: HTTPError(s, m))
+    limit = fake.max_model_len
+    asked = body.get("max_tokens")
+    if len(prompt) + (asked or 1) > limit:
+        raise HTTPError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{len(prompt) + (asked or 1)} tokens.")
+    entry = _run(fake, prompt, asked or limit - len(prompt), "generate", sock, body)
+    if entry is None:
+        return None
+    ids = entry["response_ids"]
+    return {"response_ids": ids, "logprobs": fake.logprobs(ids), "finish_reason": entry["finish_reason"],
+            "text": fake.tok.decode(ids)}
+
+
+def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """``POST /generate``: SGLang's API when the body has ``input_ids``, else the ``fake`` dialect."""
+    return (sglang_generate if "input_ids" in body else fake_generate)(fake, body, sock)
+
+
+ROUTES = {"/v1/completions": vllm_completions, "/inference/v1/generate": vllm_generate,
+          "/completion": llamacpp_completion, "/completions": llamacpp_completion, "/generate": generate}
