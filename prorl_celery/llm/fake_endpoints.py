@@ -2,7 +2,7 @@
 and context-window rule (see :mod:`prorl_celery.llm.fake_server`; token endpoints in
 :mod:`prorl_celery.llm.fake_token_api`).
 
-Chat answers in the shape of the server named by ``--chat-flavor`` (``vllm``, ``llama.cpp`` or
+Chat (and the other shared OpenAI paths) answers in the shape of the server named by ``--flavor`` (``vllm``, ``llama.cpp`` or
 ``sglang``), as recorded from the real ones (``tests/fixtures/recorded``): vLLM's extra fields
 (``token_ids``, ``prompt_token_ids`` with ``return_token_ids``, ``stop_reason``, ``reasoning_content``),
 llama.cpp's logprob entries with ids and its ``timings``.
@@ -64,7 +64,8 @@ def llamacpp_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None) -> 
     context ends (``n_predict`` -1 or absent: no other limit)."""
     n_ctx = fake.max_model_len
     if len(prompt) >= n_ctx:
-        raise llamacpp_error(400, "the request exceeds the available context size, try increasing it",
+        raise llamacpp_error(400, f"request ({len(prompt)} tokens) exceeds the available context size "
+                                  f"({n_ctx} tokens), try increasing it",
                              "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=n_ctx)
     room = n_ctx - len(prompt)
     return room if asked is None or asked < 0 else min(asked, room)
@@ -89,11 +90,13 @@ def _check_tools(fake: FakeLLM, body: dict[str, Any]) -> None:
 
 def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
     messages, tools = body.get("messages"), body.get("tools")
-    flavor = fake.options.chat_flavor
+    flavor = fake.options.flavor
     if not isinstance(messages, list) or not messages:
         raise vllm_error(400, "messages: a non-empty list is required", param="messages")
     if flavor == "vllm":
         _check_tools(fake, body)
+    if flavor == "llama.cpp" and tools and not fake.options.tool_parser:  # started without --jinja
+        raise llamacpp_error(500, "tools param requires --jinja flag", "server_error")
     prompt = fake.tok.apply_chat_template(messages, tools=tools)
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     if flavor == "llama.cpp":
@@ -139,27 +142,68 @@ def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dic
 def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
     ids = entry["response_ids"]
     message, finish = _message(fake, ids, entry["finish_reason"])
-    if not message["tool_calls"]:
+    if message["tool_calls"]:  # llama.cpp's key order; an id of its own; no key when there is no call
+        message["content"] = message["content"] or ""
+        message["tool_calls"] = [{"type": "function", "function": c["function"], "id": uuid.uuid4().hex}
+                                 for c in message["tool_calls"]]
+    else:
         del message["tool_calls"]
     choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "message": message}
     if body.get("logprobs"):
-        choice["logprobs"] = {"content": llamacpp_probs(fake, ids)}
+        choice["logprobs"] = {"content": llamacpp_probs(fake, ids, body.get("top_logprobs") or 1)}
     return {"choices": [choice], "created": int(time.time()), "model": body.get("model") or fake.model,
-            "system_fingerprint": "b0-prorl-fake", "object": "chat.completion", "usage": usage(prompt, ids),
+            "system_fingerprint": "b0-prorl-fake", "object": "chat.completion",
+            "usage": {**usage(prompt, ids), "prompt_tokens_details": {"cached_tokens": 0}},
             "id": f"chatcmpl-{uuid.uuid4().hex}", "timings": timings(prompt, ids)}
 
 
-def llamacpp_probs(fake: FakeLLM, ids: list[int]) -> list[dict[str, Any]]:
-    """llama.cpp's per-token probability entries (``n_probs`` / chat ``logprobs``)."""
-    return [{"id": t, "token": fake.tok.decode([t]), "bytes": list(fake.tok.decode([t]).encode()), "logprob": lp,
-             "top_logprobs": []} for t, lp in zip(ids, fake.logprobs(ids))]
+def llamacpp_probs(fake: FakeLLM, ids: list[int], top: int) -> list[dict[str, Any]]:
+    """llama.cpp's per-token probability entries (``n_probs`` / chat ``logprobs``); the sampled
+    token stands in for each of the ``top`` alternatives."""
+    out = []
+    for t, lp in zip(ids, fake.logprobs(ids)):
+        entry = {"id": t, "token": fake.tok.decode([t]), "bytes": list(fake.tok.decode([t]).encode()), "logprob": lp}
+        out.append({**entry, "top_logprobs": [dict(entry) for _ in range(top)]})
+    return out
 
 
 def usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
-    return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids)}
+    return {"completion_tokens": len(ids), "prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids)}
 
 
 def timings(prompt: list[int], ids: list[int]) -> dict[str, Any]:
     return {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": 1.0, "prompt_per_token_ms": 1.0,
             "prompt_per_second": 1000.0, "predicted_n": len(ids), "predicted_ms": 1.0,
             "predicted_per_token_ms": 1.0, "predicted_per_second": 1000.0}
+
+
+def models(fake: FakeLLM) -> dict[str, Any]:
+    """``GET /v1/models``: vLLM's card has ``max_model_len``, llama.cpp's ``meta.n_ctx``."""
+    if fake.options.flavor == "llama.cpp":
+        from prorl_celery.llm import fake_llamacpp
+
+        return fake_llamacpp.models(fake)
+    return {"object": "list", "data": [{"id": fake.model, "object": "model", "created": int(time.time()),
+                                        "owned_by": "prorl-fake", "root": fake.model, "parent": None,
+                                        "max_model_len": fake.max_model_len, "permission": []}]}
+
+
+def tokenize(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]:
+    """llama.cpp's ``{"content"}`` -> ``{"tokens"}`` (ids, or ``{"id", "piece"}`` with ``with_pieces``);
+    vLLM's ``{"prompt"}`` or ``{"messages"}`` -> ``{"count", "max_model_len", "tokens"}``."""
+    if "content" in body:
+        ids = fake.tok.encode(str(body["content"]))
+        if body.get("with_pieces"):
+            return {"tokens": [{"id": t, "piece": fake.tok.decode([t])} for t in ids]}
+        return {"tokens": ids}
+    if isinstance(body.get("messages"), list):
+        ids = fake.tok.apply_chat_template(body["messages"], tools=body.get("tools"))
+    else:
+        ids = fake.tok.encode(str(body.get("prompt") or ""))
+    return {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids, "token_strs": None}
+
+
+def detokenize(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]:
+    """llama.cpp's ``{"tokens"}`` -> ``{"content"}``; vLLM's -> ``{"prompt"}``."""
+    text = fake.tok.decode([int(t) for t in body.get("tokens") or []])
+    return {"content": text} if fake.options.flavor == "llama.cpp" else {"prompt": text}

@@ -2,7 +2,7 @@
 
     prorl-celery fake-llm --port 8100 [--latency-model step_s=0.02,capacity=32] [--speed 0.5]
                           [--policy echo|scripted:FILE|oracle[:NAME]] [--tokenizer byte|NAME_OR_DIR]
-                          [--chat-flavor vllm|llama.cpp|sglang] [--no-tool-parser] [--sglang-prompt-in-output]
+                          [--flavor vllm|llama.cpp|sglang] [--no-tool-parser] [--sglang-prompt-in-output]
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
 ``return_token_ids``, ``tool_choice`` required/named forces a call; in vLLM's, llama.cpp's or
@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.llm import chatml
-from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion
+from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion, detokenize, models, tokenize
 from prorl_celery.llm.fake_token_api import ROUTES
 from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
 from prorl_celery.llm.fake_policies import Policy, load_policy
@@ -53,10 +53,12 @@ class FakeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    chat_flavor: Literal["vllm", "llama.cpp", "sglang"] = Field(
-        "vllm", description="Shape of the chat answer and its context rule: vLLM's, llama.cpp's or SGLang's.")
-    tool_parser: bool = Field(True, description="As vLLM started with --enable-auto-tool-choice "
-                                                "--tool-call-parser; False: tools under tool_choice auto get 400.")
+    flavor: Literal["vllm", "llama.cpp", "sglang"] = Field(
+        "vllm", description="Whose shapes and context rule the shared OpenAI paths (chat, /v1/completions, "
+                            "/v1/models, /tokenize) follow: vLLM's, llama.cpp's or SGLang's.")
+    tool_parser: bool = Field(True, description="As vLLM started with --enable-auto-tool-choice --tool-call-parser "
+                                                "(llama.cpp: --jinja); False: vLLM's 400 for tools under "
+                                                "tool_choice auto, llama.cpp's 500 for any tools.")
     sglang_prompt_in_output: bool = Field(False, description="SGLang's output_ids start with the prompt ids "
                                                              "(as some versions answer).")
     weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
@@ -107,10 +109,10 @@ class FakeLLM:
         None if the client went away. ``force_tool`` names the tool a ``tool_choice`` forces (as
         vLLM's grammar does), ``"*"`` the first one."""
         reply = self.policy.reply(messages, tools)
-        calls = [(c.name, c.arguments) for c in reply.tool_calls]
-        if force_tool and not calls and tools:
-            calls = [(force_tool if force_tool != "*" else tools[0]["function"]["name"], {})]
-        text = reply.content + "".join(chatml.render_tool_call(name, args) for name, args in calls)
+        content, calls = reply.content, [(c.name, c.arguments) for c in reply.tool_calls]
+        if force_tool and not calls and tools:  # the grammar allows nothing but the call
+            content, calls = "", [(force_tool if force_tool != "*" else tools[0]["function"]["name"], {})]
+        text = content + "".join(chatml.render_tool_call(name, args) for name, args in calls)
         ids = self.tok.encode(text)
         target = max_tokens if ignore_eos else int(min_tokens or 0)
         filler = self.tok.encode(FILLER)
@@ -168,9 +170,7 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/health":
             return self._send(200, {"status": "ok", "note": BANNER})
         if url.path in ("/v1/models", "/models"):
-            card = {"id": fake.model, "object": "model", "owned_by": "prorl-fake",
-                    "max_model_len": fake.max_model_len}
-            return self._send(200, {"object": "list", "data": [card]})
+            return self._send(200, models(fake))
         if url.path == "/debug/requests":
             query = parse_qs(url.query)
             since = int(query.get("since", ["0"])[0])
@@ -207,10 +207,11 @@ class Handler(BaseHTTPRequestHandler):
                 fake.faults.update({k: v for k, v in body.items() if k in fake.faults})
                 faults = dict(fake.faults)
             return self._send(200, faults)
-        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion, **ROUTES}
+        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion,
+                    "/tokenize": tokenize, "/detokenize": detokenize, **ROUTES}
         if path not in handlers:
             raise HTTPError(404, f"no route {path}", "NotFoundError")
-        status = fake.injected_failure()
+        status = fake.injected_failure() if path not in ("/tokenize", "/detokenize") else None
         if status == 0:
             self.close_connection = True
             try:
@@ -254,11 +255,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default="byte",
                         help="Tokenizer and chat template: byte (built in) or a Hugging Face name or "
                              "directory (needs transformers).")
-    parser.add_argument("--chat-flavor", choices=["vllm", "llama.cpp", "sglang"], default="vllm",
-                        help="Whose chat answer shape and context rule to reproduce.")
+    parser.add_argument("--flavor", choices=["vllm", "llama.cpp", "sglang"], default="vllm",
+                        help="Whose answer shapes and context rule the shared OpenAI paths reproduce.")
     parser.add_argument("--no-tool-parser", action="store_true",
-                        help="Behave as vLLM started without --enable-auto-tool-choice --tool-call-parser: "
-                             "tools under tool_choice auto get its 400.")
+                        help="Behave as vLLM started without --enable-auto-tool-choice --tool-call-parser "
+                             "(tools under tool_choice auto: its 400) or llama.cpp without --jinja (its 500).")
     parser.add_argument("--sglang-prompt-in-output", action="store_true",
                         help="SGLang's /generate output_ids start with the prompt ids (some versions).")
     parser.add_argument("--weight-version", default="default", help="Weight version SGLang's answer reports.")
@@ -268,7 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
-    options = FakeOptions(chat_flavor=args.chat_flavor, tool_parser=not args.no_tool_parser,
+    options = FakeOptions(flavor=args.flavor, tool_parser=not args.no_tool_parser,
                           sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version)
     server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,
                             args.tokenizer, options)

@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.llm import chatml
+from prorl_celery.llm import chatml, fake_llamacpp
 from prorl_celery.llm.fake_endpoints import (HTTPError, llamacpp_error, llamacpp_max_tokens, llamacpp_probs,
                                              sglang_error, timings, usage, vllm_error, vllm_max_tokens)
 
@@ -49,13 +49,22 @@ def _text(fake: FakeLLM, ids: list[int]) -> str:
 
 
 def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """``/v1/completions``: vLLM's (``--flavor vllm``) or llama.cpp's OpenAI-compatible one."""
+    llamacpp = fake.options.flavor == "llama.cpp"
     prompt = body.get("prompt")
-    prompt = fake.tok.encode(prompt) if isinstance(prompt, str) and prompt else _ids(prompt, "prompt", vllm_error)
-    max_tokens = vllm_max_tokens(fake, prompt, body.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
+    error = llamacpp_error if llamacpp else vllm_error
+    prompt = fake.tok.encode(prompt) if isinstance(prompt, str) and prompt else _ids(prompt, "prompt", error)
+    if llamacpp:
+        max_tokens = llamacpp_max_tokens(fake, prompt, body.get("max_tokens"))
+    else:
+        max_tokens = vllm_max_tokens(fake, prompt, body.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
     entry = _run(fake, prompt, max_tokens, "vllm-completions", sock, body)
     if entry is None:
         return None
     ids = entry["response_ids"]
+    if llamacpp:
+        probs = llamacpp_probs(fake, ids, int(body["logprobs"])) if body.get("logprobs") is not None else None
+        return fake_llamacpp.oai_completion(fake, body, prompt, entry, _text(fake, ids), probs, timings(prompt, ids))
     logprobs = None
     if body.get("logprobs") is not None:
         tokens = [fake.tok.decode([t]) for t in ids]
@@ -107,13 +116,12 @@ def llamacpp_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, 
     out: dict[str, Any] = {
         "index": 0, "content": _text(fake, ids), "tokens": ids if body.get("return_tokens") else [],
         "id_slot": 0, "stop": True, "model": body.get("model") or fake.model, "tokens_predicted": len(ids),
-        "tokens_evaluated": len(prompt), "generation_settings": {"n_predict": -1 if n_predict is None else n_predict,
-                                                                 "temperature": body.get("temperature", 0.8)},
+        "tokens_evaluated": len(prompt), "generation_settings": fake_llamacpp.generation_settings(body),
         "prompt": fake.tok.decode(prompt), "has_new_line": "\n" in _text(fake, ids), "truncated": False,
         "stop_type": stop_type, "stopping_word": "", "tokens_cached": len(prompt) + len(ids),
         "timings": timings(prompt, ids)}
     if body.get("n_probs"):
-        out["completion_probabilities"] = llamacpp_probs(fake, ids)
+        out["completion_probabilities"] = llamacpp_probs(fake, ids, int(body["n_probs"]))
     return out
 
 
