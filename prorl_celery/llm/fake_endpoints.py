@@ -18,7 +18,9 @@ from prorl_celery.llm import chatml
 if TYPE_CHECKING:
     from prorl_celery.llm.fake_server import FakeLLM
 
-TOOL_PARSER_MISSING = ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+TOOL_PARSER_MISSING = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+REQUIRED_PARSER_MISSING = 'tool_choice="required" requires --tool-call-parser to be set'
+FINGERPRINT = "vllm-0.32.0-prorlfake"
 
 
 class HTTPError(Exception):
@@ -45,18 +47,19 @@ def sglang_error(status: int, message: str) -> HTTPError:
 
 
 def vllm_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None, default: int | None) -> int:
-    """vLLM's rule: prompt + max_tokens must fit in max_model_len (``>``); no max_tokens means
-    ``default`` (16 on /v1/completions) or, for chat, the whole room left."""
+    """vLLM 0.32's rule, as recorded: a prompt that fills the window is a 400 (its tokenizer stops
+    at the window + 1, hence "at least"); a max_tokens past the window is clipped to the room
+    left (finish ``length``), not refused; no max_tokens means ``default`` (16 on
+    /v1/completions) or, for chat, the whole room."""
     limit = fake.max_model_len
     if len(prompt) >= limit:
-        raise vllm_error(400, f"This model's maximum context length is {limit} tokens. However, your request has "
-                              f"{len(prompt)} input tokens. Please reduce the length of the input messages.")
+        seen = min(len(prompt), limit + 1)
+        raise vllm_error(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
+                              f"contains at least {seen} input tokens, which exceeds this limit even without any "
+                              f"output tokens. Please reduce the length of the input prompt. "
+                              f"(parameter=input_tokens, value={seen})", param="input_tokens")
     max_tokens = asked if asked is not None else (default if default is not None else limit - len(prompt))
-    if len(prompt) + max_tokens > limit:
-        raise vllm_error(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-                              f"maximum context length is {limit} tokens and your request has {len(prompt)} input "
-                              f"tokens ({max_tokens} > {limit} - {len(prompt)}).", param="max_tokens")
-    return max_tokens
+    return min(max_tokens, limit - len(prompt))
 
 
 def llamacpp_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None) -> int:
@@ -84,8 +87,11 @@ def forced_tool(body: dict[str, Any]) -> str | None:
 def _check_tools(fake: FakeLLM, body: dict[str, Any]) -> None:
     """vLLM started without ``--enable-auto-tool-choice --tool-call-parser`` refuses tools under
     ``tool_choice`` auto (the default when tools are sent)."""
-    if body.get("tools") and body.get("tool_choice") in (None, "auto") and not fake.options.tool_parser:
-        raise vllm_error(400, TOOL_PARSER_MISSING)
+    if body.get("tools") and not fake.options.tool_parser:
+        if body.get("tool_choice") in (None, "auto"):
+            raise vllm_error(400, TOOL_PARSER_MISSING)
+        if body.get("tool_choice") == "required":
+            raise vllm_error(400, REQUIRED_PARSER_MISSING)
 
 
 def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
@@ -102,6 +108,10 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
     if flavor == "llama.cpp":
         max_tokens = llamacpp_max_tokens(fake, prompt, asked)
     else:
+        if isinstance(asked, int) and asked > fake.max_model_len:
+            from prorl_celery.llm.fake_token_api import check_max_tokens
+
+            check_max_tokens(asked, fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, asked, None)
     entry = fake.generate(messages, tools, prompt, max_tokens, "chat", sock, ignore_eos=bool(body.get("ignore_eos")),
                           min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body))
@@ -122,21 +132,40 @@ def _message(fake: FakeLLM, ids: list[int], finish: str) -> tuple[dict[str, Any]
 def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
     ids = entry["response_ids"]
     message, finish = _message(fake, ids, entry["finish_reason"])
-    for call in message["tool_calls"]:
+    calls = message.pop("tool_calls")
+    for call in calls:
         call["id"] = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
-    message.update(refusal=None, annotations=None, audio=None, function_call=None, reasoning_content=None)
+    message["content"] = message["content"] or ""
+    message.update(refusal=None, annotations=None, audio=None, function_call=None)
+    if calls:  # vLLM names tool_calls only when there are some
+        message["tool_calls"] = calls
+    message["reasoning"] = None
     logprobs = None
     if body.get("logprobs"):
-        logprobs = {"content": [{"token": fake.tok.decode([t]), "logprob": lp,
-                                 "bytes": list(fake.tok.decode([t]).encode()), "top_logprobs": []}
-                                for t, lp in zip(ids, fake.logprobs(ids))]}
+        logprobs = {"content": vllm_logprob_entries(fake, ids, int(body.get("top_logprobs") or 0))}
     stop_reason = None
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                              "stop_reason": stop_reason, "token_ids": ids if body.get("return_token_ids") else None}
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                              "stop_reason": stop_reason, "token_ids": ids if body.get("return_token_ids") else None,
+                              "routed_experts": None}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
-            "system_fingerprint": None, "usage": usage(prompt, ids), "prompt_logprobs": None,
-            "prompt_token_ids": prompt if body.get("return_token_ids") else None, "kv_transfer_params": None}
+            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids), "prompt_logprobs": None,
+            "prompt_token_ids": prompt if body.get("return_token_ids") else None, "prompt_text": None,
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+
+
+def vllm_usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+    return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids),
+            "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+def vllm_logprob_entries(fake: FakeLLM, ids: list[int], top: int) -> list[dict[str, Any]]:
+    """vLLM's chat-style entries: ``top`` alternatives (the sampled token stands in for them)."""
+    out = []
+    for t, lp in zip(ids, fake.logprobs(ids)):
+        entry = {"token": fake.tok.decode([t]), "logprob": lp, "bytes": list(fake.tok.decode([t]).encode())}
+        out.append({**entry, "top_logprobs": [dict(entry) for _ in range(top)]})
+    return out
 
 
 def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +229,8 @@ def tokenize(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]:
         ids = fake.tok.apply_chat_template(body["messages"], tools=body.get("tools"))
     else:
         ids = fake.tok.encode(str(body.get("prompt") or ""))
-    return {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids, "token_strs": None}
+    strs = [fake.tok.decode([t]) for t in ids] if body.get("return_token_strs") else None
+    return {"count": len(ids), "max_model_len": fake.max_model_len, "tokens": ids, "token_strs": strs}
 
 
 def detokenize(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]:

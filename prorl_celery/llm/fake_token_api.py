@@ -21,8 +21,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from prorl_celery.llm import chatml, fake_llamacpp
-from prorl_celery.llm.fake_endpoints import (HTTPError, llamacpp_error, llamacpp_max_tokens, llamacpp_probs,
-                                             sglang_error, timings, usage, vllm_error, vllm_max_tokens)
+from prorl_celery.llm.fake_endpoints import (FINGERPRINT, HTTPError, llamacpp_error, llamacpp_max_tokens,
+                                             llamacpp_probs, sglang_error, timings, vllm_error,
+                                             vllm_logprob_entries, vllm_max_tokens, vllm_usage)
 
 if TYPE_CHECKING:
     from prorl_celery.llm.fake_server import FakeLLM
@@ -57,6 +58,7 @@ def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any
     if llamacpp:
         max_tokens = llamacpp_max_tokens(fake, prompt, body.get("max_tokens"))
     else:
+        check_max_tokens(body.get("max_tokens"), fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, body.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
     entry = _run(fake, prompt, max_tokens, "vllm-completions", sock, body)
     if entry is None:
@@ -70,36 +72,65 @@ def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any
         tokens = [fake.tok.decode([t]) for t in ids]
         lps = fake.logprobs(ids)
         offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
-        top = [{tok: lp} for tok, lp in zip(tokens, lps)] if body["logprobs"] else [None] * len(ids)
+        top = [{tok: lp} for tok, lp in zip(tokens, lps)]  # the sampled token's, even with logprobs=0
         logprobs = {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": top}
     want_ids = bool(body.get("return_token_ids"))
     choice = {"index": 0, "text": _text(fake, ids), "logprobs": logprobs, "finish_reason": entry["finish_reason"],
-              "stop_reason": None, "token_ids": ids if want_ids else None, "prompt_logprobs": None,
-              "prompt_token_ids": prompt if want_ids else None}
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+              "stop_reason": None, "token_ids": ids if want_ids else None,
+              "prompt_logprobs": prompt_logprobs(fake, prompt) if body.get("prompt_logprobs") is not None else None,
+              "prompt_token_ids": prompt if want_ids else None, "routed_experts": None}
+    return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
             "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
-            "system_fingerprint": None, "usage": {**usage(prompt, ids), "prompt_tokens_details": None},
-            "kv_transfer_params": None}
+            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids), "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None}
+
+
+def prompt_logprobs(fake: FakeLLM, prompt: list[int]) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: none for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
+    lps = fake.logprobs(prompt)
+    return [None] + [{str(t): {"logprob": lp, "rank": 1, "decoded_token": fake.tok.decode([t])}}
+                     for t, lp in zip(prompt[1:], lps[1:])]
 
 
 def vllm_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:
+    """vLLM's ``/inference/v1/generate`` as 0.32 answers it (``--enable-scale-out``): unknown
+    sampling params ignored, the window checked with its own message, ``weight_versions`` spans."""
     prompt = _ids(body.get("token_ids"), "token_ids", vllm_error)
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise vllm_error(400, "sampling_params: an object is required", param="sampling_params")
-    max_tokens = vllm_max_tokens(fake, prompt, params.get("max_tokens"), VLLM_DEFAULT_MAX_TOKENS)
+    limit = fake.max_model_len
+    if len(prompt) > limit:
+        raise vllm_error(400, f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length "
+                              f"of {limit}. Make sure that `max_model_len` is no smaller than the number of text "
+                              "tokens.")
+    check_max_tokens(params.get("max_tokens"), limit)
+    max_tokens = min(params.get("max_tokens") or VLLM_DEFAULT_MAX_TOKENS, limit - len(prompt))
     entry = _run(fake, prompt, max_tokens, "vllm-generate", sock, params, sampling_params=params)
     if entry is None:
         return None
     ids = entry["response_ids"]
     logprobs = None
     if params.get("logprobs") is not None:
-        logprobs = {"content": [{"token": fake.tok.decode([t]), "logprob": lp,
-                                 "bytes": list(fake.tok.decode([t]).encode()), "top_logprobs": []}
-                                for t, lp in zip(ids, fake.logprobs(ids))]}
-    choice = {"index": 0, "logprobs": logprobs, "finish_reason": entry["finish_reason"], "token_ids": ids}
-    return {"request_id": body.get("request_id") or uuid.uuid4().hex, "choices": [choice], "prompt_logprobs": None,
-            "kv_transfer_params": None}
+        top = int(params["logprobs"]) or 1
+        entries = [{"token_id": t, "logprob": lp, "rank": 1} for t, lp in zip(ids, fake.logprobs(ids))]
+        logprobs = {"content": [{**e, "top_logprobs": [dict(e) for _ in range(top)]} for e in entries]}
+    choice = {"index": 0, "finish_reason": entry["finish_reason"], "stop_reason": None, "token_ids": ids,
+              "routed_experts": None, "sampling_mask": None,
+              "weight_versions": [{"version": fake.options.weight_version, "start": 0, "end": len(ids)}],
+              "logprobs": logprobs}
+    return {"request_id": body.get("request_id") or f"generate-tokens-{uuid.uuid4().hex[:16]}",
+            "model": body.get("model") or fake.model, "created": int(time.time()), "usage": vllm_usage(prompt, ids),
+            "prompt_logprobs": None, "prompt_token_id_logprobs": None, "prompt_token_ids": None,
+            "mm_placeholders": None, "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
+            "output_mode": "tokens", "choices": [choice]}
+
+
+def check_max_tokens(asked: Any, limit: int) -> None:
+    """vLLM refuses a max_tokens above the whole window (one within it is clipped to the room)."""
+    if isinstance(asked, int) and asked > limit:
+        raise vllm_error(400, f"max_tokens={asked} cannot be greater than max_model_len={limit}. Please request "
+                              f"fewer output tokens. (parameter=max_tokens, value={asked})", param="max_tokens")
 
 
 def llamacpp_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:

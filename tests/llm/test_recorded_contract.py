@@ -31,11 +31,12 @@ TOKEN_DIALECTS = {"/completion": Dialect.LLAMACPP, "/v1/completions": Dialect.VL
                   "/inference/v1/generate": Dialect.VLLM_GENERATE, "/generate": Dialect.SGLANG}
 CHAT_DIALECTS = {"llamacpp": Dialect.LLAMACPP, "vllm": Dialect.VLLM, "sglang": Dialect.SGLANG}
 FLAVORS = {"llamacpp": "llama.cpp", "vllm": "vllm", "sglang": "sglang"}
-MISSING_TOOL_FLAGS = ("--enable-auto-tool-choice", "--jinja")
+MISSING_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "--jinja")
 
 
 def recordings() -> list[Path]:
-    return sorted(RECORDED.glob("*/*.json"))
+    """The replayable exchanges (a recorded ``note`` with a described request is tested on its own)."""
+    return sorted(p for p in RECORDED.glob("*/*.json") if "note" not in json.loads(p.read_text()))
 
 
 def context_window(server_dir: Path) -> int:
@@ -51,11 +52,21 @@ def _kind(value: Any) -> str:
     return {int: "number", float: "number", str: "str", list: "list", dict: "dict"}[type(value)]
 
 
+MAPS = ("top_logprobs[0]", "prompt_logprobs[0]")  # vLLM's {token: logprob} / {id: {...}} maps
+
+
+def _is_map(value: dict, where: str) -> bool:
+    return where.endswith(MAPS) and len({_kind(v) for v in value.values()}) <= 1
+
+
 def shape_diff(real: Any, fake: Any, where: str = "$") -> list[str]:
     """Where the fake's answer differs in shape: missing or extra keys, other types; lists are
-    compared by their first elements (an empty list matches any list)."""
+    compared by their first elements (an empty list matches any list), maps keyed by tokens by
+    their first values."""
     if _kind(real) != _kind(fake):
         return [f"{where}: real {_kind(real)}, fake {_kind(fake)}"]
+    if isinstance(real, dict) and _is_map(real, where) and _is_map(fake, where):
+        return shape_diff(next(iter(real.values())), next(iter(fake.values())), f"{where}.*") if real and fake else []
     if isinstance(real, dict):
         out = [f"{where}: fake lacks {k!r}" for k in real if k not in fake]
         out += [f"{where}: fake has extra {k!r}" for k in fake if k not in real]
@@ -152,8 +163,9 @@ def reading(url: str, server: str, request: dict[str, Any]) -> tuple:
             ids, logprobs, names, finish = out.response_ids, out.logprobs, [], out.finish_reason
     except (ProrlError, KeyError, TypeError, ValueError) as exc:
         return ("raises", type(exc).__name__)
+    ended = finish if finish == "tool_calls" else ("ended" if finish in ("stop", "length") else finish)
     return ("ok", names, ids is not None and len(ids) > 0, logprobs is not None and len(logprobs) == len(ids or []),
-            finish)
+            ended)  # stop or length: how long the text is, a value, not a shape
 
 
 def generation_paths() -> set[str]:
