@@ -114,7 +114,8 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
             check_max_tokens(asked, fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, asked, None)
     entry = fake.generate(messages, tools, prompt, max_tokens, "chat", sock, ignore_eos=bool(body.get("ignore_eos")),
-                          min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body))
+                          min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body),
+                          seeded=body.get("seed") is not None)
     if entry is None:
         return None
     return (llamacpp_chat if flavor == "llama.cpp" else vllm_chat)(fake, body, prompt, entry)

