@@ -10,7 +10,8 @@ from flask_api.openapi import operation
 from flask_api.schemas import ErrorBody
 from prorl_celery.llm.control import drain, resume
 from prorl_celery.llm.models import Backend, BackendSpec
-from prorl_celery.llm.registry import BackendRegistry
+from prorl_celery.llm.probe import probe_backend
+from prorl_celery.llm.registry import BackendRegistry, normalize_address
 
 bp = Blueprint("llm", __name__)
 
@@ -112,6 +113,9 @@ def _registry() -> BackendRegistry:
 @bp.post("/llm_servers")
 def add_server():
     spec: BackendSpec = parse_body(BackendSpec)
+    if spec.probe:  # a server that cannot do what was asked is refused now, naming the missing flag
+        found = probe_backend(spec, normalize_address(spec.address))
+        spec = spec.model_copy(update=found)
     backend, created = _registry().add(spec)
     return jsonify({"id": backend.id, "created": created, "backend": backend.public()}), 201 if created else 200
 

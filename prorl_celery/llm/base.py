@@ -15,9 +15,15 @@ from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, request_json
 
 # vLLM: "This model's maximum context length is N tokens ..."; SGLang: "... longer than the
-# model's context length ..."; OpenAI: "context_length_exceeded".
-_CONTEXT_RE = re.compile(r"maximum context length|context length|context_length_exceeded|context window",
-                         re.I)
+# model's context length ..."; OpenAI: "context_length_exceeded"; llama.cpp: "request (N tokens)
+# exceeds the available context size (M tokens)", type exceed_context_size_error.
+_CONTEXT_RE = re.compile(r"maximum context length|context length|context_length_exceeded|context window|"
+                         r"context size", re.I)
+# A server started without what the request needs answers with the flag to add (vLLM: 400
+# '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'; llama.cpp: 500
+# "tools param requires --jinja flag"): the request's fault, not the backend's health.
+_MISSING_FLAG_RE = re.compile(r"requires --|--jinja|--enable-auto-tool-choice|--tool-call-parser", re.I)
+DEFAULT_MAX_TOKENS = 1024
 
 
 class Client(TypingProtocol):
@@ -40,6 +46,9 @@ def post(slot: Slot, path: str, body: dict[str, Any], call: Call) -> dict[str, A
     if status == 200 and isinstance(data, dict):
         return data
     message = _error_message(data)
+    if status != 200 and _MISSING_FLAG_RE.search(message):
+        raise LLMRequestRejected(f"{slot.address}{path} -> {status}: {message} (restart the server with the "
+                                 "flag it names, or register it without tools)")
     if status >= 500 or status == 429 or status == 200:
         raise BackendFailed(f"{slot.address}{path} -> {status}: {message}")
     if _CONTEXT_RE.search(message):
@@ -78,5 +87,38 @@ def model_name(slot: Slot, request: LLMRequest) -> str:
     return name
 
 
-def sampling_body(request: LLMRequest) -> dict[str, Any]:
-    return request.sampling.model_dump(exclude_none=True)
+# The sampling set in each server's names (``None``: the server has no such field; leave it out).
+_NAMES: dict[str, dict[str, str | None]] = {
+    # strict OpenAI: no top_k, min_p, repetition_penalty (they are 400 "Unrecognized request argument")
+    "openai": {"top_k": None, "min_p": None, "repetition_penalty": None},
+    "vllm": {},
+    "sglang": {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"},
+    "llama.cpp": {"repetition_penalty": "repeat_penalty"},
+    "llama.cpp-completion": {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"},
+    "fake": {},
+}
+_TOP_K_OFF = {"openai": None, "vllm": -1, "sglang": -1, "llama.cpp": 0, "llama.cpp-completion": 0, "fake": -1}
+_CHAT_ONLY = ("tool_choice",)
+
+
+def sampling_body(request: LLMRequest, names: str = "vllm", max_tokens: int | None = None,
+                  chat: bool = False) -> dict[str, Any]:
+    """The request's full sampling set in the names of ``names`` (a key of ``_NAMES``), with
+    ``max_tokens`` always set on token APIs (the caller's clip, else the request's, else
+    DEFAULT_MAX_TOKENS; vLLM's /v1/completions would default to 16) and
+    top_k's off value the one that server takes. ``tool_choice`` only on chat requests."""
+    params = request.sampling.model_dump(exclude_none=True)
+    if not chat:  # a chat server's own default is the room its context leaves (it tokenises the prompt)
+        params["max_tokens"] = max_tokens or params.get("max_tokens") or DEFAULT_MAX_TOKENS
+    if params.get("top_k", 0) in (0, -1):
+        params["top_k"] = _TOP_K_OFF[names]
+    if not chat:
+        for key in _CHAT_ONLY:
+            params.pop(key, None)
+    table = _NAMES[names]
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = table.get(key, key)
+        if name is not None and value is not None:
+            out[name] = value
+    return out

@@ -2,20 +2,32 @@
 tokenizer; a continuation's prompt is the previous turn's prompt and response ids plus the new
 messages' ids, so the history is never re-tokenised.
 
-``POST /generate`` comes in two wire formats, the backend's ``dialect``:
+The backend's ``dialect`` names its token API (there is no default: real servers share none):
 
-- ``plain``: ``{"prompt_ids", sampling params}`` -> ``{"response_ids", "logprobs", "finish_reason"}``;
-- ``sglang``: SGLang's native API, ``{"input_ids", "sampling_params": {"max_new_tokens", ...},
-  "return_logprob": true}`` -> ``{"output_ids", "meta_info": {"output_token_logprobs": [[logprob,
-  id, text], ...], "finish_reason": {"type": "stop" | "length" | "abort", ...}}}``.
+- ``llama.cpp``: ``POST /completion {"prompt": [ids], "n_predict", "n_probs": 1, "return_tokens"}``
+  -> ``{"tokens", "completion_probabilities": [{"id", "logprob"}, ...], "stop_type", "truncated"}``;
+- ``sglang``: SGLang's native ``POST /generate {"input_ids", "sampling_params": {"max_new_tokens",
+  ...}, "return_logprob": true}`` -> ``{"output_ids", "meta_info": {"output_token_logprobs": [[logprob,
+  id, text], ...], "completion_tokens", "finish_reason": {"type": "stop" | "length" | "abort"}}}``;
+  it refuses ``max_new_tokens >= context - len(prompt)`` (so the clip leaves one token), some
+  versions put the prompt in front of ``output_ids`` (the last ``completion_tokens`` are taken,
+  cross-checked with the logprobs' ids), older ones reject ``sampling_seed`` (resent without it),
+  and ``abort`` (a weight update) is retried without quarantine;
+- ``vllm-completions`` / ``vllm-generate``: vLLM's, in :mod:`prorl_celery.llm.vllm`;
+- ``fake``: the project's fake server only, ``{"prompt_ids"}`` -> ``{"response_ids", "logprobs"}``.
+
+Every answer must carry one logprob per generated token (:class:`LogprobMismatch` otherwise).
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol as TypingProtocol
 
-from prorl_celery.errors import BackendFailed, ContextWindowExceeded, InvalidRequest
+import threading
+
+from prorl_celery.errors import (BackendAborted, BackendFailed, ContextWindowExceeded, InvalidRequest,
+                                 LLMRequestRejected, LogprobMismatch)
 from prorl_celery.llm import chatml
-from prorl_celery.llm.base import model_name, post, sampling_body
+from prorl_celery.llm.base import DEFAULT_MAX_TOKENS, model_name, post, sampling_body
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import Tokenizer, continuation_ids, get_tokenizer, turn_closing_ids
@@ -39,14 +51,17 @@ def build_prompt(tok: Tokenizer, request: LLMRequest) -> list[int]:
             + continuation_ids(tok, new, request.tools, **kwargs))
 
 
-def max_new_tokens(slot: Slot, request: LLMRequest, prompt: list[int]) -> int | None:
-    """The request's ``max_tokens``, clipped to the room the context window leaves the prompt."""
+def max_new_tokens(slot: Slot, request: LLMRequest, prompt: list[int], margin: int = 0) -> int:
+    """The request's ``max_tokens`` clipped to the room the context window leaves the prompt, less
+    ``margin`` (SGLang refuses a request that would fill it exactly); without a ``max_tokens`` the
+    room, and DEFAULT_MAX_TOKENS where no window is known: always a number, never a server's default."""
     limit = min(filter(None, [slot.max_model_len, request.max_model_len]), default=None)
     if limit is None:
-        return request.sampling.max_tokens
-    room = limit - len(prompt)
+        return request.sampling.max_tokens or DEFAULT_MAX_TOKENS
+    room = limit - len(prompt) - margin
     if room <= 0:
-        raise ContextWindowExceeded(f"the prompt has {len(prompt)} tokens; the context window is {limit}")
+        raise ContextWindowExceeded(f"the prompt has {len(prompt)} tokens; the context window is {limit}"
+                                    + (f" (this server needs {margin} token(s) of room)" if margin else ""))
     return min(request.sampling.max_tokens or room, room)
 
 
@@ -54,10 +69,15 @@ class Generated(NamedTuple):
     response_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str | None
+    weight_version: str | None = None
 
 
 class Wire(TypingProtocol):
-    """One dialect of ``POST /generate``: the request body, and the answer read back."""
+    """One server's token API: where it is, the request body, and the answer read back."""
+
+    path: str
+    context_margin: int
+    logprobs_mode: str | None
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]: ...
@@ -69,29 +89,59 @@ class FakeWire:
     """The project's fake server only (no real server has this API)."""
 
     path = "/generate"
+    context_margin = 0
+    logprobs_mode = None
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]:
-        body = {**sampling_body(request), "prompt_ids": prompt, "model": model, "skip_special_tokens": False,
-                "logprobs": True}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        return body
+        return {**sampling_body(request, "fake", max_tokens), "prompt_ids": prompt, "model": model,
+                "skip_special_tokens": False, "logprobs": True}
 
     def answer(self, data: dict[str, Any]) -> Generated:
         ids = data.get("response_ids", data.get("output_ids"))
         return Generated([int(i) for i in ids], _logprobs(data.get("logprobs")), data.get("finish_reason"))
 
 
-class SGLangWire:
-    path = "/generate"
-    RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "seed": "sampling_seed"}
+class LlamaCppWire:
+    """llama.cpp's ``/completion`` with a token-id prompt; logprobs of the raw distribution
+    (``post_sampling_probs`` false), the sampler chain fixed so that only the stated set applies."""
+
+    path = "/completion"
+    context_margin = 0
+    logprobs_mode = "raw_logprobs"
+    SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
+    FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]:
-        params = {self.RENAMED.get(k, k): v for k, v in sampling_body(request).items()}
-        if max_tokens is not None:  # else SGLang's own default (128) applies
-            params["max_new_tokens"] = max_tokens
+        params = sampling_body(request, "llama.cpp-completion", max_tokens)
+        params.setdefault("stop", [])
+        return {**params, "prompt": prompt, "n_probs": 1, "post_sampling_probs": False, "return_tokens": True,
+                "cache_prompt": True, "samplers": self.SAMPLERS, "stream": False}
+
+    def answer(self, data: dict[str, Any]) -> Generated:
+        if data.get("truncated"):
+            raise ContextWindowExceeded("llama.cpp truncated the prompt to fit its context")
+        ids = [int(i) for i in data["tokens"]]
+        probs = data.get("completion_probabilities")
+        if probs is not None and [int(p["id"]) for p in probs] != ids:
+            raise LogprobMismatch("llama.cpp: the logprobs' token ids are not the tokens it returned")
+        return Generated(ids, _logprobs(probs), self.FINISH.get(data.get("stop_type") or "", None))
+
+
+class SGLangWire:
+    path = "/generate"
+    context_margin = 1  # SGLang: max_new_tokens >= context - len(prompt) is refused
+    logprobs_mode = None
+
+    def __init__(self, seed: bool = True):
+        self.seed = seed
+
+    def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
+             max_tokens: int | None) -> dict[str, Any]:
+        params = sampling_body(request, "sglang", max_tokens)
+        if not self.seed:
+            params.pop("sampling_seed", None)
         # stop at the template's end of turn even where the model's generation config has another EOS
         params.setdefault("stop_token_ids", sorted(tok.stop_ids))
         params.setdefault("skip_special_tokens", False)
@@ -102,15 +152,52 @@ class SGLangWire:
         finish = meta.get("finish_reason")
         kind = finish.get("type") if isinstance(finish, dict) else finish
         if kind == "abort":
-            raise ValueError(f"the server aborted the request: {finish.get('message')}")
+            message = finish.get("message") if isinstance(finish, dict) else None
+            raise BackendAborted(f"SGLang aborted the request: {message}")
         triples = meta.get("output_token_logprobs")
+        from_logprobs = [int(t[1]) for t in triples] if triples is not None else None
         ids = data.get("output_ids")
         if ids is None:  # SGLang before output_ids: the ids come with the logprobs
-            ids = [triple[1] for triple in triples]
-        return Generated([int(i) for i in ids], _logprobs(triples), kind)
+            ids = from_logprobs
+        else:
+            ids = [int(i) for i in ids]
+            count = meta.get("completion_tokens")
+            if isinstance(count, int) and len(ids) > count:  # versions that prefix the prompt
+                ids = ids[len(ids) - count:]
+        if ids is None:
+            raise BackendFailed("SGLang answered neither output_ids nor output_token_logprobs")
+        if from_logprobs is not None and from_logprobs != ids:
+            raise LogprobMismatch(f"SGLang: output_ids ({len(ids)}) and the logprobs' ids "
+                                  f"({len(from_logprobs)}) disagree")
+        return Generated(ids, _logprobs(triples), kind)
 
 
-WIRES: dict[Dialect, Wire] = {Dialect.FAKE: FakeWire(), Dialect.SGLANG: SGLangWire()}
+WIRES: dict[Dialect, Wire] = {Dialect.FAKE: FakeWire(), Dialect.SGLANG: SGLangWire(),
+                              Dialect.LLAMACPP: LlamaCppWire()}
+_SGLANG_NO_SEED = SGLangWire(seed=False)
+_no_seed: set[str] = set()  # SGLang addresses that rejected sampling_seed
+_wires_lock = threading.Lock()
+
+
+def wire_for(slot: Slot) -> Wire:
+    """The backend's wire; vLLM's live in :mod:`prorl_celery.llm.vllm`, imported on first use."""
+    dialect = slot.dialect
+    if dialect is None:
+        raise LLMRequestRejected(f"backend {slot.backend_id} has no dialect: register it with the server's "
+                                 "token API (llama.cpp, sglang, vllm-completions, vllm-generate)")
+    if dialect is Dialect.SGLANG and slot.address in _no_seed:
+        return _SGLANG_NO_SEED
+    with _wires_lock:
+        if dialect in (Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE) and dialect not in WIRES:
+            try:
+                from prorl_celery.llm import vllm
+            except ImportError as exc:
+                raise LLMRequestRejected(f"dialect {dialect.value} is not available here: {exc}") from None
+            WIRES[Dialect.VLLM_COMPLETIONS] = vllm.VllmCompletionsWire()
+            WIRES[Dialect.VLLM_GENERATE] = vllm.VllmGenerateWire()
+    if dialect not in WIRES:
+        raise LLMRequestRejected(f"dialect {dialect.value} is not a token API")
+    return WIRES[dialect]
 
 
 class GenerateClient:
@@ -118,20 +205,29 @@ class GenerateClient:
         model = model_name(slot, request)
         tok = get_tokenizer(request.tokenizer or slot.tokenizer or model)
         prompt = build_prompt(tok, request)
-        max_tokens = max_new_tokens(slot, request, prompt)
-        wire = WIRES[slot.dialect or Dialect.FAKE]
-        data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
+        wire = wire_for(slot)
+        max_tokens = max_new_tokens(slot, request, prompt, getattr(wire, "context_margin", 0))
+        try:
+            data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
+        except LLMRequestRejected as exc:
+            if slot.dialect is not Dialect.SGLANG or "sampling_seed" not in str(exc) or wire is _SGLANG_NO_SEED:
+                raise
+            _no_seed.add(slot.address)  # an SGLang without seeded sampling: the same request, unseeded
+            wire = _SGLANG_NO_SEED
+            data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
         try:
             out = wire.answer(data)
-            if out.logprobs is not None and len(out.logprobs) != len(out.response_ids):
-                raise ValueError(f"{len(out.logprobs)} logprobs for {len(out.response_ids)} tokens")
         except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise BackendFailed(f"{slot.address}/generate: unusable answer: {exc}") from None
-        return self._turn(slot, request, model, tok, prompt, out, max_tokens)
+            raise BackendFailed(f"{slot.address}{wire.path}: unusable answer: {exc}") from None
+        if out.logprobs is None or len(out.logprobs) != len(out.response_ids):
+            got = "no" if out.logprobs is None else len(out.logprobs)
+            raise LogprobMismatch(f"{slot.address}{wire.path}: {got} logprobs for {len(out.response_ids)} tokens")
+        return self._turn(slot, request, model, tok, prompt, out, max_tokens,
+                          slot.logprobs_mode or getattr(wire, "logprobs_mode", None))
 
     @staticmethod
     def _turn(slot: Slot, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
-              out: Generated, max_tokens: int | None) -> Turn:
+              out: Generated, max_tokens: int | None, logprobs_mode: str | None) -> Turn:
         response_ids = out.response_ids
         body = list(response_ids)
         while body and body[-1] in tok.stop_ids:
@@ -140,10 +236,11 @@ class GenerateClient:
         cut = not stopped and max_tokens is not None and len(response_ids) >= max_tokens
         finish = out.finish_reason or ("length" if cut else "stop")
         content, calls, malformed = chatml.split_tool_calls(tok.decode(body))
-        return Turn(backend_id=slot.backend_id, address=slot.address, weight_version=slot.weight_version,
+        return Turn(backend_id=slot.backend_id, address=slot.address,
+                    weight_version=out.weight_version or slot.weight_version,
                     protocol=Protocol.GENERATE, model=model, content=content, tool_calls=calls,
                     finish_reason=finish, prompt_ids=prompt, response_ids=response_ids, logprobs=out.logprobs,
-                    token_source="local", message_count=len(request.messages),
+                    logprobs_mode=logprobs_mode, token_source="local", message_count=len(request.messages),
                     format_error="tool_call" if malformed else ("length" if finish == "length" else None))
 
 

@@ -64,6 +64,16 @@ class BackendSpec(BaseModel):
     max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")
     tokenizer: str | None = Field(None, description="Token mode: tokenizer name (default: the model name).")
     api_key: str | None = Field(None, description="Bearer token the server requires, if any.")
+    logprobs_mode: str | None = Field(None, description="Which logprobs the server reports, e.g. vLLM's "
+                                                        "--logprobs-mode (raw_logprobs, processed_logprobs); "
+                                                        "default: the dialect's known default.")
+    probe: bool = Field(True, description="Check before registering that the server answers the protocol and "
+                                          "dialect (and tools, and token ids, when asked for); false only for "
+                                          "a server that is not up yet.")
+    tools: bool = Field(False, description="Rollouts will send tools: the probe checks that a tool call is "
+                                           "accepted.")
+    exact_tokens: bool = Field(False, description="The trainer needs exact token ids: the probe checks that "
+                                                  "they come back.")
 
     @model_validator(mode="after")
     def _dialect_of_protocol(self) -> "BackendSpec":
@@ -95,6 +105,7 @@ class Backend(BaseModel):
     weight_version: str | None = None
     max_model_len: int | None = None
     tokenizer: str | None = None
+    logprobs_mode: str | None = None
     in_flight: int = 0
     served: int = 0
     failures: int = 0
@@ -108,15 +119,25 @@ class Backend(BaseModel):
 
 
 class SamplingParams(BaseModel):
-    """Sampling parameters; unknown keys (top_k, min_tokens, ignore_eos ...) pass through to the server."""
+    """The full sampling set every request states (each dialect in its own names), so no server
+    fills a gap from the model's generation config. The defaults sample from the very distribution
+    the logprobs are read from: no truncation (top_k 0 = off, sent as -1 or 0 as the dialect needs;
+    top_p 1; min_p 0) and no penalty (repetition_penalty 1). Unknown keys (min_tokens, ignore_eos ...)
+    pass through to the server."""
 
     model_config = ConfigDict(extra="allow")
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens of one turn.")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1, description="0 or -1: off.")
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens of one turn; always sent "
+                                                           "(default: the room the context leaves, else 1024).")
     seed: int | None = None
     stop: list[str] | None = None
+    tool_choice: str | dict[str, Any] | None = Field(None, description="Chat: passed through (auto, required, "
+                                                                       "none, or a named function).")
 
 
 class LLMRequest(BaseModel):
@@ -168,6 +189,9 @@ class Turn(BaseModel):
     prompt_ids: list[int] | None = Field(None, description="Exact prompt token ids the server saw.")
     response_ids: list[int] | None = Field(None, description="Exact generated token ids.")
     logprobs: list[float] | None = Field(None, description="One per response id.")
+    logprobs_mode: str | None = Field(None, description="Which distribution the logprobs come from (raw_logprobs: "
+                                                        "the model's own, before any sampling transform; "
+                                                        "processed_logprobs: after temperature and truncation).")
     token_source: Literal["server", "local", "none"] = Field(
         "none", description="server: ids reported by the server; local: prompt built here (token mode).")
     message_count: int = Field(description="Messages the prompt was built from; the next turn's new "

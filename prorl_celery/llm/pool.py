@@ -15,7 +15,7 @@ from collections.abc import Callable
 import redis
 
 from config.settings import get_settings
-from prorl_celery.errors import BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
+from prorl_celery.errors import BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm.base import Client
 from prorl_celery.llm.chat import ChatClient
 from prorl_celery.llm.generate import GenerateClient
@@ -107,6 +107,9 @@ class LLMPool:
                     raise LLMTimeout(f"LLM call of job {job_id} timed out after {timeout:.1f}s") from None
                 failures = self._failed(slot, BackendFailed(f"{slot.address}: timed out after {timeout:.1f}s"),
                                         failures, stop)
+            except BackendAborted as exc:  # the server's own abort (weight update): go again, no quarantine
+                self.router.release(slot, "aborted")
+                failures = self._failed(slot, exc, failures, stop)
             except BackendFailed as exc:
                 self.router.release(slot, "failed")
                 failures = self._failed(slot, exc, failures, stop)
@@ -124,9 +127,11 @@ class LLMPool:
             return CLIENTS[slot.protocol].generate(slot, request, call)
 
     def _failed(self, slot: Slot, exc: BackendFailed, failures: int, stop: Callable[[], bool]) -> int:
-        """Quarantine the backend, and pause before the retry; raise once the budget is spent."""
+        """Quarantine the backend (not for its own abort), and pause before the retry; raise once the
+        budget is spent."""
         settings = get_settings()
-        quarantine(self.registry, slot.backend_id, str(exc))
+        if not isinstance(exc, BackendAborted):
+            quarantine(self.registry, slot.backend_id, str(exc))
         failures += 1
         if failures > settings.llm_retry_budget:
             raise BackendUnavailable(f"{failures} failed LLM calls (retry budget "

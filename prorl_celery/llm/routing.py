@@ -60,8 +60,8 @@ end
 redis.call('ZADD', iprefix .. chosen, now + lease_ms, token)
 if use_sticky then redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl) end
 local h = redis.call('HMGET', bprefix .. chosen, 'address', 'protocol', 'model', 'weight_version',
-                     'max_model_len', 'tokenizer', 'api_key', 'dialect')
-return {'ok', chosen, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8]}
+                     'max_model_len', 'tokenizer', 'api_key', 'dialect', 'logprobs_mode')
+return {'ok', chosen, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]}
 """
 
 _RELEASE = """
@@ -93,6 +93,7 @@ class Slot:
     api_key: str | None = None
     lease: HeldLease | None = None
     dialect: Dialect | None = None
+    logprobs_mode: str | None = None
 
 
 class Router:
@@ -116,12 +117,12 @@ class Router:
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-")], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
-        bid, address, proto, model, version, max_len, tokenizer, api_key, dialect = (
-            None if v is None else v.decode() for v in reply[1:10])
+        bid, address, proto, model, version, max_len, tokenizer, api_key, dialect, lp_mode = (
+            None if v is None else v.decode() for v in reply[1:11])
         return Slot(bid, address, Protocol(proto or "chat"), model, version,
                     int(max_len) if max_len else None, tokenizer, api_key,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s),
-                    Dialect(dialect) if dialect else None)
+                    Dialect(dialect) if dialect else None, lp_mode)
 
     def release(self, slot: Slot, outcome: str) -> None:
         """``outcome``: ok (counts as served), failed (counts as a failure) or aborted."""

@@ -88,6 +88,8 @@ def add(pool, proc_or_url, **spec) -> str:
     from prorl_celery.llm import BackendSpec
 
     url = proc_or_url if isinstance(proc_or_url, str) else proc_or_url.url
+    if spec.get("protocol") == "generate":
+        spec.setdefault("dialect", "fake")  # the fake server's test-only token API
     backend, _ = pool.registry.add(BackendSpec(address=url, **spec))
     return backend.id
 

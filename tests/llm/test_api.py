@@ -19,10 +19,11 @@ def llm_api(api, pool):
 def test_register_list_remove(llm_api):
     api = llm_api
     first = requests.post(f"{api}/llm_servers", json={"address": "http://10.1.0.1:8000/v1", "capacity": 16,
-                                                      "protocol": "generate", "weight_version": "v1"}, timeout=10)
+                                                      "protocol": "generate", "dialect": "fake",
+                                                      "weight_version": "v1", "probe": False}, timeout=10)
     assert first.status_code == 201 and first.json()["created"] is True
     bid = first.json()["id"]
-    again = requests.post(f"{api}/llm_servers", json={"address": "10.1.0.1:8000"}, timeout=10)
+    again = requests.post(f"{api}/llm_servers", json={"address": "10.1.0.1:8000", "probe": False}, timeout=10)
     assert again.status_code == 200 and again.json()["id"] == bid and again.json()["created"] is False
     listed = requests.get(f"{api}/llm_servers", timeout=10).json()["backends"]
     assert len(listed) == 1
@@ -96,7 +97,7 @@ def test_drain_over_http_waits_for_in_flight_then_resume(llm_api, pool, fake_llm
 
 
 def test_metrics_show_backends(llm_api):
-    bid = requests.post(f"{llm_api}/llm_servers", json={"address": "http://10.1.0.9:8000", "capacity": 7},
+    bid = requests.post(f"{llm_api}/llm_servers", json={"address": "http://10.1.0.9:8000", "capacity": 7, "probe": False},
                         timeout=10).json()["id"]
     text = requests.get(f"{llm_api}/metrics", timeout=10).text
     assert f'prorl_llm_capacity{{address="http://10.1.0.9:8000",backend="{bid}"}} 7.0' in text
