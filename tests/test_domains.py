@@ -21,7 +21,8 @@ def llm(stack, api):
     chat = stack.start_fake_llm(name="fake-oracle-chat", extra_args=ORACLE)
     gen = stack.start_fake_llm(name="fake-oracle-gen", extra_args=ORACLE)
     for address, protocol in ((chat, "chat"), (gen, "generate")):
-        resp = requests.post(f"{api}/llm_servers", json={"address": address, "protocol": protocol}, timeout=10)
+        resp = requests.post(f"{api}/llm_servers", json={"address": address, "protocol": protocol,
+                                                           **({"dialect": "fake"} if protocol == "generate" else {})}, timeout=10)
         assert resp.status_code == 201, resp.text
     yield {"chat": chat, "generate": gen}
     requests.post(f"{api}/clear_llm_server", timeout=10)
@@ -91,7 +92,7 @@ def _scripted(stack, api, tmp_path, turns: list, name: str) -> str:
     script.write_text(json.dumps(turns))
     requests.post(f"{api}/clear_llm_server", timeout=10)
     url = stack.start_fake_llm(name=name, extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
-    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate"}, timeout=10).ok
+    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"}, timeout=10).ok
     return url
 
 
@@ -100,7 +101,8 @@ def restore_oracle(api, llm):
     yield
     requests.post(f"{api}/clear_llm_server", timeout=10)
     for protocol, address in llm.items():
-        requests.post(f"{api}/llm_servers", json={"address": address, "protocol": protocol}, timeout=10)
+        requests.post(f"{api}/llm_servers", json={"address": address, "protocol": protocol,
+                                                           **({"dialect": "fake"} if protocol == "generate" else {})}, timeout=10)
 
 
 def test_swe_empty_and_wrong_patches_do_not_resolve(api, stack, tmp_path, restore_oracle):

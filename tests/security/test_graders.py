@@ -145,7 +145,7 @@ def test_code_grader_attack_through_the_service(api, stack, tmp_path):
         requests.post(f"{api}/clear_llm_server", timeout=10)
         url = stack.start_fake_llm(name=f"fake-grader-{name}",
                                    extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
-        assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate"}, timeout=10).ok
+        assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"}, timeout=10).ok
         view = wait(api, submit(api, {"data_source": "humaneval", "task_id": "HumanEval/0"}), timeout=120)
         assert view["status"] == "completed", view
         results[name] = view["result"]
@@ -181,7 +181,7 @@ def _swe_job(api, stack, tmp_path, name: str, commands: list[str]) -> dict:
     requests.post(f"{api}/clear_llm_server", timeout=10)
     url = stack.start_fake_llm(name=f"fake-swe-{name}",
                                extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
-    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate"}, timeout=10).ok
+    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"}, timeout=10).ok
     try:
         view = wait(api, submit(api, instance), timeout=180)
     finally:
