@@ -129,7 +129,7 @@ def test_many_token_mode_rollouts_at_once_on_a_fresh_worker(stack, api, hf_dir, 
     try:
         _fresh_run_worker(stack)
         jobs = [submit(api, {"data_source": "math", "problem": f"Answer 7 ({i}).", "answer": "7"},
-                       token_level_generation=True) for i in range(8)]
+                       sampling_params={"token_level_generation": True}) for i in range(8)]
         results = [wait(api, job, timeout=180) for job in jobs]
         assert [r["status"] for r in results] == ["completed"] * 8, [r["result"].get("error") for r in results]
         assert all(r["result"]["token_mode"] == "exact" for r in results)
