@@ -1,4 +1,4 @@
-"""LLM load balancing: this pool vs plain round robin vs the reference system's heap, side by side.
+"""LLM load balancing: this pool vs vllm-router, sglang-router, round robin and the reference heap.
 
 Four fake LLM servers of unequal speed (1x, 1x, 0.5x, 0.25x; the fake server's batching latency
 model), a closed loop of concurrent multi-turn rollouts that saturates them, and halfway through
@@ -9,16 +9,21 @@ HTTP client; only the choice of server differs:
   rollout unless overloaded);
 - rr: plain round robin over the servers, per request;
 - ref: the reference system's heap of ``[jobs ever assigned, address]``, never decremented, the
-  server pinned per rollout.
+  server pinned per rollout;
+- vllm-router / sglang-router (``pip install vllm-router sglang-router``: the Rust routers from
+  PyPI) with their least-load (``power_of_two``) and ``cache_aware`` policies, started in front
+  of the same servers (``--worker-urls ... --policy ...``), the fifth added over their HTTP API;
+  every turn goes through the router. A router that is not installed is left out of the table.
 
 Busy fraction ("GPU utilisation") = the time-averaged fill of the server's batch (running
 sequences / capacity), read from the fake server; measured on the four original servers before
 the fifth arrives. Throughput counts turns completed over the whole run. The new server's share
 is its share of the requests started in the first ``--window-s`` seconds after it was added.
 
-    python bench/load_balance.py [--rollouts 96] [--phase-s 12]
+    python bench/load_balance.py [--rollouts 96] [--phase-s 12] [--routers vllm-router:power_of_two,...|none]
 
-Last line: ``util_ours=<> util_rr=<> util_ref=<> thr_vs_ref=<> new_backend_share=<>``.
+Last lines: ``util_ours=<> util_rr=<> util_ref=<> thr_vs_ref=<> new_backend_share=<>`` and
+``thr_vs_best_router=<> best_router=<> busy_ours=<>``.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import argparse
 import heapq
 import itertools
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,15 +55,17 @@ from prorl_celery.llm.routing import Slot  # noqa: E402
 from prorl_celery.llm.transport import Call, CallAborted  # noqa: E402
 
 SPEEDS = [1.0, 1.0, 0.5, 0.25]
+DEFAULT_ROUTERS = ("vllm-router:power_of_two,vllm-router:cache_aware,"
+                   "sglang-router:power_of_two,sglang-router:cache_aware")
 NEW_SPEED = 1.0
 TURNS_PER_ROLLOUT = 4
 
 
 class Server:
-    def __init__(self, name: str, speed: float, args: argparse.Namespace, log_dir: Path):
-        self.port, self.speed, self.name = free_port(), speed, name
+    def __init__(self, name: str, speed: float, args: argparse.Namespace, log_dir: Path, capacity: int):
+        self.port, self.speed, self.name, self.capacity = free_port(), speed, name, capacity
         self.url = f"http://127.0.0.1:{self.port}"
-        latency = f"step_s={args.step_s},capacity={args.capacity},slowdown=1"
+        latency = f"step_s={args.step_s},capacity={capacity},slowdown=1"
         self.child = Child(name, [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(self.port),
                                   "--latency-model", latency, "--speed", str(speed)], dict(os.environ),
                            log_dir).start()
@@ -70,6 +78,11 @@ class Server:
 
     def reset(self) -> None:
         requests.post(f"{self.url}/debug/reset", json={}, timeout=10)
+
+    def started_between(self, t0: float, t1: float) -> int:
+        """Requests this server received in [t0, t1) (wall clock), from its own record."""
+        rows = requests.get(f"{self.url}/debug/requests", timeout=30).json()["requests"]
+        return sum(1 for r in rows if t0 <= r["t_start"] < t1)
 
 
 def _ok(url: str) -> bool:
@@ -149,9 +162,9 @@ class ReferenceHeap(Strategy):
 class Ours(Strategy):
     name = "ours"
 
-    def __init__(self, servers: list[Server], pool: LLMPool, capacity: int):
+    def __init__(self, servers: list[Server], pool: LLMPool):
         super().__init__(servers)
-        self.pool, self.capacity = pool, capacity
+        self.pool = pool
         pool.registry.clear()
         for server in servers:
             self.add(server)
@@ -160,13 +173,69 @@ class Ours(Strategy):
         return self.pool.generate(job_id, request, should_stop=stop).address
 
     def add(self, server: Server) -> None:
-        self.pool.registry.add(BackendSpec(address=server.url, capacity=self.capacity, model="prorl-fake-byte"))
+        self.pool.registry.add(BackendSpec(address=server.url, capacity=server.capacity, model="prorl-fake-byte"))
+
+
+class RouterProxy(Strategy):
+    """A router process in front of the same servers: each turn is one chat request through it."""
+
+    ADD = {"vllm-router": ("POST", "/add_worker?url={url}", None),
+           "sglang-router": ("POST", "/workers", {"url": "{url}"})}
+
+    def __init__(self, servers: list[Server], binary: str, policy: str, log_dir: Path):
+        super().__init__(servers)
+        self.binary, self.policy, self.log_dir = binary, policy, log_dir
+        self.name = f"{binary.removesuffix('-router')}:{policy}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.child: Child | None = None
+
+    def start(self) -> "RouterProxy":
+        argv = [shutil.which(self.binary) or self.binary, *(["launch"] if self.binary == "sglang-router" else []),
+                "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *[s.url for s in self.servers],
+                "--policy", self.policy, "--prometheus-port", str(free_port()),
+                "--log-level", "warn" if self.binary == "sglang-router" else "warning",
+                "--request-timeout-secs", "600"]
+        self.child = Child(f"{self.binary}-{self.policy}", argv, dict(os.environ), self.log_dir).start()
+        wait_for(self._ready, 60, f"{self.binary} --policy {self.policy}", child=self.child)
+        return self
+
+    def _ready(self) -> bool:
+        body = {"model": "prorl-fake-byte", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        try:
+            return requests.post(f"{self.url}/v1/chat/completions", json=body, timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def pick(self, job_id: str) -> str:
+        return self.url
+
+    def add(self, server: Server) -> None:
+        method, path, body = self.ADD[self.binary]
+        payload = {k: v.format(url=server.url) for k, v in body.items()} if body else None
+        resp = requests.request(method, self.url + path.format(url=server.url), json=payload, timeout=10)
+        resp.raise_for_status()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop(grace_s=3)
+
+
+def routers(spec: str, servers: list[Server], log_dir: Path) -> list[RouterProxy]:
+    """``vllm-router:power_of_two,sglang-router:cache_aware`` -> the installed ones of them."""
+    out = []
+    for item in filter(None, (spec or "").split(",")):
+        binary, _, policy = item.partition(":")
+        if shutil.which(binary) is None:
+            print(f"{binary} is not installed (pip install {binary}): left out", flush=True)
+            continue
+        out.append(RouterProxy(servers, binary, policy or "power_of_two", log_dir))
+    return out
 
 
 def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Namespace) -> dict:
     stop = threading.Event()
     log: list[tuple[float, float, str]] = []  # (start, end, server url) of completed turns
-    starts: list[tuple[float, str]] = []  # (start, server url) of every turn, from its result
     request = LLMRequest(messages=[{"role": "user", "content": "go"}],
                          sampling=SamplingParams(max_tokens=args.tokens, ignore_eos=True))
 
@@ -182,7 +251,6 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
                 except (LLMCallCancelled, CallAborted):
                     return
                 log.append((t0, time.monotonic(), url))
-                starts.append((t0, url))
 
     for server in old + [new]:
         server.reset()
@@ -196,7 +264,7 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
     time.sleep(args.phase_s)
     before = {s.url: s.stats() for s in old}
     new.reset()
-    t_added = time.monotonic()
+    t_added, wall_added = time.monotonic(), time.time()
     strategy.add(new)
     time.sleep(args.phase_s)
     t_end = time.monotonic()
@@ -204,14 +272,15 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
     stop.set()
     for t in threads:
         t.join(30)
-    window = [url for t0, url in starts if t_added <= t0 < t_added + args.window_s]
+    # the share is counted by the servers themselves: behind a router every turn names the router
+    window = {s.url: s.started_between(wall_added, wall_added + args.window_s) for s in old + [new]}
     done = [entry for entry in log if t_measure <= entry[1] < t_end]
     return {"util": statistics.mean(before[s.url]["occupancy"] for s in old),
             "busy": statistics.mean(before[s.url]["busy_fraction"] for s in old),
             "util_after": statistics.mean(after[s.url]["occupancy"] for s in old + [new]),
             "per_server": {s.url: before[s.url]["occupancy"] for s in old},
             "throughput": len(done) / (t_end - t_measure),
-            "new_share": window.count(new.url) / max(len(window), 1), "window_n": len(window)}
+            "new_share": window[new.url] / max(sum(window.values()), 1), "window_n": sum(window.values())}
 
 
 def main() -> None:
@@ -220,15 +289,21 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="tokens generated per turn")
     parser.add_argument("--step-s", type=float, default=0.02, help="decode step of a 1x server, batch of 1")
     parser.add_argument("--capacity", type=int, default=16, help="sequences per server batch")
+    parser.add_argument("--capacities", default="",
+                        help="per-server batch sizes of the four, e.g. 32,16,8,8 (servers of unequal size; "
+                             "default: --capacity each); the added server has --capacity")
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--phase-s", type=float, default=12.0, help="seconds before and after the 5th server")
     parser.add_argument("--window-s", type=float, default=3.0, help="new server's share measured over this")
+    parser.add_argument("--routers", default=DEFAULT_ROUTERS,
+                        help="comma-separated binary:policy routers to compare, or none")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-lb-"))
     stack = Stack(StackOptions(redis_password=REDIS_PASSWORD, state_dir=state, persist=False, beat=False))
     stack.start_redis(REDIS_PORT)
-    servers = [Server(f"fake-{i}-{s}x", s, args, stack.log_dir) for i, s in enumerate(SPEEDS)]
-    new = Server(f"fake-new-{NEW_SPEED}x", NEW_SPEED, args, stack.log_dir)
+    sizes = [int(c) for c in args.capacities.split(",")] if args.capacities else [args.capacity] * len(SPEEDS)
+    servers = [Server(f"fake-{i}-{s}x", s, args, stack.log_dir, c) for i, (s, c) in enumerate(zip(SPEEDS, sizes))]
+    new = Server(f"fake-new-{NEW_SPEED}x", NEW_SPEED, args, stack.log_dir, args.capacity)
     try:
         for server in servers + [new]:
             server.wait()
@@ -236,9 +311,15 @@ def main() -> None:
 
         pool = LLMPool(redis.Redis.from_url(stack.redis_url))
         results = {}
-        for strategy in (Ours(servers, pool, args.capacity), RoundRobin(servers), ReferenceHeap(servers)):
+        for strategy in (Ours(servers, pool), RoundRobin(servers), ReferenceHeap(servers)):
             results[strategy.name] = run(strategy, servers, new, args)
             pool.registry.clear()
+        for router in routers("" if args.routers == "none" else args.routers, servers, stack.log_dir):
+            try:
+                router.start()
+                results[router.name] = run(router, servers, new, args)
+            finally:
+                router.stop()
     finally:
         for server in servers + [new]:
             server.child.stop(grace_s=2)
@@ -248,20 +329,26 @@ def main() -> None:
 
 def report(results: dict, servers: list[Server], args: argparse.Namespace) -> None:
     fair = NEW_SPEED / (sum(SPEEDS) + NEW_SPEED)
-    print(f"servers: speeds {SPEEDS} + {NEW_SPEED} added after {args.phase_s:.0f} s; capacity {args.capacity}, "
+    print(f"servers: speeds {SPEEDS} + {NEW_SPEED} added after {args.phase_s:.0f} s; capacities "
+          f"{[s.capacity for s in servers]} + {args.capacity}, "
           f"step {args.step_s * 1000:.0f} ms; {args.rollouts} rollouts x {TURNS_PER_ROLLOUT} turns x "
           f"{args.tokens} tokens")
-    print(f"{'':6} {'util(4)':>8} {'any-busy':>9} {'per server (1x,1x,0.5x,0.25x)':>32} {'util(5)':>8} "
+    print(f"{'':26} {'util(4)':>8} {'any-busy':>9} {'per server (1x,1x,0.5x,0.25x)':>32} {'util(5)':>8} "
           f"{'turns/s':>8} {'new share':>10}")
     for name, r in results.items():
         per = " ".join(f"{r['per_server'][s.url]:.2f}" for s in servers)
-        print(f"{name:6} {r['util']:8.2f} {r['busy']:9.2f} {per:>32} {r['util_after']:8.2f} "
+        print(f"{name:26} {r['util']:8.2f} {r['busy']:9.2f} {per:>32} {r['util_after']:8.2f} "
               f"{r['throughput']:8.1f} {r['new_share']:10.2f}")
     print(f"fair share of the new server (by speed): {fair:.2f}; requests in its first {args.window_s:.0f} s: "
           + ", ".join(f"{n}={r['window_n']}" for n, r in results.items()))
     ours, rr, ref = results["ours"], results["rr"], results["ref"]
     print(f"util_ours={ours['util']:.2f} util_rr={rr['util']:.2f} util_ref={ref['util']:.2f} "
           f"thr_vs_ref={ours['throughput'] / ref['throughput']:.2f} new_backend_share={ours['new_share']:.2f}")
+    routed = {n: r for n, r in results.items() if "router:" in n or n.startswith(("vllm:", "sglang:"))}
+    if routed:
+        best = max(routed, key=lambda n: routed[n]["throughput"])
+        print(f"thr_vs_best_router={ours['throughput'] / routed[best]['throughput']:.2f} best_router={best} "
+              f"util_best_router={routed[best]['util']:.2f} util_ours={ours['util']:.2f}")
 
 
 if __name__ == "__main__":
