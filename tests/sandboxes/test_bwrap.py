@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -13,6 +12,7 @@ import requests
 from sandboxes.base import SandboxSpec
 from sandboxes.bwrap import BwrapConfig, BwrapSandbox, bwrap_argv
 from sandboxes.client import RemoteSandbox
+from tests.rootfs import build_rootfs
 from tests.sandboxes.conftest import needs_bwrap
 from tests.sandboxes.test_host import create, entry_of
 
@@ -160,32 +160,10 @@ def test_requests_without_the_token_are_refused(start_host):
         stolen.close()
 
 
-def minimal_rootfs(path) -> None:
-    """bash and cat with their libraries: a rootfs directory that is not the host's."""
-    binaries = [shutil.which("bash"), shutil.which("cat")]
-    files = set(binaries)
-    for binary in binaries:
-        for line in subprocess.run(["ldd", binary], capture_output=True, text=True).stdout.splitlines():
-            files.update(part for part in line.split() if part.startswith("/"))
-    for source in files:
-        real = os.path.realpath(source)
-        (path / real.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(real, path / real.lstrip("/"))
-        link = os.path.join(os.path.realpath(os.path.dirname(source)), os.path.basename(source))
-        if link != real:  # e.g. /lib64/ld-linux-x86-64.so.2, the interpreter named in binaries
-            (path / link.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(real, path / link.lstrip("/"))
-    for name in ("bin", "lib", "lib64", "sbin"):
-        if os.path.islink(f"/{name}"):
-            os.symlink(os.readlink(f"/{name}"), path / name)
-    (path / "etc").mkdir()
-    (path / "etc" / "image-marker").write_text("from the image\n")
-
-
 def test_an_image_rootfs_replaces_the_hosts(sandbox_root):
     image = sandbox_root / "image"
     image.mkdir()
-    minimal_rootfs(image)
+    build_rootfs(image, tools=("bash", "cat"))
     os.chmod(image, 0o755)
     box = BwrapSandbox(SandboxSpec(image=str(image)), "img", {"root": str(sandbox_root)})
     try:

@@ -24,6 +24,7 @@ from prorl_celery.errors import PolicyDenied, SandboxError
 from sandboxes.base import Limits
 from tasks.fixtures import swe
 from tests.conftest import REDIS_PORT, submit, wait
+from tests.rootfs import build_rootfs
 from tests.sandboxes.conftest import (REPO, needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401
                                       start_host)
 
@@ -96,39 +97,13 @@ def test_auto_without_working_bwrap_fails_closed(start_host, sandbox_redis, tmp_
 
 
 # -- row 8: images ------------------------------------------------------------------------------
-IMAGE_TOOLS = ("bash", "sh", "cat", "ls", "mkdir", "rm", "mv", "cp", "env", "id", "sleep", "true", "stat")
-
-
-def rootfs(path: Path) -> None:
-    """A rootfs of a few host tools and their libraries, with a marker: not the host's root."""
-    binaries = [found for name in IMAGE_TOOLS if (found := shutil.which(name))]
-    files = set(binaries)
-    for binary in binaries:
-        for line in subprocess.run(["ldd", binary], capture_output=True, text=True).stdout.splitlines():
-            files.update(part for part in line.split() if part.startswith("/"))
-    for source in files:
-        real = os.path.realpath(source)
-        (path / real.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(real, path / real.lstrip("/"))
-        for alias in {source, os.path.join(os.path.realpath(os.path.dirname(source)), os.path.basename(source))}:
-            target = path / alias.lstrip("/")
-            if not os.path.lexists(target):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(real, target)
-    for name in ("bin", "lib", "lib64", "sbin"):
-        if os.path.islink(f"/{name}") and not os.path.lexists(path / name):
-            os.symlink(os.readlink(f"/{name}"), path / name)
-    (path / "etc").mkdir(exist_ok=True)
-    (path / "etc" / "image-marker").write_text("from the image\n")
-
-
 @pytest.fixture(scope="module")
 def image_dir():
     """The stack's image directory with one real rootfs image and one link out of it."""
     IMAGES.mkdir(mode=0o755, exist_ok=True)
     (IMAGES / "mini").mkdir(exist_ok=True)
     if not (IMAGES / "mini" / "etc").exists():
-        rootfs(IMAGES / "mini")
+        build_rootfs(IMAGES / "mini")
     os.chmod(IMAGES / "mini", 0o755)
     if not (IMAGES / "escape").is_symlink():
         os.symlink("/", IMAGES / "escape")
