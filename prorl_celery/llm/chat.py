@@ -31,7 +31,7 @@ LLAMACPP_SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | None = None) -> dict[str, Any]:
     """The request body in the backend's dialect (also used by the registration probe)."""
     dialect = slot.dialect or Dialect.VLLM
-    names = {Dialect.OPENAI: "openai", Dialect.LLAMACPP: "llama.cpp"}.get(dialect, "vllm")
+    names = {Dialect.OPENAI: "openai", Dialect.LLAMACPP: "llama.cpp", Dialect.SGLANG: "sglang-chat"}.get(dialect, "vllm")
     body: dict[str, Any] = {"model": model, "messages": request.messages, "logprobs": True,
                             **sampling_body(request, names, max_tokens, chat=True)}
     if dialect is Dialect.VLLM:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.settings import get_settings
 from prorl_celery.errors import BackendAborted, BackendFailed, LogprobMismatch
 from prorl_celery.llm.base import sampling_body
 from prorl_celery.llm.generate import Generated
@@ -51,8 +50,6 @@ def vllm_sampling(request: LLMRequest, tok: Tokenizer, max_tokens: int | None) -
     stop ids (the model's generation config may name another EOS), special tokens kept in the
     text, and the seed only where the operator said the backend survives it."""
     params = sampling_body(request, "vllm", max_tokens)
-    if not get_settings().llm_vllm_send_seed:
-        params.pop("seed", None)
     stops = set(params.get("stop_token_ids") or []) | set(tok.stop_ids)
     params["stop_token_ids"] = sorted(stops)
     params.setdefault("skip_special_tokens", False)
