@@ -3,6 +3,14 @@
 ``/process`` blocks until the rollout ends, like the reference, but the job lives in the job store:
 if the HTTP connection drops, the result is still there under its job id (``GET /jobs/<id>``).
 Past ``2 x budget + 10 s`` the job is cancelled and the answer is 504, as in the reference.
+
+Its answer is our result plus the reference system's fields, in the shape NeMo Gym's
+``prorl_agent`` (NeMo RL's way in) converts for training: ``messages`` whose assistant turns carry
+``input_ids`` (the exact prompt ids of that turn), ``token_ids`` and ``logprobs`` and flat
+``tool_calls``; ``tools`` (the OpenAI tool definitions the agent was given); ``resolved``,
+``success``, ``finish``, ``end_properly``, ``filter`` (booleans), ``git_patch`` (text),
+``critical_error`` and ``error`` (text or null; our structured error stays in ``error_info``).
+``GET /jobs/<id>`` keeps the native shape.
 """
 from __future__ import annotations
 
@@ -17,8 +25,11 @@ from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
 from flask_api.limits import acquire_stream
 from prorl_celery import keys
+from prorl_celery.agent import tools as agent_tools
+from prorl_celery.agent.trajectory import reference_messages
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
-from prorl_celery.jobs import JobStore
+from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.llm import Turn
 from prorl_celery.models import Instance, JobId, JobRequest, SamplingParams
 from tasks.chain import cancel, cancel_many, submit
 
@@ -102,7 +113,7 @@ def process():
     record = store.get(job_id) if status and status.terminal else None
     if record is not None:
         store.redis.srem(keys.compat_jobs(), job_id)
-        return jsonify(reference_result(record.result or {}))
+        return jsonify(reference_result(record.result or {}, record))
     try:
         cancel(store, job_id, reason="/process timed out")
     except JobAlreadyTerminal:
@@ -123,13 +134,38 @@ def cancel_one():
     return jsonify({"job_id": body.job_id, "cancelled": True, "status": record.status.value})
 
 
-def reference_result(result: dict[str, Any]) -> dict[str, Any]:
-    """Our result plus the reference system's field names."""
+def _agent_turns(record: JobRecord | None) -> list[Turn] | None:
+    """The built-in agent's turns (each with its exact prompt ids); None for a handler without it."""
+    agent = (record.state or {}).get("agent") if record is not None else None
+    if not isinstance(agent, dict):
+        return None
+    return [Turn.model_validate(t) for t in agent.get("turns") or []]
+
+
+def _error_text(error: Any) -> str | None:
+    if not error:
+        return None
+    if isinstance(error, dict):
+        return f"{error.get('type', 'error')}: {error.get('message', '')}"
+    return str(error)
+
+
+def reference_result(result: dict[str, Any], record: JobRecord | None = None) -> dict[str, Any]:
+    """Our result plus the reference system's field names and message shape."""
     timing = result.get("timing") or {}
     counted = sum(timing.get(k, 0.0) for k in ("init", "run", "eval"))
     out = dict(result)
-    out.setdefault("messages", [])
-    out.setdefault("git_patch", "")
+    turns = _agent_turns(record)
+    agent = (record.state or {}).get("agent") if record is not None else None
+    history = agent.get("messages") if isinstance(agent, dict) and agent.get("messages") else None
+    out["messages"] = reference_messages(history if history is not None else result.get("messages") or [], turns)
+    out["tools"] = result.get("tools") or (agent_tools.ALL if turns is not None else [])
+    out["git_patch"] = result.get("git_patch") or ""
+    out["resolved"] = bool(result.get("resolved"))
+    out["filter"] = bool(result.get("filter"))
+    out["error"] = _error_text(result.get("error"))
+    if result.get("error"):
+        out["error_info"] = result["error"]
     out.setdefault("finish", result.get("status") == "completed" and result.get("critical_error") is None)
     out.setdefault("success", result.get("status") == "completed")
     out.setdefault("end_properly", out["finish"])

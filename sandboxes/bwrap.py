@@ -134,7 +134,7 @@ class BwrapShell(PersistentShell):
         if not env:
             return
         line = " && ".join(f"export {name}={shell_quote(value)}" for name, value in env.items())
-        out, state = self._roundtrip(line, time.monotonic() + 30, phase="start")
+        out, state = self._roundtrip(line, time.monotonic() + 30, phase="start", raw=True)
         if state != "marker" or out.status != 0:
             raise OSError(f"could not export the sandbox's environment ({state})")
 

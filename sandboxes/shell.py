@@ -28,7 +28,6 @@ import secrets
 import select
 import shutil
 import stat
-import tempfile
 import signal
 import subprocess
 import threading
@@ -66,10 +65,43 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
 VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TRUSTED_BASH = "/usr/local/libexec/prorl/bash"  # under /usr: bound into every host-rooted sandbox
-# What a command's subshell leaves for the next one (builtins only: no fork per command).
-# Its first line, "#<cwd>", is also what the parent reads back as the cwd.
-_DUMP = ("{ builtin printf '#%s\\nbuiltin cd -- %q\\n' \"$PWD\" \"$PWD\"; builtin shopt -p; builtin set +o; "
-         "builtin export -p; builtin declare -f; builtin alias -p; } >|\"$__prorl_S\" 2>/dev/null")
+PLACEHOLDER = "-" * 12  # where a state file's first line gets its command's token, written last
+_STATE_HEAD = 14  # len("#" + token + " ")
+
+
+def _dump_trap(token: str) -> str:
+    """The EXIT trap of a command's subshell: its state for the next command, in builtins only.
+
+    It goes to the spare file (``$__prorl_N``), never over the one the next command would
+    otherwise source; the first line is ``#<placeholder> <cwd>`` and the token replaces the
+    placeholder in place (``1<>``: no truncation) after everything else was written, so the
+    parent takes a file whose first line carries this command's token as complete, and keeps
+    the previous state for a subshell killed before or while it dumps. What equals the parent's
+    own baseline (options, exported variables) is left out: the next subshell inherits it by
+    fork, which is cheaper than sourcing it. Safe under the agent's ``set -eu``; options last, so
+    that a restored ``set -e`` applies only after the rest was sourced."""
+    return ("{ builtin printf '#%s %s\\nbuiltin cd -- %q\\n' " + PLACEHOLDER + " \"$PWD\" \"$PWD\"; "
+            "[[ ${OLDPWD+x} ]] && builtin printf 'OLDPWD=%q\\n' \"$OLDPWD\"; "
+            "builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
+            "IFS= builtin read -r -d '' __prorl_x <\"$__prorl_B.e\" || :; "
+            "[[ \"$__prorl_x\" == \"${__prorl_E-}\" ]] || "
+            "builtin printf 'builtin unset -v %s\\n%s' \"${__prorl_X-}\" \"$__prorl_x\"; "
+            "builtin declare -f; builtin alias -p; "
+            "[[ \"$SHELLOPTS $BASHOPTS\" == \"${__prorl_O-}\" ]] || { builtin shopt -p; builtin set +o; }; "
+            "} >|\"$__prorl_N\" 2>/dev/null; "
+            f"builtin printf '#%s' {token} 1<>\"$__prorl_N\" 2>/dev/null")
+
+
+# After each of the host's own (raw) commands: the parent's state becomes the baseline the
+# commands' subshells inherit, and the carried state starts afresh from it (raw commands run
+# only before any agent command: start, limits, adopt, the cd of a restart).
+_REBASE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\"; "
+           "( builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
+           "builtin compgen -e >|\"$__prorl_B.x\" ) 2>/dev/null; "
+           "IFS= builtin read -r -d '' __prorl_E <\"$__prorl_B.e\"; "
+           "builtin mapfile -t __prorl_a <\"$__prorl_B.x\"; __prorl_X=\"${__prorl_a[*]}\"; "
+           "__prorl_O=\"$SHELLOPTS $BASHOPTS\"")
+STATE_SUFFIXES = (".0", ".1", ".e", ".x")
 
 
 def trusted_bash() -> str | None:
@@ -141,6 +173,7 @@ class PersistentShell:
         self._guarded = guarded
         self._state_name = f"prorl-shell.{secrets.token_hex(8)}"
         self._status_fd: int | None = None
+        self._state_base = ""  # where the shell keeps its state files (for a local shell, host paths)
         self._status_w = -1
         self.status_channel = "unknown"
         self._trusted = trusted_bash()
@@ -196,10 +229,11 @@ class PersistentShell:
             guardian().hold(self._proc.pid)
         self._fd = self._proc.stdout.fileno()
         out, state = self._roundtrip(self._setup_command(), time.monotonic() + START_TIMEOUT_S,
-                                     phase="start", raw=True, info='"$__prorl_D"')
+                                     phase="start", raw=True, info='"$__prorl_D $__prorl_B"')
         if state == "marker" and out.status != 0:
             state = f"setup failed (status {out.status})"
-        self.status_channel = f"status pipe, parent {out.pwd}" if state == "marker" else "unknown"
+        dumpable, _, self._state_base = (out.pwd or "").partition(" ")
+        self.status_channel = f"status pipe, parent {dumpable}" if state == "marker" else "unknown"
         if state == "marker":
             out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start", raw=True)
         if state == "marker":
@@ -218,8 +252,10 @@ class PersistentShell:
         directory, and find out whether another process can reach the parent's fds."""
         trusted = (f"builtin shopt -s execfail; [ -x {self._trusted} ] && "
                    f"builtin exec {self._trusted} --noprofile --norc\n") if self._trusted else ""
-        return (f"{trusted}__prorl_S=\"${{TMPDIR:-/tmp}}/{self._state_name}\"; "
-                "(builtin umask 077; builtin set -C; builtin printf '#%s\\n' \"$PWD\" >\"$__prorl_S\") && "
+        return (f"{trusted}__prorl_B=${{TMPDIR:-/tmp}}; [[ -d /dev/shm && -w /dev/shm ]] && "
+                f"__prorl_B=/dev/shm; __prorl_B=\"$__prorl_B/{self._state_name}\"; "
+                "__prorl_S=\"$__prorl_B.0\" __prorl_N=\"$__prorl_B.1\"; (builtin umask 077; builtin set -C; "
+                "for f in \"$__prorl_B\"{.0,.1,.e,.x}; do : >\"$f\" || builtin exit 1; done) && "
                 "if (builtin read -r -n0 </proc/$$/environ) 2>/dev/null; then __prorl_D=dumpable; "
                 "else __prorl_D=non-dumpable; fi")
 
@@ -263,7 +299,8 @@ class PersistentShell:
         if self._status_fd is not None:
             os.close(self._status_fd)
             self._status_fd = None
-        _remove_own_file(os.path.join(tempfile.gettempdir(), self._state_name))
+        for suffix in STATE_SUFFIXES if self._state_base else ():
+            _remove_own_file(self._state_base + suffix)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -354,16 +391,16 @@ class PersistentShell:
         interrupted = self._interrupted.is_set()
         timed_out = state == "timeout" and not interrupted
         note = None
-        if state == "timeout":
+        if state == "timeout" or (interrupted and state == "marker"):
+            # interrupted: its status may have come before we looked; still a killed command
             why = "interrupted" if interrupted else "timed out"
-            state = self._read_until_marker(out, time.monotonic() + KILL_GRACE_S, phase="recover")
+            if state == "timeout":  # the parent answers once the killed subshell is gone
+                state = self._read_until_marker(out, time.monotonic() + KILL_GRACE_S, phase="recover")
             note = f"[command {why}; its processes were killed]"
             if state != "marker":
-                note = (f"[command {why}; the shell did not recover and was restarted in "
-                        f"{self._restart()}; exported variables and functions were lost]")
-            else:  # reap the killed jobs now, so bash's "Killed ..." notices do not leak into
-                # the next command's output
-                self._roundtrip("wait", time.monotonic() + KILL_GRACE_S, phase="recover")
+                note = (f"[command {why}; its processes were killed; the shell did not recover "
+                        f"and was restarted in {self._restart()}; exported variables and "
+                        f"functions were lost]")
         elif state == "eof":  # the command killed the shell itself: its own status is unknown
             try:
                 gone = self._proc.wait(timeout=2)
@@ -386,14 +423,19 @@ class PersistentShell:
         fd, token = self._status_w, secrets.token_hex(6)
         self._token = token.encode()  # a line with another token is stale or injected: ignored
         if raw:
-            line = f"{command}\nbuiltin printf '{token} %d %s\\n' \"$?\" {info} >&{fd}\n"
+            line = (f"{command}\n__prorl_s=$?; {_REBASE}; "
+                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" {info} >&{fd}\n")
         else:
             # The eval is the subshell's last command, so its status is the subshell's: the
             # state is dumped by an EXIT trap set before any of the agent's code exists here.
-            line = (f"{{ ( exec 0</dev/null 2>&1 {fd}>&-; builtin trap {shell_quote(_DUMP)} EXIT; "
+            # The parent swaps in the new state file only if it carries this command's token.
+            line = (f"{{ ( exec 0</dev/null 2>&1 {fd}>&-; builtin trap {shell_quote(_dump_trap(token))} EXIT; "
                     f"builtin . \"$__prorl_S\" >/dev/null 2>&1; builtin eval {shell_quote(command)} ); }} 2>/dev/null"
-                    f"; __prorl_s=$?; IFS= builtin read -r __prorl_p <\"$__prorl_S\"; "
-                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" \"${{__prorl_p#?}}\" >&{fd}\n")
+                    f"; __prorl_s=$?; if IFS= builtin read -r __prorl_p <\"$__prorl_N\" && "
+                    f"[[ \"${{__prorl_p:0:{_STATE_HEAD}}}\" == \"#{token} \" ]]; then "
+                    f"__prorl_c=${{__prorl_p:{_STATE_HEAD}}} __prorl_p=$__prorl_S; __prorl_S=$__prorl_N; "
+                    f"__prorl_N=$__prorl_p; fi 2>/dev/null; "
+                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" \"$__prorl_c\" >&{fd}\n")
         try:
             self._write(line.encode("utf-8", errors="surrogateescape"))
         except (OSError, ValueError):

@@ -9,6 +9,17 @@
   distribution (``post_sampling_probs`` false); each logprob entry carries its token ``id``, so
   the response ids are exact (the prompt ids are not reported).
 
+Token ids come from wherever the server puts them: vLLM's ``prompt_token_ids`` (top level) and
+``choice.token_ids``, llama.cpp's logprob entries, or NeMo Gym's model server (and NeMo RL's vLLM),
+which put ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_probs`` on the
+message. The message's bundle comes whole (Gym's rule: all three or none) and wins; vLLM's fields,
+when also there, must agree with it.
+
+In the ``vllm`` dialect the previous turn's ids go back on its assistant message in the history
+(the same three fields): NeMo RL's vLLM (behind Gym or not) then builds the next prompt from them
+(its ``required_prefix_token_ids``) instead of re-rendering the history, so every prompt extends the
+last one id for id; a stock vLLM ignores the extra keys.
+
 A logprob count other than the response's token count is a :class:`LogprobMismatch` (retried
 on another backend), never padded.
 """
@@ -32,7 +43,10 @@ def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | Non
     """The request body in the backend's dialect (also used by the registration probe)."""
     dialect = slot.dialect or Dialect.VLLM
     names = {Dialect.OPENAI: "openai", Dialect.LLAMACPP: "llama.cpp", Dialect.SGLANG: "sglang-chat"}.get(dialect, "vllm")
-    body: dict[str, Any] = {"model": model, "messages": request.messages, "logprobs": True,
+    messages = request.messages
+    if dialect is Dialect.VLLM:
+        messages = with_token_history(messages, request.previous)
+    body: dict[str, Any] = {"model": model, "messages": messages, "logprobs": True,
                             **sampling_body(request, names, max_tokens, chat=True)}
     if dialect is Dialect.VLLM:
         body["return_token_ids"] = True
@@ -44,6 +58,42 @@ def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | Non
     if request.chat_template_kwargs:
         body["chat_template_kwargs"] = request.chat_template_kwargs
     return body
+
+
+GYM_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+def with_token_history(messages: list[dict[str, Any]], previous: Turn | None) -> list[dict[str, Any]]:
+    """``messages`` with the previous turn's exact ids on its own assistant message (a copy), when
+    the turn has all three; the history is otherwise left as it is."""
+    if previous is None or previous.prompt_ids is None or previous.response_ids is None:
+        return messages
+    if previous.logprobs is None or len(previous.logprobs) != len(previous.response_ids):
+        return messages  # Gym's rule: the bundle comes whole or not at all
+    at = previous.message_count
+    if at >= len(messages) or messages[at].get("role") != "assistant":
+        return messages
+    out = list(messages)
+    out[at] = {**messages[at], "prompt_token_ids": list(previous.prompt_ids),
+               "generation_token_ids": list(previous.response_ids),
+               "generation_log_probs": list(previous.logprobs)}
+    return out
+
+
+def _message_bundle(message: dict[str, Any]) -> tuple[list[int], list[int], list[float]] | None:
+    """NeMo Gym's token fields on the message: all three, or None when there are none; a partial
+    bundle is malformed (ValueError)."""
+    present = [name for name in GYM_FIELDS if message.get(name) is not None]
+    if not present:
+        return None
+    if len(present) != len(GYM_FIELDS):
+        raise ValueError(f"token fields on the message are partial: {', '.join(present)} without the rest")
+    prompt, generated, logprobs = (message[name] for name in GYM_FIELDS)
+    if not all(isinstance(v, list) for v in (prompt, generated, logprobs)):
+        raise ValueError("token fields on the message are not lists")
+    if len(generated) != len(logprobs):
+        raise ValueError(f"{len(generated)} generation_token_ids but {len(logprobs)} generation_log_probs")
+    return [int(i) for i in prompt], [int(i) for i in generated], [float(x) for x in logprobs]
 
 
 class ChatClient:
@@ -72,6 +122,12 @@ class ChatClient:
             response_ids = [int(e["id"]) for e in entries]  # llama.cpp: each entry names its token
         prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
         logprobs = [float(e["logprob"]) for e in entries] or None
+        bundle = _message_bundle(message)
+        if bundle is not None:  # NeMo Gym's model server / NeMo RL's vLLM
+            for mine, theirs, name in ((prompt_ids, bundle[0], "prompt"), (response_ids, bundle[1], "response")):
+                if mine is not None and list(mine) != theirs:
+                    raise ValueError(f"the message's {name} token ids disagree with the response's")
+            prompt_ids, response_ids, logprobs = bundle[0], bundle[1], bundle[2] or None
         _check_counts(slot, logprobs, response_ids, (data.get("usage") or {}).get("completion_tokens"))
         finish = choice.get("finish_reason")
         return Turn(backend_id=slot.backend_id, address=slot.address, weight_version=slot.weight_version,

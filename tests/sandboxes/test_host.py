@@ -270,6 +270,8 @@ def test_warm_sandboxes_are_claimed_with_the_jobs_settings(start_host):
     assert psutil.Process(entry.pid).create_time() < asked_at  # it was running before the ask
     out = second.exec('echo "$TASK"; pwd; ulimit -n').output
     assert out == "warm start\n/workspace/repo/src\n300\n"
-    restarted = second.exec("exit 1")  # a new shell keeps the job's environment and limits
+    # exit only ends the command's subshell; killing the shell itself forces a new one, which
+    # keeps the job's environment and limits
+    restarted = second.exec("kill -9 $$")
     assert "new shell" in restarted.output
     assert second.exec('echo "$TASK"; ulimit -n').output == "warm start\n300\n"

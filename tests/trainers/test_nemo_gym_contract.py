@@ -1,0 +1,215 @@
+"""NeMo RL through NeMo Gym: the contract of Gym's ``prorl_agent`` agent server (NeMo Gym PR 1290,
+``responses_api_agents/prorl_agent/run_prorl.py``) driven against a stand-in for Gym's model server.
+
+Gym's side, as read from its code:
+- the agent server calls ``POST /start`` (400 = already running), ``POST /add_llm_server
+  {"address": "http://<model server>/v1"}``, then one ``POST /process {instance, sampling_params:
+  {temperature, top_p, max_output_tokens}, job_id}`` per task; it reads ``messages, tools, resolved,
+  success, git_patch, critical_error, end_properly, filter, error``; per assistant message
+  ``input_ids`` -> ``prompt_token_ids``, ``token_ids`` -> ``generation_token_ids``, ``logprobs`` ->
+  ``generation_log_probs``, and flat ``tool_calls [{"name", "arguments"}]``; a tool message's
+  ``tool_call_id`` (optional) must be one of Gym's own call ids, else it pairs in order.
+- Gym's model server (``responses_api_models/vllm_model/app.py``) answers ``POST /v1/chat/completions``
+  with the bundle on the message (``prompt_token_ids``, ``generation_token_ids``,
+  ``generation_log_probs``), removes vLLM's ``choice.logprobs``, ``choice.token_ids`` and top-level
+  ``prompt_token_ids``, ignores request fields it does not know, and has no ``GET /v1/models``.
+- NeMo RL (``nemo_rl/environments/nemo_gym.py``) asserts that every trainable item's
+  ``prompt_token_ids`` starts with all earlier prompt + generation ids; its vLLM builds the next
+  prompt from the last assistant message's ``prompt_token_ids + generation_token_ids`` in the
+  history (``required_prefix_token_ids``). The stand-in does the same, and re-renders the history
+  (differently from what was generated, as a real template does) when that message carries none.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+import requests
+from flask import Flask, jsonify, request
+from werkzeug.serving import make_server
+
+from tasks.fixtures import swe
+
+IM_START, IM_END = 1, 2
+ROLES = {"system": 3, "user": 4, "assistant": 5, "tool": 6}
+
+
+def _text_ids(text: str) -> list[int]:
+    return [16 + b for b in text.encode()]
+
+
+def _render(message: dict[str, Any]) -> list[int]:
+    """How the stand-in's chat template renders a message of the history."""
+    body = message.get("content") or ""
+    if message.get("tool_calls"):  # the template re-renders calls its own way (not as generated)
+        body += json.dumps([c["function"] for c in message["tool_calls"]], sort_keys=True)
+    return [IM_START, ROLES[message["role"]], *_text_ids(body), IM_END]
+
+
+def _prompt(messages: list[dict[str, Any]]) -> list[int]:
+    """NeMo RL's vLLM: the last assistant message's ids, if it has them, then the rest rendered."""
+    start, ids = 0, []
+    for i in range(len(messages) - 1, -1, -1):
+        if "prompt_token_ids" in messages[i]:
+            ids = list(messages[i]["prompt_token_ids"]) + list(messages[i]["generation_token_ids"])
+            start = i + 1
+            break
+    for message in messages[start:]:
+        ids += _render(message)
+    return ids + [IM_START, ROLES["assistant"]]
+
+
+class GymModelServer:
+    """A stand-in shaped like NeMo Gym's ``vllm_model`` server with ``return_token_id_information``."""
+
+    def __init__(self, script: list[dict[str, Any]]):
+        self.script, self.requests, self.replies = script, [], []
+        self.app = Flask("gym-model-server")
+        self.app.add_url_rule("/", "live", lambda: jsonify({"status": "ok"}))
+        self.app.add_url_rule("/v1/chat/completions", "chat", self._chat, methods=["POST"])
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _chat(self):
+        body = request.get_json()
+        if not isinstance(body.get("messages"), list) or body.get("stream"):
+            return jsonify({"detail": "messages required; no streaming"}), 422
+        self.requests.append(body)
+        prompt = _prompt(body["messages"])
+        if body.get("max_tokens") == 1:  # a registration probe: one token, no tool call
+            step: dict[str, Any] = {"content": "o"}
+        else:
+            step = self.script[sum(m["role"] == "assistant" for m in body["messages"])]
+        calls = [{"id": f"chatcmpl-tool-{len(self.requests)}-{i}", "type": "function",
+                  "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                 for i, c in enumerate(step.get("tool_calls", []))]
+        raw = (step.get("content") or "") + "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>"
+                                                    for c in calls)
+        generated = (_text_ids(raw) + [IM_END])[: body.get("max_tokens") or None]
+        logprobs = [-round(0.01 * (k + 1), 4) for k in range(len(generated))]
+        message = {"role": "assistant", "content": step.get("content"), "tool_calls": calls or None,
+                   "prompt_token_ids": prompt, "generation_token_ids": generated,
+                   "generation_log_probs": logprobs}
+        self.replies.append(message)
+        return jsonify({"id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
+                        "model": "policy", "choices": [{"index": 0, "message": message, "logprobs": None,
+                                                        "finish_reason": "tool_calls" if calls else "stop"}],
+                        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(generated),
+                                  "total_tokens": len(prompt) + len(generated)}})
+
+    def __enter__(self) -> "GymModelServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+
+
+def _episode(gold_patch: str) -> list[dict[str, Any]]:
+    """Two bash calls (apply the fix, look at it), then submit."""
+    apply = f"git apply <<'PATCH_EOF'\n{gold_patch}PATCH_EOF"
+    return [{"content": "I will apply the fix.", "tool_calls": [{"name": "bash", "arguments": {"command": apply}}]},
+            {"content": None, "tool_calls": [{"name": "bash", "arguments": {"command": "git status --short"}}]},
+            {"content": "Done.", "tool_calls": [{"name": "submit", "arguments": {}}]}]
+
+
+def nemo_rl_prefix_check(messages: list[dict[str, Any]]) -> int:
+    """NeMo RL's check, on what Gym's converter makes of our messages; returns the trainable turns."""
+    seen: list[int] = []
+    trainable = 0
+    for m in messages:
+        if m["role"] != "assistant" or not m.get("token_ids"):  # Gym: token_ids -> generation_token_ids
+            continue
+        prompt = m["input_ids"]  # Gym: input_ids -> prompt_token_ids
+        assert prompt[: len(seen)] == seen, f"turn {trainable}: prompt does not extend the earlier tokens"
+        seen = prompt + m["token_ids"]
+        trainable += 1
+    return trainable
+
+
+def gym_pairs(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Gym's pairing of tool results with calls (call_<n> numbered by Gym, oldest first)."""
+    pending, pairs, counter = [], [], 0
+    for m in messages:
+        if m["role"] == "assistant":
+            for call in m["tool_calls"]:
+                counter += 1
+                pending.append((f"call_{counter}", call["name"]))
+        elif m["role"] == "tool":
+            given = m.get("tool_call_id")
+            assert given is None or given in [p[0] for p in pending], "a tool_call_id Gym cannot pair"
+            pairs.append(pending.pop(0))
+    return pairs
+
+
+@pytest.fixture
+def only_the_standin(api):
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    yield
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    requests.post(f"{api}/stop", timeout=30)
+
+
+def test_probe_accepts_a_gym_model_server(api, only_the_standin):
+    """Registration with the probe (tools and exact ids asked for) accepts Gym's model server,
+    which has no GET /v1/models and reports its ids on the message."""
+    with GymModelServer([]) as gym:
+        resp = requests.post(f"{api}/llm_servers", json={"address": f"{gym.url}/v1", "tools": True,
+                                                         "exact_tokens": True}, timeout=30)
+        assert resp.status_code == 201, resp.text
+        assert resp.json()["backend"]["dialect"] in (None, "vllm")
+        assert gym.requests and gym.requests[-1]["max_tokens"] == 1
+
+
+def test_process_meets_nemo_gym_prorl_agent_contract(api, only_the_standin, tmp_path):
+    instance = swe.build("statkit", tmp_path / "repos")
+    with GymModelServer(_episode(instance["patch"])) as gym:
+        # Gym's initialize_prorl_server: /start (400 if running is fine), /add_llm_server with .../v1
+        assert requests.post(f"{api}/start", timeout=10).status_code in (200, 400)
+        added = requests.post(f"{api}/add_llm_server", json={"address": f"{gym.url}/v1"}, timeout=10)
+        assert added.status_code == 200, added.text
+        # Gym's _run_with_prorl: the instance dict, three sampling params, the instance id as job id
+        resp = requests.post(f"{api}/process", json={
+            "instance": instance, "job_id": f"gym-{tmp_path.name}",
+            "sampling_params": {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 4096}}, timeout=400)
+        assert resp.status_code == 200, resp.text
+        result = resp.json()
+
+    # the fields Gym reads, with the types it treats them as
+    assert result["resolved"] is True and result["success"] is True, result.get("eval")
+    assert result["end_properly"] is True and result["filter"] is False
+    assert result["critical_error"] is None and result["error"] is None
+    assert "statkit/" in result["git_patch"]
+    assert {t["function"]["name"] for t in result["tools"]} == {"bash", "str_replace_editor", "submit"}
+    assert all(t["type"] == "function" and "parameters" in t["function"] for t in result["tools"])
+
+    messages = result["messages"]
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    assert len(assistant) == 3 == len(gym.replies)
+    # flat tool calls, as Gym's converter reads them (name, arguments); our id rides along
+    assert [[c["name"] for c in m["tool_calls"]] for m in assistant] == [["bash"], ["bash"], ["submit"]]
+    assert all(set(c) <= {"name", "arguments", "id"} and isinstance(c["arguments"], str)
+               for m in assistant for c in m["tool_calls"])
+    assert json.loads(assistant[1]["tool_calls"][0]["arguments"]) == {"command": "git status --short"}
+    assert gym_pairs(messages) == [("call_1", "bash"), ("call_2", "bash")]
+
+    # the ids are the model server's, id for id, and NeMo RL's prefix check holds on every turn
+    for mine, reply in zip(assistant, gym.replies):
+        assert mine["input_ids"] == reply["prompt_token_ids"]
+        assert mine["token_ids"] == reply["generation_token_ids"]
+        assert mine["logprobs"] == reply["generation_log_probs"]
+    assert nemo_rl_prefix_check(messages) == 3
+    # ... because each later request handed the model server the previous turn's ids back
+    for k, body in enumerate(gym.requests[1:], start=1):
+        last = [m for m in body["messages"] if m["role"] == "assistant"][-1]
+        assert last["prompt_token_ids"] == gym.replies[k - 1]["prompt_token_ids"]
+        assert last["generation_token_ids"] == gym.replies[k - 1]["generation_token_ids"]
+    assert result["token_mode"] == "exact"
+
+    # the native result keeps its own shape
+    native = requests.get(f"{api}/jobs/gym-{tmp_path.name}", timeout=10).json()["result"]
+    native_calls = [m for m in native["messages"] if m["role"] == "assistant"][0]["tool_calls"]
+    assert native_calls[0]["function"]["name"] == "bash" and "input_ids" not in native["messages"][2]
