@@ -70,6 +70,10 @@ _models: dict[str, str] = {}
 _models_lock = threading.Lock()
 
 
+# The model name sent to a server that has no GET /v1/models and was registered without a model.
+UNLISTED_MODEL = "default"
+
+
 def model_name(slot: Slot, request: LLMRequest) -> str:
     """The request's model, else the backend's registered one, else the first of its /v1/models."""
     if request.model or slot.model:
@@ -79,8 +83,11 @@ def model_name(slot: Slot, request: LLMRequest) -> str:
             return _models[slot.address]
     try:
         resp = requests.get(f"{slot.address}/v1/models", headers=headers(slot), timeout=10)
-        resp.raise_for_status()
-        name = resp.json()["data"][0]["id"]
+        if resp.status_code == 404:  # lists no models (NeMo Gym's model servers pick their own)
+            name = UNLISTED_MODEL
+        else:
+            resp.raise_for_status()
+            name = resp.json()["data"][0]["id"]
     except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
         raise BackendFailed(f"{slot.address}/v1/models: {type(exc).__name__}: {exc}") from None
     with _models_lock:

@@ -63,6 +63,8 @@ def _models(spec: BackendSpec, address: str) -> dict[str, Any]:
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as exc:
         raise InvalidRequest(f"address: {address}/v1/models did not answer ({type(exc).__name__}: {exc}); "
                              "register with probe false if the server is not up yet", field="address") from None
+    if resp.status_code == 404:  # no model list (NeMo Gym's model servers): the 1-token request decides
+        return {"id": None, "max_model_len": None}
     if not resp.ok:
         raise InvalidRequest(f"address: GET {address}/v1/models -> {resp.status_code}", field="address")
     meta = first.get("meta") if isinstance(first.get("meta"), dict) else {}

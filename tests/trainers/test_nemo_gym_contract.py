@@ -194,7 +194,7 @@ def test_process_meets_nemo_gym_prorl_agent_contract(api, only_the_standin, tmp_
     assert all(set(c) <= {"name", "arguments", "id"} and isinstance(c["arguments"], str)
                for m in assistant for c in m["tool_calls"])
     assert json.loads(assistant[1]["tool_calls"][0]["arguments"]) == {"command": "git status --short"}
-    assert gym_pairs(messages) == [("call_1", "bash"), ("call_2", "bash")]
+    assert gym_pairs(messages) == [("call_1", "bash"), ("call_2", "bash"), ("call_3", "submit")]
 
     # the ids are the model server's, id for id, and NeMo RL's prefix check holds on every turn
     for mine, reply in zip(assistant, gym.replies):
