@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import statistics
 import threading
 import time
@@ -198,3 +199,27 @@ def test_interrupting_a_builtin_loop_keeps_the_shell(shell):
     worker.join(KILL_GRACE_S + 3)
     assert results and results[0].interrupted and "killed" in results[0].output
     assert shell.pid == old_pid and shell.run("echo back").output == "back\n"
+
+
+def test_kills_at_any_moment_never_lose_the_state(shell, tmp_path):
+    """Interrupts land anywhere in a command's life (sourcing the state, running, dumping it):
+    what the earlier command left must survive every one of them."""
+    (tmp_path / "d").mkdir()
+    shell.run("cd d && f() { echo kept; } && export K=1 && set -o pipefail")
+    stop = threading.Event()
+
+    def killer():
+        while not stop.is_set():
+            shell.interrupt()
+            time.sleep(random.uniform(0, 0.002))
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        results = [shell.run("true") for _ in range(150)]
+    finally:
+        stop.set()
+        thread.join()
+    assert sum(result.interrupted for result in results) > 10  # the kills did land
+    assert shell.run('pwd; f; echo "$K"; [[ -o pipefail ]] && echo pipefail').output == (
+        f"{tmp_path / 'd'}\nkept\n1\npipefail\n")
