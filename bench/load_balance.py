@@ -236,12 +236,14 @@ def routers(spec: str, servers: list[Server], log_dir: Path) -> list[RouterProxy
 def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Namespace) -> dict:
     stop = threading.Event()
     log: list[tuple[float, float, str]] = []  # (start, end, server url) of completed turns
-    request = LLMRequest(messages=[{"role": "user", "content": "go"}],
-                         sampling=SamplingParams(max_tokens=args.tokens, ignore_eos=True))
+    sampling = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
 
     def rollout_loop(worker: int) -> None:
         for n in itertools.count():
             job_id = f"{strategy.name}-{worker}-{n}"
+            # a prompt of its own per rollout, as rollouts of different tasks have (a cache-aware
+            # router would pile identical prompts onto one server)
+            request = LLMRequest(messages=[{"role": "user", "content": f"task {worker}-{n}: go"}], sampling=sampling)
             for _ in range(TURNS_PER_ROLLOUT):
                 if stop.is_set():
                     return

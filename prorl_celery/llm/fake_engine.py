@@ -83,6 +83,14 @@ class BatchEngine:
                     "tokens": self.tokens, "completed": self.completed, "aborted": self.aborted,
                     "peak_running": self.peak, "capacity": self.model.capacity, "speed": self.model.speed}
 
+    def load(self) -> dict[str, int]:
+        """SGLang's ``/get_load`` entry: requests running and waiting, tokens still to decode."""
+        with self.lock:
+            self._advance(time.monotonic())
+            left = sum(max(int(s.tokens_left), 0) for s in [*self.running, *self.waiting])
+            return {"dp_rank": 0, "num_reqs": len(self.running) + len(self.waiting),
+                    "num_waiting_reqs": len(self.waiting), "num_tokens": left}
+
     def run(self, tokens: int, sock: socket.socket | None) -> bool:
         """Block while ``tokens`` tokens are generated; False if the client went away first."""
         if self.model.step_s <= 0:

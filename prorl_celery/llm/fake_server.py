@@ -56,7 +56,8 @@ class FakeOptions(BaseModel):
 
     flavor: Literal["vllm", "llama.cpp", "sglang"] = Field(
         "vllm", description="Whose shapes and context rule the shared OpenAI paths (chat, /v1/completions, "
-                            "/v1/models, /tokenize) follow: vLLM's, llama.cpp's or SGLang's.")
+                            "/v1/models, /tokenize) follow: vLLM's, llama.cpp's, or sglang (vLLM's shapes for "
+                            "now: no SGLang chat answer is recorded).")
     tool_parser: bool = Field(True, description="As vLLM started with --enable-auto-tool-choice --tool-call-parser "
                                                 "(llama.cpp: --jinja); False: vLLM's 400 for tools under "
                                                 "tool_choice auto, llama.cpp's 500 for any tools.")
@@ -209,6 +210,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"status": "ok", "note": BANNER})
         if url.path in ("/v1/models", "/models"):
             return self._send(200, models(fake))
+        if url.path in ("/get_load", "/v1/loads"):  # SGLang's load report, which sglang-router polls
+            return self._send(200, [fake.engine.load()])
         if url.path == "/debug/requests":
             query = parse_qs(url.query)
             since = int(query.get("since", ["0"])[0])

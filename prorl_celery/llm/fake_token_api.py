@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.llm import chatml, fake_llamacpp
 from prorl_celery.llm.fake_endpoints import (FINGERPRINT, HTTPError, llamacpp_error, llamacpp_max_tokens,
-                                             llamacpp_probs, sglang_error, timings, vllm_error,
-                                             vllm_logprob_entries, vllm_max_tokens, vllm_usage)
+                                             llamacpp_probs, sglang_error, timings, vllm_error, vllm_max_tokens,
+                                             vllm_usage)
 
 if TYPE_CHECKING:
     from prorl_celery.llm.fake_server import FakeLLM
