@@ -1,9 +1,12 @@
-"""The fake server itself: its latency model behaves like a batching GPU server, and it says so."""
+"""The fake server itself: its latency model behaves like a batching GPU server, it says so, and it
+keeps the real servers' quirks that the recordings cannot show as shapes (tests/llm/test_recorded_contract.py
+checks the shapes)."""
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
 from prorl_celery.llm.fake_engine import LatencyModel
@@ -52,3 +55,64 @@ def test_health_models_faults_and_banner(fake_llms):
     assert requests.post(f"{proc.url}/v1/chat/completions", json=body, timeout=5).status_code == 200
     bad = requests.post(f"{proc.url}/generate", json={"prompt_ids": "nope"}, timeout=5)
     assert bad.status_code == 400 and "prompt_ids" in bad.json()["error"]["message"]
+
+
+def _sglang(url: str, prompt: list[int], **sampling) -> requests.Response:
+    return requests.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": sampling,
+                                                  "return_logprob": True}, timeout=10)
+
+
+def test_sglang_quirks_context_check_prefix_and_abort(fake_llms):
+    """SGLang's own rules, as its tokenizer_manager applies them: max_new_tokens + prompt must stay
+    below the window (``>=`` is refused, so the room minus one is the most); some versions prefix
+    output_ids with the prompt; a weight update aborts with finish_reason.type abort. The
+    project's SGLang wire reads the prefixed ids back to the generated ones and the abort as a
+    retryable BackendAborted."""
+    from prorl_celery.errors import BackendAborted
+    from prorl_celery.llm.generate import SGLangWire
+
+    (plain,) = fake_llms(1, extra=["--max-model-len", "64"])
+    (prefixed,) = fake_llms(1, extra=["--max-model-len", "64", "--sglang-prompt-in-output"])
+    prompt = list(range(1, 11))
+    refused = _sglang(plain.url, prompt, max_new_tokens=54)
+    assert refused.status_code == 400 and "maximum context length of 64" in refused.json()["error"]["message"]
+    ok = _sglang(plain.url, prompt, max_new_tokens=53, ignore_eos=True)
+    assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 53
+    assert ok.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 53}
+    answer = _sglang(prefixed.url, prompt, max_new_tokens=5, ignore_eos=True).json()
+    assert answer["output_ids"][:10] == prompt and len(answer["output_ids"]) == 15
+    read = SGLangWire().answer(answer)
+    assert read.response_ids == answer["output_ids"][10:] and len(read.logprobs) == 5
+    plain.faults(abort_next=1)
+    aborted = _sglang(plain.url, prompt, max_new_tokens=5).json()
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort" and aborted["output_ids"] == []
+    with pytest.raises(BackendAborted):
+        SGLangWire().answer(aborted)
+    assert _sglang(plain.url, prompt, max_new_tokens=5).json()["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_vllm_defaults_and_tool_parser_flag(fake_llms):
+    """vLLM's /v1/completions generates 16 tokens when max_tokens is omitted; started without a
+    tool parser, tools under tool_choice auto get its 400 naming the flags, and the client reads it
+    as a rejected request (not a backend failure)."""
+    from prorl_celery.errors import LLMRequestRejected
+    from prorl_celery.llm import LLMRequest
+    from prorl_celery.llm.chat import ChatClient
+    from prorl_celery.llm.models import Protocol
+    from prorl_celery.llm.routing import Slot
+    from prorl_celery.llm.transport import Call
+    from tests.llm.conftest import TOOLS
+
+    (proc,) = fake_llms(1, extra=["--no-tool-parser"])
+    body = {"model": "m", "prompt": [1, 2, 3], "ignore_eos": True, "return_token_ids": True}
+    choice = requests.post(f"{proc.url}/v1/completions", json=body, timeout=10).json()["choices"][0]
+    assert len(choice["token_ids"]) == 16 and choice["finish_reason"] == "length"
+    chat = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
+    refused = requests.post(f"{proc.url}/v1/chat/completions", json=chat, timeout=10)
+    assert refused.status_code == 400
+    assert "--enable-auto-tool-choice and --tool-call-parser" in refused.json()["error"]["message"]
+    forced = requests.post(f"{proc.url}/v1/chat/completions", json={**chat, "tool_choice": "none"}, timeout=10)
+    assert forced.status_code == 200
+    slot = Slot(backend_id="b", address=proc.url, protocol=Protocol.CHAT, model="m")
+    with pytest.raises(LLMRequestRejected, match="--tool-call-parser"), Call(10) as call:
+        ChatClient().generate(slot, LLMRequest(messages=chat["messages"], tools=TOOLS), call)
