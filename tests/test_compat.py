@@ -123,3 +123,43 @@ def test_more_concurrent_process_calls_than_a_small_server_would_hold(api, redis
     assert [a.status_code for a in answers] == [200] * len(ids)
     assert sorted(a.json()["trajectory_id"] for a in answers) == list(range(len(ids)))
     assert all(a.json()["status"] == "completed" for a in answers)
+
+
+def test_process_token_mode_messages_carry_each_turns_prompt_ids(api, stack, tmp_path):
+    """Token mode through /process: every assistant message has the exact prompt ids the fake
+    server was sent (``input_ids``), its response ids and logprobs, and flat tool calls; each
+    prompt extends all earlier prompt and response ids (NeMo RL's check on what NeMo Gym passes on)."""
+    import json
+
+    turns = [{"tool_calls": [{"name": "bash", "arguments": {"command": f"echo step {i}"}}]} for i in range(2)]
+    script = tmp_path / "three.json"
+    script.write_text(json.dumps(turns + [{"tool_calls": [{"name": "submit", "arguments": {"answer": "7"}}]}]))
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    url = stack.start_fake_llm(name="fake-compat-tokens",
+                               extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
+    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"},
+                         timeout=10).status_code == 201
+    requests.post(f"{url}/debug/reset", timeout=10)  # forget the registration probe
+    requests.post(f"{api}/start", timeout=10)
+    try:
+        resp = requests.post(f"{api}/process", json={
+            "instance": {"data_source": "math", "problem": "Three steps, then answer 7.", "answer": "7"},
+            "sampling_params": {"token_level_generation": True}}, timeout=120)
+    finally:
+        requests.post(f"{api}/stop", timeout=30)
+        requests.post(f"{api}/clear_llm_server", timeout=10)
+    result = resp.json()
+    assert resp.status_code == 200 and result["resolved"] is True and result["token_mode"] == "exact"
+    seen = [r for r in requests.get(f"{url}/debug/requests", timeout=10).json()["requests"] if r["status"] == "ok"]
+    assistant = [m for m in result["messages"] if m["role"] == "assistant"]
+    assert len(assistant) == len(seen) == 3
+    context: list[int] = []
+    for message, request in zip(assistant, seen):
+        assert message["input_ids"] == request["prompt_ids"] and message["token_ids"] == request["response_ids"]
+        assert len(message["logprobs"]) == len(message["token_ids"])
+        assert message["input_ids"][: len(context)] == context
+        context = message["input_ids"] + message["token_ids"]
+    assert [c["name"] for m in assistant for c in m["tool_calls"]] == ["bash", "bash", "submit"]
+    assert all("function" not in c for m in assistant for c in m["tool_calls"])
+    assert all("tool_call_id" not in m for m in result["messages"] if m["role"] == "tool")
+    assert result["error"] is None and isinstance(result["success"], bool) and result["tools"]
