@@ -69,27 +69,40 @@ PLACEHOLDER = "-" * 12  # where a state file's first line gets its command's tok
 _STATE_HEAD = 14  # len("#" + token + " ")
 
 
-def _dump_trap(token: str) -> str:
-    """The EXIT trap of a command's subshell: its state for the next command, in builtins only.
+# The EXIT trap of a command's subshell: its state for the next command, in builtins only.
+# It goes to the spare file ($__prorl_N), never over the one the next command would otherwise
+# source; the first line is "#<placeholder> <cwd>" and the command's token ($__prorl_t)
+# replaces the placeholder in place ("1<>": no truncation) after everything else was written,
+# so the parent takes a file whose first line carries this command's token as complete, and
+# keeps the previous state for a subshell killed before or while it dumps. What equals the
+# parent's own baseline (options, exported variables) is left out: the next subshell inherits
+# it by fork, which is cheaper than sourcing it. Safe under the agent's "set -eu"; options
+# last, so that a restored "set -e" applies only after the rest was sourced.
+_DUMP_TRAP = ("{ builtin printf '#%s %s\\nbuiltin cd -- %q\\n' " + PLACEHOLDER + " \"$PWD\" \"$PWD\"; "
+              "[[ ${OLDPWD+x} ]] && builtin printf 'OLDPWD=%q\\n' \"$OLDPWD\"; "
+              "builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
+              "IFS= builtin read -r -d '' __prorl_x <\"$__prorl_B.e\" || :; "
+              "[[ \"$__prorl_x\" == \"${__prorl_E-}\" ]] || "
+              "builtin printf 'builtin unset -v %s\\n%s' \"${__prorl_X-}\" \"$__prorl_x\"; "
+              "builtin declare -f; builtin alias -p; "
+              "[[ \"$SHELLOPTS $BASHOPTS\" == \"${__prorl_O-}\" ]] || { builtin shopt -p; builtin set +o; }; "
+              "} >|\"$__prorl_N\" 2>/dev/null; "
+              "builtin printf '#%s' \"${__prorl_t-}\" 1<>\"$__prorl_N\" 2>/dev/null")
 
-    It goes to the spare file (``$__prorl_N``), never over the one the next command would
-    otherwise source; the first line is ``#<placeholder> <cwd>`` and the token replaces the
-    placeholder in place (``1<>``: no truncation) after everything else was written, so the
-    parent takes a file whose first line carries this command's token as complete, and keeps
-    the previous state for a subshell killed before or while it dumps. What equals the parent's
-    own baseline (options, exported variables) is left out: the next subshell inherits it by
-    fork, which is cheaper than sourcing it. Safe under the agent's ``set -eu``; options last, so
-    that a restored ``set -e`` applies only after the rest was sourced."""
-    return ("{ builtin printf '#%s %s\\nbuiltin cd -- %q\\n' " + PLACEHOLDER + " \"$PWD\" \"$PWD\"; "
-            "[[ ${OLDPWD+x} ]] && builtin printf 'OLDPWD=%q\\n' \"$OLDPWD\"; "
-            "builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
-            "IFS= builtin read -r -d '' __prorl_x <\"$__prorl_B.e\" || :; "
-            "[[ \"$__prorl_x\" == \"${__prorl_E-}\" ]] || "
-            "builtin printf 'builtin unset -v %s\\n%s' \"${__prorl_X-}\" \"$__prorl_x\"; "
-            "builtin declare -f; builtin alias -p; "
-            "[[ \"$SHELLOPTS $BASHOPTS\" == \"${__prorl_O-}\" ]] || { builtin shopt -p; builtin set +o; }; "
-            "} >|\"$__prorl_N\" 2>/dev/null; "
-            f"builtin printf '#%s' {token} 1<>\"$__prorl_N\" 2>/dev/null")
+
+def _runner(status_fd: int) -> str:
+    """What the parent evals for each command ($__prorl_k, token $__prorl_t). It is sent once,
+    at start: bash reads its stdin pipe a byte at a time, so each command's line is kept to
+    the token and the command. The eval is the subshell's last command, so its status is the
+    subshell's: the state is dumped by an EXIT trap set before any of the agent's code exists
+    there. The parent swaps in the new state file only if it carries this command's token."""
+    return (f"{{ ( exec 0</dev/null 2>&1 {status_fd}>&-; builtin trap \"$__prorl_T\" EXIT; "
+            "builtin . \"$__prorl_S\" >/dev/null 2>&1; builtin eval \"$__prorl_k\" ); } 2>/dev/null; "
+            "__prorl_s=$?; if IFS= builtin read -r __prorl_p <\"$__prorl_N\" && "
+            f"[[ \"${{__prorl_p:0:{_STATE_HEAD}}}\" == \"#$__prorl_t \" ]]; then "
+            f"__prorl_c=${{__prorl_p:{_STATE_HEAD}}} __prorl_p=$__prorl_S; __prorl_S=$__prorl_N; "
+            "__prorl_N=$__prorl_p; fi 2>/dev/null; "
+            f"builtin printf '%s %d %s\\n' \"$__prorl_t\" \"$__prorl_s\" \"$__prorl_c\" >&{status_fd}")
 
 
 # After each of the host's own (raw) commands: the parent's state becomes the baseline the
@@ -257,7 +270,9 @@ class PersistentShell:
                 "__prorl_S=\"$__prorl_B.0\" __prorl_N=\"$__prorl_B.1\"; (builtin umask 077; builtin set -C; "
                 "for f in \"$__prorl_B\"{.0,.1,.e,.x}; do : >\"$f\" || builtin exit 1; done) && "
                 "if (builtin read -r -n0 </proc/$$/environ) 2>/dev/null; then __prorl_D=dumpable; "
-                "else __prorl_D=non-dumpable; fi")
+                "else __prorl_D=non-dumpable; fi; "
+                f"__prorl_T={shell_quote(_DUMP_TRAP)} __prorl_R={shell_quote(_runner(self._status_w))} "
+                f"__prorl_Z={shell_quote(_REBASE)}")
 
     def _started(self) -> None:
         """Runs once the shell answered: the shell limits itself (and so all it starts)."""
@@ -423,19 +438,10 @@ class PersistentShell:
         fd, token = self._status_w, secrets.token_hex(6)
         self._token = token.encode()  # a line with another token is stale or injected: ignored
         if raw:
-            line = (f"{command}\n__prorl_s=$?; {_REBASE}; "
+            line = (f"{command}\n__prorl_s=$?; builtin eval \"$__prorl_Z\"; "
                     f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" {info} >&{fd}\n")
         else:
-            # The eval is the subshell's last command, so its status is the subshell's: the
-            # state is dumped by an EXIT trap set before any of the agent's code exists here.
-            # The parent swaps in the new state file only if it carries this command's token.
-            line = (f"{{ ( exec 0</dev/null 2>&1 {fd}>&-; builtin trap {shell_quote(_dump_trap(token))} EXIT; "
-                    f"builtin . \"$__prorl_S\" >/dev/null 2>&1; builtin eval {shell_quote(command)} ); }} 2>/dev/null"
-                    f"; __prorl_s=$?; if IFS= builtin read -r __prorl_p <\"$__prorl_N\" && "
-                    f"[[ \"${{__prorl_p:0:{_STATE_HEAD}}}\" == \"#{token} \" ]]; then "
-                    f"__prorl_c=${{__prorl_p:{_STATE_HEAD}}} __prorl_p=$__prorl_S; __prorl_S=$__prorl_N; "
-                    f"__prorl_N=$__prorl_p; fi 2>/dev/null; "
-                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" \"$__prorl_c\" >&{fd}\n")
+            line = f"__prorl_t={token} __prorl_k={shell_quote(command)}; builtin eval \"$__prorl_R\"\n"
         try:
             self._write(line.encode("utf-8", errors="surrogateescape"))
         except (OSError, ValueError):
