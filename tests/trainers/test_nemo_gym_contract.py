@@ -21,8 +21,11 @@ Gym's side, as read from its code:
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import threading
+import types
 from typing import Any
 
 import pytest
@@ -30,6 +33,7 @@ import requests
 from flask import Flask, jsonify, request
 from werkzeug.serving import make_server
 
+from prorl_celery.integrations.nemo_gym import GYM_MODULES, patch_prorl_agent
 from tasks.fixtures import swe
 
 IM_START, IM_END = 1, 2
@@ -164,19 +168,31 @@ def test_probe_accepts_a_gym_model_server(api, only_the_standin):
         assert gym.requests and gym.requests[-1]["max_tokens"] == 1
 
 
-def test_process_meets_nemo_gym_prorl_agent_contract(api, only_the_standin, tmp_path):
+@pytest.fixture
+def gym_agent(monkeypatch):
+    """Gym's prorl_agent modules (stand-ins: Gym is not installed here), for patch_prorl_agent."""
+    for name in GYM_MODULES:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    return sys.modules[GYM_MODULES[-1]]
+
+
+def test_patched_gym_calls_carry_the_token_and_raise_when_refused(api, stack, gym_agent):
+    assert patch_prorl_agent("wrong-token") == list(GYM_MODULES)
+    with pytest.raises(requests.HTTPError) as refused:
+        gym_agent.initialize_prorl_server(api, "http://127.0.0.1:9/v1")
+    assert refused.value.response.status_code == 401  # the token sent is ours, and a refusal is loud
+
+
+def test_process_meets_nemo_gym_prorl_agent_contract(api, stack, only_the_standin, gym_agent, tmp_path):
     instance = swe.build("statkit", tmp_path / "repos")
+    patch_prorl_agent(stack.api_token)
     with GymModelServer(_episode(instance["patch"])) as gym:
-        # Gym's initialize_prorl_server: /start (400 if running is fine), /add_llm_server with .../v1
-        assert requests.post(f"{api}/start", timeout=10).status_code in (200, 400)
-        added = requests.post(f"{api}/add_llm_server", json={"address": f"{gym.url}/v1"}, timeout=10)
-        assert added.status_code == 200, added.text
+        # Gym's model_post_init: /start (400 if running is fine), /add_llm_server with http://host:port/v1
+        gym_agent.initialize_prorl_server(api, f"{gym.url}/v1")
         # Gym's _run_with_prorl: the instance dict, three sampling params, the instance id as job id
-        resp = requests.post(f"{api}/process", json={
-            "instance": instance, "job_id": f"gym-{tmp_path.name}",
-            "sampling_params": {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 4096}}, timeout=400)
-        assert resp.status_code == 200, resp.text
-        result = resp.json()
+        result = asyncio.run(gym_agent.call_prorl_process(
+            api, instance, {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 4096},
+            job_id=f"gym-{tmp_path.name}", timeout_seconds=400))
 
     # the fields Gym reads, with the types it treats them as
     assert result["resolved"] is True and result["success"] is True, result.get("eval")
