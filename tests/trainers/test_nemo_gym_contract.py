@@ -229,3 +229,27 @@ def test_process_meets_nemo_gym_prorl_agent_contract(api, stack, only_the_standi
     native = requests.get(f"{api}/jobs/gym-{tmp_path.name}", timeout=10).json()["result"]
     native_calls = [m for m in native["messages"] if m["role"] == "assistant"][0]["tool_calls"]
     assert native_calls[0]["function"]["name"] == "bash" and "input_ids" not in native["messages"][2]
+
+
+def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
+    """Gym's rule: the three token fields come together; a partial bundle or one that contradicts
+    vLLM's own fields is a malformed completion (BackendFailed: retried on another backend)."""
+    from prorl_celery.llm.chat import ChatClient
+    from prorl_celery.llm.models import LLMRequest, Protocol
+    from prorl_celery.llm.routing import Slot
+
+    slot = Slot("b1", "http://gym", Protocol.CHAT, "policy", None, None, None, None, None, None, None)
+    request = LLMRequest(messages=[{"role": "user", "content": "hi"}])
+    bundle = {"prompt_token_ids": [1, 4, 20], "generation_token_ids": [30, 2], "generation_log_probs": [-0.1, -0.2]}
+
+    def completion(message_extra: dict, **top) -> dict:
+        return {"choices": [{"message": {"role": "assistant", "content": "ok", **message_extra},
+                             "finish_reason": "stop"}], **top}
+
+    turn = ChatClient._turn(slot, request, "policy", completion(bundle))
+    assert (turn.prompt_ids, turn.response_ids, turn.logprobs) == ([1, 4, 20], [30, 2], [-0.1, -0.2])
+    assert turn.token_source == "server"
+    for bad, why in ((completion({k: v for k, v in bundle.items() if k != "generation_log_probs"}), "partial"),
+                     (completion(bundle, prompt_token_ids=[9, 9]), "disagree")):
+        with pytest.raises(ValueError, match=why):  # generate() reports it as BackendFailed
+            ChatClient._turn(slot, request, "policy", bad)
