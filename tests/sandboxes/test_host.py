@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import threading
 import time
 
@@ -243,14 +242,12 @@ def test_wall_time_limit_closes_even_a_renewed_sandbox(start_host):
         sandbox.renew()
 
 
-def test_echo_round_trip_through_host_is_fast(start_host):
+def test_many_round_trips_through_the_host_each_get_their_own_output(start_host):
+    """(Their speed is bench/action_latency.py's, not a test's.)"""
     sandbox = create(start_host())
-    times = []
-    for _ in range(200):
-        start = time.perf_counter()
-        assert sandbox.exec("echo hi").output == "hi\n"
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.01
+    for i in range(200):
+        result = sandbox.exec(f"echo {i}; (exit {i % 3})")
+        assert (result.output, result.exit_code) == (f"{i}\n", i % 3)
 
 
 def test_warm_sandboxes_are_claimed_with_the_jobs_settings(start_host):

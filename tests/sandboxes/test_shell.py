@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import random
-import statistics
 import threading
 import time
 
@@ -158,13 +157,12 @@ def test_close_kills_background_processes(tmp_path):
     sh.close()  # idempotent
 
 
-def test_echo_round_trip_is_fast(shell):
-    times = []
-    for _ in range(300):
-        start = time.perf_counter()
-        shell.run("echo hi")
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.002
+def test_many_round_trips_each_get_their_own_output(shell):
+    """Back-to-back commands: every result is its own command's output and status, none shifted
+    (the speed of this path is bench/action_latency.py's, not a test's)."""
+    for i in range(300):
+        result = shell.run(f"echo {i}; (exit {i % 3})")
+        assert (result.output, result.exit_code) == (f"{i}\n", i % 3)
 
 
 def _wait(predicate, timeout: float = 5.0) -> bool:
