@@ -143,7 +143,8 @@ def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dic
     message["reasoning"] = None
     logprobs = None
     if body.get("logprobs"):
-        logprobs = {"content": vllm_logprob_entries(fake, ids, int(body.get("top_logprobs") or 0))}
+        logprobs = {"content": vllm_logprob_entries(fake, ids, int(body.get("top_logprobs") or 0),
+                                                    bool(body.get("return_tokens_as_token_ids")))}
     stop_reason = None
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                               "stop_reason": stop_reason, "token_ids": ids if body.get("return_token_ids") else None,
@@ -160,11 +161,13 @@ def vllm_usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
             "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
-def vllm_logprob_entries(fake: FakeLLM, ids: list[int], top: int) -> list[dict[str, Any]]:
-    """vLLM's chat-style entries: ``top`` alternatives (the sampled token stands in for them)."""
+def vllm_logprob_entries(fake: FakeLLM, ids: list[int], top: int, as_ids: bool = False) -> list[dict[str, Any]]:
+    """vLLM's chat-style entries: ``top`` alternatives (the sampled token stands in for them);
+    ``as_ids`` (``return_tokens_as_token_ids``): each token named ``token_id:<id>``."""
     out = []
     for t, lp in zip(ids, fake.logprobs(ids)):
-        entry = {"token": fake.tok.decode([t]), "logprob": lp, "bytes": list(fake.tok.decode([t]).encode())}
+        text = fake.tok.decode([t])
+        entry = {"token": f"token_id:{t}" if as_ids else text, "logprob": lp, "bytes": list(text.encode())}
         out.append({**entry, "top_logprobs": [dict(entry) for _ in range(top)]})
     return out
 

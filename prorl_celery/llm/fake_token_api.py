@@ -70,9 +70,10 @@ def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any
         return fake_llamacpp.oai_completion(fake, body, prompt, entry, _text(fake, ids), probs, timings(prompt, ids))
     logprobs = None
     if body.get("logprobs") is not None:
-        tokens = [fake.tok.decode([t]) for t in ids]
+        texts = [fake.tok.decode([t]) for t in ids]
+        offsets = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
+        tokens = [f"token_id:{t}" for t in ids] if body.get("return_tokens_as_token_ids") else texts
         lps = fake.logprobs(ids)
-        offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
         top = [{tok: lp} for tok, lp in zip(tokens, lps)]  # the sampled token's, even with logprobs=0
         logprobs = {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": top}
     want_ids = bool(body.get("return_token_ids"))
