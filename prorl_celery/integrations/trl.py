@@ -1,0 +1,108 @@
+"""TRL's ``GRPOTrainer`` with rollouts from the service (``pip install torch==2.13.0 trl`` — torch
+first and pinned, see scripts/install-trainers.sh).
+
+TRL (1.16) calls ``rollout_func(prompts, trainer)`` with this process's slice of the batch, each
+prompt repeated ``num_generations`` times in a row, and wants back, in the same order, one
+completion per prompt: ``prompt_ids``, ``completion_ids``, ``logprobs``; every other key is
+handed to the reward functions, except ``env_mask``, which TRL uses as the loss mask (1 on
+generated ids, 0 on tool observations between turns). Here each run of equal prompts is one
+group of the service (its GRPO siblings), and the service's reward reaches TRL through
+:func:`service_reward`:
+
+    rollout = make_rollout_func(client, lambda p: {"data_source": "math", ...}, tokenizer,
+                                sampling_params={"max_turns": 2, "max_tokens": 64})
+    trainer = GRPOTrainer(model=model, reward_funcs=service_reward, args=GRPOConfig(...),
+                          train_dataset=data, processing_class=tokenizer, rollout_func=rollout)
+
+Before each batch the backends' weight version is set (``POST /llm_servers/resume``), so every
+trajectory says which step's weights sampled it.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prorl_celery.client import ProrlClient
+from prorl_celery.integrations.rollouts import RolloutFailed, Trajectory, trajectory
+
+InstanceBuilder = Callable[[Any], dict[str, Any]]
+REWARD_KEY = "prorl_reward"
+
+
+def service_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """A TRL reward function: the reward the service gave each rollout (set by the rollout func)."""
+    rewards = kwargs.get(REWARD_KEY)
+    if rewards is None:
+        raise RolloutFailed("no service rewards in the batch: is rollout_func the one make_rollout_func made?")
+    return [float(r) for r in rewards]
+
+
+service_reward.__name__ = "prorl_service"  # the name TRL logs the reward under
+
+
+def runs(prompts: list[Any]) -> list[tuple[Any, int]]:
+    """Consecutive equal prompts as (prompt, count): TRL's num_generations copies of each."""
+    return [(prompt, len(list(same))) for prompt, same in itertools.groupby(prompts)]
+
+
+class RolloutFunc:
+    """The ``rollout_func`` TRL calls; :attr:`history` keeps each batch's trajectories (job ids,
+    versions, timings) for whoever wants to check or log them."""
+
+    def __init__(self, client: ProrlClient, instance_builder: InstanceBuilder, tokenizer: Any = None,
+                 sampling_params: dict[str, Any] | None = None, backend_ids: list[str] | None = None,
+                 weight_version: Callable[[int], str] | None = None, timeout: float = 1800.0,
+                 require_exact: bool = True, keep_history: bool = True):
+        self.client, self.build, self.timeout = client, instance_builder, timeout
+        self.backend_ids, self.require_exact, self.keep_history = backend_ids, require_exact, keep_history
+        self.version_of = weight_version or (lambda step: f"step{step}")
+        self.sampling_params = {"token_level_generation": True, **(sampling_params or {})}
+        name = getattr(tokenizer, "name_or_path", None)
+        if name and "tokenizer" not in self.sampling_params:
+            self.sampling_params["tokenizer"] = name  # the service renders with the trainer's own template
+        self.history: list[dict[str, Any]] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        version = self.version_of(step)
+        started = time.monotonic()
+        self.client.resume(ids=self.backend_ids, weight_version=version)
+        job_ids = self._submit(prompts)
+        trajectories = self._collect(job_ids)
+        if self.keep_history:
+            self.history.append({"step": step, "weight_version": version, "trajectories": trajectories,
+                                 "rollout_s": time.monotonic() - started})
+        return to_trl(trajectories)
+
+    def _submit(self, prompts: list[Any]) -> list[str]:
+        job_ids: list[str] = []
+        for prompt, n in runs(prompts):
+            _, ids = self.client.submit_group(self.build(prompt), n=n, sampling_params=self.sampling_params)
+            job_ids += ids
+        return job_ids
+
+    def _collect(self, job_ids: list[str]) -> list[Trajectory]:
+        views = {view["job_id"]: view for view in self.client.as_completed(job_ids, timeout=self.timeout)}
+        return [trajectory(views[job_id], self.require_exact) for job_id in job_ids]
+
+
+def to_trl(trajectories: list[Trajectory]) -> dict[str, list]:
+    """TRL's rollout_func output: the required keys, ``env_mask`` (the loss mask) and the extra
+    fields the reward functions receive."""
+    return {"prompt_ids": [t.prompt_ids for t in trajectories],
+            "completion_ids": [t.response_ids for t in trajectories],
+            "logprobs": [t.logprobs for t in trajectories],
+            "env_mask": [t.loss_mask for t in trajectories],
+            REWARD_KEY: [t.reward for t in trajectories],
+            "prorl_job_id": [t.job_id for t in trajectories],
+            "prorl_weight_versions": [t.weight_versions for t in trajectories]}
+
+
+def make_rollout_func(client: ProrlClient, instance_builder: InstanceBuilder, tokenizer: Any = None,
+                      **options: Any) -> RolloutFunc:
+    """A ``rollout_func`` for ``GRPOTrainer``: ``instance_builder`` turns one of TRL's prompts (a
+    string or a message list, as in the dataset) into the service's instance; ``tokenizer`` is the
+    trainer's, whose name or folder the service renders prompts with. Options: see RolloutFunc."""
+    return RolloutFunc(client, instance_builder, tokenizer, **options)
