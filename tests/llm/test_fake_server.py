@@ -116,3 +116,28 @@ def test_vllm_defaults_and_tool_parser_flag(fake_llms):
     slot = Slot(backend_id="b", address=proc.url, protocol=Protocol.CHAT, model="m")
     with pytest.raises(LLMRequestRejected, match="--tool-call-parser"), Call(10) as call:
         ChatClient().generate(slot, LLMRequest(messages=chat["messages"], tools=TOOLS), call)
+
+
+def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
+    """An SGLang that predates ``sampling_seed`` refuses it with a 400; the generate client sends
+    the same request again without the seed and gets its turn (the fake saw both)."""
+    from prorl_celery.llm import LLMRequest, SamplingParams
+    from prorl_celery.llm.generate import GenerateClient
+    from prorl_celery.llm.models import Dialect, Protocol
+    from prorl_celery.llm.routing import Slot
+    from prorl_celery.llm.transport import Call
+
+    (proc,) = fake_llms(1, extra=["--sglang-no-seed"])
+    slot = Slot(backend_id="old-sglang", address=proc.url, protocol=Protocol.GENERATE, dialect=Dialect.SGLANG,
+                model="m", tokenizer="byte", max_model_len=4096)
+    request = LLMRequest(messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(seed=3, max_tokens=8))
+    with Call(10) as call:
+        turn = GenerateClient().generate(slot, request, call)
+    assert turn.response_ids and len(turn.logprobs) == len(turn.response_ids)
+    sent = [r.get("sampling_params", {}) for r in proc.received()]
+    assert len(sent) == 1 and "sampling_seed" not in sent[0]  # only the unseeded one reached generation
+    from prorl_celery.llm.generate import _no_seed
+
+    assert proc.url in _no_seed  # the seeded one was sent first and refused
+    refused = _sglang(proc.url, [1, 2, 3], max_new_tokens=2, sampling_seed=1)
+    assert refused.status_code == 400 and "sampling_seed" in refused.json()["error"]["message"]
