@@ -3,6 +3,7 @@
     prorl-celery fake-llm --port 8100 [--latency-model step_s=0.02,capacity=32] [--speed 0.5]
                           [--policy echo|scripted:FILE|oracle[:NAME]] [--tokenizer byte|NAME_OR_DIR]
                           [--flavor vllm|llama.cpp|sglang] [--no-tool-parser] [--sglang-prompt-in-output]
+                          [--sglang-no-seed] [--seeded-prefill-death TOKENS]
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
 ``return_token_ids``, ``tool_choice`` required/named forces a call; in vLLM's, llama.cpp's or
