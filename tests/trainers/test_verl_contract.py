@@ -70,6 +70,7 @@ def test_prorl_agent_loop_returns_the_services_trajectory(verl_python, stack, ap
     row = {"raw_prompt": [{"role": "user", "content": "What is 6 * 7?"}], "data_source": "math",
            "reward_model": {"ground_truth": "42"}, "index": 0, "agent_name": "prorl"}
     args = {"tokenizer": smol_tokenizer, "response_length": 2048, "row": row,
+            "config": str(ROOT / "examples" / "verl_agent_loop.yaml"),
             "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
                                 "logprobs": True}}
     env = {**os.environ, "PRORL_API_URL": api, "PRORL_API_TOKEN": stack.api_token}
@@ -90,6 +91,8 @@ def test_prorl_agent_loop_returns_the_services_trajectory(verl_python, stack, ap
     assert 0 in out["response_mask"] and 1 in out["response_mask"]  # the tool's output is masked out
     assert out["reward_score"] == result["reward"] == 1.0  # the service graded the submitted 42
     assert result["turns"] == 2 and out["extra_fields"]["assistant_turns"] == 2
+    sent = job["sampling_params"]  # the example config's defaults under veRL's own values
+    assert sent["max_turns"] == 8 and sent["max_tokens"] == 2048 and sent["token_level_generation"] is True
     assert out["num_turns"] == 5  # user, assistant, tool, assistant, tool (the submit's reply)
     assert out["extra_fields"]["token_mode"] == "exact"
     assert out["extra_fields"]["weight_versions"] == ["v7", "v7"]
