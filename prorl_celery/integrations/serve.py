@@ -83,6 +83,7 @@ class LiveModelServer:
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(24)
         self.lock = threading.Lock()
         self.requests = 0
+        self._rng: Any = None  # torch's CPU generator state between unseeded requests
         self._http = ThreadingHTTPServer((host, port), _handler(self))
         self._http.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -119,14 +120,20 @@ class LiveModelServer:
         stops = set(req.stop_token_ids) | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None
                                            else set())
         with self.lock, torch.random.fork_rng(devices=[]), torch.no_grad():
+            # the server's own random stream (or the request's seed): the trainer's stays untouched,
+            # and unseeded requests do not all replay the same draws
             if req.seed is not None:
                 torch.manual_seed(req.seed)
+            elif self._rng is not None:
+                torch.set_rng_state(self._rng)
             was_training = self.model.training
             self.model.eval()
             try:
                 out = self.model.generate(**self._generate_kwargs(req, max_new, stops))
             finally:
                 self.model.train(was_training)
+            if req.seed is None:
+                self._rng = torch.get_rng_state()
             self.requests += 1
         ids = out.sequences[0, len(req.prompt):].tolist()
         logprobs = [torch.log_softmax(step[0].float(), dim=-1)[token].item() for step, token in zip(out.logits, ids)]

@@ -90,3 +90,42 @@ def test_trl_trained_on_the_services_ids(run):
             assert row["prompt_ids"] == tokens["prompt_ids"]
             assert row["completion_ids"] == tokens["response_ids"]
             assert row["mask"] == tokens["loss_mask"]
+
+
+def test_live_model_server_samples_honestly(trl_installed):
+    """The backend the service trains against: logprobs are the model's raw ones for the sampled
+    ids, unseeded requests draw fresh samples, seeded ones repeat, and what it cannot honour is a
+    400 naming the field (and no token, a 401)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.trl_grpo import MODEL_DIR
+    from prorl_celery.integrations.serve import LiveModelServer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32)
+    server = LiveModelServer(model, tok).start()
+    auth = {"Authorization": f"Bearer {server.api_key}"}
+    prompt = tok.encode("The capital of France is")
+    body = {"prompt": prompt, "max_tokens": 8, "logprobs": 0, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}
+
+    def ask(**extra):
+        resp = requests.post(f"{server.url}/v1/completions", json={**body, **extra}, headers=auth, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]
+    try:
+        first = ask()
+        ids, logprobs = first["token_ids"], first["logprobs"]["token_logprobs"]
+        assert first["logprobs"]["tokens"] == [f"token_id:{i}" for i in ids]
+        with torch.no_grad():
+            scores = torch.log_softmax(model(torch.tensor([prompt + ids])).logits[0].float(), dim=-1)
+        rescored = [scores[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
+        assert max(abs(a - b) for a, b in zip(rescored, logprobs)) < 1e-3
+        assert len({tuple(ask()["token_ids"]) for _ in range(3)} | {tuple(ids)}) > 1
+        assert ask(seed=3)["token_ids"] == ask(seed=3)["token_ids"]
+        refused = requests.post(f"{server.url}/v1/completions", json={**body, "stop": ["."]}, headers=auth, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["field"] == "stop"
+        assert requests.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 401
+    finally:
+        server.stop()
