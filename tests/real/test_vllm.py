@@ -39,7 +39,10 @@ def backend(api: str, bid: str) -> dict:
 
 
 def rollouts(api: str, n: int, params: dict, timeout: float = 300) -> list[dict]:
-    jobs = [submit(api, {"data_source": "math", "problem": f"What is {i} + {i}?", "answer": str(2 * i)},
+    # a problem whose answer needs more than one short turn: an 8-token turn is cut by length and
+    # the agent asks again (with "What is 1 + 1?" the model sometimes answered within 8 tokens)
+    problem = "Count from 1 to 40, one number per line, then say what {i} + {i} is."
+    jobs = [submit(api, {"data_source": "math", "problem": problem.format(i=i), "answer": str(2 * i)},
                    sampling_params=params) for i in range(1, n + 1)]
     return [wait(api, job, timeout=timeout) for job in jobs]
 
