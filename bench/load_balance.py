@@ -41,9 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment first)
 from prorl_celery.procs import Child, free_port, wait_for  # noqa: E402
-
-from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
 
 import requests  # noqa: E402
 
