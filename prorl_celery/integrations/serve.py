@@ -191,8 +191,10 @@ def _handler(server: LiveModelServer) -> type[BaseHTTPRequestHandler]:
                                           "message": message, **({"field": field} if field else {})}})
 
         def _authorised(self) -> bool:
-            if not server.api_key or secrets.compare_digest(self.headers.get("Authorization", ""),
-                                                            f"Bearer {server.api_key}"):
+            # bytes: compare_digest raises on a str with non-ASCII characters (http.server decodes
+            # headers as latin-1, which encoding back recovers)
+            given = self.headers.get("Authorization", "").encode("latin-1", "replace")
+            if not server.api_key or secrets.compare_digest(given, f"Bearer {server.api_key}".encode()):
                 return True
             self._error(401, "missing or wrong bearer token")
             return False

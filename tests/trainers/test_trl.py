@@ -127,5 +127,8 @@ def test_live_model_server_samples_honestly(trl_installed):
         refused = requests.post(f"{server.url}/v1/completions", json={**body, "stop": ["."]}, headers=auth, timeout=30)
         assert refused.status_code == 400 and refused.json()["error"]["field"] == "stop"
         assert requests.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 401
+        wrong = requests.post(f"{server.url}/v1/completions", json=body, timeout=30,
+                              headers={"Authorization": "Bearer \xe9t\xe9".encode("latin-1")})
+        assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "missing or wrong bearer token"
     finally:
         server.stop()
