@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -112,6 +113,26 @@ def wait(api: str, job_id: str, timeout: float = 60.0) -> dict:
     resp = requests.get(f"{api}/jobs/{job_id}/wait", params={"timeout": timeout}, timeout=timeout + 10)
     assert resp.status_code == 200, f"job {job_id} not terminal after {timeout}s: {resp.text}"
     return resp.json()
+
+
+def start_api(stack, log_dir: Path, name: str, **env: str):
+    """A second API process on ``stack``'s service with ``env`` over the stack's environment;
+    returns (child, url) once ``/healthz`` answers. The caller stops the child."""
+    from prorl_celery.procs import Child, wait_for
+
+    port = free_port()
+    child = Child(name, [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
+                  {**stack.env(), **env}, log_dir).start()
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _answers(f"{url}/healthz"), 30, f"the API {name}", child=child)
+    return child, url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):

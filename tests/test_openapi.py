@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 import requests
 
-from prorl_celery.procs import Child, free_port, wait_for
-from tests.conftest import API_TOKEN, wait_until
+from tests.conftest import API_TOKEN, start_api, wait_until
 
 
 def test_document_lists_every_route(api):
@@ -29,12 +27,7 @@ def test_document_lists_every_route(api):
 @pytest.fixture
 def fuzz_api(stack, tmp_path):
     """A second API process on the same service, with long polls capped at 1 s for the fuzzer."""
-    port = free_port()
-    env = {**stack.env(), "PRORL_API_MAX_WAIT_S": "1"}
-    child = Child("api-fuzz", [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
-                  env, tmp_path).start()
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _up(f"{url}/healthz"), 30, "the API", child=child)
+    child, url = start_api(stack, tmp_path, "api-fuzz", PRORL_API_MAX_WAIT_S="1")
     yield url
     child.stop()
     # The fuzzer's jobs are real ones (it learns instances from responses and posts them as
@@ -54,10 +47,3 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tm
          "--header", f"Authorization: Bearer {API_TOKEN}"],  # the stack's token (env has it too)
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-
-
-def _up(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False

@@ -13,7 +13,8 @@ import redis
 import requests
 
 from prorl_celery import keys
-from prorl_celery.procs import Child, free_port, wait_for
+from prorl_celery.procs import free_port
+from tests.conftest import start_api
 
 
 def raw(url: str, method: str, path: str, headers: dict[str, bytes | str] | None = None,
@@ -75,13 +76,8 @@ def test_sandbox_host_non_ascii_token_is_401(stack, redis_url):
 
 
 def test_token_is_required_and_checked(stack, tmp_path):
-    port = free_port()
-    env = {**stack.env(), "PRORL_API_TOKEN": "s3cret-token"}
-    child = Child("api-token", [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
-                  env, tmp_path).start()
-    url = f"http://127.0.0.1:{port}"
+    child, url = start_api(stack, tmp_path, "api-token", PRORL_API_TOKEN="s3cret-token")
     try:
-        wait_for(lambda: _up(f"{url}/healthz"), 30, "the API", child=child)
         assert requests.get(f"{url}/jobs/x", timeout=5).status_code == 401
         wrong = requests.get(f"{url}/jobs/x", headers={"Authorization": "Bearer nope"}, timeout=5)
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "unauthorized"
@@ -109,11 +105,6 @@ def test_request_size_limit(api):
     assert resp.status_code == 413
 
 
-def _up(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def test_a_request_cannot_name_arbitrary_code(api):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 
 import pytest
 import requests
 
-from prorl_celery.procs import Child, free_port, wait_for
+from prorl_celery.procs import wait_for
+from tests.conftest import start_api
 
 TOTAL, PER_CLIENT = 300, 200
 
@@ -41,13 +41,9 @@ def timed(method: str, url: str, **kwargs) -> tuple[float, requests.Response]:
 def capped_api(stack, tmp_path_factory):
     """An API of its own with known caps and only 4 ordinary threads: if streams took those,
     nothing else would be served."""
-    port = free_port()
-    env = {**stack.env(), "PRORL_API_MAX_STREAMS": str(TOTAL),
-           "PRORL_API_MAX_STREAMS_PER_CLIENT": str(PER_CLIENT), "PRORL_API_THREADS": "4"}
-    child = Child("api-capped", [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
-                  env, tmp_path_factory.mktemp("capped")).start()
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _ok(f"{url}/healthz"), 30, "the capped API", child=child)
+    child, url = start_api(stack, tmp_path_factory.mktemp("capped"), "api-capped", PRORL_API_MAX_STREAMS=str(TOTAL),
+                           PRORL_API_MAX_STREAMS_PER_CLIENT=str(PER_CLIENT), PRORL_API_THREADS="4")
+    port = int(url.rsplit(":", 1)[1])
     yield port, url, stack.api_token
     child.stop()
 
@@ -91,9 +87,3 @@ def _one_stream(port: int, token: str) -> bool:
     sock.close()
     return status == 200
 
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
