@@ -2,7 +2,9 @@
 # System packages the tests use, installed when missing: bubblewrap (the rootless sandbox runtime),
 # slirp4netns and nftables (a network sandbox's own user-mode network and its outbound policy,
 # see sandboxes/netns.py), iproute2 (the network tests' "outside" namespace), Chromium (the Flower
-# UI check) and git (SWE tasks). Idempotent; does nothing when all are present.
+# UI check), git (SWE tasks), and skopeo, umoci and docker-registry (docker:// sandbox images pulled
+# rootless, see sandboxes/runtimes/images.py; the registry serves the image tests). Idempotent;
+# does nothing when all are present.
 # Needs root (or passwordless sudo) and apt; otherwise it says what is missing and the tests that
 # need it skip with that reason.
 set -euo pipefail
@@ -14,6 +16,9 @@ command -v nsenter >/dev/null 2>&1 || want+=(util-linux)
 command -v ip >/dev/null 2>&1 || want+=(iproute2)
 command -v chromium >/dev/null 2>&1 || want+=(chromium)
 command -v git >/dev/null 2>&1 || want+=(git)
+command -v skopeo >/dev/null 2>&1 || want+=(skopeo)
+command -v umoci >/dev/null 2>&1 || want+=(umoci)
+command -v docker-registry >/dev/null 2>&1 || want+=(docker-registry)
 ((${#want[@]})) || exit 0
 if [[ $(id -u) -eq 0 ]]; then sudo=(); elif sudo -n true 2>/dev/null; then sudo=(sudo -n); else
   echo "install-system-deps: not root and no sudo; missing: ${want[*]}" >&2; exit 0
