@@ -5,7 +5,11 @@ exceptions. What follows is for infrastructure faults and bad input::
 
     ProrlError
     ├── InvalidRequest(ValueError)        bad input from a client; carries the field
-    │   └── PolicyDenied                  beyond the operator's policy (runtime, image, repo source)
+    │   ├── PolicyDenied                  beyond the operator's policy (runtime, image, repo source)
+    │   └── ImageError                    a sandbox image could not be had; names the field
+    │       ├── ImageNotFound             no such image, tag or digest in its registry
+    │       ├── ImageUnavailable          registry unreachable, pull timed out, unpack failed
+    │       └── ImageTooLarge             beyond the sandbox host's image cache budget
     ├── NotFound(KeyError)                no such id
     │   ├── UnknownJob                    no such job
     │   ├── UnknownGroup                  no such group
@@ -58,6 +62,24 @@ class PolicyDenied(InvalidRequest):
     not serve, an unregistered image, a repository source outside the allowed ones."""
 
     type = "policy_denied"
+
+
+class ImageError(InvalidRequest):
+    """A sandbox image (``docker://``, ``oci:``) could not be pulled or unpacked."""
+
+    type = "image_error"
+
+
+class ImageNotFound(ImageError):
+    type = "image_not_found"
+
+
+class ImageUnavailable(ImageError):
+    type = "image_unavailable"
+
+
+class ImageTooLarge(ImageError):
+    type = "image_too_large"
 
 
 class NotFound(ProrlError, KeyError):

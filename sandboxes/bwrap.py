@@ -31,6 +31,8 @@ from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.cgroups import SandboxLimits, warm_limits
 from sandboxes.procs import child_pids, kill_descendants
+from sandboxes.runtimes.image_cache import ImageLease, open_image
+from sandboxes.runtimes.images import is_reference
 from sandboxes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
 from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV, PersistentShell, shell_quote, shell_warm_spec
 from sandboxes.uids import UidLease, lease_uid
@@ -208,6 +210,24 @@ class BwrapShell(PersistentShell):
         self._init_fd = self._init_pid = self._bash_pid = None
 
 
+_IMAGE_ENV_KEPT = ("HOME", "TMPDIR", "HOSTNAME", "USER", "LOGNAME", "SHELL")
+
+
+def image_env(image: ImageLease | None) -> dict[str, str]:
+    """The image's own variables (its PATH first of all), where SandboxSpec would take them;
+    the sandbox's HOME, TMPDIR and identity stay ours."""
+    out: dict[str, str] = {}
+    for name, value in (image.env if image else {}).items():
+        if name in _IMAGE_ENV_KEPT:
+            continue
+        try:
+            SandboxSpec.model_validate({"env": {name: value}})
+        except ValueError:
+            continue
+        out[name] = value
+    return out
+
+
 def _has_resolv(image: str | None) -> bool:
     """Whether the root has an /etc/resolv.conf to bind over (bwrap cannot create one in a
     read-only /etc; without it names do not resolve, addresses still do)."""
@@ -252,6 +272,9 @@ class BwrapSandbox(WorkspaceFiles):
         self.spec = spec
         self.job_id = job_id
         self.config = BwrapConfig.model_validate(config or {})
+        # a docker:// / oci: image: its cached rootfs, held until close (never evicted meanwhile)
+        self._image: ImageLease | None = open_image(spec.image) if is_reference(spec.image) else None
+        rootfs = self._image.rootfs if self._image else spec.image
         self._uid: UidLease | None = None
         if os.geteuid() == 0:
             self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
@@ -260,6 +283,8 @@ class BwrapSandbox(WorkspaceFiles):
         self._limits: SandboxLimits | None = None
         if uid is not None:
             check_traversable(self.config.root or tempfile.gettempdir())
+            if rootfs:
+                check_traversable(rootfs)
         host_dir = tempfile.mkdtemp(prefix="bwrap-", dir=self.config.root)
         self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
         try:
@@ -270,9 +295,9 @@ class BwrapSandbox(WorkspaceFiles):
             if spec.network:
                 require_network()
             argv = bwrap_argv(self.config, workspace_dir=host_dir, workdir=self.workdir,
-                              network=spec.network, root=root_entries(spec.image, self.config.host_paths),
-                              image=spec.image, uid=uid, env=self._env(),
-                              resolv=resolv_conf() if spec.network and _has_resolv(spec.image) else None)
+                              network=spec.network, root=root_entries(rootfs, self.config.host_paths),
+                              image=rootfs, uid=uid, env=self._env(),
+                              resolv=resolv_conf() if spec.network and _has_resolv(rootfs) else None)
             self.shell = BwrapShell(self._limits.argv(argv), cwd="/", env=HOST_ENV,
                                     limits=self._limits.rlimits(spec.limits), guarded=False,
                                     inner_env=spec.env, network=spec.network)
@@ -299,7 +324,7 @@ class BwrapSandbox(WorkspaceFiles):
         base = {"PATH": SANDBOX_PATH, "HOME": self.config.mount, "USER": "root", "LOGNAME": "root",
                 "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash",
                 "HOSTNAME": self.config.hostname}
-        return {**NONINTERACTIVE_ENV, **base}
+        return {**NONINTERACTIVE_ENV, **base, **image_env(self._image)}
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
@@ -335,6 +360,8 @@ class BwrapSandbox(WorkspaceFiles):
         if self._uid is not None:
             self._uid.release()  # only now: nothing of the sandbox runs as that uid any more
             self._uid = None
+        if self._image is not None:
+            self._image.release()  # nothing runs in its rootfs any more: it may be evicted
 
     def info(self) -> dict[str, Any]:
         shell = self.shell
@@ -345,5 +372,6 @@ class BwrapSandbox(WorkspaceFiles):
                 "uid": self.workspace.uid, "workspace": str(self.workspace.host_dir),
                 "mount": self.config.mount, "workdir": self.workdir, "cwd": shell.cwd,
                 "job_id": self.job_id, "restarts": shell.restarts, "image": self.spec.image,
+                **(self._image.info() if self._image else {}),
                 "limits": self.spec.limits.model_dump(exclude_none=True)}
 

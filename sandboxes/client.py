@@ -12,7 +12,8 @@ import redis
 from pydantic import ValidationError
 
 from prorl_celery import keys
-from prorl_celery.errors import (InvalidRequest, NoSandboxCapacity, PolicyDenied, SandboxError,
+from prorl_celery.errors import (ImageError, ImageNotFound, ImageTooLarge, ImageUnavailable,
+                                 InvalidRequest, NoSandboxCapacity, PolicyDenied, SandboxError,
                                  SandboxGone, UnknownPlugin)
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
@@ -39,6 +40,10 @@ _ERRORS: dict[str, type[Exception]] = {
     "file_error": OSError,
     "permission_denied": PermissionError,
     "file_too_large": FileTooLarge,
+    "image_error": ImageError,
+    "image_not_found": ImageNotFound,
+    "image_unavailable": ImageUnavailable,
+    "image_too_large": ImageTooLarge,
 }
 
 

@@ -32,6 +32,10 @@ STATUS_BY_TYPE = {
     "file_not_found": 404,
     "not_found": 404,
     "file_too_large": 413,
+    "image_error": 400,
+    "image_not_found": 404,
+    "image_too_large": 413,
+    "image_unavailable": 424,
     "no_sandbox_capacity": 503,
 }
 

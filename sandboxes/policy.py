@@ -4,8 +4,10 @@ same rules (key decision 11: a request can only narrow the operator's policy, ne
 
 - runtimes: ``local`` (no isolation) only with ``allow_local_runtime``; a host serves only the
   runtimes it was started with, a dotted path being compared by the class it names.
-- images: a registry reference (``docker://`` ...) or a path beneath one of
-  ``sandbox_image_dirs`` after resolving symlinks; never ``/``, ``/etc`` or another host path.
+- images: a path beneath one of ``sandbox_image_dirs`` after resolving symlinks (never ``/``,
+  ``/etc`` or another host path), or a ``docker://`` reference to a registry the operator lists
+  in ``sandbox_registries`` (an ``oci:`` layout beneath the image directories), parsed strictly
+  by :mod:`sandboxes.runtimes.images`; ``library://`` / ``oras://`` pass to the runtime.
 - limits: handler defaults merged field by field under the request, which may only lower them;
   operator ceilings (``sandbox_max_limits``) clamp both, and fill a limit nobody set.
 - repository sources: https URLs, or directories beneath ``repo_source_dirs``.
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from prorl_celery.errors import InvalidRequest, PolicyDenied
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.netns import check_request_network
+from sandboxes.runtimes import images
 
 LOCAL = "local"
 IMAGE_SCHEMES = ("docker://", "docker-archive:", "library://", "oras://", "shub://", "oci:")
@@ -76,6 +79,8 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
     :class:`PolicyDenied` naming ``field``."""
     if image is None:
         return None
+    if images.is_reference(image):  # docker:// and oci:: the registry allow-list (runtimes/images.py)
+        return images.check_reference(image, field, lexical).canonical
     if image.startswith(IMAGE_SCHEMES):
         return image
     roots = split_dirs(_settings().sandbox_image_dirs)

@@ -21,6 +21,7 @@ from prorl_celery.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_PORT = free_port()
+REGISTRY_PORT = free_port()  # the loopback image registry of tests/registry.py
 REDIS_PASSWORD = secrets.token_urlsafe(24)
 API_TOKEN = secrets.token_urlsafe(24)
 os.environ["PRORL_REDIS_URL"] = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{REDIS_PORT}/0"
@@ -34,6 +35,9 @@ TEST_ENV = {
     "PRORL_ALLOW_LOCAL_RUNTIME": "1",  # the test operator allows 'local'; tests/security/test_policy.py does not
     "PRORL_REPO_SOURCE_DIRS": f"/tmp/pytest-of-{__import__('getpass').getuser()}",  # SWE fixtures in tmp_path
     "PRORL_SANDBOX_IMAGE_DIRS": f"/tmp/prorl-test-images-{REDIS_PORT}",  # made by test_policy.py
+    "PRORL_SANDBOX_REGISTRIES": f"127.0.0.1:{REGISTRY_PORT}",  # tests/registry.py, plain HTTP
+    "PRORL_SANDBOX_INSECURE_REGISTRIES": f"127.0.0.1:{REGISTRY_PORT}",
+    "PRORL_SANDBOX_IMAGE_CACHE": f"/tmp/prorl-test-image-cache-{REDIS_PORT}",
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
 }
 os.environ.update(TEST_ENV)
