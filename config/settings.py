@@ -37,13 +37,16 @@ class Settings(BaseSettings):
 
     stage_lease_s: float = Field(30.0, description="Expiry of a running stage's lease; renewed every third of it.")
     stage_max_attempts: int = Field(3, description="Deliveries of one stage before the job ends failed.")
+    job_max_attempts: int = Field(3, description="Runs of one job from init: an infrastructure fault (its sandbox host died, its worker was lost past stage_max_attempts, an LLM outage outlasted the retry budget) runs it again from init, on another host when one died, until this many attempts ended that way; then it ends failed with every attempt in result.attempts. Faults of the task itself are never retried.")
     sweep_interval_s: float = Field(15.0, description="Period of the beat sweep.")
     consumer_watchdog_s: float = Field(10.0, description="Period of each worker's check for a stalled "
                                                          "queue consumer (0: off).")
     stage_requeue_after_s: float = Field(120.0, description="A job waiting this long for a stage whose "
                                                             "message exists nowhere gets it sent again.")
 
-    worker_concurrency: int = Field(32, description="Threads per stage worker (stages wait on I/O).")
+    worker_concurrency: int = Field(32, description="Threads of a stage worker started without -c (stages wait on I/O). When set, also what `prorl-celery up` gives each stage queue (init, run, eval) that queue_concurrency and --concurrency do not name.")
+    queue_concurrency: dict[str, int] = Field({}, description="Threads `prorl-celery up` gives each queue's worker, queue -> threads (JSON in PRORL_QUEUE_CONCURRENCY, e.g. {\"run\": 1050}); a queue not named here (nor by worker_concurrency or up --concurrency) is sized from sandbox_capacity: run = capacity, init and eval = capacity/4 (8..64), maint 2 (prorl_celery/ops/sizing.py).")
+    sandbox_create_wait_s: float = Field(120.0, description="How long init waits for a sandbox when every host is full, a create failed transiently or an image is being pulled (retrying with backoff, cancellable; the wait is the job's timings.init_wait_s); past it init fails with no_sandbox_capacity. Bounded by init_budget_s.")
     result_expires_s: int = Field(86400, description="How long Celery keeps task results.")
     job_ttl_s: int = Field(7 * 86400, description="How long a finished job record is kept.")
 
@@ -58,6 +61,9 @@ class Settings(BaseSettings):
     sandbox_image_cache_mb: int = Field(20480, description="Size budget of the image cache, MiB (unpacked rootfs bytes): least recently used images are evicted past it, never one a live sandbox uses; a single image larger than it is refused (image_too_large).")
     sandbox_image_pull_timeout_s: float = Field(240.0, description="Longest a sandbox create waits for an image pull and unpack (its own or a concurrent create's of the same image); beyond it the create fails with image_unavailable. Keep it under the workers' create timeout (300 s).")
     sandbox_image_refresh_s: float = Field(300.0, description="How long a tag's digest, once resolved, is used without asking the registry again (0: ask on every create). Digest references never ask once cached; a registry that does not answer falls back to the last digest known.")
+    env_dir: str = Field("~/.cache/prorl-celery/envs", description="Where a sandbox host builds environments from recipes (sandboxes/runtimes/envbuild.py: one rootfs per recipe hash, on a base of the node's own packages); list it in sandbox_image_dirs so instances may name the built directories as their image.")
+    env_build_timeout_s: float = Field(1800.0, description="Longest one environment build may run (pip installs from PyPI included); beyond it the build is killed and fails with env_build_failed.")
+    env_build_uid: int = Field(65534, description="Unprivileged uid (and gid) an environment build runs as when the host is root (default: nobody); the result is then owned by root.")
     repo_source_dirs: str = Field("", description="Colon- or comma-separated directories under which a SWE instance's repo_source may name a local repository (a path or file:// URL, checked after resolving symlinks); otherwise only https URLs are accepted.")
     repo_clone_uid: int = Field(65534, description="Unprivileged uid (and gid) that git clones of https repo_sources run as when the worker is root (default: nobody).")
     sandbox_network: Literal["isolated", "off"] = Field("isolated", description="What \"network\": true in a sandbox spec gets: isolated (its own network namespace behind slirp4netns, reaching the outside but not the host's loopback, the host's addresses and subnets, private, link-local or IPv6 ranges) or off (refused with an error). Never the host's network.")
@@ -66,9 +72,12 @@ class Settings(BaseSettings):
     sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")
     sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")
     sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")
+    sandbox_host_bind: str = Field("127.0.0.1", description="Interface a sandbox host listens on when started without --host: loopback for one node; a cluster sets 0.0.0.0 or the node's address (the host's token is still required on every call).")
+    node_addr: str | None = Field(None, description="Address other nodes reach this node at: what a sandbox host bound to all interfaces publishes (and the Slurm scripts' PRORL_NODE_ADDR). Default: the source address of this node's route to Redis.")
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")
     output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
     sandbox_read_max_mb: int = Field(64, description="Largest file the sandbox host reads out of a workspace in one file call (larger: HTTP 413 file_too_large; use the tree/archive calls).")
+    apptainer_bin: str | None = Field(None, description="The apptainer (or singularity) binary the singularity sandbox runtime runs, a path or a name on PATH; default: apptainer, else singularity, on PATH. scripts/install-apptainer.sh installs one into a private prefix and prints its path.")
     sandbox_cgroups: bool = Field(True, description="Give each bwrap sandbox its own cgroup (memory, pids, cpu) and, where the host is root, a size-capped workspace filesystem; False only to compare costs.")
 
     llm_call_timeout_s: float = Field(600.0, description="Timeout of one LLM call (one turn), seconds.")

@@ -1,172 +1,179 @@
-"""``singularity``: an Apptainer / SingularityCE instance per sandbox, driven through spython.
+"""``singularity``: a persistent bash in an Apptainer (or SingularityCE) container per sandbox.
 
-The image is a ``.sif`` path or a ``docker://`` (``oras://``, ``library://`` ...) reference,
-pulled once per node into a cache directory under a file lock. The instance is started with
-``--writable-tmpfs --contain --no-home --net --network none`` (plus ``--fakeroot`` when
-configured), the workspace bound at ``/workspace``; ``spec.network`` is refused (Apptainer's own
-networks need root and CNI setup; without ``--net`` an instance would share the host's network:
-a network sandbox is a bwrap one, see :mod:`sandboxes.netns`); its
-name carries the job id and start time (``prorl.<job id>.<start ms>.<nonce>``), so a sweep that
-only sees ``instance list`` can still tell whose it is and how old. The persistent shell is
-``singularity exec --cleanenv instance://<name> bash``, run by our own Popen with a few of the
-host's own variables only: ``spec.env`` goes into the container as ``--env`` flags.
+The image is a ``.sif`` file, a sandbox directory (a rootfs with the usual mount points), or a
+registry reference (``docker://``, ``oras://``, ``library://`` ...), pulled once per node into a
+cache with ``apptainer pull``, under a file lock and a time limit. The binary is the runtime's
+``binary`` setting, else ``PRORL_APPTAINER_BIN``, else ``apptainer`` or ``singularity`` on PATH
+(``scripts/install-apptainer.sh`` installs one where Debian has none).
 
-spython's traps and what is done about them: it calls ``sys.exit`` on some errors (caught here
-as ``SystemExit`` and raised as :class:`SandboxError`, so a worker never exits); its ``environ``
-replaces the whole environment (never used: the shell gets ``--env`` flags); ``execute`` has no
-timeout (not used: the shell is ours, with timeouts that kill process groups); a failed
-``instance start`` only logs (checked: the instance must have a pid); calls are run with a
-timeout in a helper thread. spython always runs ``singularity`` (Apptainer ships that name).
+The sandbox's shell is one container, ``apptainer exec --containall --no-privs --network none
+... <image> bash``, and the sandbox is that container: what the shell starts lives in its pid
+namespace, whose pid 1 (apptainer's ``appinit``) is killed with the runtime parent we start.
+Not an instance: an instance cannot be joined as another uid (``instance start --security
+uid:N`` files it under user N, who must exist, and root cannot ``exec`` into it), and commands
+run as host uid 0 in an instance started by root, which without capabilities still writes
+root-owned files such as ``/proc/sys/vm/*`` (tried here). So, as in :mod:`sandboxes.bwrap`:
+
+- a host running as root runs each sandbox as its own uid (``--security uid:N,gid:N``, the
+  same leased range and lock directory as bwrap, so the two runtimes never share a uid);
+  ``--no-privs`` drops every capability (a system ``apptainer.conf`` may grant root the
+  default set); the workspace is the one writable bind, at ``/workspace``; the image is
+  read-only, ``/tmp`` a private tmpfs (its size is the apptainer.conf ``sessiondir max size``);
+  no network (``spec.network`` is refused: without ``--net`` a container shares the host's);
+- the environment is cleared (``--containall`` implies ``--cleanenv``) and the shell itself
+  exports the fixed defaults and ``spec.env`` once it runs (:class:`~sandboxes.bwrap.BwrapShell`,
+  whose process tree, runtime parent -> pid 1 -> bash, is this one too): nothing of a request is
+  on a host-side command line or environment;
+- a timeout kills every process of the container but the shell (descendants of its pid 1);
+  close kills its pid 1 (the kernel ends the namespace) and reaps the runtime parent.
+
+Limits (:func:`enforcement` says which hold where): ``memory_mb``, ``cpus`` and ``pids`` by
+apptainer's own cgroup (``--memory``, ``--cpus``, ``--pids-limit``) when the host is root, or
+with ``cgroups: true`` where rootless cgroups work (cgroup v2 under systemd); otherwise memory is
+an address-space rlimit per process, pids an RLIMIT_NPROC of the sandbox's uid (root only), cpus
+not at all. ``disk_mb``: the workspace filesystem of :mod:`sandboxes.workspace` where the host can
+make one, else RLIMIT_FSIZE. The rest are rlimits the shell sets.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
-import secrets
 import shutil
+import signal
+import subprocess
 import tempfile
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import ExecResult, SandboxSpec
-from sandboxes.shell import DEFAULT_ARGV, PersistentShell
-from sandboxes.workspace import Workspace, WorkspaceFiles
+from sandboxes.base import ExecResult, Limits, SandboxSpec
+from sandboxes.bwrap import SANDBOX_PATH, BwrapShell
+from sandboxes.netns import HELPER_ENV
+from sandboxes.shell import DEFAULT_ARGV
+from sandboxes.uids import UidLease, lease_uid
+from sandboxes.workspace import Workspace, WorkspaceFiles, quota_supported
 
-T = TypeVar("T")
 PREFIX = "prorl"
 _NAME_RE = re.compile(rf"^{PREFIX}\.(?P<job>[A-Za-z0-9_.-]+)\.(?P<ms>\d+)\.(?P<nonce>[0-9a-f]+)$")
-_REMOTE = re.compile(r"^(docker|docker-daemon|oras|library|shub|https?)://")
-_HOST_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "APPTAINER_CACHEDIR",
-             "SINGULARITY_CACHEDIR")
+_REMOTE = re.compile(r"^(docker|docker-daemon|docker-archive|oci-archive|oras|library|shub|https?)://")
+_MB = 1 << 20
 
 
 class SingularityConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    image: str | None = Field(None, description="Image when the spec names none (.sif or docker://...).")
+    binary: str | None = Field(None, description="The apptainer/singularity binary; default: "
+                               "settings.apptainer_bin, else apptainer or singularity on PATH.")
+    image: str | None = Field(None, description="Image when the spec names none (.sif, a "
+                              "sandbox directory, or docker://...).")
     cache_dir: str | None = Field(None, description="Where pulled images are kept; default: "
                                                     "<tmp>/prorl-sif-cache.")
     root: str | None = Field(None, description="Host directory under which workspaces are made.")
-    mount: str = Field("/workspace", description="Where the workspace appears in the instance.")
-    fakeroot: bool = Field(False, description="Start instances with --fakeroot (root inside).")
-    extra_options: list[str] = Field([], description="More `instance start` options, e.g. --nv.")
+    mount: str = Field("/workspace", description="Where the workspace appears in the container.")
+    hostname: str = Field("sandbox", description="Hostname inside the container.")
+    cgroups: bool | None = Field(None, description="Apply memory/cpus/pids through apptainer's "
+                                 "cgroup flags; default (None): when the host is root.")
+    writable_tmpfs: bool = Field(False, description="A throw-away writable layer over the image "
+                                 "(--writable-tmpfs); off: the image is read-only, as bwrap's.")
+    extra_options: list[str] = Field([], description="More `exec` options, e.g. --nv.")
     pull_timeout_s: float = Field(1800.0, description="Longest image pull.")
-    start_timeout_s: float = Field(300.0, description="Longest `instance start`.")
+    uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
+                                                 "host runs as root (bwrap's range: one lease).")
+    uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
+    uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
+                                                       "<tmp>/prorl-sandbox-uids.")
     shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
 
 
-# -- pure: names and command lines --------------------------------------------------------------
-def instance_name(job_id: str, started_at: float, nonce: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:96]
-    return f"{PREFIX}.{safe}.{int(started_at * 1000)}.{nonce}"
+# -- the binary -------------------------------------------------------------------------------
+def binary(configured: str | None = None) -> str | None:
+    """The apptainer binary to run: ``configured``, settings.apptainer_bin, or one on PATH."""
+    from config.settings import get_settings
+
+    for candidate in (configured, get_settings().apptainer_bin):
+        if candidate:
+            found = shutil.which(candidate)
+            return found if found else None
+    return shutil.which("apptainer") or shutil.which("singularity")
 
 
-def parse_instance_name(name: str) -> tuple[str, float] | None:
-    """(job id, start time) of one of our instance names; None for anyone else's instance."""
-    match = _NAME_RE.match(name)
-    return (match["job"], int(match["ms"]) / 1000) if match else None
+def run_cli(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """A short apptainer command; on timeout its whole process group is killed."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(HELPER_ENV, HOME=os.path.expanduser("~")), cwd="/",
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise SandboxError(f"{' '.join(argv[:3])} took over {timeout:.0f}s") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def start_options(config: SingularityConfig, spec: SandboxSpec, workspace_dir: str) -> list[str]:
-    options = ["--writable-tmpfs", "--contain", "--no-home", "--cleanenv"]
-    options += ["--fakeroot"] if config.fakeroot else []
-    options += [] if spec.network else ["--net", "--network", "none"]
-    options += ["--bind", f"{workspace_dir}:{config.mount}"]
-    return options + list(config.extra_options)
+# -- pure: command lines ----------------------------------------------------------------------
+def use_cgroups(config: SingularityConfig) -> bool:
+    return os.geteuid() == 0 if config.cgroups is None else config.cgroups
 
 
-def start_argv(image: str, name: str, options: list[str]) -> list[str]:
-    """What spython's ``Instance.start`` runs for us (a quiet instance, so ``--quiet``)."""
-    return ["singularity", "--quiet", "instance", "start", *options, image, name]
+def limit_options(limits: Limits, cgroups: bool) -> list[str]:
+    """Apptainer's cgroup flags for the limits it enforces (memory without extra swap)."""
+    if not cgroups:
+        return []
+    out: list[str] = []
+    if limits.memory_mb:
+        out += ["--memory", f"{limits.memory_mb}M", "--memory-swap", f"{limits.memory_mb}M"]
+    if limits.cpus:
+        out += ["--cpus", f"{limits.cpus:g}"]
+    if limits.pids:
+        out += ["--pids-limit", str(limits.pids)]
+    return out
 
 
-def shell_argv(binary: str, name: str, env: dict[str, str], workdir: str,
-               shell: list[str]) -> list[str]:
-    flags = [x for key, value in sorted(env.items()) for x in ("--env", f"{key}={value}")]
-    return [binary, "exec", "--cleanenv", *flags, "--pwd", workdir, f"instance://{name}", *shell]
+def shell_rlimits(limits: Limits, cgroups: bool, own_uid: bool, quota: bool) -> Limits:
+    """What the shell's ulimit sets, given what the cgroup and the workspace filesystem hold."""
+    update: dict[str, Any] = {}
+    if cgroups:
+        update["memory_mb"] = None
+    elif own_uid and limits.pids and not limits.nproc:
+        update["nproc"] = limits.pids
+    if not quota and limits.disk_mb and not limits.fsize_mb:
+        update["fsize_mb"] = limits.disk_mb
+    return limits.model_copy(update=update)
 
 
+def exec_argv(binary_path: str, config: SingularityConfig, *, image: str, workspace_dir: str,
+              workdir: str, limits: Limits, uid: int | None) -> list[str]:
+    """The whole command line of one sandbox's shell (pure: no I/O)."""
+    argv = [binary_path, "--quiet", "exec", "--containall", "--no-privs", "--no-home",
+            "--net", "--network", "none", "--hostname", config.hostname,
+            "--no-mount", "sys,bind-paths,cwd"]
+    argv += ["--security", f"uid:{uid},gid:{uid}"] if uid is not None else []
+    argv += ["--writable-tmpfs"] if config.writable_tmpfs else []
+    argv += limit_options(limits, use_cgroups(config))
+    argv += ["--bind", f"{workspace_dir}:{config.mount}", "--pwd", workdir]
+    return argv + list(config.extra_options) + [image, *config.shell]
+
+
+def inner_env(config: SingularityConfig, spec: SandboxSpec) -> dict[str, str]:
+    """What the shell exports before any command: bwrap's fixed defaults, then ``spec.env``."""
+    base = {"PATH": SANDBOX_PATH, "HOME": config.mount, "USER": "root", "LOGNAME": "root",
+            "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash", "HOSTNAME": config.hostname}
+    return {**base, **spec.env}
+
+
+# -- images -----------------------------------------------------------------------------------
 def cached_image_path(cache_dir: str, ref: str) -> str:
     digest = hashlib.sha256(ref.encode()).hexdigest()[:24]
     return os.path.join(cache_dir, f"{digest}.sif")
 
 
-# -- spython, made safe ---------------------------------------------------------------------
-_calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spython")
-
-
-def spython_call(fn: Callable[..., T], *args: Any, timeout: float = 120.0, **kwargs: Any) -> T:
-    """Run a spython call with a timeout; its ``sys.exit`` and errors become SandboxError."""
-    def guarded() -> T:
-        try:
-            return fn(*args, **kwargs)
-        except SystemExit as exc:
-            raise SandboxError(f"spython gave up ({getattr(fn, '__name__', fn)}): exit {exc.code}") from None
-
-    try:
-        return _calls.submit(guarded).result(timeout=timeout)
-    except FutureTimeout:
-        raise SandboxError(f"spython call {getattr(fn, '__name__', fn)} took over {timeout:.0f}s") from None
-    except SandboxError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - spython raises anything
-        raise SandboxError(f"spython {getattr(fn, '__name__', fn)} failed: {exc}") from exc
-
-
-def client():
-    from spython.main import Client
-
-    Client.quiet = True
-    return Client
-
-
-def binary() -> str | None:
-    return shutil.which("apptainer") or shutil.which("singularity")
-
-
-def list_instances() -> list[dict[str, Any]]:
-    """Our instances on this node: ``{name, job_id, started_at, pid}`` (apptainer instance list)."""
-    if not shutil.which("singularity"):
-        return []
-    raw = spython_call(client().instances, quiet=True, return_json=True)
-    out = []
-    for item in raw if isinstance(raw, list) else [raw]:
-        name = item.get("instance") or item.get("daemon_name") or ""
-        parsed = parse_instance_name(name)
-        if parsed:
-            out.append({"name": name, "job_id": parsed[0], "started_at": parsed[1],
-                        "pid": item.get("pid")})
-    return out
-
-
-def stop_instance(name: str) -> None:
-    code = spython_call(new_instance(f"instance://{name}", name).stop, timeout=60, quiet=True)
-    if code:
-        raise SandboxError(f"instance stop {name} exited {code}")
-
-
-def new_instance(image: str, name: str):
-    """A spython Instance object (with its commands, as the Client makes them), not started."""
-    return client().instance(image, start=False, name=name, quiet=True)
-
-
-def start_instance(instance, options: list[str], timeout: float) -> None:
-    """``instance start`` through spython; a start that only logged its failure raises here."""
-    spython_call(instance.start, options=options, quiet=True, timeout=timeout)
-    if not getattr(instance, "pid", None):
-        raise SandboxError(f"instance {instance.name} did not start: {' '.join(instance.cmd)}")
-
-
-def pull_image(ref: str, cache_dir: str, timeout: float) -> str:
+def pull_image(binary_path: str, ref: str, cache_dir: str, timeout: float) -> str:
     """The local .sif of ``ref``, pulled once: concurrent sandboxes wait on the same lock."""
     os.makedirs(cache_dir, exist_ok=True)
     final = cached_image_path(cache_dir, ref)
@@ -174,15 +181,64 @@ def pull_image(ref: str, cache_dir: str, timeout: float) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(final):
             partial = f"{final}.{os.getpid()}.part"
-            spython_call(client().pull, ref, name=partial, timeout=timeout, quiet=True)
-            if not os.path.exists(partial):
-                raise SandboxError(f"pulling {ref} produced no image")
+            done = run_cli([binary_path, "--quiet", "pull", "--force", partial, ref], timeout)
+            if done.returncode != 0 or not os.path.exists(partial):
+                if os.path.exists(partial):
+                    os.unlink(partial)
+                raise SandboxError(f"could not pull image {ref!r}: {done.stderr.strip()[-800:]}")
             os.replace(partial, final)
     return final
 
 
+# -- instances (none are made any more; what an older runtime left is swept) -------------------
+def parse_instance_name(name: str) -> tuple[str, float] | None:
+    """(job id, start time) of one of our instance names; None for anyone else's instance."""
+    match = _NAME_RE.match(name)
+    return (match["job"], int(match["ms"]) / 1000) if match else None
+
+
+def list_instances() -> list[dict[str, Any]]:
+    """Our instances on this node: ``{name, job_id, started_at, pid}`` (``instance list``)."""
+    found = binary()
+    if not found:
+        return []
+    done = run_cli([found, "--quiet", "instance", "list", "--json"], 60)
+    if done.returncode != 0:
+        raise SandboxError(f"instance list exited {done.returncode}: {done.stderr[-500:]}")
+    out = []
+    for item in json.loads(done.stdout or "{}").get("instances") or []:
+        parsed = parse_instance_name(item.get("instance", ""))
+        if parsed:
+            out.append({"name": item["instance"], "job_id": parsed[0], "started_at": parsed[1],
+                        "pid": item.get("pid")})
+    return out
+
+
+def stop_instance(name: str) -> None:
+    done = run_cli([binary() or "apptainer", "--quiet", "instance", "stop", "--force", name], 60)
+    if done.returncode != 0:
+        raise SandboxError(f"instance stop {name} exited {done.returncode}: {done.stderr[-500:]}")
+
+
+def enforcement(config: SingularityConfig | None = None) -> dict[str, str]:
+    """Limit name -> how a singularity sandbox's limit is held on this node."""
+    config = config or SingularityConfig()
+    cg, root = use_cgroups(config), os.geteuid() == 0
+    return {
+        "memory_mb": "apptainer cgroup (--memory, swap included)" if cg
+        else "rlimit RLIMIT_AS per process, not their sum (no cgroups for a non-root host)",
+        "cpus": "apptainer cgroup (--cpus)" if cg else "not enforced (no cgroups)",
+        "pids": "apptainer cgroup (--pids-limit)" if cg else "rlimit RLIMIT_NPROC of the "
+        "sandbox's own uid" if root else "not enforced: sandboxes share the host's uid",
+        "disk_mb": "ext4 on a loop device per workspace" if quota_supported()
+        else "rlimit RLIMIT_FSIZE per file, not the total",
+        "tmp": "apptainer.conf 'sessiondir max size' (all of a container's tmpfs)",
+        "network": "none (--network none); network sandboxes are bwrap's",
+    }
+
+
 class SingularitySandbox(WorkspaceFiles):
-    """The :class:`~sandboxes.base.Sandbox` protocol in an Apptainer/Singularity instance."""
+    """The :class:`~sandboxes.base.Sandbox` protocol in an Apptainer/Singularity container."""
 
     name = "singularity"
     config_class = SingularityConfig
@@ -190,47 +246,59 @@ class SingularitySandbox(WorkspaceFiles):
     def __init__(self, spec: SandboxSpec, job_id: str, config: SingularityConfig | dict | None = None):
         self.spec, self.job_id = spec, job_id
         self.config = SingularityConfig.model_validate(config or {})
-        self.shell: PersistentShell | None = None
-        self.instance = None
+        self.shell: BwrapShell | None = None
+        self._uid: UidLease | None = None
+        self.binary = binary(self.config.binary)
+        if os.geteuid() == 0:
+            self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
+        uid = self._uid.uid if self._uid else None
         host_dir = tempfile.mkdtemp(prefix="sif-", dir=self.config.root)
-        self.workspace = Workspace(host_dir, self.config.mount)
+        self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
         try:
+            if not self.binary:
+                raise SandboxError("no apptainer/singularity binary (set PRORL_APPTAINER_BIN; "
+                                   "scripts/install-apptainer.sh installs one)")
             if spec.network:
                 raise SandboxError("the singularity runtime has no isolated network (without --net "
-                                   "an instance shares the host's); use the bwrap runtime for a "
+                                   "a container shares the host's); use the bwrap runtime for a "
                                    "network sandbox")
             self.image = self._image(spec.image or self.config.image)
-            self.started_at = time.time()
-            self.instance_name = instance_name(job_id, self.started_at, secrets.token_hex(3))
-            self.instance = new_instance(self.image, self.instance_name)
-            start_instance(self.instance, start_options(self.config, spec, host_dir),
-                           self.config.start_timeout_s)
-            workdir = spec.workdir or self.config.mount
-            if not workdir.startswith("/"):
-                workdir = f"{self.config.mount}/{workdir}"
-                self.workspace.makedirs(workdir)
-            env = {"HOME": self.config.mount, "TMPDIR": "/tmp", **spec.env}
-            host_env = {k: os.environ[k] for k in _HOST_ENV if k in os.environ}
-            self.shell = PersistentShell(shell_argv(binary() or "singularity", self.instance_name, env,
-                                                    workdir, self.config.shell),
-                                         cwd=host_dir, env=host_env, limits=spec.limits)
+            quota = bool(spec.limits.disk_mb) and quota_supported()
+            if quota:
+                self.workspace.mount_quota(spec.limits.disk_mb)
+            if uid is not None:
+                os.chown(host_dir, uid, uid)
+            self.workdir = self._workdir(spec.workdir)
+            argv = exec_argv(self.binary, self.config, image=self.image, workspace_dir=host_dir,
+                             workdir=self.workdir, limits=spec.limits, uid=uid)
+            rlimits = shell_rlimits(spec.limits, use_cgroups(self.config), uid is not None, quota)
+            self.shell = BwrapShell(argv, cwd="/", env=dict(HELPER_ENV, HOME=os.path.expanduser("~")),
+                                    limits=rlimits, inner_env=inner_env(self.config, spec))
         except BaseException:
             self.close()
             raise
 
     @classmethod
     def available(cls) -> bool:
-        return shutil.which("singularity") is not None  # spython runs this name
+        return binary() is not None
 
     def _image(self, image: str | None) -> str:
         if not image:
             raise SandboxError("the singularity runtime needs an image (spec.image or config.image)")
         if _REMOTE.match(image):
             cache = self.config.cache_dir or os.path.join(tempfile.gettempdir(), "prorl-sif-cache")
-            return pull_image(image, cache, self.config.pull_timeout_s)
+            return pull_image(self.binary, image, cache, self.config.pull_timeout_s)
         if not Path(image).exists():
             raise SandboxError(f"image {image!r} does not exist on this host")
         return image
+
+    def _workdir(self, workdir: str | None) -> str:
+        mount = self.config.mount
+        inside = workdir if workdir and workdir.startswith("/") else \
+            f"{mount}/{workdir}" if workdir else mount
+        if inside != mount and inside.startswith(mount + "/"):
+            self.workspace.makedirs(inside)
+        return inside
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         return self.shell.run(command, timeout)
@@ -238,27 +306,28 @@ class SingularitySandbox(WorkspaceFiles):
     def interrupt(self) -> None:
         self.shell.interrupt()
 
+    def kill(self) -> None:
+        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
+        if self.shell is not None:
+            self.shell.kill()
+        self.workspace.retire()
+
     def close(self) -> None:
         if self.shell is not None:
-            self.shell.close()
-        if self.instance is not None:
-            try:
-                stop_instance(self.instance_name)
-            except SandboxError:
-                pid = getattr(self.instance, "pid", None)
-                if pid:
-                    try:
-                        os.kill(int(pid), 9)
-                    except (ProcessLookupError, ValueError):
-                        pass
-            self.instance = None
+            self.shell.close()  # pid 1 killed, the runtime parent reaped: nothing is left
         self.workspace.remove()
+        if self._uid is not None:
+            self._uid.release()
+            self._uid = None
 
     def info(self) -> dict[str, Any]:
-        return {"runtime": self.name, "isolation": "container",
-                "network": "host" if self.spec.network else "none",
-                "pid": self.shell.pid if self.shell else None, "instance": self.instance_name,
-                "instance_pid": getattr(self.instance, "pid", None), "image": self.image,
+        shell = self.shell
+        return {"runtime": self.name, "isolation": "container", "network": "none",
+                "pid": shell.pid if shell else None, "init_pid": shell._init_pid if shell else None,
+                "shell_pid": shell.shell_pid if shell else None, "uid": self.workspace.uid,
+                "image": self.image, "binary": self.binary,
                 "workspace": str(self.workspace.host_dir), "mount": self.config.mount,
-                "cwd": self.shell.cwd if self.shell else None, "job_id": self.job_id,
+                "workdir": self.workdir, "cwd": shell.cwd if shell else None,
+                "job_id": self.job_id, "restarts": shell.restarts if shell else 0,
+                "cgroups": use_cgroups(self.config),
                 "limits": self.spec.limits.model_dump(exclude_none=True)}
