@@ -1,54 +1,117 @@
-"""Getting a repository into a sandbox at a given commit.
+"""Getting a repository into a sandbox at a given commit, without its history.
 
-The worker reads the repository (a directory the operator allows, or an https URL cloned once
-into a cache), packs it as a tar and writes it into the sandbox, where it is unpacked and checked
-out. This works with every runtime and every node: the sandbox needs no network and no access to
-the worker's disk.
+Per host, each https repository is cloned once into a bare mirror (``repo_cache``, one lock per
+mirror, so concurrent inits share the clone; fetched again only when a commit is missing). A
+local repository the operator allows (a work tree, a bare mirror, or their ``file://`` URL) is
+read where it is. For a commit the worker packs that commit and its one tree (``git rev-list
+--objects --no-walk | git pack-objects``: no parent, no history) once, caches the pack by commit
+id (``repo_pack_cache_mb``, least recently used first out), and writes it into the sandbox, where
+``git index-pack`` and a checkout turn it into a one-commit shallow repository at the very same
+commit id: ``git diff <base_commit>``, ``git show <base_commit>:path`` and ``git checkout
+<base_commit> -- path`` work as in a full clone. No tar is unpacked, so no owner is restored: a
+service that is not root checks out as well as one that is. The sandbox needs git and no network.
 
 A request names the source, so it gets no more than the operator allows
 (:func:`sandboxes.policy.check_repo_source`): a path or ``file://`` URL only beneath
 ``PRORL_REPO_SOURCE_DIRS`` (after resolving links), else an https URL, which git fetches as an
 unprivileged uid (``repo_clone_uid`` when the worker is root) with every protocol but https off,
-its environment cleared and ``--`` before the URL.
+its environment cleared and ``--`` before the URL. Git reads the repository with no system or
+global config, hooks and fsmonitor off.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import os
+import re
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.policy import check_repo_source
 
-CACHE = Path(os.environ.get("PRORL_REPO_CACHE", Path.home() / ".cache" / "prorl-celery" / "repos"))
 CLONE_PATH = "/usr/local/bin:/usr/bin:/bin"
 CLONE_TIMEOUT_S = 1800
+PACK_TIMEOUT_S = 600
+_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+_SAFE = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
+         "-c", "protocol.allow=never", "-c", "protocol.https.allow=always"]
 
 
 def repo_source(instance: dict[str, Any]) -> str:
     return instance.get("repo_source") or f"https://github.com/{instance['repo']}.git"
 
 
-def local_repo(instance: dict[str, Any]) -> Path:
-    """The repository on this machine: an allowed directory as it is, or the cached clone of an
-    https URL. Anything else is :class:`~prorl_celery.errors.PolicyDenied`."""
-    kind, source = check_repo_source(repo_source(instance))
-    if kind == "dir":
-        return Path(source)
-    target = CACHE / hashlib.sha1(source.encode()).hexdigest()[:16]
-    CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(f"{target}.lock", "w") as lock:
+def cache_dir() -> Path:
+    from config.settings import get_settings
+
+    configured = get_settings().repo_cache
+    return Path(configured) if configured else Path.home() / ".cache" / "prorl-celery" / "repos"
+
+
+def _env(home: str) -> dict[str, str]:
+    return {"PATH": CLONE_PATH, "HOME": home, "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+
+def _git_bin() -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise SandboxError("git is not installed on this worker")
+    return git
+
+
+def _git(git_dir: Path, *args: str, timeout: float = PACK_TIMEOUT_S, **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run([_git_bin(), *_SAFE, f"--git-dir={git_dir}", *args], env=_env(tempfile.gettempdir()),
+                          stderr=subprocess.PIPE, timeout=timeout, **kw)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / ".git").exists():
+        yield
+
+
+def git_dir_of(path: Path) -> Path:
+    """The git directory of a work tree or of a bare repository at ``path``."""
+    if (path / ".git").is_dir():
+        return path / ".git"
+    if (path / "HEAD").is_file() and (path / "objects").is_dir():
+        return path
+    raise SandboxError(f"{path} is not a git repository (neither a work tree nor a bare one)")
+
+
+def has_commit(git_dir: Path, commit: str) -> bool:
+    return _git(git_dir, "cat-file", "-e", f"{commit}^{{commit}}", timeout=60).returncode == 0
+
+
+def local_repo(instance: dict[str, Any]) -> Path:
+    """The git directory holding the instance's ``base_commit`` on this machine: an allowed
+    local repository as it is, or this host's mirror of an https URL (cloned once, fetched
+    again when the commit is missing). Anything else is :class:`PolicyDenied`."""
+    kind, source = check_repo_source(repo_source(instance))
+    commit = instance["base_commit"]
+    if kind == "dir":
+        git_dir = git_dir_of(Path(source))
+        if not has_commit(git_dir, commit):
+            raise SandboxError(f"commit {commit} is not in the repository at {source}")
+        return git_dir
+    target = cache_dir() / f"{hashlib.sha1(source.encode()).hexdigest()[:16]}.git"
+    with _locked(target.with_suffix(".lock")):
+        if not (target / "HEAD").exists():
             clone(source, target)
+        if not has_commit(target, commit):
+            fetch(source, target)
+        if not has_commit(target, commit):
+            raise SandboxError(f"commit {commit} is not in {source}")
     return target
 
 
@@ -60,61 +123,137 @@ def clone_uid() -> int | None:
     return get_settings().repo_clone_uid if os.geteuid() == 0 else None
 
 
+def _as_uid(uid: int | None) -> list[str]:
+    return [] if uid is None else [shutil.which("setpriv") or "setpriv", f"--reuid={uid}",
+                                   f"--regid={uid}", "--clear-groups", "--"]
+
+
 def clone_argv(url: str, dest: str, uid: int | None, git: str = "git") -> list[str]:
-    """The clone's command line (pure): https only, no other protocol (``ext::``, ``file``,
-    ``ssh`` ...), the URL after ``--`` so it can never be read as an option."""
-    prefix = [] if uid is None else [
-        shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    return [*prefix, git, "-c", "protocol.allow=never", "-c", "protocol.https.allow=always",
-            "-c", "core.hooksPath=/dev/null", "clone", "--quiet", "--", url, dest]
+    """The mirror clone's command line (pure): https only, no other protocol (``ext::``,
+    ``file``, ``ssh`` ...), the URL after ``--`` so it can never be read as an option."""
+    return [*_as_uid(uid), git, *_SAFE, "clone", "--mirror", "--quiet", "--", url, dest]
+
+
+def _run_as(argv: list[str], uid: int | None, work: Path, what: str) -> None:
+    try:
+        done = subprocess.run(argv, cwd=work, env=_env(str(work)), capture_output=True, text=True,
+                              timeout=CLONE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"{what} took over {CLONE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        raise SandboxError(f"{what} failed (as uid {os.geteuid() if uid is None else uid}): "
+                           f"{(done.stderr or done.stdout)[-1500:]}")
+
+
+def _check_setpriv(uid: int | None) -> None:
+    if uid is not None and shutil.which("setpriv") is None:
+        raise SandboxError("refusing to clone as root: setpriv (util-linux) is missing")
 
 
 def clone(url: str, target: Path) -> None:
-    """Clone ``url`` as :func:`clone_uid` into a fresh directory that uid owns, then move it
-    to ``target``; the caller holds the cache lock."""
+    """A bare mirror of ``url``, cloned as :func:`clone_uid` into a fresh directory that uid
+    owns, then moved to ``target``; the caller holds the mirror's lock."""
     uid = clone_uid()
-    git = shutil.which("git")
-    if git is None:
-        raise SandboxError("git is not installed on this worker")
-    if uid is not None and shutil.which("setpriv") is None:
-        raise SandboxError("refusing to clone as root: setpriv (util-linux) is missing")
+    git = _git_bin()
+    _check_setpriv(uid)
     work = Path(tempfile.mkdtemp(prefix="prorl-clone-"))
     try:
         if uid is not None:
             os.chown(work, uid, uid)
-        env = {"PATH": CLONE_PATH, "HOME": str(work), "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0",
-               "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-        try:
-            done = subprocess.run(clone_argv(url, str(work / "repo"), uid, git), cwd=work, env=env,
-                                  capture_output=True, text=True, timeout=CLONE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise SandboxError(f"cloning {url} took over {CLONE_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise SandboxError(f"could not clone {url} (as uid {os.geteuid() if uid is None else uid}): "
-                               f"{(done.stderr or done.stdout)[-1500:]}")
-        shutil.move(str(work / "repo"), str(target))
+        _run_as(clone_argv(url, str(work / "repo.git"), uid, git), uid, work, f"cloning {url}")
+        shutil.move(str(work / "repo.git"), str(target))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def pack(path: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(str(path), arcname=".")
-    return buffer.getvalue()
+def fetch(url: str, target: Path) -> None:
+    """Bring the mirror at ``target`` up to date (a commit it lacks); the caller holds its lock."""
+    uid = clone_uid()
+    _check_setpriv(uid)
+    work = Path(tempfile.mkdtemp(prefix="prorl-fetch-"))
+    try:
+        if uid is not None:
+            os.chown(work, uid, uid)
+        _run_as([*_as_uid(uid), _git_bin(), *_SAFE, f"--git-dir={target}", "fetch", "--quiet", "--prune",
+                 "--", url, "+refs/*:refs/*"], uid, work, f"fetching {url}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- one commit, packed -------------------------------------------------------------------
+def _pack_budget() -> int:
+    from config.settings import get_settings
+
+    return get_settings().repo_pack_cache_mb * 1024 * 1024
+
+
+def build_pack(git_dir: Path, commit: str, out: Path) -> None:
+    """A pack of ``commit`` and every tree and blob of its tree (no parents) at ``out``."""
+    objects = _git(git_dir, "rev-list", "--objects", "--no-walk", commit)
+    if objects.returncode != 0:
+        raise SandboxError(f"cannot list the objects of {commit}: {objects.stderr.decode()[-500:]}")
+    with open(out, "wb") as sink:
+        done = _git(git_dir, "pack-objects", "--stdout", "-q", input=objects.stdout, stdout=sink)
+    if done.returncode != 0:
+        raise SandboxError(f"cannot pack {commit}: {done.stderr.decode()[-500:]}")
+
+
+def commit_pack(instance: dict[str, Any]) -> Path:
+    """The cached pack of the instance's ``base_commit`` (built on first use)."""
+    commit = instance["base_commit"]
+    if not isinstance(commit, str) or not _SHA.match(commit):
+        raise InvalidRequest("base_commit must be a full commit id (40 hex digits)", field="instance.base_commit")
+    check_repo_source(repo_source(instance))  # the worker's own check, cached pack or not
+    packs = cache_dir() / "packs"
+    path = packs / f"{commit}.pack"
+    with _locked(packs / f"{commit}.lock"):
+        if path.exists():
+            os.utime(path)
+            return path
+        git_dir = local_repo(instance)
+        partial = path.with_suffix(".partial")
+        build_pack(git_dir, commit, partial)
+        partial.rename(path)
+    evict_packs(packs, _pack_budget(), keep=path)
+    return path
+
+
+def evict_packs(packs: Path, budget: int, keep: Path) -> None:
+    """Oldest-used packs out until the rest fit in ``budget`` bytes (``keep`` stays)."""
+    found = sorted(packs.glob("*.pack"), key=lambda p: p.stat().st_mtime)
+    total = sum(p.stat().st_size for p in found)
+    for pack in found:
+        if total <= budget:
+            break
+        if pack != keep:
+            total -= pack.stat().st_size
+            pack.unlink(missing_ok=True)
+            (packs / f"{pack.stem}.lock").unlink(missing_ok=True)
+
+
+def checkout_script(dest: str, commit: str) -> str:
+    """The sandbox side: ``{dest}.pack`` becomes a shallow repository at ``commit`` in ``dest``."""
+    d, c = shlex.quote(dest), shlex.quote(commit)
+    pack = ".git/objects/pack/prorl-base.pack"
+    return (f"rm -rf {d} && mkdir -p {d} && git -c init.defaultBranch=main init -q {d} && "
+            f"mv {d}.pack {d}/{pack} && git -C {d} index-pack {pack} >/dev/null && echo {c} > {d}/.git/shallow && "
+            f"git -C {d} -c advice.detachedHead=false checkout -q -f {c} && cd {d} && pwd")
 
 
 def checkout_into(box, instance: dict[str, Any], dest: str) -> str:
-    """Unpack the instance's repository at ``dest`` in the sandbox at ``base_commit``; returns
-    the absolute path of its root inside the sandbox."""
-    box.write_file(f"{dest}.tar", pack(local_repo(instance)))
-    commit = shlex.quote(instance["base_commit"])
-    out = box.exec(f"mkdir -p {dest} && tar -xf {dest}.tar -C {dest} && rm -f {dest}.tar && cd {dest} && "
-                   f"git -c advice.detachedHead=false checkout -q -f {commit} && git clean -qfdx && pwd",
-                   timeout=600)
+    """Put the instance's repository at ``base_commit`` at ``dest`` in the sandbox (a shallow
+    repository of that one commit); returns the absolute path of its root inside the sandbox."""
+    pack = commit_pack(instance)
+    box.write_file(f"{dest}.pack", pack.read_bytes())
+    out = box.exec(checkout_script(dest, instance["base_commit"]), timeout=600)
     if out.exit_code != 0:
         raise SandboxError(f"could not check out {instance.get('repo')} at {instance['base_commit']}: "
                            f"{out.output[-1000:]}")
     root = out.output.strip().splitlines()[-1]
     box.exec("cd - >/dev/null")
     return root
+
+
+def pack_bytes(instance: dict[str, Any]) -> int:
+    """Bytes a checkout of the instance writes into a sandbox (the commit's pack)."""
+    return commit_pack(instance).stat().st_size

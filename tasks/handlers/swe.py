@@ -1,7 +1,9 @@
 """``swe`` (aliases swebench, swe-gym, r2e): SWE-bench instances.
 
 Fields: ``instance_id``, ``repo``, ``base_commit``, ``problem_statement``, ``test_patch``,
-``FAIL_TO_PASS``, ``PASS_TO_PASS``, optional ``image`` (the sandbox image, a registered one), ``repo_source``
+``FAIL_TO_PASS``, ``PASS_TO_PASS`` (lists, or lists as JSON strings as the Hugging Face datasets
+store them), optional ``version``, ``eval_script`` and ``log_parser`` (SWE-bench's, see
+:mod:`tasks.verify.swe_specs`), optional ``image`` (the sandbox image, a registered one), ``repo_source``
 (an https URL, or a directory beneath ``PRORL_REPO_SOURCE_DIRS``; default
 ``https://github.com/<repo>``) and ``test_cmd``.
 
@@ -15,17 +17,20 @@ FAIL_TO_PASS tests that pass, and 0 if any PASS_TO_PASS test broke (doing nothin
 """
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
+from prorl_celery.errors import InvalidRequest
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import check_image, check_repo_source
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.repo import checkout_into
-from tasks.verify import swe_eval
+from tasks.verify import swe_eval, test_log
 
 REPO_DIR = "repo"
+_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 SYSTEM = ("You are a software engineer fixing an issue in a repository. The repository is checked out in "
           "the shell's current directory. Explore it with bash, edit files with str_replace_editor, run "
           "the tests, and call submit (with no answer) when the issue is fixed. Do not modify the tests.")
@@ -46,6 +51,12 @@ class SweHandler(AgentTaskHandler):
             check_image(instance["image"], "instance.image", lexical=True)
         if instance.get("repo_source") is not None:
             check_repo_source(instance["repo_source"], "instance.repo_source", lexical=True)
+        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            test_log.test_list(instance.get(key), f"instance.{key}")
+        commit = instance.get("base_commit")
+        if not isinstance(commit, str) or not _COMMIT.match(commit):
+            raise InvalidRequest("base_commit must be a full commit id (40 hex digits)",
+                                 field="instance.base_commit")
 
     def sandbox_spec(self, instance: dict[str, Any]) -> SandboxSpec:
         spec = super().sandbox_spec(instance)

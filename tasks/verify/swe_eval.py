@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.verify import tamper, test_log
+from tasks.verify import swe_specs, tamper, test_log
 
 GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
@@ -86,22 +86,57 @@ def reset_tests(box, root: str, base: str, test_patch: str) -> None:
         box.exec(f"cd {_q(root)} && rm -f -- " + " ".join(_q(p) for p in remove), timeout=120)
 
 
-def run_tests(box, root: str, cmd: str, timeout: float) -> tuple[dict[str, str], dict[str, Any]]:
-    """(outcomes by test name, facts about the run)."""
-    found = _UNITTEST.match(cmd)
-    if not found:
-        run = box.exec(f"cd {_q(root)} && {cmd}", timeout=timeout)
-        return test_log.parse(run.output), {"exit_code": run.exit_code, "timed_out": run.timed_out,
-                                            "log_tail": run.output[-3000:], "grader": NOTE_LOG}
-    nonce = secrets.token_hex(16)
+def _log_cap() -> int:
+    from config.settings import get_settings
+
+    return get_settings().swe_test_log_max_mb * 1024 * 1024
+
+
+def read_log(box, path: str, cap: int | None = None) -> tuple[str, int]:
+    """(the test log at ``path`` in the sandbox, its size in bytes). Read whole, not through the
+    agent's output limit; past ``cap`` bytes its head and tail halves are kept."""
+    cap = _log_cap() if cap is None else cap
+    half, p = cap // 2, _q(path)
+    out = box.exec(f"n=$(wc -c < {p} 2>/dev/null || echo 0); if [ \"$n\" -gt {cap} ]; then "
+                   f"{{ head -c {half} {p}; printf '\\n[prorl: %s bytes of the log cut here]\\n' "
+                   f"$((n - {2 * half})); tail -c {half} {p}; }} > {p}.cut && mv -f {p}.cut {p}; fi; "
+                   "echo \"$n\"", timeout=120)
+    digits = re.findall(r"^\s*(\d+)\s*$", out.output, re.M)
+    size = int(digits[-1]) if digits else 0
+    try:
+        data = box.read_file(path)
+    except (FileNotFoundError, PermissionError):
+        return "", size
+    return data.decode("utf-8", "replace"), size
+
+
+def _shell(root: str, spec: swe_specs.SweSpec, command: str, log: str) -> str:
+    setup = "".join(f"{line}; " for line in spec.setup)
+    return f"cd {_q(root)} && {{ {setup}{command}\n}} > {_q(log)} 2>&1"
+
+
+def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
+              instance: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+    """(outcomes by test name, facts about the run). The command's output goes to a log file
+    beside the repository, read back whole (:func:`read_log`)."""
+    if isinstance(spec, str):
+        spec = swe_specs.SweSpec(test_cmd=spec, source="instance")
     home = os.path.dirname(root.rstrip("/"))
+    log = f"{home}/.prorl-test.log"
+    found = _UNITTEST.match(spec.test_cmd)
+    if not found:
+        run = box.exec(_shell(root, spec, spec.test_cmd, log), timeout=timeout)
+        text, size = read_log(box, log)
+        return swe_specs.parse(spec, text, instance), {**_facts(run, text, size, spec), "grader": NOTE_LOG}
+    nonce = secrets.token_hex(16)
     box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
     box.write_file(f"{home}/.prorl-nonce", nonce.encode())
-    run = box.exec(f"cd {_q(root)} && python3 {_q(home + '/.prorl-unittest-guard.py')} "
-                   f"{_q(home + '/.prorl-nonce')} {found.group(1).strip()}", timeout=timeout)
-    facts = {"exit_code": run.exit_code, "timed_out": run.timed_out, "log_tail": run.output[-3000:],
-             "grader": NOTE_GUARDED}
-    report = _guard_report(run.output, nonce)
+    command = (f"python3 {_q(home + '/.prorl-unittest-guard.py')} {_q(home + '/.prorl-nonce')} "
+               f"{found.group(1).strip()}")
+    run = box.exec(_shell(root, spec, command, log), timeout=timeout)
+    text, size = read_log(box, log)
+    facts = {**_facts(run, text, size, spec), "grader": NOTE_GUARDED}
+    report = _guard_report(text, nonce)
     if report is None:
         return {}, {**facts, "error": "the unittest guard gave no report"}
     outcomes = report.get("outcomes") if isinstance(report.get("outcomes"), dict) else {}
@@ -109,6 +144,12 @@ def run_tests(box, root: str, cmd: str, timeout: float) -> tuple[dict[str, str],
     if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
         return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
     return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+
+
+def _facts(run, text: str, size: int, spec: swe_specs.SweSpec) -> dict[str, Any]:
+    return {"exit_code": run.exit_code, "timed_out": run.timed_out, "log_tail": text[-3000:],
+            "log_bytes": size, "log_chars_read": len(text), "test_cmd": spec.test_cmd,
+            "spec": spec.source, "parser": spec.parser}
 
 
 def _guard_report(output: str, nonce: str) -> dict | None:
@@ -135,9 +176,10 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
             "error": "the model patch changes tests or test infrastructure"}}
     reset_tests(box, root, base, test_patch)
     applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
-    cmd = instance.get("test_cmd") or "python3 -m pytest -rA -p no:cacheprovider"
-    outcomes, facts = run_tests(box, root, cmd, timeout)
-    report = test_log.report(outcomes, list(instance.get("FAIL_TO_PASS", [])), list(instance.get("PASS_TO_PASS", [])))
+    spec = swe_specs.spec_for(instance)
+    outcomes, facts = run_tests(box, root, spec, timeout, instance)
+    report = test_log.report(outcomes, test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
+                             test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS"))
     f2p = report["FAIL_TO_PASS"]
     broke = any(v != test_log.PASSED for v in report["PASS_TO_PASS"].values())
     fixed = sum(v == test_log.PASSED for v in f2p.values()) / len(f2p) if f2p else 0.0
