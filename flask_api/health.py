@@ -6,7 +6,7 @@ from flask import Blueprint, current_app, jsonify
 
 from flask_api.schemas import SandboxHostHealth
 from prorl_celery.celery_app import app as celery_app
-from prorl_celery.report import workers_per_queue
+from prorl_celery.report import worker_threads
 
 bp = Blueprint("health", __name__)
 
@@ -38,14 +38,17 @@ def healthz():
     store = current_app.extensions["prorl_store"]
     broker_error = _ping(store.redis.ping)
     backend_error = _ping(lambda: celery_app.backend.client.ping())
-    workers: dict[str, list[str]] = {}
+    threads: dict[str, dict[str, int]] = {}
     if broker_error is None:
-        broker_error = _ping(lambda: workers.update(workers_per_queue()))
+        broker_error = _ping(lambda: threads.update(worker_threads()))
+    workers = {queue: sorted(held) for queue, held in threads.items()}
     hosts: list[dict] = []
     if broker_error is None:
         broker_error = _ping(lambda: hosts.extend(sandbox_hosts(store.redis)))
     ok = broker_error is None and backend_error is None
     body = {"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
             "workers": {queue: len(names) for queue, names in workers.items()},
-            "worker_names": workers, "sandbox_hosts": hosts}
+            "worker_names": workers, "worker_threads": threads,
+            "threads": {queue: sum(held.values()) for queue, held in threads.items()},
+            "sandbox_hosts": hosts}
     return jsonify(body), 200 if ok else 503

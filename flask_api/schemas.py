@@ -42,6 +42,8 @@ class HealthResponse(BaseModel):
     backend: str
     workers: dict[str, int] = Field(description="Queue -> number of workers consuming it.")
     worker_names: dict[str, list[str]]
+    worker_threads: dict[str, dict[str, int]] = Field(default_factory=dict, description="Queue -> worker -> threads its pool holds (rollouts it can run at once).")
+    threads: dict[str, int] = Field(default_factory=dict, description="Queue -> threads of all its workers together.")
     sandbox_hosts: list[SandboxHostHealth] = Field(default_factory=list, description="Live sandbox hosts.")
 
 

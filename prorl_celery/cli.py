@@ -88,16 +88,24 @@ def _up_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from prorl_celery.launcher import Stack, StackOptions, masked
+    from prorl_celery.ops.sizing import SizingError, parse_concurrency
     from prorl_celery.statedir import UnsafeStateDir
 
+    try:
+        overrides = {k: v for text in args.concurrency or [] for k, v in parse_concurrency(text).items()}
+    except SizingError as exc:
+        print(f"--concurrency {exc}", file=sys.stderr)
+        return 2
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-"))
     try:
         stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
                                    port=args.port, env=_up_env(args), redis_bind=args.redis_bind,
-                                   api_token=os.environ.get("PRORL_API_TOKEN") or None))
+                                   api_token=os.environ.get("PRORL_API_TOKEN") or None,
+                                   concurrency_overrides=overrides))
     except UnsafeStateDir as exc:
         print(f"refusing the state directory: {exc}", file=sys.stderr)
         return 2
+    print(f"workers: {stack.plan.line()}; sandbox capacity {stack.plan.sandbox_capacity}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -137,7 +145,25 @@ def _cmd_settings(args: argparse.Namespace) -> int:
         value = getattr(current, name)
         marker = "" if value == info.default else f"   (now: {value!r})"
         print(f"PRORL_{name.upper():<22} {info.default!r:<28} {info.description}{marker}")
+    from prorl_celery.ops.sizing import plan
+
+    print(f"\n`prorl-celery up` would start (threads per worker): {plan(current).line()}")
+    _print_live_workers()
     return 0
+
+
+def _print_live_workers() -> None:
+    """What the running workers hold, when the configured Redis answers within a second."""
+    try:
+        from prorl_celery.report import worker_threads
+
+        live = worker_threads(timeout=1.0)
+    except Exception as exc:  # noqa: BLE001 - no broker here: the plan above is all there is
+        print(f"running workers: unknown ({type(exc).__name__})")
+        return
+    for queue, workers in live.items():
+        held = ", ".join(f"{name}={threads}" for name, threads in workers.items()) or "-"
+        print(f"running workers on {queue}: {held}")
 
 
 def _load_secrets(state_dir: str | None) -> None:
@@ -185,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="development: allow the 'local' sandbox runtime (NO isolation; PRORL_ALLOW_LOCAL_RUNTIME=1)")
     up.add_argument("--redis-bind", default="127.0.0.1",
                     help="addresses the private Redis listens on (default loopback; it always needs its password)")
+    up.add_argument("--concurrency", action="append", metavar="QUEUE=N[,QUEUE=N]",
+                    help="threads of each queue's worker, e.g. run=1050,init=64 (repeatable); "
+                         "unnamed queues follow the settings (see `prorl-celery settings`)")
     up.set_defaults(func=_cmd_up)
 
     api = sub.add_parser("api", help="serve the HTTP API (needs PRORL_REDIS_URL)")

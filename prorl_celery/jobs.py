@@ -110,7 +110,8 @@ class JobRecord(BaseModel):
     def timings(self) -> Timings:
         end = self.t_finished or time.time()
         return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,
-                       total=round(end - self.t_created, 6))
+                       total=round(end - self.t_created, 6),
+                       init_wait=float(self.state.get("_init_wait_s") or 0.0))  # tasks.context
 
     def view(self) -> JobView:
         return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,

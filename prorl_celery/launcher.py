@@ -23,12 +23,12 @@ import redis
 import requests
 
 from prorl_celery import keys
+from prorl_celery.ops import sizing
 from prorl_celery.procs import Child, free_port, wait_for
 from prorl_celery.redis_server import PASSWORD_ENV, redis_server_binary  # noqa: F401 - re-exported
 from prorl_celery.statedir import make_private_dir, write_secrets
 
 log = logging.getLogger(__name__)
-QUEUE_CONCURRENCY = {"init": 8, "run": 32, "eval": 8, "maint": 2}
 
 
 def masked(url: str) -> str:
@@ -49,7 +49,8 @@ class StackOptions:
     redis_bind: str = "127.0.0.1"
     host: str = "127.0.0.1"
     port: int = 0
-    concurrency: dict[str, int] = field(default_factory=lambda: dict(QUEUE_CONCURRENCY))
+    concurrency: dict[str, int] | None = None  # exactly these queues and threads; None: the plan
+    concurrency_overrides: dict[str, int] = field(default_factory=dict)  # up --concurrency
     env: dict[str, str] = field(default_factory=dict)
     beat: bool = True
     persist: bool = True
@@ -60,6 +61,10 @@ class Stack:
 
     def __init__(self, options: StackOptions):
         self.options = options
+        self.plan = sizing.plan(sizing.settings_with(options.env),
+                                options.concurrency or options.concurrency_overrides)
+        self.concurrency = dict(self.plan.concurrency if options.concurrency is None
+                                else options.concurrency)
         self.state_dir = make_private_dir(Path(options.state_dir))
         self.log_dir = make_private_dir(self.state_dir / "logs")
         self.children: dict[str, Child] = {}
@@ -189,7 +194,7 @@ class Stack:
         name = name or f"worker-{queue}"
         argv = [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker", "-Q", queue,
                 "-n", f"{name.removeprefix('worker-')}@%h", "-c",
-                str(self.options.concurrency.get(queue, 8)), "--loglevel", "INFO",
+                str(self.concurrency.get(queue) or self.plan.concurrency[queue]), "--loglevel", "INFO",
                 "--without-mingle", "--without-gossip"]
         return self._child(name, argv)
 
@@ -219,13 +224,13 @@ class Stack:
             if not self.redis_url:
                 self.start_redis()
             self.start_sandbox_host()
-            for queue in self.options.concurrency:
+            for queue in self.concurrency:
                 self.start_worker(queue)
             if self.options.beat:
                 self.start_beat()
             self.start_api()
             self.write_secrets()
-            self.wait_for_workers(self.options.concurrency)
+            self.wait_for_workers(self.concurrency)
             self.supervise()
         except BaseException:
             self.stop()

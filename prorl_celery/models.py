@@ -69,6 +69,8 @@ class Timings(BaseModel):
     total: float = 0.0
     llm: float = Field(0.0, description="Waiting for the policy model (within run).")
     actions: float = Field(0.0, description="Running tool calls in the sandbox (within run).")
+    init_wait: float = Field(0.0, description="Waiting for a sandbox (within init): every host "
+                             "full, a transient create failure, an image still being pulled.")
 
 
 class JobResult(BaseModel):

@@ -224,3 +224,40 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
     raise NoSandboxCapacity(f"no live sandbox host with room for runtime {runtime!r}"
                             + (f"; full or unreachable: {', '.join(full)}" if full else "")
                             + (f"; failed: {'; '.join(failed)}" if failed else ""))
+
+
+# what a create may meet that passes by itself: a full cluster, a host's transient failure
+# (a shell that did not start, a host restarting), an image another create is still pulling
+TRANSIENT_CREATE_ERRORS = (NoSandboxCapacity, ImageUnavailable)
+
+
+def _transient(exc: SandboxError | ImageError) -> bool:
+    return isinstance(exc, TRANSIENT_CREATE_ERRORS) or type(exc) is SandboxError
+
+
+def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
+                         budget_s: float, check: Any = None, lease_s: float | None = None,
+                         first_pause_s: float = 0.1, max_pause_s: float = 2.0,
+                         ) -> tuple[RemoteSandbox, float]:
+    """:func:`open_sandbox`, waiting out what is not the job's fault instead of failing it:
+    retried with backoff (jittered, so a thousand waiting inits do not knock at once) for at
+    most ``budget_s`` and ``settings.sandbox_create_wait_s``. ``check()`` runs before each try
+    and raises to stop (a cancelled job). Returns the sandbox and the seconds waited; the last
+    error is raised once the wait is spent; a permanent one (policy, image not found, bad
+    request) at once."""
+    from config.settings import get_settings
+
+    started = time.monotonic()
+    deadline = started + min(budget_s, get_settings().sandbox_create_wait_s)
+    pause = first_pause_s
+    while True:
+        if check is not None:
+            check()
+        try:
+            return open_sandbox(client, spec, job_id, lease_s), time.monotonic() - started
+        except (SandboxError, ImageError) as exc:
+            if not _transient(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.info("job %s waits %.1f s for a sandbox: %s", job_id, pause, exc)
+        time.sleep(pause * random.uniform(0.5, 1.0))
+        pause = min(pause * 2, max_pause_s)

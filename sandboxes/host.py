@@ -301,8 +301,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    from config.settings import get_settings
+    from prorl_celery.ops.fdlimit import raise_open_files_limit
+
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # five descriptors per sandbox (three pipes, a pidfd, the uid lease): a soft limit of 1024
+    # stops a host at ~200 sandboxes
+    raise_open_files_limit(needed=6 * (args.capacity or get_settings().sandbox_capacity) + 256)
     serve(args.host, args.port, args.redis_url, args.capacity, args.token, args.host_id,
           args.advertise, args.ready_file, lease_s=args.lease_s,
           runtimes=args.runtimes.split(",") if args.runtimes else None,

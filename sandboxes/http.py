@@ -11,10 +11,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import select
 import threading
 from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
+
+from sandboxes.procs import readable
 
 _local = threading.local()
 
@@ -63,7 +64,7 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     if conn.sock is None:
         return True
     try:
-        return bool(select.select([conn.sock], [], [], 0)[0])
+        return bool(readable((conn.sock.fileno(),), 0))
     except (OSError, ValueError):
         return True
 

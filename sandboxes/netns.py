@@ -41,7 +41,6 @@ import fcntl
 import functools
 import ipaddress
 import os
-import select
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +49,7 @@ from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError
 from prorl_celery.procs import spawn
+from sandboxes.procs import readable
 
 HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HELPER_ENV = {"PATH": HELPER_PATH, "LANG": "C.UTF-8"}  # what host-side helpers start with
@@ -233,8 +233,7 @@ def start_slirp(netns: int, userns: int | None) -> UserNet:
     os.close(exit_r)
     net = UserNet(proc, exit_w)
     try:
-        readable, _, _ = select.select([ready_r], [], [], READY_TIMEOUT_S)
-        if not readable or os.read(ready_r, 1) != b"1":
+        if not readable((ready_r,), READY_TIMEOUT_S) or os.read(ready_r, 1) != b"1":
             net.close()
             log.seek(0)
             raise OSError(f"slirp4netns did not come up: {log.read()[-800:].decode(errors='replace')!r}")
@@ -251,7 +250,7 @@ def attach(init_pid: int, pidfd: int | None = None) -> UserNet:
     netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     userns = None
     try:
-        if pidfd is not None and select.select([pidfd], [], [], 0)[0]:
+        if pidfd is not None and readable((pidfd,), 0):
             raise OSError("the sandbox exited before its network was set up")
         if os.geteuid() != 0:  # the owner of the sandbox's user namespace acts from inside it
             userns = fcntl.ioctl(netns, _NS_GET_USERNS)

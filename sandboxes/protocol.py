@@ -114,5 +114,6 @@ def sandbox_block(entry: SandboxEntry) -> dict[str, Any]:
     the limits applied and how this node enforces them."""
     info = entry.info
     return {"runtime": entry.runtime, "isolation": info.get("isolation", "unknown"),
-            "network": info.get("network"), "image": info.get("image"), "host_id": entry.host_id,
+            "network": info.get("network"), "image": info.get("image"),
+            "image_digest": info.get("image_digest"), "host_id": entry.host_id,
             "limits": info.get("limits", {}), "limit_enforcement": info.get("limit_enforcement", {})}

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import secrets
-import select
 import shutil
 import stat
 import signal
@@ -39,7 +38,8 @@ from prorl_celery.procs import spawn
 from sandboxes.base import ExecResult, Limits
 from sandboxes.guardian import guardian
 from sandboxes.output import Output, cut_middle
-from sandboxes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
+from sandboxes.procs import (group_members, kill_descendants, kill_pids, readable, ulimit_command,
+                             wait_dead)
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ class PersistentShell:
             if kill_each_poll:  # a fork loop may have spawned more since the last kill
                 self._kill_command()
             try:
-                ready, _, _ = select.select([self._fd, self._status_fd], [], [], min(remaining, 0.05))
+                ready = readable((self._fd, self._status_fd), min(remaining, 0.05))
                 if self._status_fd in ready:
                     status = os.read(self._status_fd, 4096)
                     if status == b"":
@@ -501,7 +501,7 @@ class PersistentShell:
     def _drain(self, out: Output) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self._fd], [], [], 0)
+                ready = readable((self._fd,), 0)
                 chunk = os.read(self._fd, _READ_CHUNK) if ready else b""
             except (OSError, ValueError):
                 return

@@ -5,13 +5,14 @@ import logging
 import time
 from typing import Any
 
-from prorl_celery.errors import JobCancelled, NoSandboxCapacity, StageBudgetExceeded
+from prorl_celery.errors import JobCancelled, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import JobStatus
 from sandboxes.base import SandboxHandle, SandboxSpec
 
 log = logging.getLogger(__name__)
 SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
+INIT_WAIT_KEY = "_init_wait_s"  # in ctx.state: seconds init waited for a sandbox (timings.init_wait)
 
 
 class StageContext:
@@ -69,27 +70,21 @@ class StageContext:
     def open_sandbox(self, spec: SandboxSpec):
         """Start a sandbox on the least-loaded live host and record its handle in the job.
 
-        A full cluster is waited out (cancellable) until the stage budget ends. The limits are
+        A full cluster, a transient create failure or an image still being pulled is waited
+        out (cancellable, bounded: sandboxes.client.open_sandbox_waiting); the wait is kept for
+        the job's ``timings.init_wait``. The limits are
         put under the operator's ceilings here (and again by the host); what the host started
         (runtime, isolation, limits) is kept in ``state["_sandbox"]`` for the result."""
-        from sandboxes.client import close_handle, open_sandbox
+        from sandboxes.client import close_handle, open_sandbox_waiting
         from sandboxes.policy import clamp_spec
         from sandboxes.protocol import sandbox_block
 
         spec = clamp_spec(spec)
 
         self.close_sandbox()  # a redelivered init must not leave the first attempt's sandbox
-        pause = 0.2
-        while True:
-            self.check()
-            try:
-                box = open_sandbox(self.store.redis, spec, self.job_id)
-                break
-            except NoSandboxCapacity:
-                if self.remaining() < pause:
-                    raise
-                time.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        box, waited = open_sandbox_waiting(self.store.redis, spec, self.job_id,
+                                           budget_s=self.remaining(), check=self.check)
+        self.state[INIT_WAIT_KEY] = round(self.state.get(INIT_WAIT_KEY, 0.0) + waited, 3)
         handle = box.handle.model_dump()
         if not self.store.update(self.job_id, sandbox=handle):
             close_handle(box.handle)

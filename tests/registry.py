@@ -6,7 +6,7 @@ its access log kept, so a test can count what was fetched. Images are made with 
 directory inserted as a layer) or written as an OCI layout by hand (layers given as tar bytes:
 hostile ones too), and pushed with ``skopeo copy --dest-tls-verify=false``.
 
-    from tests.registry import registry, python_image  # noqa: F401  (fixtures)
+    def test_x(registry, python_image): ...   # fixtures (tests/conftest.py loads this module)
 
 ``python_image`` is ``docker://127.0.0.1:<port>/prorl/python:3`` — a minimal root with bash,
 coreutils, the host's Python and pytest; the SWE tests may push their environment images the
@@ -210,6 +210,9 @@ def registry() -> Iterator[LocalRegistry]:
     yield running
     running.stop()
     shutil.rmtree(work, ignore_errors=True)
+    cache = os.environ.get("PRORL_SANDBOX_IMAGE_CACHE", "")
+    if cache.startswith("/tmp/prorl-test-image-cache-"):  # the stack's host's (tests/conftest.py)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
