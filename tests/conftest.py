@@ -44,6 +44,8 @@ os.environ.update(TEST_ENV)
 
 from prorl_celery.launcher import Stack  # noqa: E402 - after the environment above
 
+pytest_plugins = ["tests.registry"]  # the loopback image registry fixtures: registry, python_image
+
 _API_TOKENS: dict[str, str] = {}  # base URL of each API a test Stack started -> its token
 _session_request = requests.Session.request
 _start_api = Stack.start_api
