@@ -54,7 +54,7 @@ from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, Limits, SandboxSpec
 from sandboxes.bwrap import SANDBOX_PATH, BwrapShell
 from sandboxes.netns import HELPER_ENV
-from sandboxes.shell import DEFAULT_ARGV
+from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles, quota_supported
 
@@ -164,7 +164,7 @@ def inner_env(config: SingularityConfig, spec: SandboxSpec) -> dict[str, str]:
     """What the shell exports before any command: bwrap's fixed defaults, then ``spec.env``."""
     base = {"PATH": SANDBOX_PATH, "HOME": config.mount, "USER": "root", "LOGNAME": "root",
             "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash", "HOSTNAME": config.hostname}
-    return {**base, **spec.env}
+    return {**NONINTERACTIVE_ENV, **base, **spec.env}
 
 
 # -- images -----------------------------------------------------------------------------------
