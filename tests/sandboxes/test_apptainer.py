@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGES = Path(os.path.expanduser("~/.cache/prorl-celery/test-images"))
 TOOLS = IMAGE_TOOLS + ("touch", "ln", "seq", "wc", "grep", "pgrep", "basename", "dirname", "tar",
                        "git", "sed", "head", "tail", "chmod", "find", "sort", "tr", "cut", "ps",
-                       "kill", "xargs", "diff", "pwd", "uname")
+                       "kill", "xargs", "diff", "pwd", "uname", "setsid")
 PYTHON = "/usr/bin/python3.11"
 _SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
                 "__pycache__", "config-3.11-x86_64-linux-gnu", "dist-packages", "site-packages"}
@@ -131,3 +131,128 @@ def box(request, sif_image, sandbox_root):
     sandbox.kind = request.param
     yield sandbox
     sandbox.close()
+
+
+# -- what only this runtime does ---------------------------------------------------------------
+def _cgroup_dir(pid: int, controller: str) -> Path | None:
+    """The cgroup v1 directory of ``pid`` for ``controller`` (None where there is none)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+    return None
+
+
+def _uid_processes(uid: int) -> list[int]:
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+def test_runs_as_its_own_uid_without_capabilities(sif_image, sandbox_root):
+    if os.geteuid() != 0:
+        pytest.skip("a uid per sandbox is for a sandbox host running as root")
+    box = open_box(sif_image, sandbox_root)
+    try:
+        uid = box.info()["uid"]
+        assert uid >= 1_000_000 and box.exec("id -u").output == f"{uid}\n"
+        assert box.exec("grep CapEff /proc/self/status").output.split() == ["CapEff:", "0" * 16]
+        # host uid 0 without capabilities could write root's sysctls; this uid cannot (and
+        # writing the current value back would change nothing if it could)
+        probe = box.exec("cat /proc/sys/vm/overcommit_ratio > /proc/sys/vm/overcommit_ratio")
+        assert probe.exit_code != 0 and "denied" in probe.output, probe.output
+        assert box.exec("ls /sys | wc -l").output == "0\n"  # no sysfs at all
+        assert os.stat(box.info()["workspace"]).st_uid == uid
+    finally:
+        box.close()
+
+
+def test_apptainer_cgroup_holds_memory_pids_and_cpus(sif_image, sandbox_root):
+    from sandboxes.singularity import SingularityConfig, use_cgroups
+
+    if not use_cgroups(SingularityConfig()):
+        pytest.skip("apptainer's cgroup limits are used only where the host is root")
+    spec = SandboxSpec(limits=Limits(memory_mb=96, pids=48, cpus=0.5, nofile=300))
+    box = open_box(sif_image, sandbox_root, spec)
+    try:
+        hog = box.exec("python3 -c \"b = bytearray(300 << 20); print('allocated')\"", timeout=60)
+        assert "allocated" not in hog.output.splitlines() and hog.exit_code == 137, hog
+        forks = box.exec("python3 -c \"import os, time\nn = 0\ntry:\n    while n < 200:\n"
+                         "        if os.fork() == 0:\n            time.sleep(60); os._exit(0)\n"
+                         "        n += 1\nexcept OSError as exc:\n    print('stopped', n, exc.errno)\"",
+                         timeout=60)
+        assert forks.output.startswith("stopped") and int(forks.output.split()[1]) < 48, forks
+        assert box.exec("ulimit -n").output == "300\n"
+        cpu = _cgroup_dir(box.info()["init_pid"], "cpu")
+        if cpu and (cpu / "cpu.cfs_quota_us").exists():
+            quota, period = (int((cpu / f"cpu.cfs_{n}_us").read_text()) for n in ("quota", "period"))
+            assert quota / period == 0.5
+        assert box.exec("echo alive").output == "alive\n"  # the shell outlived its hog
+    finally:
+        box.close()
+
+
+def test_close_leaves_nothing(sif_image, sandbox_root):
+    from sandboxes.procs import descendant_pids, wait_dead
+
+    box = open_box(sif_image, sandbox_root)
+    box.exec("(setsid sleep 300 &); sleep 301 & (trap '' TERM; sleep 302) &")
+    info = box.info()
+    pids = [info["pid"], info["init_pid"], *descendant_pids(info["pid"])]
+    assert len(pids) >= 6
+    cgroup = _cgroup_dir(info["init_pid"], "pids")
+    box.close()
+    assert wait_dead(pids, timeout=5), [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert not os.path.exists(info["workspace"])
+    if info["uid"]:
+        assert _uid_processes(info["uid"]) == []
+    if cgroup and cgroup.name == str(info["init_pid"]):  # apptainer's own, per container
+        deadline = time.monotonic() + 5
+        while cgroup.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not cgroup.exists()
+
+
+def test_request_env_reaches_only_the_shell_inside(sif_image, sandbox_root):
+    secret = "s3cret-" + hashlib.sha1(os.urandom(8)).hexdigest()
+    box = open_box(sif_image, sandbox_root, SandboxSpec(env={"API_KEY": secret}))
+    try:
+        assert box.exec('echo "$API_KEY"').output == f"{secret}\n"
+        inside = box.exec("env").output
+        assert "PRORL_" not in inside and "PAGER=cat" in inside  # nothing of the host's own
+        info = box.info()
+        for pid in [info["pid"], info["init_pid"], info["shell_pid"]]:
+            for part in ("cmdline", "environ"):
+                assert secret.encode() not in Path(f"/proc/{pid}/{part}").read_bytes(), (pid, part)
+    finally:
+        box.close()
+
+
+def test_a_killed_host_takes_its_containers_along(start_host, sif_image, sandbox_root):
+    from sandboxes.procs import alive
+
+    host = start_host(runtimes="singularity", runtime_config={"singularity": {"root": str(sandbox_root)}},
+                      env={"PRORL_APPTAINER_BIN": os.environ["PRORL_APPTAINER_BIN"],
+                           "PRORL_SANDBOX_IMAGE_DIRS": str(IMAGES)})
+    sandbox = create(host, "doomed-job", spec={"runtime": "singularity", "image": sif_image})
+    assert sandbox.exec("(setsid sleep 300 &); echo started").output == "started\n"
+    info = sandbox.info()
+    init_pid = info["init_pid"]
+    assert alive(init_pid)
+    host.proc.kill()
+    host.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while alive(init_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(init_pid)
+    if info.get("uid"):
+        assert _uid_processes(info["uid"]) == []
