@@ -7,7 +7,10 @@
 - ``sglang``: vLLM's sampling names, no ``return_token_ids``;
 - ``llama.cpp``: ``repeat_penalty``, top_k 0 = off, a fixed sampler chain, logprobs of the raw
   distribution (``post_sampling_probs`` false); each logprob entry carries its token ``id``, so
-  the response ids are exact (the prompt ids are not reported).
+  the response ids are exact (the prompt ids are not reported). ``tool_choice`` ``required`` or a
+  named function goes as a GBNF grammar for one Hermes call with ``tool_choice: none`` (llama.cpp
+  lets the model talk before the call under ``required``; see :mod:`.llamacpp_tools`), and the
+  call is read from the text.
 
 Token ids come from wherever the server puts them: vLLM's ``prompt_token_ids`` (top level) and
 ``choice.token_ids``, llama.cpp's logprob entries, or NeMo Gym's model server (and NeMo RL's vLLM),
@@ -30,6 +33,7 @@ from typing import Any
 from prorl_celery.errors import BackendFailed, LogprobMismatch
 from prorl_celery.llm import chatml
 from prorl_celery.llm.base import model_name, post, sampling_body
+from prorl_celery.llm.llamacpp_tools import forced_call
 from prorl_celery.llm.models import Dialect, LLMRequest, ToolCall, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call
@@ -53,6 +57,7 @@ def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | Non
     elif dialect is Dialect.LLAMACPP:
         body["samplers"] = LLAMACPP_SAMPLERS
         body["post_sampling_probs"] = False
+        body.update(forced_call(request.tools, body.get("tool_choice")))  # required: a grammar, not the flag
     if request.tools:
         body["tools"] = request.tools
     if request.chat_template_kwargs:

@@ -9,6 +9,7 @@ llama.cpp's logprob entries with ids and its ``timings``.
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -74,8 +75,20 @@ def llamacpp_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None) -> 
     return room if asked is None or asked < 0 else min(asked, room)
 
 
-def forced_tool(body: dict[str, Any]) -> str | None:
-    """The tool a ``tool_choice`` forces: a named function, ``"*"`` for ``required``, else None."""
+GRAMMAR_WITH_TOOLS = "Cannot use custom grammar constraints with tools."
+_GRAMMAR_CALL_RE = re.compile(r'<tool_call>\\n\{\\"name\\": \\"(.*?)\\"')
+
+
+def forced_tool(body: dict[str, Any], flavor: str = "vllm") -> str | None:
+    """The tool a request forces: vLLM (its grammar for ``tool_choice``): a named function, ``"*"``
+    for ``required``. llama.cpp: a request ``grammar`` that admits nothing but a Hermes call (the
+    one name it allows, or ``"*"``); ``required`` gives ``"*"`` too (its grammar admits a call at once,
+    though the real model may talk first: measured); a named function is ignored, as there."""
+    if flavor == "llama.cpp":
+        names = _GRAMMAR_CALL_RE.findall(body.get("grammar") or "") if isinstance(body.get("grammar"), str) else []
+        if names:
+            return names[0] if len(set(names)) == 1 else "*"
+        return "*" if body.get("tool_choice") == "required" else None
     choice = body.get("tool_choice")
     if choice == "required":
         return "*"
@@ -103,6 +116,8 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
         _check_tools(fake, body)
     if flavor == "llama.cpp" and tools and not fake.options.tool_parser:  # started without --jinja
         raise llamacpp_error(500, "tools param requires --jinja flag", "server_error")
+    if flavor == "llama.cpp" and tools and body.get("tool_choice") != "none" and "grammar" in body:
+        raise llamacpp_error(400, GRAMMAR_WITH_TOOLS)
     prompt = fake.tok.apply_chat_template(messages, tools=tools)
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     if flavor == "llama.cpp":
@@ -114,7 +129,7 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
             check_max_tokens(asked, fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, asked, None)
     entry = fake.generate(messages, tools, prompt, max_tokens, "chat", sock, ignore_eos=bool(body.get("ignore_eos")),
-                          min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body),
+                          min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body, flavor),
                           seeded=body.get("seed") is not None)
     if entry is None:
         return None
@@ -175,12 +190,15 @@ def vllm_logprob_entries(fake: FakeLLM, ids: list[int], top: int, as_ids: bool =
 def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dict[str, Any]) -> dict[str, Any]:
     ids = entry["response_ids"]
     message, finish = _message(fake, ids, entry["finish_reason"])
-    if message["tool_calls"]:  # llama.cpp's key order; an id of its own; no key when there is no call
+    if body.get("tool_choice") == "none":  # no tool parsing: a call the model wrote stays in the text
+        message = {"role": "assistant", "content": fake.tok.decode([i for i in ids if i not in fake.tok.stop_ids])}
+        finish = entry["finish_reason"]
+    if message.get("tool_calls"):  # llama.cpp's key order; an id of its own; no key when there is no call
         message["content"] = message["content"] or ""
         message["tool_calls"] = [{"type": "function", "function": c["function"], "id": uuid.uuid4().hex}
                                  for c in message["tool_calls"]]
     else:
-        del message["tool_calls"]
+        message.pop("tool_calls", None)
     choice: dict[str, Any] = {"finish_reason": finish, "index": 0, "message": message}
     if body.get("logprobs"):
         choice["logprobs"] = {"content": llamacpp_probs(fake, ids, body.get("top_logprobs") or 1)}

@@ -68,7 +68,27 @@ def main(jinja: str, no_jinja: str) -> None:
         "messages": [{"role": "user", "content": "Print the date."}], "tools": TOOLS, "max_tokens": 4})
     record("v1_completions_echo", jinja, "POST", "/v1/completions", {
         "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1})
+    record_forced_calls(jinja)
+
+
+def record_forced_calls(jinja: str) -> None:
+    """tool_choice required as the llama.cpp chat dialect sends it (its grammar, tool_choice none),
+    and the refusal that makes it send none: a grammar beside tools that the server would parse."""
+    from prorl_celery.llm.chat import chat_body
+    from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
+    from prorl_celery.llm.routing import Slot
+
+    slot = Slot(backend_id="r", address=jinja, protocol=Protocol.CHAT, dialect=Dialect.LLAMACPP)
+    ask = [{"role": "system", "content": "You are a shell agent."}, {"role": "user", "content": "Print the date."}]
+    body = chat_body(slot, LLMRequest(messages=ask, tools=TOOLS, sampling=SamplingParams(
+        tool_choice="required", max_tokens=48, seed=1)), "smollm2")
+    record("chat_tools_forced_by_grammar", jinja, "POST", "/v1/chat/completions", body)
+    record("chat_grammar_beside_tools", jinja, "POST", "/v1/chat/completions", {
+        **body, "tool_choice": "required"})
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1:2] == ["--forced-calls"]:
+        record_forced_calls(sys.argv[2])
+    else:
+        main(*sys.argv[1:3])

@@ -11,6 +11,7 @@ import threading
 import pytest
 import requests
 
+from prorl_celery.llm import chatml
 from tests.conftest import submit, wait
 
 MATH = {"data_source": "math", "problem": "What is 2 + 3?", "answer": "5"}
@@ -203,30 +204,41 @@ def test_token_mode_code_domain_prompts_grow_by_exactly_the_new_messages(api, ll
 
 
 def test_chat_mode_code_domain_with_required_tools(api, llamacpp, recorder):
+    """tool_choice required reaches llama.cpp as its own grammar (one Hermes call, tool_choice none:
+    the server refuses a grammar beside parsed tools), so every turn is a real tool call the server
+    wrote, read from its answer's text and answered from the sandbox."""
     _register(api, address=recorder.url, protocol="chat", dialect="llama.cpp", tools=True)
     before = len(recorder.posts("/v1/chat/completions"))
-    jobs = [submit(api, CODE, sampling_params={"token_level_generation": False, "max_turns": 2, "max_tokens": 32,
-                                               "tool_choice": "required", "seed": i}) for i in range(1)]
-    views = [wait(api, job, timeout=120) for job in jobs]
+    jobs = [submit(api, CODE, sampling_params={"token_level_generation": False, "max_turns": 3, "max_tokens": 96,
+                                               "tool_choice": "required", "seed": i}) for i in range(2)]
+    views = [wait(api, job, timeout=180) for job in jobs]
     for view in views:
         assert view["status"] in TERMINAL and isinstance(view["result"], dict), view
         assert view["status"] == "completed", view["result"]
     wire = recorder.posts("/v1/chat/completions")[before:]
-    assert wire and all(body.get("tool_choice") == "required" and body.get("tools") for body, _ in wire)
+    assert wire and all(body.get("tool_choice") == "none" and "root ::=" in body.get("grammar", "") and body.get("tools")
+                        for body, _ in wire)
+    # the calls as the server wrote them (its text, in the Hermes block the grammar admits)
+    written = [chatml.split_tool_calls(answer["choices"][0]["message"]["content"] or "") for _, answer in wire]
+    complete = [calls for _, calls, malformed in written if calls and not malformed]
+    assert complete, [answer["choices"][0] for _, answer in wire]
     # the ids llama.cpp itself returned, per call (each logprob entry names its token)
     served = sorted([int(e["id"]) for e in answer["choices"][0]["logprobs"]["content"]] for _, answer in wire)
     assistants = [m for v in views for m in v["result"]["messages"] if m["role"] == "assistant"]
     assert len(assistants) == len(wire) >= 2
-    with_ids = [m for m in assistants if m.get("token_ids")]
-    assert len(with_ids) == len(assistants), "an assistant turn without token ids"
-    for message in with_ids:
-        assert message["logprobs"] is not None and len(message["logprobs"]) == len(message["token_ids"]), message
-    assert sorted(m["token_ids"] for m in with_ids) == served  # the result's ids are the server's, none lost
-    # measured: this llama.cpp build does not force a call for tool_choice "required" with the Hermes
-    # template (SmolLM2 answers in prose); when the model does call, each call is answered from the sandbox
+    for message in assistants:
+        assert message.get("token_ids") and len(message["logprobs"]) == len(message["token_ids"]), message
+    assert sorted(m["token_ids"] for m in assistants) == served  # the result's ids are the server's, none lost
+    # every turn that the model finished within max_tokens is a tool call, the one the server wrote
+    parsed = sorted((c["function"]["name"], c["function"]["arguments"]) for m in assistants for c in m.get("tool_calls") or [])
+    assert parsed == sorted((c.name, c.arguments) for calls in complete for c in calls)
+    assert len([m for m in assistants if m.get("tool_calls")]) == len(complete)
+    tool_names = {"bash", "str_replace_editor", "submit"}
+    assert {name for name, _ in parsed} <= tool_names
     for view in views:
         messages = view["result"]["messages"]
         for i, message in enumerate(messages):
             if message["role"] == "assistant" and message.get("tool_calls"):
-                answers = [m for m in messages[i + 1:i + 1 + len(message["tool_calls"])] if m["role"] == "tool"]
-                assert answers, messages[i:]
+                calls = [c for c in message["tool_calls"] if c["function"]["name"] != "submit"]
+                answers = [m for m in messages[i + 1:i + 1 + len(calls)] if m["role"] == "tool"]
+                assert len(answers) == len(calls), messages[i:]
