@@ -1,8 +1,11 @@
 """The job store: one Redis hash per job, changed only through compare-and-set scripts.
 
 Fields of the hash: ``job_id status stage_state data_source group_id instance sampling_params
-sandbox state result workers attempts error`` (JSON where structured) and the timing fields
-``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s`` (seconds, floats).
+sandbox state result workers attempts faults attempt error`` (JSON where structured) and the
+timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
+(seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
+sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
+attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
 
 ``status`` is one :class:`JobStatus`. While a stage executes, ``status`` names it and
 ``stage_state`` is ``running``; once it finished, ``stage_state`` is ``done`` until the next stage
@@ -21,7 +24,8 @@ from prorl_celery import keys
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.status import TERMINAL, JobStatus
 
-_JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts", "error")
+_JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
+                "faults", "error")
 _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 
 # KEYS: job, queued set, group set ('' = none), counts hash. ARGV: job id, counts field, fields...
@@ -39,7 +43,9 @@ return 1
 
 # ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
-#       8 group completion stream prefix, then field/value pairs.
+#       8 group completion stream prefix, 9 number k of expected field/value pairs, then those
+#       k pairs (each field must hold that value; a missing field counts as ''), then the
+#       field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
 # A job reaching a terminal status is appended to the completion streams in the same step.
 _TRANSITION = """
@@ -49,9 +55,13 @@ local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. 
 if member('%(terminal)s', cur) then return {0, cur} end
 if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
+local first = 10 + 2 * tonumber(ARGV[9])
+for i = 10, first - 1, 2 do
+  if (redis.call('HGET', KEYS[1], ARGV[i]) or '') ~= ARGV[i + 1] then return {0, cur} end
+end
 local target = ARGV[2]
 if target == '' then target = cur end
-for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 if target ~= cur then
   local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id')
   local id, ds, group = meta[1], meta[2], meta[3]
@@ -94,6 +104,8 @@ class JobRecord(BaseModel):
     result: dict[str, Any] | None = None
     workers: dict[str, str] = Field(default_factory=dict)
     attempts: dict[str, int] = Field(default_factory=dict)
+    attempt: int = 1
+    faults: list[dict[str, Any]] = Field(default_factory=list)
     t_created: float
     t_enqueued: float = 0.0
     t_finished: float = 0.0
@@ -136,7 +148,7 @@ class JobStore:
             fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": "",
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
-                      "t_created": now, "t_enqueued": now}
+                      "t_created": now, "t_enqueued": now, "attempt": 1}
             counts_field = f"queued|{fields['data_source']}"
             flat = [job_id, counts_field] + [x for kv in fields.items() for x in kv]
             group_key = keys.group(req.group_id) if req.group_id else ""
@@ -179,13 +191,19 @@ class JobStore:
 
     # -- changing -------------------------------------------------------------------------
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] = (),
-                   require_state: str = "", **fields: Any) -> tuple[bool, JobStatus | None]:
+                   require_state: str = "", expect: dict[str, Any] | None = None,
+                   **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
-        not terminal, its status is one of ``sources`` (empty: any) and, if given, its
-        ``stage_state`` equals ``require_state``. Returns (changed, status after the call)."""
+        not terminal, its status is one of ``sources`` (empty: any), if given its ``stage_state``
+        equals ``require_state``, and each field of ``expect`` holds that value (e.g.
+        ``{"attempt": 2}``: no write of an earlier attempt lands in a later one). Returns
+        (changed, status after the call)."""
+        expect = expect or {}
         args = [",".join(s.value for s in sources), target.value if target else "", require_state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
-                keys.group_completions("")]
+                keys.group_completions(""), len(expect)]
+        for name, value in expect.items():
+            args += [name, str(value)]
         for name, value in fields.items():
             args += [name, _dump(value) if name in _JSON_FIELDS else value]
         ok, status = self._transition(keys=[keys.job(job_id)], args=args)
@@ -212,4 +230,6 @@ def _decode(raw: dict) -> JobRecord:
     data["group_id"] = data.get("group_id") or None
     for name in ("state", "workers", "attempts"):
         data[name] = data.get(name) or {}
+    data["faults"] = data.get("faults") or []
+    data["attempt"] = data.get("attempt") or 1
     return JobRecord.model_validate(data)

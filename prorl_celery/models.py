@@ -73,6 +73,18 @@ class Timings(BaseModel):
                              "full, a transient create failure, an image still being pulled.")
 
 
+class Attempt(BaseModel):
+    """One run of a job from init. Every attempt but the last ended with an infrastructure fault
+    (its sandbox host died, its worker was lost past the stage's deliveries, an LLM outage
+    outlasted the retry budget) and the job ran again from init."""
+
+    attempt: int = Field(description="1 for the first run from init.")
+    stage: str | None = Field(None, description="Stage the attempt was in when it ended.")
+    fault: str | None = Field(None, description="Error type that ended it; null for a completed one.")
+    message: str = ""
+    host: str | None = Field(None, description="Sandbox host of the attempt's sandbox, if it had one.")
+
+
 class JobResult(BaseModel):
     """What the trainer gets back for every job, whatever happened to it.
 
@@ -92,6 +104,7 @@ class JobResult(BaseModel):
     timing: Timings = Field(default_factory=Timings)
     instance_id: str | None = None
     trajectory_id: int | None = None
+    attempts: list[Attempt] = Field(default_factory=list, description="Every run from init, in order.")
 
 
 class JobView(BaseModel):

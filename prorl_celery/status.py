@@ -27,12 +27,13 @@ STAGES = (JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL)
 _ENDINGS = {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMEOUT}
 
 # Which statuses may follow which. A stage may follow itself (a redelivered stage resumes);
-# a terminal status is followed by nothing.
+# any stage may go back to queued (an infrastructure fault: the job runs again from init, see
+# tasks/retry.py); a terminal status is followed by nothing.
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.INIT, *_ENDINGS}),
-    JobStatus.INIT: frozenset({JobStatus.INIT, JobStatus.RUN, *_ENDINGS}),
-    JobStatus.RUN: frozenset({JobStatus.RUN, JobStatus.EVAL, *_ENDINGS}),
-    JobStatus.EVAL: frozenset({JobStatus.EVAL, JobStatus.COMPLETED, *_ENDINGS}),
+    JobStatus.INIT: frozenset({JobStatus.INIT, JobStatus.RUN, JobStatus.QUEUED, *_ENDINGS}),
+    JobStatus.RUN: frozenset({JobStatus.RUN, JobStatus.EVAL, JobStatus.QUEUED, *_ENDINGS}),
+    JobStatus.EVAL: frozenset({JobStatus.EVAL, JobStatus.COMPLETED, JobStatus.QUEUED, *_ENDINGS}),
     **{status: frozenset() for status in TERMINAL},
 }
 

@@ -49,22 +49,26 @@ class StageContext:
         return self.deadline - time.monotonic()
 
     def check(self) -> None:
-        """Raise if the job was cancelled (or ended elsewhere) or the stage ran out of budget."""
-        status = self.store.status(self.job_id)
-        if status is None or status.terminal:
-            raise JobCancelled(f"job {self.job_id} ended ({status}) while in {self.stage}")
+        """Raise if the job was cancelled (or ended, or was sent back to init, elsewhere) or the
+        stage ran out of budget."""
+        if self.stopped():
+            raise JobCancelled(f"job {self.job_id} left {self.stage} ({self.store.status(self.job_id)}) "
+                               f"while this delivery ran it")
         if self.remaining() <= 0:
             raise StageBudgetExceeded(f"{self.stage} stage exceeded its budget")
 
     def stopped(self) -> bool:
-        """True once the job ended elsewhere (cancelled, or ended by the sweep); never raises."""
+        """True once the job ended elsewhere (cancelled, or ended by the sweep) or left this
+        stage (the sweep sent it back to init: its sandbox host died); never raises."""
         status = self.store.status(self.job_id)
-        return status is None or status.terminal
+        return status is None or status is not self.stage
 
     def save(self) -> None:
         """Persist ``state``; raises :class:`JobCancelled` if the job ended meanwhile."""
-        if not self.store.update(self.job_id, state=self.state):
-            raise JobCancelled(f"job {self.job_id} ended while in {self.stage}")
+        ok, _ = self.store.transition(self.job_id, None, sources=[self.stage], require_state="running",
+                                      expect={"attempt": self.record.attempt}, state=self.state)
+        if not ok:
+            raise JobCancelled(f"job {self.job_id} ended or left {self.stage} while in it")
 
     # -- sandbox --------------------------------------------------------------------------
     def open_sandbox(self, spec: SandboxSpec):
@@ -86,7 +90,9 @@ class StageContext:
                                            budget_s=self.remaining(), check=self.check)
         self.state[INIT_WAIT_KEY] = round(self.state.get(INIT_WAIT_KEY, 0.0) + waited, 3)
         handle = box.handle.model_dump()
-        if not self.store.update(self.job_id, sandbox=handle):
+        ok, _ = self.store.transition(self.job_id, None, sources=[self.stage],
+                                      expect={"attempt": self.record.attempt}, sandbox=handle)
+        if not ok:
             close_handle(box.handle)
             raise JobCancelled(f"job {self.job_id} ended while its sandbox started")
         self.record.sandbox = handle

@@ -30,16 +30,26 @@ def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] 
     data.setdefault("filter", status is not JobStatus.COMPLETED)
     if state.get(SANDBOX_KEY):  # which runtime and isolation the job really ran in
         data.setdefault("sandbox", state[SANDBOX_KEY])
+    if "attempts" not in data:
+        last = None if status is JobStatus.COMPLETED else (error.type if error else status.value)
+        entry = {"attempt": record.attempt, "stage": data.get("stage") or record.stage, "fault": last,
+                 "message": error.message[:500] if error and last else "",
+                 "host": (record.sandbox or {}).get("host_id")}
+        data["attempts"] = [*record.faults, entry]
     timing = record.timings().model_copy(update=data.pop("timing", {}))
     return JobResult(job_id=record.job_id, status=status, critical_error=critical_error, error=error,
                      timing=timing, instance_id=_maybe_str(instance.get("instance_id")),
                      trajectory_id=_maybe_int(instance.get("trajectory_id")), **data)
 
 
-def finish(store: JobStore, record: JobRecord, status: JobStatus, **kwargs: Any) -> JobResult | None:
-    """Make the job terminal with its result. Returns None if it had already ended."""
+def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: list[JobStatus] | None = None,
+           expect_attempt: int | None = None, **kwargs: Any) -> JobResult | None:
+    """Make the job terminal with its result. Returns None if it had already ended, or (with
+    ``sources`` / ``expect_attempt``) is no longer in one of those statuses or that attempt."""
     result = build_result(record, status, **kwargs)
-    ok, current = store.transition(record.job_id, status, result=result.model_dump(mode="json"),
+    expect = {"attempt": expect_attempt} if expect_attempt is not None else None
+    ok, current = store.transition(record.job_id, status, sources=sources or (), expect=expect,
+                                   result=result.model_dump(mode="json"),
                                    t_finished=record.t_finished, **_stage_time(record))
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)

@@ -1,8 +1,9 @@
 """The sandbox half of the beat sweep: reconcile sandboxes with jobs, and hosts with heartbeats.
 
 - A host whose heartbeat stopped (3 x ``host_heartbeat_s``) is dead: it leaves ``keys.hosts()``,
-  and every active job whose sandbox lived there ends ``failed`` with
-  ``critical_error="sandbox"`` (error type ``sandbox_host_lost``).
+  and every active job whose sandbox lived there runs again from init on another host
+  (:mod:`tasks.retry`, fault ``sandbox_host_lost``), or ends ``failed`` with
+  ``critical_error="sandbox"`` once its attempts are used up.
 - Every live host is asked for its sandboxes; one is closed when its job is terminal or unknown,
   or (after a grace of one stage lease, which covers a sandbox whose init has not yet recorded
   it) when its job points at another sandbox or its lease is long past.
@@ -19,12 +20,10 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus
 from sandboxes.client import close_handle, list_sandboxes, live_hosts
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
-from tasks.outcome import finish
 
 log = logging.getLogger(__name__)
 ACTIVE = [s for s in JobStatus if not s.terminal and s is not JobStatus.QUEUED]
@@ -49,7 +48,10 @@ def mark_dead_hosts(store: JobStore, now: float) -> list[str]:
 
 
 def fail_jobs_on(store: JobStore, host_ids: list[str]) -> list[str]:
-    """End every active job whose sandbox was on one of ``host_ids``."""
+    """Retry from init (or, out of attempts, end) every active job whose sandbox was on one of
+    ``host_ids``; returns their ids."""
+    from tasks.retry import HOST_LOST, Requeued, retry_from_init
+
     if not host_ids:
         return []
     ids = [job_id for status in ACTIVE for job_id in store.ids_in(status)]
@@ -61,10 +63,10 @@ def fail_jobs_on(store: JobStore, host_ids: list[str]) -> list[str]:
         if host_id not in host_ids:
             continue
         message = f"sandbox host {host_id} stopped heart-beating; its sandboxes are gone"
-        result = finish(store, record, JobStatus.FAILED, critical_error="sandbox",
-                        error=ErrorInfo(type="sandbox_host_lost", message=message),
-                        fields={"stage": record.stage})
-        if result is not None:
+        out = retry_from_init(store, record, HOST_LOST, message)
+        if isinstance(out, Requeued):
+            out.send()  # a stage still running on a live worker lets go at its next check
+        if out is not None:
             ended.append(record.job_id)
     return ended
 

@@ -28,6 +28,7 @@ from prorl_celery.status import JobStatus, stage_index
 from tasks.context import StageContext
 from tasks.handlers import get_handler
 from tasks.outcome import finish
+from tasks.retry import WORKER_LOST, Requeued, infrastructure_fault, retry_from_init
 
 log = logging.getLogger(__name__)
 _PREVIOUS = {JobStatus.INIT: JobStatus.QUEUED, JobStatus.RUN: JobStatus.INIT, JobStatus.EVAL: JobStatus.RUN}
@@ -62,6 +63,7 @@ def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> 
         now = time.time()
         wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
         ok, _ = store.transition(record.job_id, stage, sources=[_PREVIOUS[stage], stage],
+                                 expect={"attempt": record.attempt},
                                  stage_state="running", attempts=attempts,
                                  workers={**record.workers, stage.value: task.request.hostname or "?"},
                                  queue_s=record.queue_s + wait, t_stage_start=now)
@@ -88,14 +90,20 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
         limit = get_settings().stage_max_attempts
         if resumed and record.attempts[stage.value] > limit:
             StageContext(store, record, stage, 0).close_sandbox()
-            return _end(store, record, JobStatus.FAILED, stage, None, "worker_lost",
-                        f"{stage} was started {limit} times and never finished")
-        return _execute(store, record, stage, resumed)
+            out = retry_from_init(store, record, WORKER_LOST,
+                                  f"{stage} was started {limit} times and never finished", stage.value)
+        else:
+            out = _execute(store, record, stage, resumed)
     finally:
         lease.release()
+    if isinstance(out, Requeued):  # sent only now: the new init must find the lease free
+        out.send()
+        raise _skip(record, stage, "the job runs again from init")  # ends this chain
+    return out
 
 
-def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool) -> dict[str, Any] | None:
+def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
+             resumed: bool) -> dict[str, Any] | Requeued | None:
     ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
     elapsed_field = f"{stage.value}_s"
     try:
@@ -108,9 +116,11 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
     observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
     if stage is JobStatus.EVAL:
         handler.finish(ctx)
-        result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {})
+        result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {},
+                        sources=[stage], expect_attempt=record.attempt)
         return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
     ok, status = store.transition(record.job_id, None, sources=[stage], stage_state="done",
+                                  expect={"attempt": record.attempt},
                                   state=ctx.state, t_enqueued=time.time(),
                                   **{elapsed_field: getattr(record, elapsed_field)})
     if not ok:
@@ -120,7 +130,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
 
 
 def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContext,
-          exc: BaseException) -> dict[str, Any] | None:
+          exc: BaseException) -> dict[str, Any] | Requeued | None:
     if isinstance(exc, redis.RedisError):
         # The job store itself is unreachable: nothing can be recorded now. Leave the sandbox
         # alone; the lease lapses and the sweep sends the stage again, which resumes.
@@ -138,6 +148,10 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
                     critical="timeout")
     if not isinstance(exc, Exception):
         raise exc  # SystemExit / KeyboardInterrupt: let the worker shut down; the lease lapses
+    fault = infrastructure_fault(exc)
+    if fault is not None:
+        out = retry_from_init(store, record, fault, str(exc), stage.value)
+        return _current_result(store, record.job_id) if out is None else out
     critical = "sandbox" if isinstance(exc, SandboxError) else "llm" if isinstance(exc, LLMError) else stage.value
     etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
     log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
@@ -147,7 +161,8 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
 def _end(store: JobStore, record: JobRecord, status: JobStatus, stage: JobStatus,
          state: dict[str, Any] | None, etype: str, message: str, critical: str | None = None):
     result = finish(store, record, status, state=state, critical_error=critical or stage.value,
-                    error=ErrorInfo(type=etype, message=message[:2000]), fields={"stage": stage.value})
+                    error=ErrorInfo(type=etype, message=message[:2000]), fields={"stage": stage.value},
+                    sources=[stage], expect_attempt=record.attempt)
     return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
 
 

@@ -49,7 +49,8 @@ def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
     setattr(record, f"{stage.value}_s", now - record.t_stage_start)
     message = f"{stage} stage ran {over:.0f}s past its budget; ended by the sweep"
     result = finish(store, record, JobStatus.TIMEOUT, critical_error="timeout",
-                    error=ErrorInfo(type="timeout", message=message), fields={"stage": stage.value})
+                    error=ErrorInfo(type="timeout", message=message), fields={"stage": stage.value},
+                    sources=[stage], expect_attempt=record.attempt)
     if result is not None and record.sandbox:
         close_sandbox(record.sandbox)
     return result is not None
@@ -61,7 +62,7 @@ def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
     if store.redis.exists(keys.stage_lease(record.job_id)):
         return False
     ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state="running",
-                             stage_state="redispatched", t_enqueued=now)
+                             expect={"attempt": record.attempt}, stage_state="redispatched", t_enqueued=now)
     if ok:
         send_chain(record.job_id, record.data_source, start=record.status)
     return ok

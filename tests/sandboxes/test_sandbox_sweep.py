@@ -53,7 +53,9 @@ def test_sandboxes_whose_job_ended_vanished_or_moved_on_are_closed(start_host, s
     assert sweep_sandboxes(store, now=later)["sandboxes_closed"] == []
 
 
-def test_a_host_that_stopped_beating_is_dead_and_its_jobs_fail(start_host, store, redis_client):
+def test_a_host_that_stopped_beating_is_dead_and_its_jobs_run_again(start_host, store, redis_client,
+                                                                   redis_url):
+    """redis_url: the broker the job's new init message goes to (tasks/retry.py)."""
     survivor, doomed = start_host(runtime="local"), start_host(runtime="local")
     running_job(store, "job-lost", create(doomed, "job-lost"))
     running_job(store, "job-fine", create(survivor, "job-fine"))
@@ -68,11 +70,10 @@ def test_a_host_that_stopped_beating_is_dead_and_its_jobs_fail(start_host, store
     assert report["jobs_host_lost"] == ["job-lost"]
     assert redis_client.zscore(keys.hosts(), doomed.host_id) is None
     assert redis_client.zscore(keys.hosts(), survivor.host_id) is not None
-    record = store.get("job-lost")
-    assert record.status is JobStatus.FAILED
-    assert record.result["critical_error"] == "sandbox"
-    assert record.result["error"]["type"] == "sandbox_host_lost"
-    assert record.result["stage"] == "run"
+    record = store.get("job-lost")  # back to queued for its second attempt, from init
+    assert record.status is JobStatus.QUEUED and record.attempt == 2 and record.sandbox is None
+    assert [(f["attempt"], f["stage"], f["fault"], f["host"]) for f in record.faults] == \
+        [(1, "run", "sandbox_host_lost", doomed.host_id)]
     assert store.status("job-fine") is JobStatus.RUN and store.status("job-no-sandbox") is JobStatus.INIT
     # a second sweep, at the real time (the survivor's own heartbeat may have replaced the score
     # the test gave it, so "now" in the future would see the survivor as dead): nothing again
