@@ -1,65 +1,66 @@
-"""The singularity runtime's command lines and spython's traps, checked without a binary: the
-argv is built by pure functions, and real spython is run where it fails on its own (no binary,
-a bad URI). The runtime's contract test (test_contract.py) needs a real apptainer."""
+"""The singularity runtime without Apptainer: its command lines (pure functions), the limits it
+leaves to the shell, the image cache and the CLI helper's time limit (on real processes). The
+runtime itself runs on a real Apptainer in tests/sandboxes/test_apptainer.py (-m apptainer)."""
 from __future__ import annotations
 
-import shutil
+import os
+import time
 
 import pytest
 
 from prorl_celery.errors import SandboxError
 from sandboxes import singularity as sif
-from sandboxes.base import SandboxSpec
+from sandboxes.base import Limits, SandboxSpec
+from sandboxes.procs import wait_dead
 from sandboxes.singularity import SingularityConfig
 
-no_binary = pytest.mark.skipif(shutil.which("singularity") is not None,
-                               reason="spython would really start an instance here")
+no_binary = pytest.mark.skipif(sif.binary() is not None, reason="an apptainer binary is here")
 
 
-def test_instance_names_carry_job_id_and_start_time():
-    name = sif.instance_name("job.7-a_b", 1700000000.123, "abc123")
-    assert name == "prorl.job.7-a_b.1700000000123.abc123"
-    assert sif.parse_instance_name(name) == ("job.7-a_b", 1700000000.123)
-    assert sif.parse_instance_name(sif.instance_name("we/ird id", 5.0, "ff")) == ("we_ird_id", 5.0)
+def test_exec_argv_contains_the_container_and_names_nothing_of_the_request():
+    argv = sif.exec_argv("/opt/apptainer", SingularityConfig(cgroups=False), image="/img/a.sif",
+                         workspace_dir="/scratch/ws1", workdir="/workspace/repo",
+                         limits=Limits(), uid=None)
+    assert argv == ["/opt/apptainer", "--quiet", "exec", "--containall", "--no-privs", "--no-home",
+                    "--net", "--network", "none", "--hostname", "sandbox",
+                    "--no-mount", "sys,bind-paths,cwd", "--bind", "/scratch/ws1:/workspace",
+                    "--pwd", "/workspace/repo", "/img/a.sif", "bash", "--noprofile", "--norc"]
+
+
+def test_exec_argv_as_root_its_uid_and_cgroup_limits():
+    config = SingularityConfig(cgroups=True, writable_tmpfs=True, extra_options=["--nv"],
+                               mount="/testbed", shell=["bash"])
+    argv = sif.exec_argv("apptainer", config, image="i.sif", workspace_dir="/w", workdir="/testbed",
+                         limits=Limits(memory_mb=512, cpus=1.5, pids=64), uid=1000007)
+    assert argv[argv.index("--security") + 1] == "uid:1000007,gid:1000007"
+    assert "--writable-tmpfs" in argv and argv[-3:] == ["--nv", "i.sif", "bash"]
+    assert sif.limit_options(Limits(memory_mb=512, cpus=1.5, pids=64), True) == [
+        "--memory", "512M", "--memory-swap", "512M", "--cpus", "1.5", "--pids-limit", "64"]
+    assert all(flag in argv for flag in ("--memory", "--cpus", "--pids-limit"))
+    assert sif.limit_options(Limits(memory_mb=512, cpus=None, pids=None), False) == []
+
+
+def test_the_shell_keeps_what_no_cgroup_or_filesystem_holds():
+    limits = Limits(memory_mb=512, pids=64, disk_mb=100, nofile=99)
+    held = sif.shell_rlimits(limits, cgroups=True, own_uid=True, quota=True)
+    assert (held.memory_mb, held.nproc, held.fsize_mb, held.nofile) == (None, None, None, 99)
+    bare = sif.shell_rlimits(limits, cgroups=False, own_uid=True, quota=False)
+    assert (bare.memory_mb, bare.nproc, bare.fsize_mb) == (512, 64, 100)  # RLIMIT_AS, NPROC, FSIZE
+    shared_uid = sif.shell_rlimits(limits, cgroups=False, own_uid=False, quota=False)
+    assert shared_uid.nproc is None  # the host's own uid: a per-uid count would be everyone's
+
+
+def test_environment_inside_is_bwraps_defaults_then_the_request():
+    env = sif.inner_env(SingularityConfig(), SandboxSpec(env={"PAGER": "less", "A": "1 2"}))
+    assert env["HOME"] == "/workspace" and env["TMPDIR"] == "/tmp" and env["GIT_PAGER"] == "cat"
+    assert env["PAGER"] == "less" and env["A"] == "1 2"
+    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def test_instance_names_left_by_older_runtimes_are_recognised():
+    assert sif.parse_instance_name("prorl.job.7-a_b.1700000000123.abc123") == ("job.7-a_b", 1700000000.123)
     for foreign in ("myjob", "prorl.x", "other.job.1.ab", "prorl.job.notatime.ab"):
         assert sif.parse_instance_name(foreign) is None
-
-
-def test_start_options():
-    config = SingularityConfig()
-    assert sif.start_options(config, SandboxSpec(), "/scratch/ws1") == [
-        "--writable-tmpfs", "--contain", "--no-home", "--cleanenv",
-        "--net", "--network", "none", "--bind", "/scratch/ws1:/workspace"]
-    config = SingularityConfig(fakeroot=True, extra_options=["--nv"], mount="/testbed")
-    assert sif.start_options(config, SandboxSpec(network=True), "/w") == [
-        "--writable-tmpfs", "--contain", "--no-home", "--cleanenv", "--fakeroot",
-        "--bind", "/w:/testbed", "--nv"]
-
-
-@no_binary
-def test_spython_builds_exactly_our_start_command_and_its_failure_is_an_error():
-    options = sif.start_options(SingularityConfig(), SandboxSpec(), "/w")
-    instance = sif.new_instance("/images/ubuntu.sif", "prorl.j1.1000.aa")
-    with pytest.raises(SandboxError):  # no binary: spython's Popen fails, we raise
-        sif.start_instance(instance, options, timeout=30)
-    assert instance.cmd == sif.start_argv("/images/ubuntu.sif", "prorl.j1.1000.aa", options)
-    assert instance.cmd == ["singularity", "--quiet", "instance", "start", "--writable-tmpfs",
-                            "--contain", "--no-home", "--cleanenv", "--net", "--network", "none",
-                            "--bind", "/w:/workspace", "/images/ubuntu.sif", "prorl.j1.1000.aa"]
-
-
-def test_shell_attaches_to_the_instance_with_a_clean_environment():
-    argv = sif.shell_argv("/usr/bin/apptainer", "prorl.j.1.ab", {"B": "2 3", "A": "1"},
-                          "/workspace/repo", ["bash", "--noprofile", "--norc"])
-    assert argv == ["/usr/bin/apptainer", "exec", "--cleanenv", "--env", "A=1", "--env", "B=2 3",
-                    "--pwd", "/workspace/repo", "instance://prorl.j.1.ab",
-                    "bash", "--noprofile", "--norc"]
-
-
-def test_sys_exit_inside_spython_becomes_a_sandbox_error():
-    # spython's pull calls sys.exit for a URI scheme it does not know; a worker must not exit
-    with pytest.raises(SandboxError, match="spython gave up"):
-        sif.spython_call(sif.client().pull, "ftp://example.org/image")
 
 
 def test_images_are_pulled_once_into_the_cache(tmp_path):
@@ -68,13 +69,43 @@ def test_images_are_pulled_once_into_the_cache(tmp_path):
     assert cached == sif.cached_image_path(str(tmp_path), ref) != sif.cached_image_path(str(tmp_path), "docker://x")
     with open(cached, "wb") as fh:
         fh.write(b"SIF")
-    assert sif.pull_image(ref, str(tmp_path), timeout=5) == cached  # no pull: it is there
+    assert sif.pull_image("/nonexistent/apptainer", ref, str(tmp_path), timeout=5) == cached
+
+
+def test_a_failed_pull_is_an_error_and_leaves_no_image(tmp_path):
+    with pytest.raises(SandboxError, match="could not pull image 'docker://nope:1'"):
+        sif.pull_image("/bin/false", "docker://nope:1", str(tmp_path), timeout=5)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_cli_call_over_its_time_is_killed_with_its_children(tmp_path):
+    marker = tmp_path / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="took over"):
+        sif.run_cli(["sh", "-c", f"sleep 30 & echo $! > {marker}; wait"], timeout=0.5)
+    assert time.monotonic() - started < 3
+    assert wait_dead([int(marker.read_text())], timeout=2)
+
+
+def test_a_configured_binary_that_is_missing_is_no_binary():
+    assert sif.binary("/nonexistent/apptainer") is None
+    assert sif.binary("/bin/true") == "/bin/true"
 
 
 @no_binary
-def test_without_a_binary_it_is_unavailable_and_lists_nothing():
+def test_without_a_binary_it_is_unavailable_and_says_how_to_get_one(sandbox_root):
     assert not sif.SingularitySandbox.available()
     assert sif.list_instances() == []
     from sandboxes.registry import available_runtimes
 
     assert "singularity" not in available_runtimes()
+    with pytest.raises(SandboxError, match="install-apptainer.sh"):
+        sif.SingularitySandbox(SandboxSpec(image="/x.sif"), "j", {"root": str(sandbox_root)})
+    assert os.listdir(sandbox_root) == []  # its workspace went with it
+
+
+def test_a_network_sandbox_is_refused(sandbox_root):
+    with pytest.raises(SandboxError, match="no isolated network"):
+        sif.SingularitySandbox(SandboxSpec(image="/x.sif", network=True), "j",
+                               {"root": str(sandbox_root), "binary": "/bin/true"})
+    assert os.listdir(sandbox_root) == []
