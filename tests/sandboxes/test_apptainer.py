@@ -22,8 +22,10 @@ import pytest
 
 from sandboxes.base import Limits, SandboxSpec
 from tests.rootfs import IMAGE_TOOLS, build_rootfs
-from tests.sandboxes.test_contract import SPEC, test_contract, test_contract_isolation  # noqa: F401
+from tests.sandboxes.test_contract import SPEC, test_contract, test_contract_isolation
 from tests.sandboxes.test_host import create
+
+CONTRACT = (test_contract, test_contract_isolation)  # collected here, on this module's box
 
 pytestmark = pytest.mark.apptainer
 REPO = Path(__file__).resolve().parents[2]
@@ -256,3 +258,43 @@ def test_a_killed_host_takes_its_containers_along(start_host, sif_image, sandbox
     assert not alive(init_pid)
     if info.get("uid"):
         assert _uid_processes(info["uid"]) == []
+
+
+# -- a SWE fixture through the whole service, in the SIF ---------------------------------------
+ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "none"]
+
+
+@pytest.fixture(scope="module")
+def sif_service(apptainer_bin, sif_image, tmp_path_factory):
+    """A stack of its own (own Redis) whose sandbox host serves singularity, the SIF's directory
+    registered as an image directory, and the oracle as its only LLM."""
+    import requests
+
+    from prorl_celery.launcher import Stack, StackOptions
+    from tests.conftest import TEST_ENV
+
+    env = {**TEST_ENV, "PRORL_APPTAINER_BIN": apptainer_bin, "PRORL_SANDBOX_IMAGE_DIRS": str(IMAGES)}
+    options = StackOptions(state_dir=tmp_path_factory.mktemp("sif-stack"), persist=False, env=env,
+                           concurrency={"init": 2, "run": 2, "eval": 2, "maint": 1})
+    with Stack(options) as stack:
+        url = stack.start_fake_llm(name="fake-oracle", extra_args=ORACLE)
+        resp = requests.post(f"{stack.api_url}/llm_servers", json={"address": url, "protocol": "chat"},
+                             timeout=10)
+        assert resp.status_code == 201, resp.text
+        yield stack
+
+
+def test_swe_fixture_resolves_in_a_sif_through_the_service(sif_service, sif_image, tmp_path):
+    from tasks.fixtures import swe
+    from tests.conftest import submit, wait
+
+    instance = swe.build("calkit", tmp_path / "repos")
+    instance["sandbox"] = {"runtime": "singularity", "image": sif_image}
+    view = wait(sif_service.api_url, submit(sif_service.api_url, instance), timeout=300)
+    assert view["status"] == "completed", view["result"]
+    result = view["result"]
+    assert result["sandbox"]["runtime"] == "singularity", result["sandbox"]
+    assert result["resolved"] is True and result["reward"] == 1.0, result["eval"]
+    assert result["eval"]["FAIL_TO_PASS"] == {t: "PASSED" for t in instance["FAIL_TO_PASS"]}
+    assert result["eval"]["PASS_TO_PASS"] == {t: "PASSED" for t in instance["PASS_TO_PASS"]}
+    assert "calkit/years.py" in result["git_patch"]
