@@ -39,8 +39,8 @@ CLONE_PATH = "/usr/local/bin:/usr/bin:/bin"
 CLONE_TIMEOUT_S = 1800
 PACK_TIMEOUT_S = 600
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
-_SAFE = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
-         "-c", "protocol.allow=never", "-c", "protocol.https.allow=always"]
+_SAFE = ["-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "core.hooksPath=/dev/null",
+         "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 
 
 def repo_source(instance: dict[str, Any]) -> str:
@@ -139,9 +139,9 @@ def _run_as(argv: list[str], uid: int | None, work: Path, what: str) -> None:
         done = subprocess.run(argv, cwd=work, env=_env(str(work)), capture_output=True, text=True,
                               timeout=CLONE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise SandboxError(f"{what} took over {CLONE_TIMEOUT_S} s") from None
+        raise SandboxError(f"could not {what}: over {CLONE_TIMEOUT_S} s") from None
     if done.returncode != 0:
-        raise SandboxError(f"{what} failed (as uid {os.geteuid() if uid is None else uid}): "
+        raise SandboxError(f"could not {what} (as uid {os.geteuid() if uid is None else uid}): "
                            f"{(done.stderr or done.stdout)[-1500:]}")
 
 
@@ -160,7 +160,7 @@ def clone(url: str, target: Path) -> None:
     try:
         if uid is not None:
             os.chown(work, uid, uid)
-        _run_as(clone_argv(url, str(work / "repo.git"), uid, git), uid, work, f"cloning {url}")
+        _run_as(clone_argv(url, str(work / "repo.git"), uid, git), uid, work, f"clone {url}")
         shutil.move(str(work / "repo.git"), str(target))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -175,7 +175,7 @@ def fetch(url: str, target: Path) -> None:
         if uid is not None:
             os.chown(work, uid, uid)
         _run_as([*_as_uid(uid), _git_bin(), *_SAFE, f"--git-dir={target}", "fetch", "--quiet", "--prune",
-                 "--", url, "+refs/*:refs/*"], uid, work, f"fetching {url}")
+                 "--", url, "+refs/*:refs/*"], uid, work, f"fetch {url}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -11,6 +11,9 @@ lists ``t.py::test_count[\\n``. :func:`lookup` finds a listed test either way: e
 first word of the listed id (a log read by a SWE-bench parser), or, for a listed id cut at its
 first space, the full ids whose first word it is, when they agree on the outcome.
 
+A unittest id is found as ``m (mod.Class)`` (older Pythons, and SWE-bench's Django data), as
+``m (mod.Class.m)`` (Python >= 3.11) or as ``mod.Class.m``, whichever the log has.
+
 A test that does not appear in the log did not pass: the caller treats missing as failed.
 """
 from __future__ import annotations
@@ -118,10 +121,23 @@ def test_list(value: Any, field: str) -> list[str]:
     return value
 
 
+def _unittest_aliases(name: str) -> list[str]:
+    """Other spellings of a unittest id: ``m (mod.Class)`` as Python >= 3.11 prints it
+    (``m (mod.Class.m)``) and the other way round, and ``mod.Class.m``."""
+    found = re.match(r"^(\w+) \(([\w.]+)\)$", name)
+    if not found:
+        return []
+    method, dotted = found.groups()
+    full = _unittest_name(method, dotted)
+    short = full[: -len(method) - 1]
+    return [f"{method} ({full})", f"{method} ({short})", full]
+
+
 def lookup(outcomes: dict[str, str], name: str) -> str:
     """The outcome of the listed test ``name`` (see the module docstring), or ``MISSING``."""
-    if name in outcomes:
-        return outcomes[name]
+    for spelling in [name, *_unittest_aliases(name)]:
+        if spelling in outcomes:
+            return outcomes[spelling]
     words = name.split()
     if len(words) > 1 and words[0] in outcomes:  # the log was read by a first-word parser
         return outcomes[words[0]]

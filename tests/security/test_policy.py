@@ -218,7 +218,7 @@ def test_https_clone_runs_unprivileged_with_protocols_restricted(tmp_path, monke
     message = str(caught.value)
     assert "uid=65534 " in message  # not root
     assert "argv: -c protocol.allow=never -c protocol.https.allow=always" in message
-    assert "clone --quiet -- https://example.invalid/owner/repo.git" in message
+    assert "clone --mirror --quiet -- https://example.invalid/owner/repo.git" in message
     assert not (tmp_path / "target").exists()
 
 
