@@ -26,6 +26,7 @@ import waitress
 
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, SandboxError
+from sandboxes.advertise import advertised_url
 from sandboxes.host_app import create_app
 from sandboxes.pool import SandboxPool, limit_enforcement
 from sandboxes.protocol import HostRecord
@@ -165,13 +166,13 @@ def rooted_config(runtime_config: dict[str, dict[str, Any]], runtimes: list[str]
     return out
 
 
-def advertised_address(host: str, port: int) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        try:
-            host = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            host = "127.0.0.1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def advertised_address(host: str, port: int, redis_url: str | None = None) -> str:
+    """What a host bound to ``host`` publishes (sandboxes/advertise.py: never loopback when
+    bound to all interfaces and the head is elsewhere)."""
+    from config.settings import get_settings
+
+    settings = get_settings()
+    return advertised_url(host, port, redis_url or settings.redis_url, settings.node_addr)
 
 
 class SandboxHost:
@@ -203,7 +204,7 @@ class SandboxHost:
             connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True,
             channel_request_lookahead=4)
         self.port = self.server.effective_port
-        self.address = advertise or advertised_address(host, self.port)
+        self.address = advertise or advertised_address(host, self.port, redis_url)
         self.host_id = host_id or f"{socket.gethostname()}-{self.port}"
         self.pool.host_id = self.host_id
         self.dirs = HostDirs(self.host_id)
@@ -281,7 +282,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, redis_url: str | None = None,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="Interface to bind (0.0.0.0: all).")
+    parser.add_argument("--host", default=None,
+                        help="Interface to bind (0.0.0.0: all; default: settings.sandbox_host_bind).")
     parser.add_argument("--port", type=int, default=0, help="Port; 0 picks a free one.")
     parser.add_argument("--redis-url", default=None, help="Where to register; default: settings.")
     parser.add_argument("--no-register", action="store_true", help="Do not register in Redis.")
@@ -311,7 +313,8 @@ def main(args: argparse.Namespace) -> None:
     # five descriptors per sandbox (three pipes, a pidfd, the uid lease): a soft limit of 1024
     # stops a host at ~200 sandboxes
     raise_open_files_limit(needed=6 * (args.capacity or get_settings().sandbox_capacity) + 256)
-    serve(args.host, args.port, args.redis_url, args.capacity, args.token, args.host_id,
+    serve(args.host or get_settings().sandbox_host_bind, args.port, args.redis_url, args.capacity,
+          args.token, args.host_id,
           args.advertise, args.ready_file, lease_s=args.lease_s,
           runtimes=args.runtimes.split(",") if args.runtimes else None,
           runtime_config=json.loads(args.runtime_config) if args.runtime_config else None,

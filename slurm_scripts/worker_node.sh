@@ -12,7 +12,8 @@
 #   PRORL_HEAD_WAIT_S         how long to wait for the head (default 3600; 0: forever)
 #   PRORL_FOLLOW_HEAD         1 (default): stop when the head job ends or its file goes away
 #   PRORL_FOLLOW_HEAD_S       how often to look (default 60; each look runs squeue once)
-#   PRORL_NODE_ADDR           address other nodes use to reach this node (default: hostname)
+#   PRORL_NODE_ADDR           address other nodes use to reach this node (default: the address
+#                             of this node's route to the head's Redis, see sandboxes/advertise.py)
 #   PRORL_NODE_QUEUES         queues served here (default "init run eval maint")
 #   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default 2 per CPU)
 #   PRORL_RUN_CONCURRENCY     threads of the run worker (default: the sandbox capacity)
@@ -34,7 +35,7 @@ source "$PRORL_SLURM_DIR/common.sh" || exit 1
 HEAD_FILE=${1:-${PRORL_HEAD_FILE:-$PRORL_SUBMIT_DIR/prorl-head.env}}
 [[ $HEAD_FILE == /* ]] || HEAD_FILE="$PRORL_SUBMIT_DIR/$HEAD_FILE"
 NODE=$(hostname -s)
-NODE_ADDR=${PRORL_NODE_ADDR:-$(hostname)}
+NODE_ADDR=${PRORL_NODE_ADDR:-}
 JOB_ID=${SLURM_JOB_ID:-local}
 PRORL_LOG_PREFIX="node-$JOB_ID-$NODE"
 PRORL_PID_FILE="$PRORL_LOG_DIR/$PRORL_LOG_PREFIX.pids"
@@ -82,8 +83,11 @@ SANDBOX_PORT=${PRORL_SANDBOX_PORT:-0}
 ((SANDBOX_PORT == 0)) && SANDBOX_PORT=$(prorl_helper free-port)
 READY_FILE="$PRORL_LOG_DIR/$PRORL_LOG_PREFIX-sandbox-host.json"
 rm -f "$READY_FILE"
-host_args=(--host 0.0.0.0 --port "$SANDBOX_PORT" --advertise "http://$NODE_ADDR:$SANDBOX_PORT"
+host_args=(--host 0.0.0.0 --port "$SANDBOX_PORT"
            --capacity "$CAPACITY" --host-id "$NODE-$SANDBOX_PORT" --ready-file "$READY_FILE")
+# Without PRORL_NODE_ADDR the host publishes the address its route to Redis leaves from (what the
+# head sees this node as), never a hostname that may resolve to loopback here.
+[[ -n $NODE_ADDR ]] && host_args+=(--advertise "http://$NODE_ADDR:$SANDBOX_PORT")
 [[ -n ${PRORL_SANDBOX_RUNTIMES:-} ]] && host_args+=(--runtimes "$PRORL_SANDBOX_RUNTIMES")
 [[ -n ${PRORL_SANDBOX_RUNTIME_CONFIG:-} ]] && host_args+=(--runtime-config "$PRORL_SANDBOX_RUNTIME_CONFIG")
 prorl_start sandbox-host "$PRORL_PYTHON" -m prorl_celery.cli sandbox-host "${host_args[@]}"
@@ -107,7 +111,9 @@ until [[ -s $READY_FILE ]]; do
     fi
     sleep 0.2
 done
-prorl_log "sandbox host on http://$NODE_ADDR:$SANDBOX_PORT"
+SANDBOX_URL=$("$PRORL_PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["address"])' \
+    "$READY_FILE")
+prorl_log "sandbox host on $SANDBOX_URL"
 
 # -- one worker per queue -----------------------------------------------------------------------
 for q in "${QUEUES[@]}"; do

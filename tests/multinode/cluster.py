@@ -1,0 +1,210 @@
+"""A three-node prorl-celery cluster in network namespaces, started as an operator would.
+
+- ``head`` (10.77.0.1): ``slurm_scripts/head.sbatch`` run by hand (Redis with its password, the
+  API, beat), plus a fake LLM server bound to the head's address.
+- ``node1`` (10.77.0.2): the README's "Running the parts yourself" commands: ``prorl-celery
+  sandbox-host --host 0.0.0.0`` and one Celery worker per queue; no address given anywhere, so the
+  host must find the one the other nodes reach it at.
+- ``node2`` (10.77.0.3): ``slurm_scripts/worker_node.sh HEAD_FILE`` with ``PRORL_NODE_ADDR`` (the
+  Slurm README's setting for nodes whose host names do not resolve).
+- ``client`` (10.77.0.10): where the test, as the trainer, talks to the API and Redis from.
+
+Every node has its own ``TMPDIR`` (its "local disk": sandbox roots, uid leases) and hostname;
+the file system is otherwise shared, as a cluster's shared file system is.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import redis
+import requests
+
+from tests.multinode.netns import Fabric, Node
+
+ROOT = Path(__file__).resolve().parents[2]
+SLURM = ROOT / "slurm_scripts"
+REDIS_PORT, API_PORT, LLM_PORT = 6379, 8000, 8100
+ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model",
+          "step_s=0.002,capacity=64"]
+# Fast failure detection, as the test suite's own stack uses (tests/conftest.py TEST_ENV).
+SETTINGS = {
+    "PRORL_SWEEP_INTERVAL_S": "1", "PRORL_STAGE_LEASE_S": "3", "PRORL_STAGE_REQUEUE_AFTER_S": "5",
+    "PRORL_CONSUMER_WATCHDOG_S": "2", "PRORL_HOST_HEARTBEAT_S": "1", "PRORL_SANDBOX_WARM": "1",
+    "PRORL_SANDBOX_RUNTIME": "bwrap", "PRORL_LLM_CALL_TIMEOUT_S": "20",
+}
+CAPACITY = 6            # sandboxes per worker node
+QUEUE_THREADS = {"init": 4, "run": 8, "eval": 4, "maint": 1}
+
+
+def base_env(tmpdir: Path | None = None, **extra: str) -> dict[str, str]:
+    """A clean environment: nothing of the test process's own (loopback) Redis or token."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(SETTINGS, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    if tmpdir is not None:
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmpdir)
+    env.update(extra)
+    return env
+
+
+def poll(predicate: Callable[[], object], timeout: float, what: str,
+         diagnose: Callable[[], str] | None = None, pause: float = 0.3) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except (requests.RequestException, redis.RedisError, OSError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}"
+                                 + (f"\n{diagnose()}" if diagnose else ""))
+        time.sleep(pause)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            for word in shlex.split(line):
+                key, _, value = word.partition("=")
+                values[key] = value
+    return values
+
+
+@dataclass
+class Cluster:
+    fabric: Fabric
+    work: Path
+    head: Node = field(init=False)
+    node1: Node = field(init=False)
+    node2: Node = field(init=False)
+    client: Node = field(init=False)
+    head_file: Path = field(init=False)
+    head_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.head = self.fabric.node("head", 1)
+        self.node1 = self.fabric.node("node1", 2)
+        self.node2 = self.fabric.node("node2", 3)
+        self.client = self.fabric.node("client", 10)
+        self.head_file = self.work / "prorl-head.env"
+        self.logs = self.work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    # -- what the head published -----------------------------------------------------------
+    @property
+    def api(self) -> str:
+        return self.head_env["PRORL_API_URL"]
+
+    @property
+    def token(self) -> str:
+        return self.head_env["PRORL_API_TOKEN"]
+
+    @property
+    def redis_url(self) -> str:
+        return self.head_env["PRORL_REDIS_URL"]
+
+    def http(self, method: str, path: str, node: Node | None = None, **kwargs) -> requests.Response:
+        """An API call made from ``node`` (default: the client namespace)."""
+        headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
+        kwargs.setdefault("timeout", 30)
+        return (node or self.client).call(requests.request, method, f"{self.api}{path}",
+                                          headers=headers, **kwargs)
+
+    def redis(self) -> redis.Redis:
+        """A client of the head's Redis. It connects lazily, in the namespace of the thread that
+        first uses each connection: use it only inside ``node.call`` (from the test's own
+        namespace, 10.77.0.1 is not this cluster)."""
+        return redis.Redis.from_url(self.redis_url)
+
+    def diagnose(self) -> str:
+        tails = []
+        for log in sorted(self.logs.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-15:]
+            tails.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(tails)
+
+    # -- starting the parts ----------------------------------------------------------------
+    def start_head(self) -> None:
+        env = base_env(self.head.scratch, PRORL_STATE_DIR=str(self.work / "head-state"),
+                       PRORL_LOG_DIR=str(self.logs), PRORL_HEAD_FILE=str(self.head_file),
+                       PRORL_HEAD_ADDR=self.head.address, PRORL_REDIS_PORT=str(REDIS_PORT),
+                       PRORL_API_PORT=str(API_PORT), PRORL_FLOWER="0", PRORL_API_THREADS="32",
+                       PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM))
+        self.head.spawn("head-sbatch", ["bash", str(SLURM / "head.sbatch")], env, self.logs,
+                        cwd=self.work)
+        poll(self.head_file.exists, 180, "the head's address file", self.diagnose)
+        self.head_env = read_env_file(self.head_file)
+        llm_env = base_env(self.head.scratch, PRORL_REDIS_URL=self.redis_url)
+        self.head.spawn("fake-llm", [sys.executable, "-m", "prorl_celery.cli", "fake-llm",
+                                     "--host", self.head.address, "--port", str(LLM_PORT), *ORACLE],
+                        llm_env, self.logs)
+        poll(lambda: self.client.call(requests.get, f"{self.llm_url}/health", timeout=3).ok, 60,
+             "the fake LLM server", self.diagnose)
+
+    @property
+    def llm_url(self) -> str:
+        return f"http://{self.head.address}:{LLM_PORT}"
+
+    def node_env(self, node: Node, **extra: str) -> dict[str, str]:
+        return base_env(node.scratch, PRORL_REDIS_URL=self.redis_url,
+                        PRORL_API_TOKEN=self.token, **extra)
+
+    def start_readme_node(self, node: Node) -> None:
+        """The README's cluster commands, one process each."""
+        env = self.node_env(node)
+        py = [sys.executable, "-m"]
+        node.spawn("sandbox-host", [*py, "prorl_celery.cli", "sandbox-host", "--host", "0.0.0.0",
+                                    "--capacity", str(CAPACITY)], env, self.logs)
+        for queue, threads in QUEUE_THREADS.items():
+            node.spawn(f"worker-{queue}", [*py, "celery", "-A", "prorl_celery", "worker", "-Q", queue,
+                                           "-n", f"{queue}@%h", "-c", str(threads), "--loglevel",
+                                           "INFO", "--without-mingle", "--without-gossip"],
+                       env, self.logs)
+
+    def start_slurm_node(self, node: Node) -> None:
+        """``worker_node.sh`` run by hand, as its header says it may be."""
+        env = self.node_env(node, PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM),
+                            PRORL_STATE_DIR=str(self.work / f"{node.name}-state"),
+                            PRORL_LOG_DIR=str(self.logs), PRORL_NODE_ADDR=node.address,
+                            PRORL_SANDBOX_CAPACITY=str(CAPACITY),
+                            **{f"PRORL_{q.upper()}_CONCURRENCY": str(n) for q, n in QUEUE_THREADS.items()})
+        node.spawn("worker-node-sh", ["bash", str(SLURM / "worker_node.sh"), str(self.head_file)],
+                   env, self.logs, cwd=self.work)
+
+    def hosts(self) -> dict[str, dict]:
+        """Live sandbox hosts as /healthz lists them: host id -> record."""
+        body = self.http("GET", "/healthz").json()
+        return {h["host_id"]: h for h in body["sandbox_hosts"]}
+
+    def wait_ready(self, hosts: int = 2, timeout: float = 240) -> dict:
+        """Until /healthz shows ``hosts`` sandbox hosts and a worker per node on each queue."""
+        def ready() -> dict | None:
+            body = self.http("GET", "/healthz").json()
+            enough = all(body["workers"].get(q, 0) >= hosts for q in ("init", "run", "eval"))
+            return body if enough and len(body["sandbox_hosts"]) >= hosts else None
+        return poll(ready, timeout, f"{hosts} sandbox hosts and workers", self.diagnose, pause=1)
+
+    def reap_cgroups(self, node: Node) -> int:
+        """The cgroups of sandboxes whose host died with ``node`` (what a host restarted on that
+        node would sweep at its start)."""
+        from sandboxes import cgroups
+
+        roots = node.scratch / "prorl-sandboxes"
+        return sum(cgroups.sweep(cgroups.host_key(str(path)))
+                   for path in (roots.iterdir() if roots.is_dir() else []) if path.is_dir())
+
+    def stop(self) -> None:
+        for node in (self.node1, self.node2, self.head):
+            if node in self.fabric.nodes:
+                node.stop()
+                self.reap_cgroups(node)

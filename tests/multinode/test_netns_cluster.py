@@ -1,0 +1,171 @@
+"""More than one node, for real (issue 13, item 6): a head and two worker nodes in network
+namespaces on one machine (tests/multinode/cluster.py), bwrap sandboxes on each worker node.
+
+Every address a part publishes (the head file's Redis and API URLs, each sandbox host's URL, the
+LLM backend) is reached from the other namespaces, with its secret still required; rollouts spread
+over both nodes; then every process of one worker node is killed at once mid-batch and its
+namespace removed, and the batch must still end completed on the other node.
+
+Run with ``bash scripts/test.sh -m multinode`` (root: namespaces, veth pairs, a freezer cgroup).
+"""
+from __future__ import annotations
+
+import ipaddress
+import time
+import urllib.parse
+from collections import Counter
+
+import pytest
+import redis
+import requests
+
+from prorl_celery.jobs import JobStore
+from sandboxes.client import live_hosts
+from tasks.fixtures.tasks import MATH
+from tests.multinode import netns
+from tests.multinode.cluster import Cluster, poll
+
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900),
+              pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))]
+SUBNET = ipaddress.ip_network("10.77.0.0/24")
+TERMINAL = {"completed", "failed", "cancelled", "timeout"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    work = tmp_path_factory.mktemp("multinode")
+    with netns.fabric() as fabric:
+        built = Cluster(fabric, work)
+        try:
+            built.start_head()
+            built.start_readme_node(built.node1)
+            built.start_slurm_node(built.node2)
+            built.wait_ready()
+            resp = built.http("POST", "/llm_servers", json={"address": built.llm_url})
+            assert resp.status_code == 201, resp.text
+            yield built
+        finally:
+            built.stop()
+
+
+def _host_of(cluster: Cluster, node: netns.Node) -> str:
+    found = [h for h, rec in cluster.hosts().items()
+             if urllib.parse.urlsplit(rec["address"]).hostname == node.address]
+    assert len(found) == 1, f"{node.name}: {cluster.hosts()}"
+    return found[0]
+
+
+def _submit(cluster: Cluster, instances: list[dict]) -> list[str]:
+    resp = cluster.http("POST", "/jobs", json={"jobs": [{"instance": i} for i in instances]})
+    assert resp.status_code == 202, resp.text
+    return resp.json()["job_ids"]
+
+
+def _wait_all(cluster: Cluster, ids: list[str], timeout: float) -> dict[str, dict]:
+    views: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    for job_id in ids:
+        while job_id not in views and time.monotonic() < deadline:
+            resp = cluster.http("GET", f"/jobs/{job_id}/wait", params={"timeout": 20}, timeout=40)
+            if resp.status_code == 200:
+                views[job_id] = resp.json()
+    return views
+
+
+def _shell(*commands: str) -> dict:
+    return {"data_source": "shell", "commands": list(commands), "sandbox": {"runtime": "bwrap"}}
+
+
+def test_every_published_address_is_reached_from_the_other_namespaces(cluster):
+    head, others = cluster.head, [cluster.node1, cluster.node2, cluster.client]
+    redis_at = urllib.parse.urlsplit(cluster.redis_url)
+    assert redis_at.hostname == head.address and redis_at.password
+    assert urllib.parse.urlsplit(cluster.api).hostname == head.address
+    for node in others:
+        assert node.call(cluster.redis().ping)
+        assert cluster.http("GET", "/healthz", node=node).status_code == 200
+        # the secrets are still required on an interface every node reaches
+        bare = redis.Redis(host=redis_at.hostname, port=redis_at.port, socket_timeout=5)
+        with pytest.raises(redis.AuthenticationError):
+            node.call(bare.ping)
+        refused = node.call(requests.get, f"{cluster.api}/jobs/x", timeout=10)
+        assert refused.status_code == 401, refused.text
+
+    records = {r.host_id: r for r in cluster.client.call(live_hosts, cluster.redis())}
+    assert len(records) == 2, records
+    by_node = {cluster.node1.name: _host_of(cluster, cluster.node1),
+               cluster.node2.name: _host_of(cluster, cluster.node2)}
+    for owner, host_id in by_node.items():
+        record = records[host_id]
+        address = urllib.parse.urlsplit(record.address).hostname
+        assert ipaddress.ip_address(address) in SUBNET, record.address  # never loopback
+        for node in [head, cluster.node1, cluster.node2, cluster.client]:
+            if node.name == owner:
+                continue
+            assert node.call(requests.get, f"{record.address}/health", timeout=10).ok
+            bare = node.call(requests.get, f"{record.address}/sandboxes", timeout=10)
+            assert bare.status_code == 401, f"{record.address} from {node.name}: {bare.text}"
+            ok = node.call(requests.get, f"{record.address}/sandboxes", timeout=10,
+                           headers={"Authorization": f"Bearer {record.token}"})
+            assert ok.status_code == 200, f"{record.address} from {node.name}: {ok.text}"
+    addresses = [b["address"] for b in cluster.http("GET", "/llm_servers").json()["backends"]]
+    assert any(a.rstrip("/").startswith(cluster.llm_url) for a in addresses), addresses
+    for node in (cluster.node1, cluster.node2):
+        assert node.call(requests.get, f"{cluster.llm_url}/health", timeout=10).ok
+
+
+def test_rollouts_spread_over_both_worker_nodes(cluster):
+    hosts = {_host_of(cluster, cluster.node1), _host_of(cluster, cluster.node2)}
+    instances = [_shell("echo one", "sleep 1", "true") for _ in range(12)]
+    instances += [{"data_source": "math", **task} for task in MATH[:4]]
+    ids = _submit(cluster, instances)
+    views = _wait_all(cluster, ids, 240)
+    assert len(views) == len(ids), f"{len(ids) - len(views)} jobs never ended\n{cluster.diagnose()}"
+    statuses = Counter(v["status"] for v in views.values())
+    assert statuses == {"completed": len(ids)}, {j: v["result"] for j, v in views.items()
+                                                 if v["status"] != "completed"}
+    used = Counter(v["result"]["sandbox"]["host_id"] for v in views.values())
+    assert set(used) == hosts, used
+    assert all(v["result"]["sandbox"]["isolation"] for v in views.values())
+    workers = Counter(name.rsplit("@", 1)[-1] for v in views.values() for name in v["workers"].values())
+    assert {cluster.node1.name, cluster.node2.name} <= set(workers), workers
+
+
+def test_killing_a_worker_node_mid_batch(cluster):
+    survivor, doomed = cluster.node1, cluster.node2
+    survivor_host, doomed_host = _host_of(cluster, survivor), _host_of(cluster, doomed)
+    ids = _submit(cluster, [_shell("sleep 6", "true") for _ in range(16)])
+    store = JobStore(cluster.redis())
+
+    def on_doomed() -> list[str]:
+        records = [store.get(j) for j in ids]
+        return [r.job_id for r in records if r and r.status.value == "run" and r.sandbox
+                and r.sandbox.get("host_id") == doomed_host]
+    poll(lambda: len(cluster.client.call(on_doomed)) >= 2, 120,
+                  "rollouts running in sandboxes of the node to kill", cluster.diagnose)
+
+    doomed.kill_all()  # everything started on the node, its sandboxes included, at once
+    assert doomed.members() == [] and doomed.netns_pids() == []
+    doomed.destroy()
+    cluster.reap_cgroups(doomed)
+    cluster.fabric.nodes.remove(doomed)
+    assert doomed.netns not in netns.ip("netns", "list")
+    poll(lambda: set(cluster.hosts()) == {survivor_host}, 30, "the dead host to leave /healthz")
+
+    views = _wait_all(cluster, ids, 300)
+    assert len(views) == len(ids), f"{len(ids) - len(views)} jobs never ended\n{cluster.diagnose()}"
+    not_completed = {j: v for j, v in views.items() if v["status"] != "completed"}
+    assert all(v["result"]["sandbox"]["host_id"] == survivor_host
+               for v in views.values() if v["status"] == "completed")
+    # only rollouts whose sandbox was on the killed node may be missing a completion
+    assert all(v["result"].get("sandbox", {}).get("host_id") == doomed_host
+               for v in not_completed.values()), \
+        {j: (v["status"], v["result"].get("critical_error")) for j, v in not_completed.items()}
+    if not_completed and all(v["result"].get("critical_error") == "sandbox"
+                             for v in not_completed.values()):
+        pytest.xfail(f"{len(not_completed)} of {len(ids)} rollouts whose sandbox host was killed "
+                     "ended failed (critical_error sandbox) instead of being re-run from init on "
+                     "the surviving node: issue 13 item 4 (retry from init) has not landed")
+    assert not not_completed, {j: (v["status"], v["result"].get("critical_error"),
+                                   v["result"].get("error")) for j, v in not_completed.items()}
+
