@@ -43,9 +43,9 @@ return 1
 
 # ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
-#       8 group completion stream prefix, 9 number k of expected field/value pairs, then those
-#       k pairs (each field must hold that value; a missing field counts as ''), then the
-#       field/value pairs to set.
+#       8 group completion stream prefix, 9 number k of expected field/values pairs, then those
+#       k pairs (each field must hold one of the csv values; a missing field counts as ''), then
+#       the field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
 # A job reaching a terminal status is appended to the completion streams in the same step.
 _TRANSITION = """
@@ -57,7 +57,7 @@ if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
 local first = 10 + 2 * tonumber(ARGV[9])
 for i = 10, first - 1, 2 do
-  if (redis.call('HGET', KEYS[1], ARGV[i]) or '') ~= ARGV[i + 1] then return {0, cur} end
+  if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
 end
 local target = ARGV[2]
 if target == '' then target = cur end
@@ -202,8 +202,8 @@ class JobStore:
         args = [",".join(s.value for s in sources), target.value if target else "", require_state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect)]
-        for name, value in expect.items():
-            args += [name, str(value)]
+        for name, value in expect.items():  # a record from before attempts were counted has none
+            args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
             args += [name, _dump(value) if name in _JSON_FIELDS else value]
         ok, status = self._transition(keys=[keys.job(job_id)], args=args)

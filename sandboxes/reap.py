@@ -151,13 +151,18 @@ def _kill(pids: list[int]) -> int:
     return hit
 
 
+def processes_naming(directory: str | os.PathLike) -> list[int]:
+    """Pids of the processes whose command line names a path beneath ``directory``."""
+    needle = (str(directory).rstrip("/") + "/").encode()
+    return [pid for pid, _, cmdline in _processes() if needle in cmdline and pid != os.getpid()]
+
+
 def kill_naming(directory: Path, rounds: int = 5) -> int:
     """SIGKILL every process whose command line names a path beneath ``directory`` (again until
     none is left: a shim may exec into the next one while the scan runs)."""
-    needle = (str(directory).rstrip("/") + "/").encode()
     killed = 0
     for _ in range(rounds):
-        pids = [pid for pid, _, cmdline in _processes() if needle in cmdline and pid != os.getpid()]
+        pids = processes_naming(directory)
         if not pids:
             break
         killed += _kill(pids)
