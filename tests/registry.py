@@ -177,7 +177,7 @@ def build_python_rootfs(root: Path) -> None:
     """bash, coreutils, a Python with its standard library (less tests, tkinter ...) and pytest
     with its dependencies, copied from this machine; /usr/bin/python3 is that Python."""
     python = _python()
-    build_rootfs(root, IMAGE_TOOLS + (python, "python3"))
+    build_rootfs(root, IMAGE_TOOLS + (python,))
     stdlib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
                             capture_output=True, text=True, check=True).stdout.strip()
     target = root / stdlib.lstrip("/")
