@@ -2,7 +2,8 @@
 
 Gym's agent server (``responses_api_agents/prorl_agent``, NeMo Gym PR 1290) makes two client calls:
 ``initialize_prorl_server(prorl_url, model_endpoint)`` (``POST /start``, then ``POST /add_llm_server``
-with its model server's ``http://host:port/v1``) and ``call_prorl_process(prorl_url, instance,
+with its model server's ``http://host:port/v1``; the replacement here registers it in the
+``nemo-gym`` chat dialect instead) and ``call_prorl_process(prorl_url, instance,
 sampling_params, job_id, timeout_seconds)`` (``POST /process``). Neither sends an ``Authorization``
 header, which this service requires on every route, and the first only prints a warning when a
 call fails, so a refused registration shows up later as every rollout failing.
@@ -32,14 +33,21 @@ def _headers(token: str | None) -> dict[str, str]:
 
 
 def initialize(prorl_url: str, model_endpoint: str, token: str | None = None) -> dict[str, Any]:
-    """``POST /start`` (already running is fine) and ``POST /add_llm_server``; raises
-    ``requests.HTTPError`` when either is refused. Returns the registration's answer."""
+    """``POST /start`` (already running is fine), then the model server's registration; raises
+    ``requests.HTTPError`` when either is refused. Returns the registration's answer.
+
+    Gym's own call registers through ``/add_llm_server``, which takes only an address (the ``vllm``
+    chat dialect); this one registers through ``POST /llm_servers`` in the ``nemo-gym`` dialect, so
+    each turn's ids go back on its assistant message (NeMo RL's vLLM continues from them), with
+    the probe asking for tool calls and exact ids (a model server without
+    ``return_token_id_information`` is refused now, not found out from the trajectories)."""
     headers = _headers(token)
     started = requests.post(f"{prorl_url}/start", headers=headers, timeout=30)
     if started.status_code != 400:  # 400: already running, as in the reference system
         started.raise_for_status()
-    added = requests.post(f"{prorl_url}/add_llm_server", json={"address": model_endpoint},
-                          headers=headers, timeout=30)
+    added = requests.post(f"{prorl_url}/llm_servers", json={
+        "address": model_endpoint, "protocol": "chat", "dialect": "nemo-gym", "tools": True, "exact_tokens": True},
+        headers=headers, timeout=120)
     added.raise_for_status()
     return added.json()
 

@@ -4,6 +4,7 @@
   repetition_penalty, which the OpenAI API rejects);
 - ``vllm`` (the default): plus vLLM's sampling fields and ``return_token_ids`` (vLLM >= 0.10.2:
   the exact prompt and response ids);
+- ``nemo-gym``: ``vllm`` plus the earlier turns' ids on their assistant messages (below);
 - ``sglang``: vLLM's sampling names, no ``return_token_ids``;
 - ``llama.cpp``: ``repeat_penalty``, top_k 0 = off, a fixed sampler chain, logprobs of the raw
   distribution (``post_sampling_probs`` false); each logprob entry carries its token ``id``, so
@@ -18,10 +19,11 @@ which put ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_pr
 message. The message's bundle comes whole (Gym's rule: all three or none) and wins; vLLM's fields,
 when also there, must agree with it.
 
-In the ``vllm`` dialect the previous turn's ids go back on its assistant message in the history
-(the same three fields): NeMo RL's vLLM (behind Gym or not) then builds the next prompt from them
-(its ``required_prefix_token_ids``) instead of re-rendering the history, so every prompt extends the
-last one id for id; a stock vLLM ignores the extra keys.
+The ``nemo-gym`` dialect is ``vllm``'s body plus the previous turn's ids back on its assistant
+message in the history (the same three fields): NeMo RL's vLLM behind Gym's model server then
+builds the next prompt from them (its ``required_prefix_token_ids``) instead of re-rendering the
+history, so every prompt extends the last one id for id. The ``vllm`` dialect sends only what vLLM
+itself reads (a stock vLLM has no use for those keys: they were only weight on every request).
 
 A logprob count other than the response's token count is a :class:`LogprobMismatch` (retried
 on another backend), never padded.
@@ -39,7 +41,8 @@ from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call
 
 # The logprob definition a dialect's server uses unless the backend was registered with another.
-DEFAULT_LOGPROBS_MODE = {Dialect.VLLM: "raw_logprobs", Dialect.LLAMACPP: "raw_logprobs"}
+DEFAULT_LOGPROBS_MODE = {Dialect.VLLM: "raw_logprobs", Dialect.NEMO_GYM: "raw_logprobs",
+                         Dialect.LLAMACPP: "raw_logprobs"}
 LLAMACPP_SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 
 
@@ -48,11 +51,11 @@ def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | Non
     dialect = slot.dialect or Dialect.VLLM
     names = {Dialect.OPENAI: "openai", Dialect.LLAMACPP: "llama.cpp", Dialect.SGLANG: "sglang-chat"}.get(dialect, "vllm")
     messages = request.messages
-    if dialect is Dialect.VLLM:
+    if dialect is Dialect.NEMO_GYM:
         messages = with_token_history(messages, request.previous)
     body: dict[str, Any] = {"model": model, "messages": messages, "logprobs": True,
                             **sampling_body(request, names, max_tokens, chat=True)}
-    if dialect is Dialect.VLLM:
+    if dialect in (Dialect.VLLM, Dialect.NEMO_GYM):
         body["return_token_ids"] = True
     elif dialect is Dialect.LLAMACPP:
         body["samplers"] = LLAMACPP_SAMPLERS

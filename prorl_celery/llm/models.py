@@ -24,7 +24,8 @@ class Dialect(str, Enum):
     (``POST /inference/v1/generate``), ``llama.cpp`` (``POST /completion`` with a token-id prompt),
     ``fake`` (the project's fake server only: ``{"prompt_ids"}`` -> ``{"response_ids"}``).
     chat (OpenAI chat completions): ``openai`` (strict OpenAI fields), ``vllm`` (plus
-    ``return_token_ids``), ``sglang``, ``llama.cpp``.
+    ``return_token_ids``), ``nemo-gym`` (NeMo Gym's model server: vLLM's fields, and each earlier
+    turn's token ids back on its assistant message), ``sglang``, ``llama.cpp``.
     """
 
     FAKE = "fake"
@@ -34,11 +35,12 @@ class Dialect(str, Enum):
     LLAMACPP = "llama.cpp"
     OPENAI = "openai"
     VLLM = "vllm"
+    NEMO_GYM = "nemo-gym"
 
 
 GENERATE_DIALECTS = frozenset({Dialect.FAKE, Dialect.SGLANG, Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE,
                                Dialect.LLAMACPP})
-CHAT_DIALECTS = frozenset({Dialect.OPENAI, Dialect.VLLM, Dialect.SGLANG, Dialect.LLAMACPP})
+CHAT_DIALECTS = frozenset({Dialect.OPENAI, Dialect.VLLM, Dialect.NEMO_GYM, Dialect.SGLANG, Dialect.LLAMACPP})
 
 
 class BackendStatus(str, Enum):
@@ -58,7 +60,7 @@ class BackendSpec(BaseModel):
     protocol: Protocol = Field(Protocol.CHAT, description="chat (OpenAI-compatible) or generate (token ids).")
     dialect: Dialect | None = Field(None, description="The server's API: generate needs one of fake, sglang, "
                                                       "vllm-completions, vllm-generate, llama.cpp; chat takes "
-                                                      "openai, vllm (default), sglang, llama.cpp.")
+                                                      "openai, vllm (default), nemo-gym, sglang, llama.cpp.")
     model: str | None = Field(None, description="Model name to send; default: the first of /v1/models.")
     weight_version: str | None = Field(None, description="Version of the weights it serves now.")
     max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")

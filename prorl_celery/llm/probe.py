@@ -24,11 +24,14 @@ PROBE_TOOL = {"type": "function", "function": {
 # What each server needs started to answer what was asked (shown with the server's own message).
 FLAGS = {
     "tools": {Dialect.VLLM: "--enable-auto-tool-choice --tool-call-parser hermes",
+              Dialect.NEMO_GYM: "a vLLM behind Gym's model server started with --enable-auto-tool-choice "
+                                "--tool-call-parser",
               Dialect.LLAMACPP: "--jinja (and a chat template with tool calls, e.g. --chat-template-file)",
               Dialect.SGLANG: "--tool-call-parser"},
     "dialect": {Dialect.VLLM_GENERATE: "--enable-scale-out (serves /inference/v1/generate)",
                 Dialect.VLLM_COMPLETIONS: "vLLM >= 0.10.2 (return_token_ids)"},
     "exact_tokens": {Dialect.VLLM: "vLLM >= 0.10.2 (return_token_ids)",
+                     Dialect.NEMO_GYM: "return_token_id_information: true in the Gym model server's config",
                      Dialect.OPENAI: "none: the OpenAI API returns no token ids; use dialect vllm or llama.cpp",
                      Dialect.SGLANG: "none: use the generate protocol with dialect sglang"},
 }

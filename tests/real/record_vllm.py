@@ -60,10 +60,11 @@ def main(tools: str, no_tools: str) -> None:
     record("detokenize", tools, "POST", "/detokenize", {"model": SERVED_NAME, "tokens": ids[-8:]})
     record("completions_ids", tools, "POST", "/v1/completions", {
         "model": SERVED_NAME, "prompt": ids, "max_tokens": 16, "logprobs": 0, "return_token_ids": True,
+        "return_tokens_as_token_ids": True, "echo": False, "n": 1, "stream": False,
         "skip_special_tokens": False, "stop_token_ids": [2], **SAMPLING})
     record("completions_prompt_logprobs", tools, "POST", "/v1/completions", {
         "model": SERVED_NAME, "prompt": ids[:12], "max_tokens": 1, "prompt_logprobs": 0, "logprobs": 0,
-        "return_token_ids": True, **SAMPLING})
+        "return_token_ids": True, "return_tokens_as_token_ids": True, **SAMPLING})
     record("completions_default_max_tokens", tools, "POST", "/v1/completions", {
         "model": SERVED_NAME, "prompt": ids, "return_token_ids": True, "ignore_eos": True, **SAMPLING})
     # a prompt that fits but leaves less room than max_tokens: vLLM clips, answers 200

@@ -161,10 +161,10 @@ def test_probe_accepts_a_gym_model_server(api, only_the_standin):
     """Registration with the probe (tools and exact ids asked for) accepts Gym's model server,
     which has no GET /v1/models and reports its ids on the message."""
     with GymModelServer([]) as gym:
-        resp = requests.post(f"{api}/llm_servers", json={"address": f"{gym.url}/v1", "tools": True,
-                                                         "exact_tokens": True}, timeout=30)
+        resp = requests.post(f"{api}/llm_servers", json={"address": f"{gym.url}/v1", "dialect": "nemo-gym",
+                                                         "tools": True, "exact_tokens": True}, timeout=30)
         assert resp.status_code == 201, resp.text
-        assert resp.json()["backend"]["dialect"] in (None, "vllm")
+        assert resp.json()["backend"]["dialect"] == "nemo-gym"
         assert gym.requests and gym.requests[-1]["max_tokens"] == 1
 
 
@@ -189,6 +189,10 @@ def test_process_meets_nemo_gym_prorl_agent_contract(api, stack, only_the_standi
     with GymModelServer(_episode(instance["patch"])) as gym:
         # Gym's model_post_init: /start (400 if running is fine), /add_llm_server with http://host:port/v1
         gym_agent.initialize_prorl_server(api, f"{gym.url}/v1")
+        listed = requests.get(f"{api}/llm_servers", timeout=10).json()["backends"]
+        assert [b["dialect"] for b in listed] == ["nemo-gym"]
+        assert [body["max_tokens"] for body in gym.requests] == [1]  # the registration probe
+        del gym.requests[:], gym.replies[:]
         # Gym's _run_with_prorl: the instance dict, three sampling params, the instance id as job id
         result = asyncio.run(gym_agent.call_prorl_process(
             api, instance, {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 4096},
@@ -253,3 +257,28 @@ def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
                      (completion(bundle, prompt_token_ids=[9, 9]), "disagree")):
         with pytest.raises(ValueError, match=why):  # generate() reports it as BackendFailed
             ChatClient._turn(slot, request, "policy", bad)
+
+
+def test_only_the_nemo_gym_dialect_sends_the_token_history():
+    """The ids of the previous turn go back on its assistant message for Gym's model server
+    (``nemo-gym``); the ``vllm`` dialect sends only what vLLM reads."""
+    from prorl_celery.llm.chat import GYM_FIELDS, chat_body
+    from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
+
+    previous = Turn(backend_id="b", address="http://gym", weight_version=None, protocol=Protocol.CHAT, model="m",
+                    content="ok", prompt_ids=[1, 4, 20], response_ids=[30, 2], logprobs=[-0.1, -0.2],
+                    message_count=1)
+    messages = [{"role": "user", "content": "hi"}, previous.message, {"role": "user", "content": "again"}]
+    request = LLMRequest(messages=messages, previous=previous)
+    bodies = {}
+    for dialect in (Dialect.VLLM, Dialect.NEMO_GYM):
+        from prorl_celery.llm.routing import Slot
+        slot = Slot("b", "http://gym", Protocol.CHAT, "m", None, None, None, None, None, dialect, None)
+        bodies[dialect] = chat_body(slot, request, "m")
+        assert bodies[dialect]["return_token_ids"] is True
+    assert not any(field in m for m in bodies[Dialect.VLLM]["messages"] for field in GYM_FIELDS)
+    assert bodies[Dialect.VLLM]["messages"] == messages
+    sent = bodies[Dialect.NEMO_GYM]["messages"][1]
+    assert (sent["prompt_token_ids"], sent["generation_token_ids"], sent["generation_log_probs"]) == \
+        ([1, 4, 20], [30, 2], [-0.1, -0.2])
+    assert request.messages[1] == previous.message  # the request's own history is not changed
