@@ -36,14 +36,10 @@ make one, else RLIMIT_FSIZE. The rest are rlimits the shell sets.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -54,6 +50,7 @@ from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, Limits, SandboxSpec
 from sandboxes.bwrap import SANDBOX_PATH, BwrapShell
 from sandboxes.netns import HELPER_ENV
+from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
 from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles, quota_supported
@@ -81,7 +78,8 @@ class SingularityConfig(BaseModel):
     writable_tmpfs: bool = Field(False, description="A throw-away writable layer over the image "
                                  "(--writable-tmpfs); off: the image is read-only, as bwrap's.")
     extra_options: list[str] = Field([], description="More `exec` options, e.g. --nv.")
-    pull_timeout_s: float = Field(1800.0, description="Longest image pull.")
+    pull_timeout_s: float | None = Field(None, description="Longest image pull; default: "
+                                         "settings.sandbox_image_pull_timeout_s.")
     uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
                                                  "host runs as root (bwrap's range: one lease).")
     uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
@@ -100,20 +98,6 @@ def binary(configured: str | None = None) -> str | None:
             found = shutil.which(candidate)
             return found if found else None
     return shutil.which("apptainer") or shutil.which("singularity")
-
-
-def run_cli(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """A short apptainer command; on timeout its whole process group is killed."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(HELPER_ENV, HOME=os.path.expanduser("~")), cwd="/",
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise SandboxError(f"{' '.join(argv[:3])} took over {timeout:.0f}s") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 # -- pure: command lines ----------------------------------------------------------------------
@@ -165,29 +149,6 @@ def inner_env(config: SingularityConfig, spec: SandboxSpec) -> dict[str, str]:
     base = {"PATH": SANDBOX_PATH, "HOME": config.mount, "USER": "root", "LOGNAME": "root",
             "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash", "HOSTNAME": config.hostname}
     return {**NONINTERACTIVE_ENV, **base, **spec.env}
-
-
-# -- images -----------------------------------------------------------------------------------
-def cached_image_path(cache_dir: str, ref: str) -> str:
-    digest = hashlib.sha256(ref.encode()).hexdigest()[:24]
-    return os.path.join(cache_dir, f"{digest}.sif")
-
-
-def pull_image(binary_path: str, ref: str, cache_dir: str, timeout: float) -> str:
-    """The local .sif of ``ref``, pulled once: concurrent sandboxes wait on the same lock."""
-    os.makedirs(cache_dir, exist_ok=True)
-    final = cached_image_path(cache_dir, ref)
-    with open(final + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(final):
-            partial = f"{final}.{os.getpid()}.part"
-            done = run_cli([binary_path, "--quiet", "pull", "--force", partial, ref], timeout)
-            if done.returncode != 0 or not os.path.exists(partial):
-                if os.path.exists(partial):
-                    os.unlink(partial)
-                raise SandboxError(f"could not pull image {ref!r}: {done.stderr.strip()[-800:]}")
-            os.replace(partial, final)
-    return final
 
 
 # -- instances (none are made any more; what an older runtime left is swept) -------------------
@@ -286,8 +247,14 @@ class SingularitySandbox(WorkspaceFiles):
         if not image:
             raise SandboxError("the singularity runtime needs an image (spec.image or config.image)")
         if _REMOTE.match(image):
+            options, errors = (), None
+            if image.startswith("docker://"):
+                image, options, errors = docker_pull(image)
             cache = self.config.cache_dir or os.path.join(tempfile.gettempdir(), "prorl-sif-cache")
-            return pull_image(self.binary, image, cache, self.config.pull_timeout_s)
+            from config.settings import get_settings
+
+            timeout = self.config.pull_timeout_s or get_settings().sandbox_image_pull_timeout_s
+            return pull_image(self.binary, image, cache, timeout, options, errors)
         if not Path(image).exists():
             raise SandboxError(f"image {image!r} does not exist on this host")
         return image

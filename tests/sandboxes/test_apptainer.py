@@ -260,6 +260,34 @@ def test_a_killed_host_takes_its_containers_along(start_host, sif_image, sandbox
         assert _uid_processes(info["uid"]) == []
 
 
+
+# -- docker:// through apptainer pull ------------------------------------------------------------
+def test_docker_image_from_the_local_registry_is_pulled_once_and_typed_when_missing(
+        apptainer_bin, registry, python_image, sandbox_root, tmp_path):
+    """tests/registry.py's image (Python and pytest, pushed with skopeo) as a SIF: pulled over
+    plain HTTP (the test operator lists the registry as insecure), then from the cache."""
+    from prorl_celery.errors import ImageNotFound
+    from sandboxes.singularity import SingularitySandbox
+
+    config = {"root": str(sandbox_root), "cache_dir": str(tmp_path / "sif-cache")}
+    spec = SandboxSpec(image=python_image)
+    fetched = []
+    for attempt in range(2):
+        box = SingularitySandbox(spec, f"pull-{attempt}", config)
+        try:
+            out = box.exec("python3 -m pytest --version")
+            assert out.exit_code == 0 and out.output.startswith("pytest "), out
+            assert box.info()["image"].startswith(str(tmp_path / "sif-cache"))
+        finally:
+            box.close()
+        fetched.append(registry.blob_fetches("prorl/python"))
+    assert fetched[0] > 0 and fetched[1] == fetched[0]  # the second sandbox pulled nothing
+    with pytest.raises(ImageNotFound):
+        SingularitySandbox(spec.model_copy(update={"image": registry.ref("prorl/python", "nope")}),
+                           "pull-missing", config)
+    assert os.listdir(sandbox_root) == []
+
+
 # -- a SWE fixture through the whole service, in the SIF ---------------------------------------
 ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "none"]
 

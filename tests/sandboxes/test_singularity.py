@@ -10,6 +10,7 @@ import pytest
 
 from prorl_celery.errors import SandboxError
 from sandboxes import singularity as sif
+from sandboxes.runtimes import sif_images
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.procs import wait_dead
 from sandboxes.singularity import SingularityConfig
@@ -65,16 +66,16 @@ def test_instance_names_left_by_older_runtimes_are_recognised():
 
 def test_images_are_pulled_once_into_the_cache(tmp_path):
     ref = "docker://ubuntu:22.04"
-    cached = sif.cached_image_path(str(tmp_path), ref)
-    assert cached == sif.cached_image_path(str(tmp_path), ref) != sif.cached_image_path(str(tmp_path), "docker://x")
+    cached = sif_images.cached_image_path(str(tmp_path), ref)
+    assert cached == sif_images.cached_image_path(str(tmp_path), ref) != sif_images.cached_image_path(str(tmp_path), "docker://x")
     with open(cached, "wb") as fh:
         fh.write(b"SIF")
-    assert sif.pull_image("/nonexistent/apptainer", ref, str(tmp_path), timeout=5) == cached
+    assert sif_images.pull_image("/nonexistent/apptainer", ref, str(tmp_path), timeout=5) == cached
 
 
 def test_a_failed_pull_is_an_error_and_leaves_no_image(tmp_path):
     with pytest.raises(SandboxError, match="could not pull image 'docker://nope:1'"):
-        sif.pull_image("/bin/false", "docker://nope:1", str(tmp_path), timeout=5)
+        sif_images.pull_image("/bin/false", "docker://nope:1", str(tmp_path), timeout=5)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 
@@ -82,7 +83,7 @@ def test_a_cli_call_over_its_time_is_killed_with_its_children(tmp_path):
     marker = tmp_path / "child.pid"
     started = time.monotonic()
     with pytest.raises(SandboxError, match="took over"):
-        sif.run_cli(["sh", "-c", f"sleep 30 & echo $! > {marker}; wait"], timeout=0.5)
+        sif_images.run_cli(["sh", "-c", f"sleep 30 & echo $! > {marker}; wait"], timeout=0.5)
     assert time.monotonic() - started < 3
     assert wait_dead([int(marker.read_text())], timeout=2)
 
