@@ -28,39 +28,16 @@ import secrets
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prorl_celery.errors import ImageTooLarge, ImageUnavailable
+from sandboxes.runtimes.image_lease import FileLock, ImageLease
 from sandboxes.runtimes.image_pull import Tools, image_config, layer_bytes, sanitize
 from sandboxes.runtimes.images import ImageRef
 from sandboxes.safedirs import private_dir, remove_tree
 
 log = logging.getLogger(__name__)
 _MB = 1 << 20
-
-
-@dataclass
-class ImageLease:
-    """An image a sandbox runs in; held (the image cannot be evicted) until :meth:`release`."""
-
-    ref: str
-    digest: str
-    rootfs: str
-    env: dict[str, str]
-    workdir: str | None
-    pulled: bool  # True: this create pulled it (or waited for a concurrent pull); False: cached
-    seconds: float
-    _fd: int | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # drops the shared flock
-            self._fd = None
-
-    def info(self) -> dict:
-        return {"image_digest": self.digest, "image_cache": "pulled" if self.pulled else "hit",
-                "image_s": round(self.seconds, 3)}
 
 
 def _hex(digest: str) -> str:
@@ -274,32 +251,7 @@ class ImageCache:
         os.replace(tmp, path)
 
     def _exclusive(self, path: Path, deadline: float | None = None, ref: ImageRef | None = None):
-        return _FileLock(path, deadline, ref)
-
-
-class _FileLock:
-    """An exclusive flock on ``path``, waited for until ``deadline`` (None: without end)."""
-
-    def __init__(self, path: Path, deadline: float | None, ref: ImageRef | None):
-        self.path, self.deadline, self.ref = path, deadline, ref
-        self.fd: int | None = None
-
-    def __enter__(self) -> "_FileLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if self.deadline else 0))
-                return self
-            except BlockingIOError:
-                if time.monotonic() >= self.deadline:
-                    os.close(self.fd)
-                    name = self.ref.canonical if self.ref else self.path.name
-                    raise ImageUnavailable(f"another sandbox host's pull of {name!r} did not end "
-                                           "in time", field="spec.image") from None
-                time.sleep(0.1)
-
-    def __exit__(self, *exc_info) -> None:
-        os.close(self.fd)
+        return FileLock(path, deadline, ref)
 
 
 @functools.cache

@@ -207,3 +207,20 @@ def test_an_image_over_the_budget_is_refused_and_leaves_nothing(cache_dir, regis
     with pytest.raises(ImageTooLarge, match="unpacks to"):  # small compressed, large unpacked
         cache.acquire(bomb)
     assert cache.images() == [] and not [p for p in (cache_dir / "images").iterdir() if p.is_dir()]
+
+
+def test_an_oci_layout_beneath_the_image_dirs_is_an_image_too(start_host, cache_dir, python_image):
+    from sandboxes.safedirs import private_dir
+
+    images = private_dir(os.environ["PRORL_SANDBOX_IMAGE_DIRS"], 0o755)
+    layout = Path(tempfile.mkdtemp(prefix="layout-", dir=images))
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", python_image,
+                    f"oci:{layout}:py"], check=True)
+    host = image_host(start_host, cache_dir)
+    entry = create(host, f"oci:{layout}:py")
+    assert entry["info"]["image_cache"] == "pulled"
+    assert run(host, entry, "python3 -m pytest --version")["exit_code"] == 0
+    close(host, entry)
+    status, error = create_error(host, f"oci:{layout}:no-such-tag")
+    assert (status, error["type"]) == (404, "image_not_found"), error
+    subprocess.run(["rm", "-rf", str(layout)], check=False)
