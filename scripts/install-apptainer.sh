@@ -21,9 +21,15 @@ prefix=${PRORL_APPTAINER_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/prorl-celery/ap
 mirror=${PRORL_APPTAINER_MIRROR:-http://deb.debian.org/debian}
 root=$prefix/root
 bin=$root/usr/bin/apptainer
+recipe=2  # bump when what this script makes changes: older installs are made again
 say() { echo "install-apptainer: $*" >&2; }
 
-works() { [[ -f $root/.prorl-installed ]] && "$bin" --version >/dev/null 2>&1; }
+works() { [[ $(head -n1 "$root/.prorl-installed" 2>/dev/null) == "recipe $recipe" ]] &&
+          "$bin" --version >/dev/null 2>&1; }
+if works; then echo "$bin"; exit 0; fi
+mkdir -p "$prefix"
+exec 9>"$prefix/.lock"
+flock 9  # one install at a time; a concurrent one may have finished meanwhile
 if works; then echo "$bin"; exit 0; fi
 for tool in apt-get dpkg; do
   command -v $tool >/dev/null 2>&1 || { say "needs $tool (a Debian system)"; exit 1; }
@@ -62,9 +68,11 @@ for deb in "$apt"/debs/*.deb; do
   esac
 done
 patchelf=$(command -v patchelf || echo "$prefix/patchelf/usr/bin/patchelf")
-# Relocated, apptainer looks for etc/ and var/ beside its bin/ and its libexec directory.
+# Relocated, apptainer looks for etc/ and var/ beside its bin/ and one level above its libexec
+# directory (the latter when a non-root user's SIF is extracted to a temporary sandbox).
 ln -s ../etc "$stage/usr/etc"
 ln -s ../var "$stage/usr/var"
+ln -s ../../etc "$stage/usr/lib/etc"
 ln -s ../../var "$stage/usr/lib/var"
 mkdir -p "$stage/var/lib/apptainer/mnt/session"
 lib=$root/usr/lib/x86_64-linux-gnu  # the final location: the stage is renamed to it
@@ -85,6 +93,6 @@ echo "binary path = $root/usr/bin:\$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbi
 rm -rf "$root"
 mv "$stage" "$root"
 version=$("$bin" --version) || { say "the unpacked apptainer does not run"; exit 1; }
-echo "$version" >"$root/.prorl-installed"
+printf 'recipe %s\n%s\n' "$recipe" "$version" >"$root/.prorl-installed"
 say "$version in $root"
 echo "$bin"
