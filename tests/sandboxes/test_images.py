@@ -224,3 +224,51 @@ def test_an_oci_layout_beneath_the_image_dirs_is_an_image_too(start_host, cache_
     status, error = create_error(host, f"oci:{layout}:no-such-tag")
     assert (status, error["type"]) == (404, "image_not_found"), error
     subprocess.run(["rm", "-rf", str(layout)], check=False)
+
+
+def test_a_registry_that_never_answers_fails_the_pull_in_time(cache_dir):
+    import socket
+
+    from prorl_celery.errors import ImageUnavailable
+    from sandboxes.runtimes.images import parse_docker
+
+    with socket.socket() as silent:  # accepts connections (backlog) and never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        ref = parse_docker(f"docker://127.0.0.1:{silent.getsockname()[1]}/prorl/python:3")
+        cache = ImageCache(cache_dir, 1024, pull_timeout_s=3, refresh_s=300)
+        started = time.monotonic()
+        with pytest.raises(ImageUnavailable, match="did not finish in time"):
+            cache.acquire(ref)
+        assert time.monotonic() - started < 10
+
+
+def test_a_known_tag_survives_its_registry_going_away(cache_dir, monkeypatch):
+    from config.settings import get_settings
+    from prorl_celery.procs import free_port
+
+    work = Path(tempfile.mkdtemp(prefix="prorl-test-registry2-"))
+    second = LocalRegistry(work, free_port())
+    monkeypatch.setenv("PRORL_SANDBOX_INSECURE_REGISTRIES", second.host)
+    get_settings.cache_clear()
+    try:
+        ref = check_reference_unlisted(push_files(second, "prorl/kept", {"data": b"kept"}))
+        cache = ImageCache(cache_dir, 1024, pull_timeout_s=30, refresh_s=0)  # ask on every create
+        cache.acquire(ref).release()
+        second.stop()
+        again = cache.acquire(ref)  # the registry is gone: the last digest known is used
+        assert not again.pulled and (Path(again.rootfs) / "data").read_bytes() == b"kept"
+        again.release()
+    finally:
+        if second.proc.poll() is None:
+            second.stop()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
+def check_reference_unlisted(image: str):
+    """The parsed reference without the allow-list (the cache itself never judges policy)."""
+    from sandboxes.runtimes.images import parse_docker
+
+    return parse_docker(image)
