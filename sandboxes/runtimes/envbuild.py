@@ -1,0 +1,355 @@
+"""Environments for instances that come without an image: a recipe built once into a rootfs.
+
+A recipe (:class:`EnvRecipe`) names the Python the node must have, pinned packages, requirement
+lines and install commands, and optionally the repository at a commit to install from (as
+SWE-bench's ``pip install -e .``). :func:`ensure_env` builds it on this node into
+``<env_dir>/env-<key>`` and returns that directory, a rootfs that bwrap sandboxes then use
+read-only as their ``image`` (the operator lists ``env_dir`` in ``PRORL_SANDBOX_IMAGE_DIRS``).
+
+- The key is a hash of the recipe (its ``name`` and ``notes`` aside) and of the base layer
+  (:mod:`sandboxes.runtimes.envbase`: the node's own packages, by version).
+- Built once: concurrent callers, threads or processes, wait on one lock and share the build; a
+  finished environment is renamed into place whole, so a half-built one is never used.
+- The build runs in a bwrap sandbox whose root is the environment, read-only but for
+  ``/usr/local`` (where pip installs), ``/root`` and ``/tmp``; the repository tree is bound at
+  ``workdir``, the path the instance's checkout has in every sandbox, so an editable install
+  points at each sandbox's own checkout. Network is the node's, at build time only (PyPI, or
+  the operator's ``PIP_INDEX_URL``); a root host runs it as ``env_build_uid``, then gives the
+  result to root. Sandboxes that use the environment get no network from it.
+- A build that fails or outlasts ``env_build_timeout_s`` raises :class:`EnvBuildFailed` with
+  the tail of its log (the whole log stays beside the environment).
+
+CLI: ``python -m sandboxes.runtimes.envbuild build RECIPE.json`` (or ``--swebench ROW.json
+--repo DIR``) prints the image directory; ``key`` prints where it would be.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prorl_celery.errors import SandboxError
+from sandboxes.runtimes import envbase, repo_overlay
+
+PIP_VERSION = "26.3"  # the first with --uploaded-prior-to is 26.x
+SEED_PACKAGES = ("setuptools==69.5.1", "wheel==0.43.0")  # what a fresh conda Python (SWE-bench's) comes with
+BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PASSED_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY",
+              "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
+MARKER = "etc/prorl-env.json"
+
+
+class EnvBuildFailed(SandboxError):
+    """An environment could not be built (a command failed, timed out, or the node lacks what
+    the recipe needs)."""
+
+    type = "env_build_failed"
+
+
+class RepoAt(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="A git directory (bare or not) holding commit, or a .tar[.xz] of the tree.")
+    commit: str = Field(description="The commit whose tree is installed (part of the key; the source path is not).")
+
+
+class EnvRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("", description="A label for people; not part of the key.")
+    python: str = Field("3", description="The Python the node's python3 must be (a version prefix, e.g. 3.11).")
+    pip_packages: list[str] = Field([], description="Requirement specifiers installed first (pins).")
+    requirements: list[str] = Field([], description="Lines of a requirements file, installed with -r.")
+    pre_install: list[str] = Field([], description="Shell commands run in workdir before any install.")
+    install: list[str] = Field([], description="Shell commands run in workdir last, e.g. 'python -m pip install -e .'.")
+    repo: RepoAt | None = Field(None, description="The repository tree bound at workdir during the build.")
+    workdir: str = Field("/workspace/repo", description="Where the repository is in the build and in every sandbox.")
+    env: dict[str, str] = Field({}, description="Variables of the build (e.g. SETUPTOOLS_SCM_PRETEND_VERSION).")
+    uploaded_prior_to: str | None = Field(None, description="ISO date: every pip resolution of the recipe (build "
+                                          "dependencies too) sees PyPI as it stood then, so unpinned "
+                                          "requirements get what they got when the recipe was written.")
+    notes: dict[str, Any] = Field({}, description="Provenance (e.g. what the specs asked for); not part of the key.")
+
+    def key(self, base: str) -> str:
+        body = self.model_dump(exclude={"name", "notes"})
+        body["repo"] = self.repo.commit if self.repo else None
+        text = json.dumps({"recipe": body, "base": base, "pip": PIP_VERSION, "seed": SEED_PACKAGES}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _settings():
+    from config.settings import get_settings
+
+    return get_settings()
+
+
+def env_dir() -> Path:
+    """``env_dir``, or its default: root's home is closed to the sandbox uids, so a root host
+    keeps environments in /var/cache."""
+    configured = _settings().env_dir
+    if configured:
+        return Path(os.path.expanduser(configured))
+    return Path("/var/cache/prorl-celery/envs") if os.geteuid() == 0 else \
+        Path.home() / ".cache" / "prorl-celery" / "envs"
+
+
+def _make_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # the build uid and the sandbox uids enter it, nobody lists it
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def ensure_base(root: Path) -> tuple[Path, str]:
+    """The base layer for this node's packages, built if missing; (its directory, fingerprint)."""
+    _make_root(root)
+    packages = envbase.closure()
+    mark = envbase.fingerprint(packages)
+    final = root / f"base-{mark}"
+    if not final.exists():
+        with _locked(root / f"base-{mark}.lock"):
+            if not final.exists():
+                scratch = Path(tempfile.mkdtemp(prefix=f".base-{mark}.", dir=root))
+                scratch.chmod(0o711)
+                try:
+                    envbase.build_base(scratch / "rootfs", packages)
+                    (scratch / "rootfs" / "etc" / "prorl-base.json").write_text(json.dumps(packages, indent=1))
+                    os.rename(scratch / "rootfs", final)
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+    return final, mark
+
+
+def _node_python(base: Path) -> str:
+    packages = json.loads((base / "etc" / "prorl-base.json").read_text())
+    version = packages.get("python3", "")
+    return version.split("-")[0]
+
+
+def key_of(recipe: EnvRecipe, root: Path | None = None) -> tuple[str, Path]:
+    root = root or env_dir()
+    _base, mark = ensure_base(root)
+    key = recipe.key(mark)
+    return key, root / f"env-{key}"
+
+
+def ensure_env(recipe: EnvRecipe, root: Path | None = None, timeout: float | None = None) -> Path:
+    """The environment's rootfs directory, built now unless it already exists (see module doc)."""
+    root = root or env_dir()
+    base, mark = ensure_base(root)
+    if not _node_python(base).startswith(recipe.python):
+        raise EnvBuildFailed(f"recipe {recipe.name or ''} wants Python {recipe.python}; this node's "
+                             f"python3 is {_node_python(base)}")
+    final = root / f"env-{recipe.key(mark)}"
+    if final.exists():
+        return final
+    with _locked(final.with_name(final.name + ".lock")):
+        if final.exists():
+            return final  # a concurrent caller built it while we waited
+        started = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        scratch.chmod(0o711)
+        try:
+            image = scratch / "rootfs"
+            _link_tree(base, image)
+            _build(recipe, image, scratch, root, final.with_suffix(".log"),
+                   timeout or _settings().env_build_timeout_s)
+            (image / MARKER).write_text(json.dumps({"recipe": recipe.model_dump(), "base": mark,
+                                                    "build_s": round(time.monotonic() - started, 1)}, indent=1))
+            os.rename(image, final)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+def _link_tree(base: Path, dest: Path) -> None:
+    """``dest`` as hard links to the base's files (the build can write only /usr/local)."""
+    for current, dirs, files in os.walk(base):
+        rel = Path(current).relative_to(base)
+        (dest / rel).mkdir(exist_ok=True)
+        shutil.copystat(current, dest / rel)
+        for name in dirs + files:
+            src = Path(current) / name
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dest / rel / name)
+            elif name in files:
+                os.link(src, dest / rel / name)
+
+
+def _repo_tree(repo: RepoAt, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    source = Path(repo.source)
+    if source.is_file():
+        command = ["tar", "-xf", str(source), "-C", str(dest), "--no-same-owner"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    else:
+        archive = subprocess.run(["git", "-C", str(source), "archive", "--format=tar", repo.commit],
+                                 capture_output=True, timeout=600)
+        if archive.returncode != 0:
+            raise EnvBuildFailed(f"no commit {repo.commit} in {source}: {archive.stderr.decode()[-500:]}")
+        done = subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=archive.stdout, capture_output=True, timeout=600)
+    if done.returncode != 0:
+        raise EnvBuildFailed(f"could not unpack the repository for the build: {str(done.stderr)[-500:]}")
+
+
+def _bootstrap_pip(root: Path) -> Path:
+    """pip's own wheel, downloaded once by this process's pip (the build runs it from the wheel)."""
+    wheels = root / "bootstrap"
+    wheels.mkdir(exist_ok=True)
+    with _locked(root / "bootstrap.lock"):
+        found = sorted(wheels.glob(f"pip-{PIP_VERSION}-*.whl"))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                            f"pip=={PIP_VERSION}"], check=False, capture_output=True, timeout=600)
+            found = sorted(wheels.glob(f"pip-{PIP_VERSION}-*.whl"))
+        if not found:
+            raise EnvBuildFailed(f"could not download pip {PIP_VERSION} to bootstrap the environment")
+    return found[0]
+
+
+def script(recipe: EnvRecipe, pip_wheel: str) -> str:
+    """The build's shell script (pure), in SWE-bench's order: requirements, pinned packages, then
+    ``pre_install`` and ``install`` in the repository."""
+    lines = ["set -euo pipefail", "mkdir -p /usr/local/bin", "ln -sf /usr/bin/python3 /usr/local/bin/python",
+             f"python3 {shlex.quote(pip_wheel)}/pip install -q --no-index {shlex.quote(pip_wheel)}",
+             "python3 -m pip install -q " + " ".join(SEED_PACKAGES)]
+    if recipe.uploaded_prior_to:
+        lines.append(f"export PIP_UPLOADED_PRIOR_TO={shlex.quote(recipe.uploaded_prior_to)}")
+    if recipe.requirements:
+        lines.append("printf '%s\\n' " + " ".join(shlex.quote(r) for r in recipe.requirements) + " > /tmp/requirements.txt")
+        lines.append("python3 -m pip install -r /tmp/requirements.txt")
+    if recipe.pip_packages:
+        lines.append("python3 -m pip install " + " ".join(shlex.quote(p) for p in recipe.pip_packages))
+    lines += [f"cd {shlex.quote(recipe.workdir)}", *recipe.pre_install, *recipe.install]
+    return "\n".join([*lines, "python3 -m pip freeze > /usr/local/prorl-freeze.txt", ""])
+
+
+def build_argv(recipe: EnvRecipe, image: Path, scratch: Path, pip_wheel: Path, uid: int | None) -> list[str]:
+    prefix = [] if uid is None else [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}",
+                                     "--clear-groups", "--"]
+    env = {"PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8", "PIP_NO_INPUT": "1",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore", "PIP_USE_PEP517": "1",
+           "PIP_CACHE_DIR": "/root/.cache/pip", "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",
+           **{k: os.environ[k] for k in PASSED_ENV if k in os.environ}, **recipe.env}
+    argv = [*prefix, shutil.which("bwrap") or "bwrap", "--unshare-all", "--share-net", "--die-with-parent",
+            "--new-session", "--uid", "0", "--gid", "0", "--hostname", "envbuild", "--clearenv",
+            "--ro-bind", str(image), "/", "--bind", str(image / "usr" / "local"), "/usr/local",
+            "--bind", str(scratch / "home"), "/root", "--bind", str(scratch.parent / "pip-cache"), "/root/.cache/pip",
+            "--bind", str(scratch / "repo"), recipe.workdir,
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--ro-bind", str(pip_wheel.parent), "/tmp/prorl-bootstrap", "--chdir", recipe.workdir]
+    if os.path.exists("/etc/resolv.conf"):
+        argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    return argv + ["bash", "-c", script(recipe, f"/tmp/prorl-bootstrap/{pip_wheel.name}")]
+
+
+def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path, timeout: float) -> None:
+    uid = _settings().env_build_uid if os.geteuid() == 0 else None
+    (scratch / "home" / ".cache" / "pip").mkdir(parents=True)
+    pip_cache = root / "pip-cache"
+    pip_cache.mkdir(exist_ok=True)
+    if recipe.repo:
+        _repo_tree(recipe.repo, scratch / "repo")
+    else:
+        (scratch / "repo").mkdir()
+    if recipe.workdir != "/workspace/repo":
+        (image / recipe.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    if uid is not None:
+        for path in (image / "usr" / "local", scratch / "home", scratch / "repo", pip_cache):
+            subprocess.run(["chown", "-R", f"{uid}:{uid}", str(path)], check=True)
+    before = _files(scratch / "repo")
+    argv = build_argv(recipe, image, scratch, _bootstrap_pip(root), uid)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise EnvBuildFailed(f"building {recipe.name or 'the environment'} took over {timeout:.0f} s "
+                                 f"(log: {log})") from None
+    if uid is not None:
+        subprocess.run(["chown", "-R", "0:0", str(image / "usr" / "local")], check=True)
+    if code != 0:
+        tail = log.read_bytes()[-2500:].decode(errors="replace")
+        raise EnvBuildFailed(f"building {recipe.name or 'the environment'} failed (exit {code}; log: {log}):\n{tail}")
+    _keep_generated(scratch / "repo", sorted(_files(scratch / "repo") - before), image, recipe.workdir)
+
+
+_NOT_KEPT = {"__pycache__", ".eggs", "build", "dist", ".git"}
+
+
+def _files(tree: Path) -> set[str]:
+    out = set()
+    for current, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if d not in _NOT_KEPT and not d.endswith(".egg-info")]
+        out.update(os.path.relpath(os.path.join(current, f), tree) for f in files)
+    return out
+
+
+def _keep_generated(tree: Path, generated: list[str], image: Path, workdir: str) -> None:
+    """Files the install wrote into the repository, kept in the image and served to every
+    checkout's imports by :mod:`sandboxes.runtimes.repo_overlay` (nothing is written there)."""
+    sites = sorted((image / "usr" / "local" / "lib").glob("python3*/dist-packages"))
+    if not generated or not sites:
+        return
+    overlay = image / repo_overlay.OVERLAY.lstrip("/")
+    for rel in generated:
+        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tree / rel, overlay / rel)
+    source = Path(repo_overlay.__file__).read_text().replace(
+        f'WORKDIR = "{repo_overlay.WORKDIR}"', f"WORKDIR = {workdir!r}")
+    (sites[-1] / "_prorl_repo_overlay.py").write_text(source)
+    (sites[-1] / "_prorl_repo_overlay.pth").write_text("import _prorl_repo_overlay\n")
+
+
+def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:
+    if args.swebench:
+        from sandboxes.runtimes.swebench_env import recipe_for_row
+
+        row = json.loads(Path(args.swebench).read_text())
+        return recipe_for_row(row, args.repo)
+    return EnvRecipe.model_validate_json(Path(args.recipe).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandboxes.runtimes.envbuild", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["build", "key"])
+    parser.add_argument("recipe", nargs="?", help="An EnvRecipe as JSON.")
+    parser.add_argument("--swebench", help="A SWE-bench row (JSON): its recipe from the swebench specs.")
+    parser.add_argument("--repo", help="With --swebench: the repository (git directory or tree tar).")
+    args = parser.parse_args(argv)
+    if not (args.recipe or args.swebench):
+        parser.error("give a recipe file or --swebench ROW.json --repo DIR")
+    recipe = _recipe_from_args(args)
+    try:
+        print(ensure_env(recipe) if args.command == "build" else key_of(recipe)[1])
+    except SandboxError as exc:
+        print(f"{exc.type}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
