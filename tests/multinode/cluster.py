@@ -9,8 +9,12 @@
   Slurm README's setting for nodes whose host names do not resolve).
 - ``client`` (10.77.0.10): where the test, as the trainer, talks to the API and Redis from.
 
-Every node has its own ``TMPDIR`` (its "local disk": sandbox roots, uid leases) and hostname;
-the file system is otherwise shared, as a cluster's shared file system is.
+Every node has its own hostname and sandbox root (its "local disk" for workspaces); the file
+system is otherwise shared, as a cluster's shared file system is. The sandbox uid leases stay in
+the machine's one lock directory: the nodes share one kernel, hence one uid space, and a host
+that starts reaps every process of a sandbox uid whose lease nobody holds in *its* lock
+directory (sandboxes/reap.py), so a node with a lock directory of its own would kill the other
+nodes' sandboxes (and any other test's on this machine).
 """
 from __future__ import annotations
 
@@ -42,14 +46,11 @@ CAPACITY = 6            # sandboxes per worker node
 QUEUE_THREADS = {"init": 4, "run": 8, "eval": 4, "maint": 1}
 
 
-def base_env(tmpdir: Path | None = None, **extra: str) -> dict[str, str]:
+def base_env(**extra: str) -> dict[str, str]:
     """A clean environment: nothing of the test process's own (loopback) Redis or token."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(SETTINGS, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    if tmpdir is not None:
-        tmpdir.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(tmpdir)
     env.update(extra)
     return env
 
@@ -135,7 +136,7 @@ class Cluster:
 
     # -- starting the parts ----------------------------------------------------------------
     def start_head(self) -> None:
-        env = base_env(self.head.scratch, PRORL_STATE_DIR=str(self.work / "head-state"),
+        env = base_env(PRORL_STATE_DIR=str(self.work / "head-state"),
                        PRORL_LOG_DIR=str(self.logs), PRORL_HEAD_FILE=str(self.head_file),
                        PRORL_HEAD_ADDR=self.head.address, PRORL_REDIS_PORT=str(REDIS_PORT),
                        PRORL_API_PORT=str(API_PORT), PRORL_FLOWER="0", PRORL_API_THREADS="32",
@@ -144,7 +145,7 @@ class Cluster:
                         cwd=self.work)
         poll(self.head_file.exists, 180, "the head's address file", self.diagnose)
         self.head_env = read_env_file(self.head_file)
-        llm_env = base_env(self.head.scratch, PRORL_REDIS_URL=self.redis_url)
+        llm_env = base_env(PRORL_REDIS_URL=self.redis_url)
         self.head.spawn("fake-llm", [sys.executable, "-m", "prorl_celery.cli", "fake-llm",
                                      "--host", self.head.address, "--port", str(LLM_PORT), *ORACLE],
                         llm_env, self.logs)
@@ -156,8 +157,8 @@ class Cluster:
         return f"http://{self.head.address}:{LLM_PORT}"
 
     def node_env(self, node: Node, **extra: str) -> dict[str, str]:
-        return base_env(node.scratch, PRORL_REDIS_URL=self.redis_url,
-                        PRORL_API_TOKEN=self.token, **extra)
+        return base_env(PRORL_REDIS_URL=self.redis_url, PRORL_API_TOKEN=self.token,
+                        PRORL_SANDBOX_ROOT=str(node.scratch / "sandboxes"), **extra)
 
     def start_readme_node(self, node: Node) -> None:
         """The README's cluster commands, one process each."""
@@ -199,7 +200,7 @@ class Cluster:
         node would sweep at its start)."""
         from sandboxes import cgroups
 
-        roots = node.scratch / "prorl-sandboxes"
+        roots = node.scratch / "sandboxes"
         return sum(cgroups.sweep(cgroups.host_key(str(path)))
                    for path in (roots.iterdir() if roots.is_dir() else []) if path.is_dir())
 

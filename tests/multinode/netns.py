@@ -32,8 +32,8 @@ import psutil
 
 NETNS_DIR = Path("/run/netns")
 FREEZER = Path("/sys/fs/cgroup/freezer")
-SCRATCH = Path("/tmp")  # each node's local disk: /tmp/prorl-mn-<pid>/<node> (0755, so that
-                        # the sandboxes' unprivileged uids can traverse it, unlike pytest's tmp)
+SCRATCH = Path("/tmp")  # each node's local disk for workspaces: /tmp/prorl-mn-<pid>/<node>
+                        # (0755: the sandboxes' unprivileged uids traverse it, unlike pytest's tmp)
 PREFIX = "prorl-mn-"
 _CLONE_NEWNET = 0x40000000
 _ENTER = 'echo $$ > "$0" && exec "$@"'        # join the cgroup, then become the command
