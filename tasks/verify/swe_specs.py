@@ -48,6 +48,7 @@ START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
 _NOT_TESTS = (".json", ".txt", ".md", ".rst", ".yml", ".yaml", ".toml", ".cfg", ".ini", ".png",
               ".svg", ".csv", ".html", ".xml", ".lock")
 _ENV_LINE = re.compile(r"^\s*(source\s|\.\s|conda\s+activate\s|export\s)")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 _DIFF_TARGET = re.compile(r"^diff --git a/\S+ b/(\S+)$", re.M)
 
 
@@ -137,9 +138,18 @@ def from_eval_script(script: str) -> tuple[list[str], str] | None:
     end = next((i for i, line in enumerate(lines) if END in line and start is not None and i > start), None)
     if start is None or end is None:
         return None
-    setup = [line for line in lines[:start] if _ENV_LINE.match(line)]
+    setup, heredoc = [], None
+    for line in lines[:start]:
+        if heredoc is not None:  # a patch fed to git apply: its lines are data
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
+        opened = _HEREDOC.search(line)
+        if opened:
+            heredoc = opened.group(1)
+        elif _ENV_LINE.match(line):
+            setup.append(line.strip())
     command = "\n".join(line for line in lines[start + 1:end] if line.strip())
-    return setup, command
+    return list(dict.fromkeys(setup)), command
 
 
 def _with_files(command: str, files: list[str]) -> str:

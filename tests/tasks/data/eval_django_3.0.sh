@@ -1,0 +1,31 @@
+#!/bin/bash
+set -uxo pipefail
+source /opt/miniconda3/bin/activate
+conda activate testbed
+cd /testbed
+sed -i '/en_US.UTF-8/s/^# //g' /etc/locale.gen && locale-gen
+export LANG=en_US.UTF-8
+export LANGUAGE=en_US:en
+export LC_ALL=en_US.UTF-8
+git config --global --add safe.directory /testbed
+cd /testbed
+git status
+git show
+git -c core.fileMode=false diff 10ca84ffc56c2dd2d9dc4bd71b7b898e083500cd
+source /opt/miniconda3/bin/activate
+conda activate testbed
+python -m pip install -e .
+git checkout 10ca84ffc56c2dd2d9dc4bd71b7b898e083500cd tests/auth_tests/test_validators.py
+git apply -v - <<'EOF_114329324912'
+diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py
+--- a/tests/auth_tests/test_validators.py
++++ b/tests/auth_tests/test_validators.py
+@@ -1 +1,2 @@
+ x
++y
+
+EOF_114329324912
+: '>>>>> Start Test Output'
+./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests.test_validators
+: '>>>>> End Test Output'
+git checkout 10ca84ffc56c2dd2d9dc4bd71b7b898e083500cd tests/auth_tests/test_validators.py
