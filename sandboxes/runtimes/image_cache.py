@@ -197,7 +197,9 @@ class ImageCache:
             remove_tree(self._image_dir(digest))
         try:
             self.tools.copy(ref, digest, work / "layout", deadline)
-            self.tools.unpack(ref, work / "layout", work / "bundle", deadline)
+            (work / "bundle").mkdir(mode=0o700)
+            self.tools.unpack(ref, work / "layout", work / "bundle" / "rootfs", deadline)
+            config = image_config(work / "layout")
             remove_tree(work / "layout")
             size = sanitize(work / "bundle" / "rootfs")
             if size > self.budget:
@@ -205,7 +207,7 @@ class ImageCache:
                                     f"the image cache budget ({self.budget // _MB} MiB, "
                                     "PRORL_SANDBOX_IMAGE_CACHE_MB)", field="spec.image")
             meta = {"digest": digest, "ref": ref.canonical, "size": size, "pulled_at": time.time(),
-                    **image_config(work / "bundle")}
+                    **config}
             self._write_json(work / "bundle" / "meta.json", meta)
             os.chmod(work / "bundle", 0o711)
             os.rename(work / "bundle", self._image_dir(digest))

@@ -1,5 +1,5 @@
 """One rootless pull: ``skopeo`` fetches a manifest or copies an image into an OCI layout,
-``umoci unpack --rootless`` makes a rootfs of it, and :func:`sanitize` makes that rootfs fit for a
+``umoci raw unpack --rootless`` makes a rootfs of it, and :func:`sanitize` makes that rootfs fit for a
 read-only sandbox root.
 
 skopeo runs with a configuration of our own (a policy that accepts what it is given — the digest
@@ -99,9 +99,11 @@ class Tools:
                   ref.skopeo(digest if ref.transport == "docker" else None), f"oci:{layout}:img"],
                  deadline, ref, "pulling")
 
-    def unpack(self, ref: ImageRef, layout: Path, bundle: Path, deadline: float) -> None:
-        self.run([tool("umoci"), "unpack", "--rootless", "--image", f"{layout}:img", str(bundle)],
-                 deadline, ref, "unpacking")
+    def unpack(self, ref: ImageRef, layout: Path, rootfs: Path, deadline: float) -> None:
+        """The layers into ``rootfs`` (``raw unpack``: no mtree manifest, which would hash
+        every file and costs several times the unpack itself)."""
+        self.run([tool("umoci"), "raw", "unpack", "--rootless", "--image", f"{layout}:img",
+                  str(rootfs)], deadline, ref, "unpacking")
 
 
 def classify(stderr: str, ref: ImageRef, what: str) -> ImageNotFound | ImageUnavailable:
@@ -148,11 +150,19 @@ def sanitize(rootfs: Path) -> int:
     return size
 
 
-def image_config(bundle: Path) -> dict:
-    """``{"env": {...}, "workdir": ...}`` from the runtime config umoci wrote beside the rootfs."""
+def _blob(layout: Path, descriptor: dict) -> dict:
+    algorithm, _, digest = str(descriptor.get("digest", "")).partition(":")
+    if algorithm != "sha256" or not digest.isalnum():
+        raise ValueError("not a sha256 descriptor")
+    return json.loads((layout / "blobs" / "sha256" / digest).read_text())
+
+
+def image_config(layout: Path) -> dict:
+    """``{"env": {...}, "workdir": ...}`` of the image config in our copy of the layout."""
     try:
-        process = json.loads((bundle / "config.json").read_text()).get("process") or {}
-    except (OSError, ValueError):
+        manifest = _blob(layout, json.loads((layout / "index.json").read_text())["manifests"][0])
+        config = _blob(layout, manifest["config"]).get("config") or {}
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return {"env": {}, "workdir": None}
-    env = dict(item.split("=", 1) for item in process.get("env") or [] if "=" in item)
-    return {"env": env, "workdir": process.get("cwd")}
+    env = dict(item.split("=", 1) for item in config.get("Env") or [] if isinstance(item, str) and "=" in item)
+    return {"env": env, "workdir": config.get("WorkingDir") or None}
