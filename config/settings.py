@@ -46,7 +46,7 @@ class Settings(BaseSettings):
 
     worker_concurrency: int = Field(32, description="Threads of a stage worker started without -c (stages wait on I/O). When set, also what `prorl-celery up` gives each stage queue (init, run, eval) that queue_concurrency and --concurrency do not name.")
     queue_concurrency: dict[str, int] = Field({}, description="Threads `prorl-celery up` gives each queue's worker, queue -> threads (JSON in PRORL_QUEUE_CONCURRENCY, e.g. {\"run\": 1050}); a queue not named here (nor by worker_concurrency or up --concurrency) is sized from sandbox_capacity: run = capacity, init and eval = capacity/4 (8..64), maint 2 (prorl_celery/ops/sizing.py).")
-    sandbox_create_wait_s: float = Field(120.0, description="How long init waits for a sandbox when every host is full, a create failed transiently or an image is being pulled (retrying with backoff, cancellable; the wait is the job's timings.init_wait_s); past it init fails with no_sandbox_capacity. Bounded by init_budget_s.")
+    sandbox_create_wait_s: float = Field(120.0, description="How long init waits for a sandbox when every host is full, a create failed transiently or an image is being pulled (retrying with backoff, cancellable; the wait is the job's timings.init_wait); past it init fails with no_sandbox_capacity. Bounded by init_budget_s.")
     result_expires_s: int = Field(86400, description="How long Celery keeps task results.")
     job_ttl_s: int = Field(7 * 86400, description="How long a finished job record is kept.")
 
@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     sandbox_network: Literal["isolated", "off"] = Field("isolated", description="What \"network\": true in a sandbox spec gets: isolated (its own network namespace behind slirp4netns, reaching the outside but not the host's loopback, the host's addresses and subnets, private, link-local or IPv6 ranges) or off (refused with an error). Never the host's network.")
     sandbox_network_deny: str = Field("", description="Comma-separated IPv4 networks (CIDR) a network sandbox may not reach either, beyond the built-in private ranges and the host's own subnets, e.g. the cluster's public subnet.")
     sandbox_root: str | None = Field(None, description="Where a sandbox host keeps workspaces (<root>/<host id>/...); default: <tmp>/prorl-sandboxes.")
+    sandbox_private_mounts: bool = Field(True, description="A root sandbox host mounts workspace filesystems in a mount namespace of its own and starts each sandbox from the node's with only its own workspace mounted (sandboxes/runtimes/mountns.py); False: every workspace is mounted in the node's namespace, and each sandbox start copies all of them.")
+    sandbox_start_concurrency: int = Field(0, description="Sandboxes a host starts at once (0: two per CPU); more creates wait their turn inside the host. A start forks half a dozen processes: hundreds at once on a small node only slow each other past the shell's start timeout.")
     sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")
     sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")
     sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")

@@ -250,6 +250,7 @@ class SandboxLimits:
 
     def __init__(self, workspace, limits: Limits, root: str | None, own_uid: bool):
         self.own_uid = own_uid
+        self.workspace_dir = str(workspace.host_dir)
         self.cgroup: SandboxCgroup | None = None
         if controllers():
             self.cgroup = SandboxCgroup(host_key(root), workspace.host_dir.name)
@@ -262,6 +263,13 @@ class SandboxLimits:
                 raise SandboxError(f"could not make the workspace filesystem: {exc}") from exc
 
     def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` in the sandbox's cgroup and, on a host that keeps workspace filesystems
+        out of the node's mount table (:mod:`sandboxes.runtimes.mountns`), started from that
+        table with only its own workspace mounted."""
+        from sandboxes.diskquota import device_of
+        from sandboxes.runtimes.mountns import enter_argv
+
+        argv = enter_argv(argv, device_of(Path(self.workspace_dir)), self.workspace_dir)
         return self.cgroup.enter_argv(argv) if self.cgroup else argv
 
     def rlimits(self, limits: Limits) -> Limits:

@@ -242,9 +242,9 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
     """:func:`open_sandbox`, waiting out what is not the job's fault instead of failing it:
     retried with backoff (jittered, so a thousand waiting inits do not knock at once) for at
     most ``budget_s`` and ``settings.sandbox_create_wait_s``. ``check()`` runs before each try
-    and raises to stop (a cancelled job). Returns the sandbox and the seconds waited; the last
-    error is raised once the wait is spent; a permanent one (policy, image not found, bad
-    request) at once."""
+    and raises to stop (a cancelled job). Returns the sandbox and the seconds waited before the
+    try that succeeded; the last error is raised once the wait is spent, a permanent one
+    (policy, image not found, bad request) at once."""
     from config.settings import get_settings
 
     started = time.monotonic()
@@ -253,11 +253,13 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
     while True:
         if check is not None:
             check()
+        waited = time.monotonic() - started  # before this try: the create's own time is not waiting
         try:
-            return open_sandbox(client, spec, job_id, lease_s), time.monotonic() - started
+            return open_sandbox(client, spec, job_id, lease_s), waited
         except (SandboxError, ImageError) as exc:
             if not _transient(exc) or time.monotonic() + pause > deadline:
                 raise
-            log.info("job %s waits %.1f s for a sandbox: %s", job_id, pause, exc)
+            (log.warning if waited < 10 <= waited + pause else log.info)(
+                "job %s waited %.1f s for a sandbox so far: %s", job_id, waited + pause, exc)
         time.sleep(pause * random.uniform(0.5, 1.0))
         pause = min(pause * 2, max_pause_s)

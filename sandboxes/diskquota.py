@@ -25,6 +25,7 @@ _MB = 1 << 20
 MKE2FS = shutil.which("mke2fs") or "/usr/sbin/mke2fs"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_devices: dict[str, str] = {}  # mounted workspace directory -> its loop device
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -99,6 +100,7 @@ def mount_image(directory: Path, size_mb: int, uid: int | None) -> Path:
                 raise OSError(err, f"mount {device}: {os.strerror(err)}", str(directory))
         finally:
             os.close(loop)
+        _devices[str(directory)] = device
     except BaseException:
         image.unlink(missing_ok=True)
         raise
@@ -107,6 +109,11 @@ def mount_image(directory: Path, size_mb: int, uid: int | None) -> Path:
     except OSError:
         pass
     return image
+
+
+def device_of(directory: Path) -> str | None:
+    """The loop device of the workspace filesystem mounted at ``directory`` by this process."""
+    return _devices.get(str(directory))
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -126,4 +133,5 @@ def unmount(directory: Path) -> None:
         if _libc.umount2(bytes(directory), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"umount: {os.strerror(err)}", str(directory))
+    _devices.pop(str(directory), None)
     directory.with_name(f".{directory.name}.img").unlink(missing_ok=True)

@@ -313,6 +313,10 @@ def main(args: argparse.Namespace) -> None:
     # five descriptors per sandbox (three pipes, a pidfd, the uid lease): a soft limit of 1024
     # stops a host at ~200 sandboxes
     raise_open_files_limit(needed=6 * (args.capacity or get_settings().sandbox_capacity) + 256)
+    from sandboxes.runtimes import mountns
+
+    if mountns.separate():  # first, while single-threaded: see sandboxes/runtimes/mountns.py
+        log.info("workspace filesystems are mounted in the host's own mount namespace")
     serve(args.host or get_settings().sandbox_host_bind, args.port, args.redis_url, args.capacity,
           args.token, args.host_id,
           args.advertise, args.ready_file, lease_s=args.lease_s,

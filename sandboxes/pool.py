@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -64,6 +65,7 @@ class SandboxPool:
         self._stop = threading.Event()
         self.warm = WarmPool(warm, lambda name: self.runtime_config.get(name))
         self._teardown = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-teardown")
+        self._starts = threading.BoundedSemaphore(start_concurrency())
         self._pending: set[Future] = set()
 
     @property
@@ -86,8 +88,10 @@ class SandboxPool:
                 raise NoSandboxCapacity(f"host {self.host_id} is full ({self.capacity} sandboxes)")
             self._starting += 1  # reserve the slot; starting a sandbox can be slow
         try:
-            sandbox = self.warm.take(name, spec, job_id) or \
-                load_runtime(name)(spec, job_id, self.runtime_config.get(name))
+            sandbox = self.warm.take(name, spec, job_id)
+            if sandbox is None:
+                with self._starts:  # a few at a time: see settings.sandbox_start_concurrency
+                    sandbox = load_runtime(name)(spec, job_id, self.runtime_config.get(name))
         finally:
             with self._lock:
                 self._starting -= 1
@@ -225,6 +229,12 @@ class SandboxPool:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def start_concurrency() -> int:
+    from config.settings import get_settings
+
+    return get_settings().sandbox_start_concurrency or 2 * (os.cpu_count() or 1)
 
 
 def limit_enforcement() -> dict[str, str]:

@@ -1,0 +1,152 @@
+"""N multi-turn rollouts in flight at once on one node, through the parts as the README's cluster
+section starts them: one sandbox host, ``celery -A prorl_celery worker -Q run -c 1050`` and the
+other queues, beat, the API.
+
+Each rollout: a bwrap sandbox, three LLM turns against a slow fake server (two ``bash`` tool
+calls, then ``submit``), a math reward. One rollout runs alone first (its own duration); then N
+are submitted in one request and read back from the completion stream as a trainer does.
+Sampled every 0.25 s: jobs in ``run`` and the resident memory of each part of the stack (workers,
+API, beat, sandbox host without its sandboxes, Redis); ``mb_per_rollout`` is the growth of their
+sum from idle to the peak, divided by the rollouts in flight then.
+
+    python bench/scale.py 1000 [--turn-s 20] [--run-threads 1050]
+
+Last line: ``scale n= peak_in_run= completed= wall_s= rollouts_per_s= mb_per_rollout=``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
+
+import psutil  # noqa: E402
+
+from prorl_celery.client import ProrlClient  # noqa: E402
+from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+
+PROBLEM = {"data_source": "math", "problem": "What is 3/4 + 1/4 + 1/2? Give the answer as a decimal.",
+           "answer": "1.5", "sandbox": {"runtime": "bwrap"}}
+TURNS = [{"content": "Let me compute it.",
+          "tool_calls": [{"name": "bash", "arguments": {"command": "python3 -c 'print(3/4 + 1/4 + 1/2)'"}}]},
+         {"content": "Check the workspace.",
+          "tool_calls": [{"name": "bash", "arguments": {"command": "pwd && ls -a | wc -l"}}]},
+         {"content": "The sum is 1.5.", "tool_calls": [{"name": "submit", "arguments": {"answer": "1.5"}}]}]
+PARTS = ("worker-init", "worker-run", "worker-eval", "worker-maint", "api", "beat", "sandbox-host", "redis")
+
+
+def rss_mb(stack: Stack) -> dict[str, float]:
+    """Resident MiB of each part; Redis with its server child, the sandbox host without its
+    sandboxes (their own processes are not the service's cost)."""
+    out: dict[str, float] = {}
+    for name in PARTS:
+        child = stack.children.get(name)
+        try:
+            proc = psutil.Process(child.pid)
+            rss = proc.memory_info().rss
+            if name == "redis":
+                rss += sum(p.memory_info().rss for p in proc.children(recursive=True))
+        except (psutil.Error, AttributeError):
+            continue
+        out[name] = rss / 2**20
+    return out
+
+
+class Sampler(threading.Thread):
+    """Jobs in ``run`` and the stack's memory, every ``period_s``; keeps the sample at the peak."""
+
+    def __init__(self, stack: Stack, period_s: float = 0.25):
+        super().__init__(daemon=True)
+        from prorl_celery.connections import get_store
+
+        self.stack, self.period_s, self.store = stack, period_s, get_store()
+        self.peak, self.at_peak = 0, {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.period_s):
+            in_run = self.store.counts().get("run", 0)
+            if in_run >= self.peak:
+                self.peak, self.at_peak = in_run, rss_mb(self.stack)
+
+
+def script_file(turn_s: float) -> tuple[Path, str]:
+    """The scripted policy, and a latency model whose replies take about ``turn_s`` each."""
+    path = Path(tempfile.mkdtemp(prefix="bench-scale-")) / "turns.json"
+    path.write_text(json.dumps(TURNS))
+    tokens = max(len(json.dumps(t)) for t in TURNS)  # byte tokenizer: about a token per byte
+    return path, f"step_s={turn_s / tokens:.5f},capacity=100000,slowdown=0"
+
+
+def one(client: ProrlClient) -> float:
+    start = time.perf_counter()
+    view = client.wait(client.submit(PROBLEM), timeout=600)
+    assert view["status"] == "completed" and view["result"]["reward"] == 1.0, view
+    return time.perf_counter() - start
+
+
+def batch(client: ProrlClient, n: int) -> tuple[float, float, list[dict]]:
+    group = uuid.uuid4().hex
+    start = time.perf_counter()
+    ids: list[str] = []
+    for first in range(0, n, 250):  # a few large requests, as a trainer's batch would be
+        ids += client.submit_many({"instance": PROBLEM, "group_id": group}
+                                  for _ in range(first, min(n, first + 250)))
+    submitted = time.perf_counter() - start
+    views = list(client.as_completed(ids, group_id=group, timeout=3600))
+    return submitted, time.perf_counter() - start, views
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", type=int)
+    parser.add_argument("--turn-s", type=float, default=20.0, help="seconds per LLM turn (the slow server)")
+    parser.add_argument("--run-threads", type=int, default=1050, help="threads of the run worker (-c)")
+    args = parser.parse_args()
+    capacity = max(args.n, args.run_threads) + 64
+    options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-scale-")), redis_password=REDIS_PASSWORD,
+                           concurrency={"init": 64, "run": args.run_threads, "eval": 32, "maint": 2},
+                           env={"PRORL_SANDBOX_CAPACITY": str(capacity), "PRORL_LLM_DEFAULT_CAPACITY": str(capacity)})
+    stack = Stack(options)
+    os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
+    stack.start_redis(REDIS_PORT)
+    script, latency = script_file(args.turn_s)
+    with stack:
+        url = stack.start_fake_llm(extra_args=["--policy", f"scripted:{script}", "--latency-model", latency])
+        stack.register_llm(url, capacity=capacity)
+        client = ProrlClient(stack.api_url, timeout=300)
+        alone = one(client)
+        idle = rss_mb(stack)
+        sampler = Sampler(stack)
+        sampler.start()
+        submitted, wall, views = batch(client, args.n)
+        sampler.stop.set()
+        sampler.join()
+    statuses: dict[str, int] = {}
+    for view in views:
+        statuses[view["status"]] = statuses.get(view["status"], 0) + 1
+    completed = statuses.get("completed", 0)
+    grown = {k: sampler.at_peak.get(k, 0.0) - idle.get(k, 0.0) for k in idle}
+    per = sum(grown.values()) / max(sampler.peak, 1)
+    waits = sorted(v["timings"].get("init_wait", 0.0) for v in views)
+    goal = 1.5 * (alone + submitted)
+    print(f"one rollout alone: {alone:.1f} s; submission of {args.n}: {submitted:.1f} s; "
+          f"wall goal (1.5 x both): {goal:.1f} s")
+    print(f"statuses: {statuses}; init_wait p50 {waits[len(waits) // 2]:.2f} s max {waits[-1]:.2f} s")
+    print("memory MiB idle -> at peak: " + ", ".join(
+        f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
+    print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "
+          f"rollouts_per_s={completed / wall:.2f} mb_per_rollout={per:.2f}")
+
+
+if __name__ == "__main__":
+    main()
