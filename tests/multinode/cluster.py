@@ -5,8 +5,9 @@
 - ``node1`` (10.77.0.2): the README's "Running the parts yourself" commands: ``prorl-celery
   sandbox-host --host 0.0.0.0`` and one Celery worker per queue; no address given anywhere, so the
   host must find the one the other nodes reach it at.
-- ``node2`` (10.77.0.3): ``slurm_scripts/worker_node.sh HEAD_FILE`` with ``PRORL_NODE_ADDR`` (the
-  Slurm README's setting for nodes whose host names do not resolve).
+- ``node2`` (10.77.0.3): ``slurm_scripts/worker_node.sh HEAD_FILE`` with its defaults (no
+  ``PRORL_NODE_ADDR``: the host name "node2" resolves nowhere, the published address must not
+  depend on it).
 - ``client`` (10.77.0.10): where the test, as the trainer, talks to the API and Redis from.
 
 Every node has its own hostname and sandbox root (its "local disk" for workspaces); the file
@@ -176,7 +177,7 @@ class Cluster:
         """``worker_node.sh`` run by hand, as its header says it may be."""
         env = self.node_env(node, PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM),
                             PRORL_STATE_DIR=str(self.work / f"{node.name}-state"),
-                            PRORL_LOG_DIR=str(self.logs), PRORL_NODE_ADDR=node.address,
+                            PRORL_LOG_DIR=str(self.logs),
                             PRORL_SANDBOX_CAPACITY=str(CAPACITY),
                             **{f"PRORL_{q.upper()}_CONCURRENCY": str(n) for q, n in QUEUE_THREADS.items()})
         node.spawn("worker-node-sh", ["bash", str(SLURM / "worker_node.sh"), str(self.head_file)],
