@@ -101,13 +101,18 @@ def sif_image(apptainer_bin, tmp_path_factory) -> str:
     if not sif.exists():
         rootfs = tmp_path_factory.mktemp("sif-rootfs")
         build_image_rootfs(rootfs)
-        partial = sif.with_suffix(f".{os.getpid()}.part")
-        done = subprocess.run([apptainer_bin, "--quiet", "build", "--force", "--mksquashfs-args",
-                               "-comp gzip -Xcompression-level 1", str(partial), str(rootfs)],
-                              capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-2000:]
-        os.replace(partial, sif)
+        build_sif(apptainer_bin, rootfs, sif)
     return str(sif)
+
+
+def build_sif(apptainer_bin: str, source: Path, sif: Path) -> None:
+    """``apptainer build`` of a directory into ``sif`` (written aside, then renamed)."""
+    partial = sif.with_suffix(f".{os.getpid()}.part")
+    done = subprocess.run([apptainer_bin, "--quiet", "build", "--force", "--mksquashfs-args",
+                           "-comp gzip -Xcompression-level 1", str(partial), str(source)],
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    os.replace(partial, sif)
 
 
 def open_box(sif_image: str, root: Path, spec: SandboxSpec | None = None, job: str = "apptainer-job"):
@@ -294,10 +299,8 @@ ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "
 
 @pytest.fixture(scope="module")
 def sif_service(apptainer_bin, sif_image, tmp_path_factory):
-    """A stack of its own (own Redis) whose sandbox host serves singularity, the SIF's directory
-    registered as an image directory, and the oracle as its only LLM."""
-    import requests
-
+    """A stack of its own (own Redis) whose sandbox host serves singularity, with the SIFs'
+    directory registered as an image directory."""
     from prorl_celery.launcher import Stack, StackOptions
     from tests.conftest import TEST_ENV
 
@@ -305,17 +308,25 @@ def sif_service(apptainer_bin, sif_image, tmp_path_factory):
     options = StackOptions(state_dir=tmp_path_factory.mktemp("sif-stack"), persist=False, env=env,
                            concurrency={"init": 2, "run": 2, "eval": 2, "maint": 1})
     with Stack(options) as stack:
-        url = stack.start_fake_llm(name="fake-oracle", extra_args=ORACLE)
-        resp = requests.post(f"{stack.api_url}/llm_servers", json={"address": url, "protocol": "chat"},
-                             timeout=10)
-        assert resp.status_code == 201, resp.text
         yield stack
+
+
+def use_llm(stack, name: str, args: list[str]) -> None:
+    """Make the fake LLM server with ``args`` (an oracle policy) the stack's only backend."""
+    import requests
+
+    requests.post(f"{stack.api_url}/clear_llm_server", timeout=10)
+    url = stack.start_fake_llm(name=name, extra_args=args)
+    resp = requests.post(f"{stack.api_url}/llm_servers", json={"address": url, "protocol": "chat"},
+                         timeout=10)
+    assert resp.status_code == 201, resp.text
 
 
 def test_swe_fixture_resolves_in_a_sif_through_the_service(sif_service, sif_image, tmp_path):
     from tasks.fixtures import swe
     from tests.conftest import submit, wait
 
+    use_llm(sif_service, "fake-oracle", ORACLE)
     instance = swe.build("calkit", tmp_path / "repos")
     instance["sandbox"] = {"runtime": "singularity", "image": sif_image}
     view = wait(sif_service.api_url, submit(sif_service.api_url, instance), timeout=300)
@@ -326,3 +337,58 @@ def test_swe_fixture_resolves_in_a_sif_through_the_service(sif_service, sif_imag
     assert result["eval"]["FAIL_TO_PASS"] == {t: "PASSED" for t in instance["FAIL_TO_PASS"]}
     assert result["eval"]["PASS_TO_PASS"] == {t: "PASSED" for t in instance["PASS_TO_PASS"]}
     assert "calkit/years.py" in result["git_patch"]
+
+
+# -- a real SWE-bench row, in a SIF of the environment its recipe builds ------------------------
+REAL_ROW = os.environ.get("PRORL_APPTAINER_SWEBENCH_ROW")  # default: tests/real's first row
+
+
+def _listed(row: dict, field: str) -> list[str]:
+    import json
+
+    value = row[field]
+    return json.loads(value) if isinstance(value, str) else list(value)
+
+
+@pytest.fixture(scope="module")
+def real_row(apptainer_bin, tmp_path_factory):
+    """The row at its base_commit (tests/real/swebench_data.py), its environment built by
+    sandboxes/runtimes/envbuild.py (or found in its cache) and made a SIF here."""
+    real = pytest.importorskip("tests.real.test_swebench", reason="no real SWE-bench rows here")
+    from sandboxes.runtimes.envbuild import EnvBuildFailed, ensure_env
+
+    rows = real.swebench_data.rows()
+    row_id = REAL_ROW or next((i for i in real.INSTANCES if i in rows), None)
+    if row_id not in rows:
+        pytest.skip(f"no SWE-bench row {row_id!r} in tests/fixtures/swebench")
+    row = rows[row_id]
+    repo = real.swebench_data.materialize(row, tmp_path_factory.mktemp("swebench") / row_id)
+    try:
+        env = ensure_env(real.recipe_of(row_id, repo))
+    except EnvBuildFailed as exc:
+        pytest.skip(f"the environment of {row_id} does not build here: {str(exc)[-600:]}")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    sif = IMAGES / f"{Path(env).name}.sif"
+    if not sif.exists():
+        build_sif(apptainer_bin, Path(env), sif)
+    instance = {**row, "data_source": "swebench", "repo_source": str(repo),
+                "sandbox": {"runtime": "singularity", "image": str(sif)}}
+    return instance, real.ORACLE
+
+
+def test_real_swebench_row_resolves_in_a_sif_of_its_environment(sif_service, real_row):
+    from tests.conftest import submit, wait
+
+    instance, oracle = real_row
+    use_llm(sif_service, "swebench-oracle", oracle)
+    view = wait(sif_service.api_url, submit(sif_service.api_url, instance), timeout=600)
+    assert view["status"] == "completed", view["result"]
+    result = view["result"]
+    assert result["sandbox"]["runtime"] == "singularity", result["sandbox"]
+    grades = result["eval"]
+    not_passed = {t: v for field in ("FAIL_TO_PASS", "PASS_TO_PASS")
+                  for t, v in grades.get(field, {}).items() if v != "PASSED"}
+    assert result["resolved"] is True and result["reward"] == 1.0, (
+        not_passed, {k: v for k, v in grades.items() if k not in ("FAIL_TO_PASS", "PASS_TO_PASS")})
+    assert grades["FAIL_TO_PASS"] == {t: "PASSED" for t in _listed(instance, "FAIL_TO_PASS")}
+    assert grades["PASS_TO_PASS"] == {t: "PASSED" for t in _listed(instance, "PASS_TO_PASS")}
