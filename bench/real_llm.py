@@ -35,7 +35,7 @@ def through_service(stack: Stack, n: int, turns: int, max_tokens: int) -> tuple[
     """Wall time of n rollouts submitted at once, and their results."""
     headers = {"Authorization": f"Bearer {stack.api_token}"}
     params = {"token_level_generation": True, "max_tokens": max_tokens, "max_turns": turns, "max_bad_calls": turns}
-    start = time.perf_counter()
+    start, wall0 = time.perf_counter(), time.time()
     jobs = []
     for i in range(n):
         resp = requests.post(f"{stack.api_url}/jobs", headers=headers, timeout=30, json={
@@ -47,7 +47,30 @@ def through_service(stack: Stack, n: int, turns: int, max_tokens: int) -> tuple[
     elapsed = time.perf_counter() - start
     bad = [v["status"] for v in views if v["status"] != "completed"]
     assert not bad, (bad, views[0]["result"].get("error"))
+    through_service.last = (wall0, jobs)
     return elapsed, [v["result"] for v in views]
+
+
+def breakdown(stack: Stack, t_submit: float, jobs: list[str]) -> dict[str, float]:
+    """Where a rollout's wall time went, averaged over ``jobs`` (from the job store: stage timings
+    and each turn's start and LLM latency): before the first LLM call (API, queue, init, hand-off
+    to run), the LLM calls, between them (the agent's own work per turn), after the last (hand-off
+    to eval, eval, result)."""
+    import redis
+
+    from prorl_celery.jobs import JobStore
+
+    store = JobStore(redis.Redis.from_url(stack.redis_url))
+    rows = []
+    for record in store.get_many(jobs):
+        turns = record.state["agent"]["turns"]
+        starts = [t["started_at"] for t in turns]
+        ends = [t["started_at"] + t["latency_s"] for t in turns]
+        rows.append({"before_first_call": starts[0] - t_submit, "llm": sum(t["latency_s"] for t in turns),
+                     "between_calls": sum(b - a for a, b in zip(ends, starts[1:])),
+                     "after_last_call": record.t_finished - ends[-1], "queue": record.queue_s,
+                     "init": record.init_s, "eval": record.eval_s, "turns": len(turns)})
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
 
 
 def recorded_turns(result: dict) -> list[tuple[list[int], int]]:
@@ -71,16 +94,21 @@ def direct(url: str, rollouts: list[list[tuple[list[int], int]]]) -> float:
     """The same turns straight to vLLM: one thread per rollout, its turns one after the other."""
     session = requests.Session()
 
+    latencies: list[float] = []
+
     def run(turns: list[tuple[list[int], int]]) -> None:
         for prompt, count in turns:
+            t = time.perf_counter()
             resp = session.post(f"{url}/v1/completions", timeout=300, json={
                 "model": SERVED_NAME, "prompt": prompt, "max_tokens": count, "min_tokens": count, "logprobs": 0,
                 "return_token_ids": True, "skip_special_tokens": False, **SAMPLING})
             resp.raise_for_status()
+            latencies.append(time.perf_counter() - t)
 
     start = time.perf_counter()
     with cf.ThreadPoolExecutor(len(rollouts)) as pool:
         list(pool.map(run, rollouts))
+    direct.llm_per_rollout = sum(latencies) / len(rollouts)
     return time.perf_counter() - start
 
 
@@ -109,6 +137,7 @@ def main() -> None:
                                tokenizer=str(MODEL), max_model_len=MAX_MODEL_LEN, capacity=args.rollouts)
             through_service(stack, 2, 1, 4)  # warm up: tokenizer loaded, sandboxes, vLLM's paths
             service_s, results = through_service(stack, args.rollouts, args.turns, args.max_tokens)
+            split = breakdown(stack, *through_service.last)
             turns = [recorded_turns(r) for r in results]
             direct_s = direct(server.url, turns)
     finally:
@@ -118,6 +147,8 @@ def main() -> None:
     print(f"rollouts: {args.rollouts}, turns: {count} ({tokens} generated tokens), max_tokens {args.max_tokens}")
     print(f"through the service: {service_s:.2f}s wall ({service_s / count * 1000:.0f} ms per turn)")
     print(f"direct to vLLM:      {direct_s:.2f}s wall ({direct_s / count * 1000:.0f} ms per turn)")
+    print("per rollout (mean s): " + " ".join(f"{k}={v:.2f}" for k, v in split.items())
+          + f" | direct llm={direct.llm_per_rollout:.2f}")
     print(f"ratio={direct_s / service_s:.2f}")
 
 

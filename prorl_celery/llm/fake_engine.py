@@ -6,6 +6,14 @@ sequences, so time per token grows with concurrency while total throughput still
 capacity. Sequences beyond the capacity wait in a queue. One engine thread advances all
 sequences and also watches their client sockets, so a client that disconnects aborts its
 sequence (as vLLM does) and is counted.
+
+Prefill (``prefill_s`` > 0): an admitted sequence first needs ``prefill_s / speed`` seconds per
+prompt token that its server's prefix cache does not hold; prefill runs before decoding, one
+sequence at a time, and the batch's decoding waits meanwhile (a scheduler that puts prefill
+first). The prefix cache (``cache_tokens``) keeps prompt + response blocks of 16 tokens, least
+recently used evicted, as vLLM's automatic prefix caching and llama.cpp's slot cache do; the last
+prompt token is always computed. Measured on the real servers here (bench/RESULTS.md): a
+cached prefix costs next to nothing, an uncached token about ``prefill_s``.
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import select
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +36,8 @@ class LatencyModel(BaseModel):
     capacity: int = Field(64, ge=1, description="Sequences decoded at once; more wait in a queue.")
     slowdown: float = Field(1.0, ge=0, description="Extra step time at full batch, as a fraction of step_s.")
     speed: float = Field(1.0, gt=0, description="Speed factor: 0.5 is a backend half as fast.")
+    prefill_s: float = Field(0.0, ge=0, description="Seconds per uncached prompt token (0: prefill is free).")
+    cache_tokens: int = Field(0, ge=0, description="Prefix cache size in tokens (0: nothing is cached).")
 
     @classmethod
     def parse(cls, spec: str | None, **overrides: float) -> "LatencyModel":
@@ -39,12 +49,47 @@ class LatencyModel(BaseModel):
                 name, _, value = item.partition("=")
                 values[name.strip()] = float(value)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if "capacity" in values:
-            values["capacity"] = int(values["capacity"])
+        for name in ("capacity", "cache_tokens"):
+            if name in values:
+                values[name] = int(values[name])
         return cls(**values)
 
     def step_time(self, running: int) -> float:
         return self.step_s * (1 + self.slowdown * (max(running, 1) - 1) / self.capacity) / self.speed
+
+
+class PrefixCache:
+    """Token blocks by the hash of the whole prefix up to them; LRU beyond ``capacity`` tokens."""
+
+    BLOCK = 16
+
+    def __init__(self, capacity: int):
+        self.capacity_blocks = capacity // self.BLOCK
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        out, h = [], 0
+        for k in range(len(ids) // self.BLOCK):
+            h = hash((h, tuple(ids[k * self.BLOCK:(k + 1) * self.BLOCK])))
+            out.append(h)
+        return out
+
+    def cached(self, ids: list[int]) -> int:
+        """Leading tokens of ``ids`` held (whole blocks), refreshed as used."""
+        n = 0
+        for h in self._hashes(ids):
+            if h not in self.blocks:
+                break
+            self.blocks.move_to_end(h)
+            n += 1
+        return n * self.BLOCK
+
+    def add(self, ids: list[int]) -> None:
+        for h in self._hashes(ids):
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.capacity_blocks:
+            self.blocks.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -53,6 +98,7 @@ class _Seq:
     sock: socket.socket | None
     done: threading.Event = field(default_factory=threading.Event)
     aborted: bool = False
+    prefill_left: float = 0.0
 
 
 class BatchEngine:
@@ -63,6 +109,7 @@ class BatchEngine:
         self.waiting: deque[_Seq] = deque()
         self.poller = select.poll()
         self.watched: dict[int, _Seq] = {}
+        self.cache = PrefixCache(model.cache_tokens) if model.cache_tokens else None
         self._wake_r, self._wake_w = os.pipe()
         self.poller.register(self._wake_r, select.POLLIN)
         self.reset_stats()
@@ -73,6 +120,7 @@ class BatchEngine:
             self.t_start = self.t_last = time.monotonic()
             self.busy_s = self.slot_s = self.tokens = 0.0
             self.completed = self.aborted = self.peak = 0
+            self.prompt_tokens = self.prefilled_tokens = 0
 
     def stats(self) -> dict[str, float]:
         with self.lock:
@@ -81,7 +129,8 @@ class BatchEngine:
             return {"elapsed_s": elapsed, "running": len(self.running), "waiting": len(self.waiting),
                     "busy_fraction": self.busy_s / elapsed, "occupancy": self.slot_s / elapsed,
                     "tokens": self.tokens, "completed": self.completed, "aborted": self.aborted,
-                    "peak_running": self.peak, "capacity": self.model.capacity, "speed": self.model.speed}
+                    "peak_running": self.peak, "capacity": self.model.capacity, "speed": self.model.speed,
+                    "prompt_tokens": self.prompt_tokens, "prefilled_tokens": self.prefilled_tokens}
 
     def load(self) -> dict[str, int]:
         """SGLang's ``/get_load`` entry: requests running and waiting, tokens still to decode."""
@@ -91,20 +140,30 @@ class BatchEngine:
             return {"dp_rank": 0, "num_reqs": len(self.running) + len(self.waiting),
                     "num_waiting_reqs": len(self.waiting), "num_tokens": left}
 
-    def run(self, tokens: int, sock: socket.socket | None) -> bool:
-        """Block while ``tokens`` tokens are generated; False if the client went away first."""
+    def run(self, tokens: int, sock: socket.socket | None, prompt: list[int] | None = None,
+            response: list[int] | None = None) -> bool:
+        """Block while ``prompt`` is prefilled (its uncached part) and ``tokens`` tokens are
+        generated; False if the client went away first. A completed ``prompt + response`` is cached."""
         if self.model.step_s <= 0:
             with self.lock:
                 self.completed += 1
             return True
         seq = _Seq(float(max(tokens, 1)), sock)
         with self.lock:
+            if prompt and self.model.prefill_s > 0:
+                cached = min(self.cache.cached(prompt), len(prompt) - 1) if self.cache else 0
+                self.prompt_tokens += len(prompt)
+                self.prefilled_tokens += len(prompt) - cached
+                seq.prefill_left = (len(prompt) - cached) * self.model.prefill_s / self.model.speed
             self.waiting.append(seq)
             if sock is not None:
                 self.watched[sock.fileno()] = seq
                 self.poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         os.write(self._wake_w, b"x")
         seq.done.wait()
+        if self.cache is not None and prompt and not seq.aborted:
+            with self.lock:
+                self.cache.add(list(prompt) + list(response or []))
         return not seq.aborted
 
     # -- engine thread --------------------------------------------------------------------
@@ -113,11 +172,21 @@ class BatchEngine:
         self.t_last = now
         if n == 0 or dt <= 0:
             return
-        progress = dt / self.model.step_time(n)
         self.busy_s += dt
         self.slot_s += dt * n / self.model.capacity
-        self.tokens += progress * n
-        for seq in self.running:
+        for seq in self.running:  # prefill first, in admission order; decoding waits meanwhile
+            if dt <= 0:
+                return
+            if seq.prefill_left > 0:
+                used = min(dt, seq.prefill_left)
+                seq.prefill_left -= used
+                dt -= used
+        decoding = [seq for seq in self.running if seq.prefill_left <= 1e-9]
+        if dt <= 0 or not decoding:
+            return
+        progress = dt / self.model.step_time(len(decoding))
+        self.tokens += progress * len(decoding)
+        for seq in decoding:
             seq.tokens_left -= progress
 
     def _finish(self, seq: _Seq, aborted: bool) -> None:
@@ -145,6 +214,9 @@ class BatchEngine:
             self.peak = max(self.peak, len(self.running))
             if not self.running:
                 return None
+            prefilling = [s.prefill_left for s in self.running if s.prefill_left > 1e-9]
+            if prefilling:
+                return prefilling[0]
             return min(s.tokens_left for s in self.running) * self.model.step_time(len(self.running))
 
     def _loop(self) -> None:

@@ -114,7 +114,7 @@ class FakeLLM:
                             response_ids=ids, finish_reason=finish, **extra)
         self._admit(len(prompt_ids), seeded)
         try:
-            completed = self.engine.run(len(ids), sock)
+            completed = self.engine.run(len(ids), sock, prompt_ids, ids)
         finally:
             with self.lock:
                 self.in_flight_prompt -= len(prompt_ids)

@@ -17,7 +17,8 @@ from prorl_celery.agent import tools
 from tests.conftest import submit, wait, wait_until
 from tests.real.vllm_server import MAX_MODEL_LEN, MODEL, SERVED_NAME, VllmServer, vllm  # noqa: F401 - fixture
 
-pytestmark = pytest.mark.real_llm
+# a real vLLM on 2 shared CPU cores: a turn of 200 tokens took minutes when the machine was loaded
+pytestmark = [pytest.mark.real_llm, pytest.mark.timeout(900)]
 LOGPROB_TOL = 1e-4  # float32 model: prefill and decode agree to ~1e-5
 
 
