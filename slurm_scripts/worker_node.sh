@@ -15,9 +15,10 @@
 #   PRORL_NODE_ADDR           address other nodes use to reach this node (default: the address
 #                             of this node's route to the head's Redis, see sandboxes/advertise.py)
 #   PRORL_NODE_QUEUES         queues served here (default "init run eval maint")
-#   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default 2 per CPU)
+#   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default: 32 per CPU, at most
+#                             available memory / 16 MiB; prorl_celery/ops/sizing.py)
 #   PRORL_RUN_CONCURRENCY     threads of the run worker (default: the sandbox capacity)
-#   PRORL_INIT_CONCURRENCY, PRORL_EVAL_CONCURRENCY   (default: half the CPUs, at least 2)
+#   PRORL_INIT_CONCURRENCY, PRORL_EVAL_CONCURRENCY   (default: a quarter of it, 8 to 64)
 #   PRORL_MAINT_CONCURRENCY   (default 2)
 #   PRORL_SANDBOX_PORT        sandbox host port (default 0: any free port)
 #   PRORL_SANDBOX_RUNTIMES    e.g. "bwrap,singularity" (default: all available here)
@@ -65,14 +66,18 @@ unset PRORL_RESULT_URL
 prorl_log "head job ${PRORL_HEAD_JOB_ID:-?} at ${PRORL_HEAD_HOST:-?}"
 
 # -- sizing -------------------------------------------------------------------------------------
+# The same plan as `prorl-celery up` (prorl_celery/ops/sizing.py): the sandbox capacity from this
+# node's CPUs and available memory unless PRORL_SANDBOX_CAPACITY is set, the threads per queue
+# from it unless PRORL_QUEUE_CONCURRENCY / PRORL_WORKER_CONCURRENCY say otherwise.
 CPUS=$(prorl_cpus)
-half=$((CPUS / 2 > 2 ? CPUS / 2 : 2))
-CAPACITY=${PRORL_SANDBOX_CAPACITY:-$((2 * CPUS))}
+plan=$("$PRORL_PYTHON" -m prorl_celery.ops.sizing --cpus "$CPUS" --shell) || prorl_die "cannot size this node"
+CAPACITY=$(sed -n 's/^CAPACITY=//p' <<<"$plan")
+planned() { sed -n "s/^$1_CONCURRENCY=//p" <<<"$plan"; }
 declare -A CONCURRENCY=(
-    [init]=${PRORL_INIT_CONCURRENCY:-$half}
-    [run]=${PRORL_RUN_CONCURRENCY:-$CAPACITY}
-    [eval]=${PRORL_EVAL_CONCURRENCY:-$half}
-    [maint]=${PRORL_MAINT_CONCURRENCY:-2}
+    [init]=${PRORL_INIT_CONCURRENCY:-$(planned INIT)}
+    [run]=${PRORL_RUN_CONCURRENCY:-$(planned RUN)}
+    [eval]=${PRORL_EVAL_CONCURRENCY:-$(planned EVAL)}
+    [maint]=${PRORL_MAINT_CONCURRENCY:-$(planned MAINT)}
 )
 read -r -a QUEUES <<<"${PRORL_NODE_QUEUES:-init run eval maint}"
 prorl_log "$CPUS CPUs: $CAPACITY sandboxes; threads $(for q in "${QUEUES[@]}"; do
