@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -38,57 +36,18 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Iterator
 
 from prorl_celery.errors import SandboxError
-from sandboxes.runtimes import envbase, repo_overlay
+from sandboxes.runtimes import envbase, envtree
+from sandboxes.runtimes.envrecipe import PIP_VERSION, EnvBuildFailed, EnvRecipe, RepoAt, script
 
-PIP_VERSION = "26.3"  # the first with --uploaded-prior-to is 26.x
-SEED_PACKAGES = ("setuptools==69.5.1", "wheel==0.43.0")  # what a fresh conda Python (SWE-bench's) comes with
+__all__ = ["EnvBuildFailed", "EnvRecipe", "RepoAt", "env_dir", "ensure_base", "ensure_env", "key_of", "script", "main"]
+
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PASSED_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY",
               "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
 MARKER = "etc/prorl-env.json"
-
-
-class EnvBuildFailed(SandboxError):
-    """An environment could not be built (a command failed, timed out, or the node lacks what
-    the recipe needs)."""
-
-    type = "env_build_failed"
-
-
-class RepoAt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(description="A git directory (bare or not) holding commit, or a .tar[.xz] of the tree.")
-    commit: str = Field(description="The commit whose tree is installed (part of the key; the source path is not).")
-
-
-class EnvRecipe(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field("", description="A label for people; not part of the key.")
-    python: str = Field("3", description="The Python the node's python3 must be (a version prefix, e.g. 3.11).")
-    pip_packages: list[str] = Field([], description="Requirement specifiers installed first (pins).")
-    requirements: list[str] = Field([], description="Lines of a requirements file, installed with -r.")
-    pre_install: list[str] = Field([], description="Shell commands run in workdir before any install.")
-    install: list[str] = Field([], description="Shell commands run in workdir last, e.g. 'python -m pip install -e .'.")
-    repo: RepoAt | None = Field(None, description="The repository tree bound at workdir during the build.")
-    workdir: str = Field("/workspace/repo", description="Where the repository is in the build and in every sandbox.")
-    env: dict[str, str] = Field({}, description="Variables of the build (e.g. SETUPTOOLS_SCM_PRETEND_VERSION).")
-    uploaded_prior_to: str | None = Field(None, description="ISO date: every pip resolution of the recipe (build "
-                                          "dependencies too) sees PyPI as it stood then, so unpinned "
-                                          "requirements get what they got when the recipe was written.")
-    notes: dict[str, Any] = Field({}, description="Provenance (e.g. what the specs asked for); not part of the key.")
-
-    def key(self, base: str) -> str:
-        body = self.model_dump(exclude={"name", "notes"})
-        body["repo"] = self.repo.commit if self.repo else None
-        text = json.dumps({"recipe": body, "base": base, "pip": PIP_VERSION, "seed": SEED_PACKAGES}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def _settings():
@@ -170,7 +129,7 @@ def ensure_env(recipe: EnvRecipe, root: Path | None = None, timeout: float | Non
         scratch.chmod(0o711)
         try:
             image = scratch / "rootfs"
-            _link_tree(base, image)
+            envtree.link_tree(base, image)
             _build(recipe, image, scratch, root, final.with_suffix(".log"),
                    timeout or _settings().env_build_timeout_s)
             (image / MARKER).write_text(json.dumps({"recipe": recipe.model_dump(), "base": mark,
@@ -179,36 +138,6 @@ def ensure_env(recipe: EnvRecipe, root: Path | None = None, timeout: float | Non
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return final
-
-
-def _link_tree(base: Path, dest: Path) -> None:
-    """``dest`` as hard links to the base's files (the build can write only /usr/local)."""
-    for current, dirs, files in os.walk(base):
-        rel = Path(current).relative_to(base)
-        (dest / rel).mkdir(exist_ok=True)
-        shutil.copystat(current, dest / rel)
-        for name in dirs + files:
-            src = Path(current) / name
-            if src.is_symlink():
-                os.symlink(os.readlink(src), dest / rel / name)
-            elif name in files:
-                os.link(src, dest / rel / name)
-
-
-def _repo_tree(repo: RepoAt, dest: Path) -> None:
-    dest.mkdir(parents=True)
-    source = Path(repo.source)
-    if source.is_file():
-        command = ["tar", "-xf", str(source), "-C", str(dest), "--no-same-owner"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    else:
-        archive = subprocess.run(["git", "-C", str(source), "archive", "--format=tar", repo.commit],
-                                 capture_output=True, timeout=600)
-        if archive.returncode != 0:
-            raise EnvBuildFailed(f"no commit {repo.commit} in {source}: {archive.stderr.decode()[-500:]}")
-        done = subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=archive.stdout, capture_output=True, timeout=600)
-    if done.returncode != 0:
-        raise EnvBuildFailed(f"could not unpack the repository for the build: {str(done.stderr)[-500:]}")
 
 
 def _bootstrap_pip(root: Path) -> Path:
@@ -224,23 +153,6 @@ def _bootstrap_pip(root: Path) -> Path:
         if not found:
             raise EnvBuildFailed(f"could not download pip {PIP_VERSION} to bootstrap the environment")
     return found[0]
-
-
-def script(recipe: EnvRecipe, pip_wheel: str) -> str:
-    """The build's shell script (pure), in SWE-bench's order: requirements, pinned packages, then
-    ``pre_install`` and ``install`` in the repository."""
-    lines = ["set -euo pipefail", "mkdir -p /usr/local/bin", "ln -sf /usr/bin/python3 /usr/local/bin/python",
-             f"python3 {shlex.quote(pip_wheel)}/pip install -q --no-index {shlex.quote(pip_wheel)}",
-             "python3 -m pip install -q " + " ".join(SEED_PACKAGES)]
-    if recipe.uploaded_prior_to:
-        lines.append(f"export PIP_UPLOADED_PRIOR_TO={shlex.quote(recipe.uploaded_prior_to)}")
-    if recipe.requirements:
-        lines.append("printf '%s\\n' " + " ".join(shlex.quote(r) for r in recipe.requirements) + " > /tmp/requirements.txt")
-        lines.append("python3 -m pip install -r /tmp/requirements.txt")
-    if recipe.pip_packages:
-        lines.append("python3 -m pip install " + " ".join(shlex.quote(p) for p in recipe.pip_packages))
-    lines += [f"cd {shlex.quote(recipe.workdir)}", *recipe.pre_install, *recipe.install]
-    return "\n".join([*lines, "python3 -m pip freeze > /usr/local/prorl-freeze.txt", ""])
 
 
 def build_argv(recipe: EnvRecipe, image: Path, scratch: Path, pip_wheel: Path, uid: int | None) -> list[str]:
@@ -270,7 +182,7 @@ def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path,
     pip_cache = root / "pip-cache"
     pip_cache.mkdir(exist_ok=True)
     if recipe.repo:
-        _repo_tree(recipe.repo, scratch / "repo")
+        envtree.repo_tree(recipe.repo, scratch / "repo")
     else:
         (scratch / "repo").mkdir()
     if recipe.workdir != "/workspace/repo":
@@ -278,7 +190,7 @@ def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path,
     if uid is not None:
         for path in (image / "usr" / "local", scratch / "home", scratch / "repo", pip_cache):
             subprocess.run(["chown", "-R", f"{uid}:{uid}", str(path)], check=True)
-    before = _files(scratch / "repo")
+    before = envtree.files(scratch / "repo")
     argv = build_argv(recipe, image, scratch, _bootstrap_pip(root), uid)
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -294,34 +206,7 @@ def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path,
     if code != 0:
         tail = log.read_bytes()[-2500:].decode(errors="replace")
         raise EnvBuildFailed(f"building {recipe.name or 'the environment'} failed (exit {code}; log: {log}):\n{tail}")
-    _keep_generated(scratch / "repo", sorted(_files(scratch / "repo") - before), image, recipe.workdir)
-
-
-_NOT_KEPT = {"__pycache__", ".eggs", "build", "dist", ".git"}
-
-
-def _files(tree: Path) -> set[str]:
-    out = set()
-    for current, dirs, files in os.walk(tree):
-        dirs[:] = [d for d in dirs if d not in _NOT_KEPT and not d.endswith(".egg-info")]
-        out.update(os.path.relpath(os.path.join(current, f), tree) for f in files)
-    return out
-
-
-def _keep_generated(tree: Path, generated: list[str], image: Path, workdir: str) -> None:
-    """Files the install wrote into the repository, kept in the image and served to every
-    checkout's imports by :mod:`sandboxes.runtimes.repo_overlay` (nothing is written there)."""
-    sites = sorted((image / "usr" / "local" / "lib").glob("python3*/dist-packages"))
-    if not generated or not sites:
-        return
-    overlay = image / repo_overlay.OVERLAY.lstrip("/")
-    for rel in generated:
-        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(tree / rel, overlay / rel)
-    source = Path(repo_overlay.__file__).read_text().replace(
-        f'WORKDIR = "{repo_overlay.WORKDIR}"', f"WORKDIR = {workdir!r}")
-    (sites[-1] / "_prorl_repo_overlay.py").write_text(source)
-    (sites[-1] / "_prorl_repo_overlay.pth").write_text("import _prorl_repo_overlay\n")
+    envtree.keep_generated(scratch / "repo", sorted(envtree.files(scratch / "repo") - before), image, recipe.workdir)
 
 
 def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:

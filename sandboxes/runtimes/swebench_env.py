@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxes.runtimes.envbuild import EnvBuildFailed, EnvRecipe, RepoAt
+from sandboxes.runtimes.envrecipe import EnvBuildFailed, EnvRecipe, RepoAt
 
 ReadFile = Callable[[str, str], str | None]
 SKIPPED_LINES = ("-e .", "#", ".[test")  # as SWE-bench's own requirements reader

@@ -1,0 +1,96 @@
+"""Environment recipes built into rootfs images (sandboxes/runtimes/envbuild.py), for real: the
+node's packages as the base, pip from PyPI at build time, bwrap for the build and for the
+sandbox that then uses the image. One small environment (iniconfig from PyPI) per module."""
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandboxes.runtimes import envbuild
+from sandboxes.runtimes.envbuild import EnvBuildFailed, EnvRecipe, RepoAt
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("dpkg-query") is None,
+                                reason="needs bubblewrap and a Debian node (dpkg)")
+SMALL = EnvRecipe(name="small", python="3", pip_packages=["iniconfig==2.0.0"],
+                  install=["echo built > /usr/local/built-by-recipe"])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("envs")
+
+
+def test_key_is_the_recipe_not_its_label_or_source_path():
+    a = SMALL.model_copy(update={"repo": RepoAt(source="/one/place", commit="a" * 40)})
+    b = a.model_copy(update={"name": "other", "notes": {"x": 1}, "repo": RepoAt(source="/elsewhere", commit="a" * 40)})
+    assert a.key("base1") == b.key("base1")
+    assert a.key("base1") != a.key("base2")  # a new base (the node's packages changed) is a new environment
+    assert a.key("base1") != a.model_copy(update={"repo": RepoAt(source="/one/place", commit="b" * 40)}).key("base1")
+    assert a.key("base1") != a.model_copy(update={"pip_packages": ["iniconfig==2.0.1"]}).key("base1")
+
+
+def test_script_runs_swebench_steps_in_order_with_the_cutoff():
+    recipe = EnvRecipe(requirements=["a>=1"], pip_packages=["b==2", "c"], pre_install=["sed -i s/x/y/ setup.cfg"],
+                       install=["python -m pip install -e ."], uploaded_prior_to="2023-04-01")
+    lines = envbuild.script(recipe, "/tmp/prorl-bootstrap/pip.whl").splitlines()
+    order = [next(i for i, line in enumerate(lines) if needle in line) for needle in
+             ("pip.whl/pip install", "setuptools==", "install b==2", "PIP_UPLOADED_PRIOR_TO=2023-04-01",
+              "-r /tmp/requirements.txt", "install c", "cd /workspace/repo", "sed -i", "install -e .")]
+    assert order == sorted(order), lines
+
+
+def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, monkeypatch, tmp_path):
+    calls = []
+    real_build = envbuild._build
+    monkeypatch.setattr(envbuild, "_build", lambda *a, **k: calls.append(1) or real_build(*a, **k))
+    paths, errors = [], []
+
+    def build():
+        try:
+            paths.append(envbuild.ensure_env(SMALL, root))
+        except Exception as exc:  # noqa: BLE001 - the assertion below shows it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert errors == [] and len(set(paths)) == 1 and len(calls) == 1, (errors, paths, calls)
+    image = paths[0]
+    assert (image / "usr/local/built-by-recipe").read_text() == "built\n"
+    assert "iniconfig==2.0.0" in (image / "usr/local/prorl-freeze.txt").read_text()
+    assert (image / "usr/local").stat().st_uid == 0  # handed back to root after an unprivileged build
+    assert not [p for p in root.iterdir() if p.name.startswith(".env-")]  # no scratch left
+    assert envbuild.ensure_env(SMALL, root) == image and len(calls) == 1  # the next caller: cached
+
+    from sandboxes.base import SandboxSpec
+    from sandboxes.bwrap import BwrapSandbox
+
+    box = BwrapSandbox(SandboxSpec(image=str(image)), "envbuild-test", {"root": str(tmp_path)})
+    try:
+        out = box.exec("python3 -c 'import iniconfig, sys; print(iniconfig.__file__, sys.version_info[:2])'; "
+                       "touch /usr/local/x 2>&1; cat /etc/prorl-env.json | head -c 60", timeout=60)
+        assert out.exit_code == 0 and "/usr/local/lib/python3" in out.output, out.output
+        assert "Read-only file system" in out.output, out.output
+    finally:
+        box.close()
+
+
+def test_a_failing_build_is_a_typed_error_and_leaves_no_image(root):
+    recipe = EnvRecipe(name="broken", install=["echo about to fail; exit 3"])
+    with pytest.raises(EnvBuildFailed) as caught:
+        envbuild.ensure_env(recipe, root)
+    assert caught.value.type == "env_build_failed"
+    assert "exit 3" in str(caught.value) and "about to fail" in str(caught.value)
+    key = recipe.key(envbuild.ensure_base(root)[1])
+    assert not (root / f"env-{key}").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".env-")]
+
+
+def test_a_recipe_for_another_python_fails_before_building(root):
+    with pytest.raises(EnvBuildFailed, match="wants Python 2.7"):
+        envbuild.ensure_env(EnvRecipe(python="2.7"), root)
