@@ -242,7 +242,8 @@ def checkout_script(dest: str, commit: str) -> str:
 
 def checkout_into(box, instance: dict[str, Any], dest: str) -> str:
     """Put the instance's repository at ``base_commit`` at ``dest`` in the sandbox (a shallow
-    repository of that one commit); returns the absolute path of its root inside the sandbox."""
+    repository of that one commit); returns the absolute path of its root inside the sandbox.
+    A relative ``dest`` is beneath the workspace, where the shell must be (as in a new sandbox)."""
     pack = commit_pack(instance)
     box.write_file(f"{dest}.pack", pack.read_bytes())
     out = box.exec(checkout_script(dest, instance["base_commit"]), timeout=600)
