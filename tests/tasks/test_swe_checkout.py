@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import tarfile
+import tempfile
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from prorl_celery.errors import PolicyDenied, SandboxError
 from sandboxes.base import SandboxSpec
 from tasks.handlers import repo
 from tasks.verify import swe_eval
-from tests.sandboxes.conftest import needs_bwrap, sandbox_root  # noqa: F401,F811 - a fixture
+from tests.sandboxes.conftest import needs_bwrap
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
@@ -64,6 +65,15 @@ def history(tmp_path, worker_cache):
     subprocess.run(["git", "clone", "-q", "--mirror", str(work), str(mirror)], check=True, env=GIT_ENV)
     blob = git(work, "rev-parse", f"{big}:old.bin")
     return {"work": work, "mirror": mirror, "base": base, "later": later, "big_blob": blob}
+
+
+@pytest.fixture
+def sandbox_root():
+    """A workspace root the sandboxes' own uids can reach (pytest's tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="prorl-test-swe-"))
+    root.chmod(0o711)
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 def _box(root: Path, name: str):
