@@ -154,15 +154,30 @@ def _cgroup_dir(pid: int, controller: str) -> Path | None:
     return None
 
 
-def _uid_processes(uid: int) -> list[int]:
-    found = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{name}").st_uid == uid:
-                found.append(int(name))
-        except OSError:
-            pass
-    return found
+def _stat(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return f"{pid} gone"
+
+
+def _uid_processes(uid: int, wait_s: float = 5.0) -> list[int]:
+    """Live (not zombie) processes of ``uid``, after up to ``wait_s`` for them to go (a
+    SIGKILL'd namespace empties within moments, not at once)."""
+    from sandboxes.procs import alive
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid and alive(int(name)):
+                    found.append(int(name))
+            except OSError:
+                pass
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def test_runs_as_its_own_uid_without_capabilities(sif_image, sandbox_root):
@@ -221,7 +236,8 @@ def test_close_leaves_nothing(sif_image, sandbox_root):
     assert wait_dead(pids, timeout=5), [p for p in pids if os.path.exists(f"/proc/{p}")]
     assert not os.path.exists(info["workspace"])
     if info["uid"]:
-        assert _uid_processes(info["uid"]) == []
+        left = _uid_processes(info["uid"])
+        assert not left, [_stat(pid) for pid in left]
     if cgroup and cgroup.name == str(info["init_pid"]):  # apptainer's own, per container
         deadline = time.monotonic() + 5
         while cgroup.exists() and time.monotonic() < deadline:
@@ -262,7 +278,8 @@ def test_a_killed_host_takes_its_containers_along(start_host, sif_image, sandbox
         time.sleep(0.05)
     assert not alive(init_pid)
     if info.get("uid"):
-        assert _uid_processes(info["uid"]) == []
+        left = _uid_processes(info["uid"])
+        assert not left, [_stat(pid) for pid in left]
 
 
 
