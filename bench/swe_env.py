@@ -12,7 +12,16 @@ sandbox host over HTTP, in a ``docker://`` image served by a loopback ``docker-r
 
 Also the bytes fetched from the registry per create (cold: the image's blobs; warm: none).
 
-    python bench/swe_env.py [--runs 10]
+Checkout part (issue 12 item 4): a commit of a local repository into a fresh sandbox on the same
+kind of host, the old way (a tar of a full clone, history and all, unpacked and checked out in the
+sandbox) beside the new one cold (the commit packed alone) and warm (its pack cached); the
+checkout's time (the create excluded) and the bytes written into the sandbox, which every init
+and every eval pays once each.
+
+    python bench/swe_env.py [--runs 10] [--part images|checkout|all] [--repo PATH --commit SHA]
+
+Checkout line: ``checkout_old_p50_ms=<> checkout_cold_p50_ms=<> checkout_warm_p50_ms=<>
+old_over_warm=<> old_bytes=<> pack_bytes=<> bytes_ratio=<>``.
 
 Last line: ``image_cold_p50_ms=<> image_warm_p50_ms=<> image_dir_p50_ms=<> cold_over_warm=<>
 warm_over_dir=<> cold_bytes=<> warm_bytes=<>``.
@@ -130,10 +139,112 @@ def bench_images(runs: int) -> dict:
             "cold_bytes": statistics.median(moved["cold"]), "warm_bytes": max(moved["warm"])}
 
 
+# -- checkout part (issue 12 item 4) --------------------------------------------------------
+def _remote(address: str, token: str):
+    from sandboxes.base import SandboxHandle
+    from sandboxes.client import RemoteSandbox
+    from sandboxes.protocol import SandboxEntry
+
+    entry = SandboxEntry.model_validate(request("POST", address, token, "/sandboxes", 300, data=json.dumps(
+        {"job_id": "bench-checkout", "spec": {"runtime": "bwrap"}})).json())
+    handle = SandboxHandle(host_id=entry.host_id, address=address, token=token,
+                           sandbox_id=entry.sandbox_id, runtime=entry.runtime)
+    return RemoteSandbox(handle, entry)
+
+
+def _old_checkout(box, work: Path, commit: str) -> int:
+    """The checkout before this work: the whole repository (work tree and all history) as a tar,
+    unpacked and checked out in the sandbox. Returns the bytes written into the sandbox."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(str(work), arcname=".")
+    data = buffer.getvalue()
+    box.write_file("repo.tar", data)
+    out = box.exec(f"mkdir -p repo && tar -xf repo.tar -C repo && rm -f repo.tar && cd repo && "
+                   f"git -c advice.detachedHead=false checkout -q -f {commit} && git clean -qfdx && cd ..",
+                   timeout=600)
+    if out.exit_code != 0:
+        raise SystemExit(f"the old checkout failed: {out.output[-500:]}")
+    return len(data)
+
+
+def bench_checkout(runs: int, source: Path, commit: str) -> dict:
+    """Checkout of ``commit`` of the repository at ``source`` into a fresh sandbox on a real host
+    over HTTP: the old way (tar of a full clone), cold (mirror read, commit packed) and warm (pack
+    cached); the time of the checkout alone (sandbox create excluded) and the bytes written."""
+    from tasks.handlers import repo
+
+    work = Path(tempfile.mkdtemp(prefix="prorl-bench-checkout-"))
+    os.chmod(work, 0o711)
+    os.environ["PRORL_REPO_CACHE"] = str(work / "cache")
+    from config.settings import get_settings
+
+    get_settings.cache_clear()
+    clone = work / "clone"  # a full clone with its work tree: what the old code cached and packed
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(source), str(clone)], check=True)
+    instance = {"repo": "bench/repo", "repo_source": str(source), "base_commit": commit}
+    root = work / "sandboxes"
+    root.mkdir(mode=0o711)
+    (work / "images").mkdir()
+    proc, address, token = start_host(work / "image-cache", work / "images", "", root)
+    rows: dict[str, list[float]] = {"old": [], "cold": [], "warm": []}
+    moved: dict[str, int] = {}
+    try:
+        for _ in range(runs):
+            for kind in ("old", "cold", "warm"):
+                if kind == "cold":
+                    subprocess.run(["rm", "-rf", str(work / "cache" / "packs")], check=True)
+                box = _remote(address, token)
+                try:
+                    started = time.perf_counter()
+                    if kind == "old":
+                        moved["old"] = _old_checkout(box, clone, commit)
+                    else:
+                        repo.checkout_into(box, instance, "repo")
+                        moved[kind] = repo.pack_bytes(instance)
+                    rows[kind].append((time.perf_counter() - started) * 1000)
+                finally:
+                    box.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    files = subprocess.run(["git", f"--git-dir={repo.git_dir_of(source)}", "ls-tree", "-r", "--name-only", commit],
+                           capture_output=True, text=True, check=True).stdout.count("\n")
+    return {"runs": runs, "files": files, "p50_ms": {k: statistics.median(v) for k, v in rows.items()},
+            "all_ms": rows, "bytes": moved}
+
+
+def checkout_line(result: dict) -> str:
+    p50, moved = result["p50_ms"], result["bytes"]
+    return (f"checkout_old_p50_ms={p50['old']:.0f} checkout_cold_p50_ms={p50['cold']:.0f} "
+            f"checkout_warm_p50_ms={p50['warm']:.0f} old_over_warm={p50['old'] / p50['warm']:.1f} "
+            f"old_bytes={moved['old']} pack_bytes={moved['warm']} bytes_ratio={moved['old'] / moved['warm']:.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--part", choices=("images", "checkout", "all"), default="all")
+    parser.add_argument("--repo", type=Path, default=REPO, help="checkout part: a local git repository "
+                        "(work tree or bare); default: this project's own")
+    parser.add_argument("--commit", default="HEAD", help="checkout part: the commit to check out")
     args = parser.parse_args()
+    if args.part in ("checkout", "all"):
+        if not shutil.which("bwrap"):
+            raise SystemExit("missing: bwrap (scripts/install-system-deps.sh)")
+        source = args.repo.resolve()
+        os.environ["PRORL_REPO_SOURCE_DIRS"] = str(source.parent)
+        commit = subprocess.run(["git", f"--git-dir={_git_dir(source)}", "rev-parse", args.commit],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        checkout = bench_checkout(args.runs, source, commit)
+        print(json.dumps(checkout, indent=1))
+        print(checkout_line(checkout))
+    if args.part == "checkout":
+        return
     missing = missing_tools()
     if missing or not shutil.which("bwrap"):
         raise SystemExit(f"missing: {missing or ['bwrap']} (scripts/install-system-deps.sh)")
@@ -144,6 +255,10 @@ def main() -> None:
           f"image_dir_p50_ms={p50['dir']:.0f} cold_over_warm={p50['cold'] / p50['warm']:.1f} "
           f"warm_over_dir={p50['warm'] / p50['dir']:.2f} cold_bytes={result['cold_bytes']:.0f} "
           f"warm_bytes={result['warm_bytes']}")
+
+
+def _git_dir(path: Path) -> Path:
+    return path / ".git" if (path / ".git").is_dir() else path
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ local repository the operator allows (a work tree, a bare mirror, or their ``fil
 read where it is. For a commit the worker packs that commit and its one tree (``git rev-list
 --objects --no-walk | git pack-objects``: no parent, no history) once, caches the pack by commit
 id (``repo_pack_cache_mb``, least recently used first out), and writes it into the sandbox, where
-``git index-pack`` and a checkout turn it into a one-commit shallow repository at the very same
+a checkout (the worker indexed it) turns it into a one-commit shallow repository at the very same
 commit id: ``git diff <base_commit>``, ``git show <base_commit>:path`` and ``git checkout
 <base_commit> -- path`` work as in a full clone. No tar is unpacked, so no owner is restored: a
 service that is not root checks out as well as one that is. The sandbox needs git and no network.
@@ -188,7 +188,8 @@ def _pack_budget() -> int:
 
 
 def build_pack(git_dir: Path, commit: str, out: Path) -> None:
-    """A pack of ``commit`` and every tree and blob of its tree (no parents) at ``out``."""
+    """A pack of ``commit`` and every tree and blob of its tree (no parents) at ``out``, and its
+    index beside it (``.idx``: the sandbox then need not index it)."""
     objects = _git(git_dir, "rev-list", "--objects", "--no-walk", commit)
     if objects.returncode != 0:
         raise SandboxError(f"cannot list the objects of {commit}: {objects.stderr.decode()[-500:]}")
@@ -196,6 +197,9 @@ def build_pack(git_dir: Path, commit: str, out: Path) -> None:
         done = _git(git_dir, "pack-objects", "--stdout", "-q", input=objects.stdout, stdout=sink)
     if done.returncode != 0:
         raise SandboxError(f"cannot pack {commit}: {done.stderr.decode()[-500:]}")
+    indexed = _git(git_dir, "index-pack", "-o", str(out.with_suffix(".idx")), str(out))
+    if indexed.returncode != 0:
+        raise SandboxError(f"cannot index the pack of {commit}: {indexed.stderr.decode()[-500:]}")
 
 
 def commit_pack(instance: dict[str, Any]) -> Path:
@@ -211,16 +215,18 @@ def commit_pack(instance: dict[str, Any]) -> Path:
             os.utime(path)
             return path
         git_dir = local_repo(instance)
-        partial = path.with_suffix(".partial")
+        partial = packs / f"{commit}.partial.pack"
         build_pack(git_dir, commit, partial)
-        partial.rename(path)
+        partial.with_suffix(".idx").rename(path.with_suffix(".idx"))
+        partial.rename(path)  # last: a .pack is complete with its .idx
     evict_packs(packs, _pack_budget(), keep=path)
     return path
 
 
 def evict_packs(packs: Path, budget: int, keep: Path) -> None:
     """Oldest-used packs out until the rest fit in ``budget`` bytes (``keep`` stays)."""
-    found = sorted(packs.glob("*.pack"), key=lambda p: p.stat().st_mtime)
+    found = sorted((p for p in packs.glob("*.pack") if not p.name.endswith(".partial.pack")),
+                   key=lambda p: p.stat().st_mtime)
     total = sum(p.stat().st_size for p in found)
     for pack in found:
         if total <= budget:
@@ -228,15 +234,17 @@ def evict_packs(packs: Path, budget: int, keep: Path) -> None:
         if pack != keep:
             total -= pack.stat().st_size
             pack.unlink(missing_ok=True)
+            pack.with_suffix(".idx").unlink(missing_ok=True)
             (packs / f"{pack.stem}.lock").unlink(missing_ok=True)
 
 
 def checkout_script(dest: str, commit: str) -> str:
-    """The sandbox side: ``{dest}.pack`` becomes a shallow repository at ``commit`` in ``dest``."""
+    """The sandbox side: ``{dest}.pack`` and ``.idx`` become a shallow repository at ``commit`` in
+    ``dest``."""
     d, c = shlex.quote(dest), shlex.quote(commit)
-    pack = ".git/objects/pack/prorl-base.pack"
+    pack = f"{d}/.git/objects/pack/prorl-base"
     return (f"rm -rf {d} && mkdir -p {d} && git -c init.defaultBranch=main init -q {d} && "
-            f"mv {d}.pack {d}/{pack} && git -C {d} index-pack {pack} >/dev/null && echo {c} > {d}/.git/shallow && "
+            f"mv {d}.idx {pack}.idx && mv {d}.pack {pack}.pack && echo {c} > {d}/.git/shallow && "
             f"git -C {d} -c advice.detachedHead=false checkout -q -f {c} && cd {d} && pwd")
 
 
@@ -246,6 +254,7 @@ def checkout_into(box, instance: dict[str, Any], dest: str) -> str:
     A relative ``dest`` is beneath the workspace, where the shell must be (as in a new sandbox)."""
     pack = commit_pack(instance)
     box.write_file(f"{dest}.pack", pack.read_bytes())
+    box.write_file(f"{dest}.idx", pack.with_suffix(".idx").read_bytes())
     out = box.exec(checkout_script(dest, instance["base_commit"]), timeout=600)
     if out.exit_code != 0:
         raise SandboxError(f"could not check out {instance.get('repo')} at {instance['base_commit']}: "
@@ -256,5 +265,6 @@ def checkout_into(box, instance: dict[str, Any], dest: str) -> str:
 
 
 def pack_bytes(instance: dict[str, Any]) -> int:
-    """Bytes a checkout of the instance writes into a sandbox (the commit's pack)."""
-    return commit_pack(instance).stat().st_size
+    """Bytes a checkout of the instance writes into a sandbox (the commit's pack and index)."""
+    pack = commit_pack(instance)
+    return pack.stat().st_size + pack.with_suffix(".idx").stat().st_size
