@@ -37,8 +37,7 @@ from tests.rootfs import IMAGE_TOOLS, build_rootfs
 TOOLS = ("docker-registry", "skopeo", "umoci")
 _ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/v2/\S*) HTTP/[0-9.]+" (?P<status>\d{3})')
 _SKIP_STDLIB = ("test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
-                "pydoc_data", "distutils", "site-packages", "dist-packages", "__pycache__",
-                "config-3*")
+                "pydoc_data", "distutils", "site-packages", "dist-packages", "config-3*")
 PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py", "pygments")
 
 
@@ -189,7 +188,7 @@ def build_python_rootfs(root: Path) -> None:
     for name in PYTEST_PACKAGES:
         source = site / name
         if source.is_dir():
-            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(source, target / name)  # with __pycache__: the root is read-only
         elif source.exists():
             shutil.copy2(source, target / name)
     alias = root / "usr" / "bin" / "python3"

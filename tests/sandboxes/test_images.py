@@ -21,7 +21,7 @@ from sandboxes.runtimes.image_cache import ImageCache
 from sandboxes.runtimes.images import check_reference
 from tests.conftest import submit, wait
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout
-from tests.sandboxes.conftest import needs_bwrap
+from tests.sandboxes.conftest import needs_bwrap, wait_until
 
 pytestmark = [needs_bwrap(), needs_registry_tools()]
 
@@ -59,6 +59,20 @@ def run(host, entry: dict, command: str) -> dict:
                    data=json.dumps({"command": command, "timeout": 50})).json()
 
 
+def evictable(lock: Path) -> bool:
+    """Whether an eviction could take the image's lock (no sandbox holds it shared)."""
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def close(host, entry: dict) -> None:
     request("DELETE", host.address, host.token, f"/sandboxes/{entry['sandbox_id']}", 30)
 
@@ -74,7 +88,10 @@ def test_pytest_runs_in_the_image_and_the_cache_is_hit_the_second_time(
     assert out["output"].startswith("pytest ") and "from the image\npython\n" in out["output"]
     if os.path.exists("/usr/bin/git"):  # the host's, not the image's
         assert run(host, first, "test ! -e /usr/bin/git")["exit_code"] == 0
+    lock = cache_dir / "images" / f"{first['info']['image_digest'].split(':')[1]}.lock"
+    assert not evictable(lock)  # the live sandbox holds its image
     close(host, first)
+    assert wait_until(lambda: evictable(lock), 30)  # released once the sandbox is gone
     fetched, asked = registry.blob_fetches("prorl/python"), len(registry.requests())
     assert fetched >= 2  # config and layer
 
@@ -116,7 +133,8 @@ def test_digest_reference_and_concurrent_creates_share_one_pull(start_host, cach
 
 
 def test_missing_tag_unreachable_and_disallowed_registries_fail_typed(start_host, cache_dir,
-                                                                      registry, python_image):
+                                                                      registry, python_image,
+                                                                      redis_client):
     from prorl_celery.procs import free_port
 
     dead = f"127.0.0.1:{free_port()}"
@@ -134,14 +152,31 @@ def test_missing_tag_unreachable_and_disallowed_registries_fail_typed(start_host
     assert (status, error["type"], error["field"]) == (403, "policy_denied", "spec.image")
     assert "PRORL_SANDBOX_REGISTRIES" in error["message"]
     assert not [path for _, path, _ in registry.requests() if "nothing" in path and "blobs" in path]
-
-
-def test_open_sandbox_raises_the_typed_error(start_host, cache_dir, redis_client, registry, python_image):
-    image_host(start_host, cache_dir)
     spec = SandboxSpec(runtime="bwrap", image=registry.ref("prorl/python", "gone"))
-    with pytest.raises(ImageNotFound) as caught:
+    with pytest.raises(ImageNotFound) as caught:  # what init sees: the typed error, at once
         open_sandbox(redis_client, spec, "job-typed")
     assert caught.value.field == "spec.image"
+
+
+def test_an_oci_layout_beneath_the_image_dirs_is_an_image_too(start_host, cache_dir, python_image):
+    from sandboxes.safedirs import private_dir
+
+    images = private_dir(os.environ["PRORL_SANDBOX_IMAGE_DIRS"], 0o755)
+    layout = Path(tempfile.mkdtemp(prefix="layout-", dir=images))
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", python_image,
+                    f"oci:{layout}:py"], check=True)
+    host = image_host(start_host, cache_dir)
+    try:
+        entry = create(host, f"oci:{layout}:py")
+        assert entry["info"]["image_cache"] == "pulled"
+        assert run(host, entry, "cat /etc/image-marker")["output"] == "from the image\n"
+        close(host, entry)
+        status, error = create_error(host, f"oci:{layout}:no-such-tag")
+        assert (status, error["type"]) == (404, "image_not_found"), error
+    finally:
+        subprocess.run(["rm", "-rf", str(layout)], check=False)
+
+
 
 
 def test_whole_service_runs_a_job_in_the_image(stack, registry, python_image):
@@ -207,23 +242,6 @@ def test_an_image_over_the_budget_is_refused_and_leaves_nothing(cache_dir, regis
     with pytest.raises(ImageTooLarge, match="unpacks to"):  # small compressed, large unpacked
         cache.acquire(bomb)
     assert cache.images() == [] and not [p for p in (cache_dir / "images").iterdir() if p.is_dir()]
-
-
-def test_an_oci_layout_beneath_the_image_dirs_is_an_image_too(start_host, cache_dir, python_image):
-    from sandboxes.safedirs import private_dir
-
-    images = private_dir(os.environ["PRORL_SANDBOX_IMAGE_DIRS"], 0o755)
-    layout = Path(tempfile.mkdtemp(prefix="layout-", dir=images))
-    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", python_image,
-                    f"oci:{layout}:py"], check=True)
-    host = image_host(start_host, cache_dir)
-    entry = create(host, f"oci:{layout}:py")
-    assert entry["info"]["image_cache"] == "pulled"
-    assert run(host, entry, "python3 -m pytest --version")["exit_code"] == 0
-    close(host, entry)
-    status, error = create_error(host, f"oci:{layout}:no-such-tag")
-    assert (status, error["type"]) == (404, "image_not_found"), error
-    subprocess.run(["rm", "-rf", str(layout)], check=False)
 
 
 def test_a_registry_that_never_answers_fails_the_pull_in_time(cache_dir):
