@@ -211,7 +211,7 @@ def commit_pack(instance: dict[str, Any]) -> Path:
     packs = cache_dir() / "packs"
     path = packs / f"{commit}.pack"
     with _locked(packs / f"{commit}.lock"):
-        if path.exists():
+        if path.exists() and path.with_suffix(".idx").exists():  # (a cache older than .idx rebuilds)
             os.utime(path)
             return path
         git_dir = local_repo(instance)
