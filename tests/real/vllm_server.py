@@ -61,7 +61,7 @@ class VllmServer:
                 "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
                 "--max-logprobs", "20", "--dtype", "float32", "--enable-scale-out", *(TOOL_FLAGS if self.tools else []), *self.extra]
 
-    def start(self, timeout: float = 240.0) -> "VllmServer":
+    def start(self, timeout: float = 600.0) -> "VllmServer":
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
                "PYTHONPATH": ""}  # the project's path would shadow nothing, but keep the venv alone
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
