@@ -154,6 +154,15 @@ def _cmd_settings(args: argparse.Namespace) -> int:
 
 def _print_live_workers() -> None:
     """What the running workers hold, when the configured Redis answers within a second."""
+    import redis
+
+    from config.settings import get_settings
+
+    try:  # first a bounded ping: Celery would retry a missing broker for many seconds
+        redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=1, socket_timeout=1).ping()
+    except redis.RedisError as exc:
+        print(f"running workers: unknown (Redis: {type(exc).__name__})")
+        return
     try:
         from prorl_celery.report import worker_threads
 
