@@ -203,7 +203,7 @@ def test_apptainer_cgroup_holds_memory_pids_and_cpus(sif_image, sandbox_root):
 
     if not use_cgroups(SingularityConfig()):
         pytest.skip("apptainer's cgroup limits are used only where the host is root")
-    spec = SandboxSpec(limits=Limits(memory_mb=96, pids=48, cpus=0.5, nofile=300))
+    spec = SandboxSpec(limits=Limits(memory_mb=96, pids=48, cpus=0.5, nofile=300, disk_mb=20))
     box = open_box(sif_image, sandbox_root, spec)
     try:
         hog = box.exec("python3 -c \"b = bytearray(300 << 20); print('allocated')\"", timeout=60)
@@ -214,6 +214,10 @@ def test_apptainer_cgroup_holds_memory_pids_and_cpus(sif_image, sandbox_root):
                          timeout=60)
         assert forks.output.startswith("stopped") and int(forks.output.split()[1]) < 48, forks
         assert box.exec("ulimit -n").output == "300\n"
+        # disk_mb: the workspace's own filesystem where the host makes one, else RLIMIT_FSIZE
+        big = box.exec("head -c 30000000 /dev/zero > ~/big; echo $?; wc -c < ~/big", timeout=60)
+        status, size = big.output.split()[-2:]
+        assert status != "0" and int(size) <= 20 * 1024 * 1024, big
         cpu = _cgroup_dir(box.info()["init_pid"], "cpu")
         if cpu and (cpu / "cpu.cfs_quota_us").exists():
             quota, period = (int((cpu / f"cpu.cfs_{n}_us").read_text()) for n in ("quota", "period"))
