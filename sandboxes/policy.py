@@ -7,7 +7,8 @@ same rules (key decision 11: a request can only narrow the operator's policy, ne
 - images: a path beneath one of ``sandbox_image_dirs`` after resolving symlinks (never ``/``,
   ``/etc`` or another host path), or a ``docker://`` reference to a registry the operator lists
   in ``sandbox_registries`` (an ``oci:`` layout beneath the image directories), parsed strictly
-  by :mod:`sandboxes.runtimes.images`; ``library://`` / ``oras://`` pass to the runtime.
+  by :mod:`sandboxes.runtimes.images`; other transports (``docker-archive:``, ``library://``,
+  ``oras://`` ...) are refused.
 - limits: handler defaults merged field by field under the request, which may only lower them;
   operator ceilings (``sandbox_max_limits``) clamp both, and fill a limit nobody set.
 - repository sources: https URLs, or directories beneath ``repo_source_dirs``.
@@ -31,7 +32,10 @@ from sandboxes.netns import check_request_network
 from sandboxes.runtimes import images
 
 LOCAL = "local"
-IMAGE_SCHEMES = ("docker://", "docker-archive:", "library://", "oras://", "shub://", "oci:")
+# Transports refused outright: docker-archive:/oci-archive:/docker-daemon: name host paths or the
+# host's daemon, library://, oras://, shub:// and http(s):// reach registries outside the allow-list.
+OTHER_SCHEMES = ("docker-archive:", "oci-archive:", "docker-daemon:", "library://", "oras://",
+                 "shub://", "http://", "https://")
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 
@@ -81,8 +85,10 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
         return None
     if images.is_reference(image):  # docker:// and oci:: the registry allow-list (runtimes/images.py)
         return images.check_reference(image, field, lexical).canonical
-    if image.startswith(IMAGE_SCHEMES):
-        return image
+    if image.startswith(OTHER_SCHEMES):
+        raise PolicyDenied(f"sandbox image {image!r} refused: only docker:// and oci: references "
+                           "(and image directories) are served; other transports reach hosts or "
+                           "host paths the registry allow-list does not cover", field=field)
     roots = split_dirs(_settings().sandbox_image_dirs)
     if not roots:
         raise PolicyDenied(f"sandbox image {image!r} refused: no image directories are registered "

@@ -96,6 +96,19 @@ def test_the_allow_list_is_exact_about_ports_and_paths(monkeypatch):
         check_reference("docker://ghcr.io/trusted-org/x:1")
 
 
+@pytest.mark.parametrize("image", [
+    "docker-archive:/etc/shadow", "oci-archive:/root/x.tar", "docker-daemon:python:3",
+    "library://evil/x:1", "oras://evil.example/x:1", "shub://evil/x", "https://evil.example/x.sif"])
+def test_transports_outside_the_allow_list_are_refused(image, monkeypatch, tmp_path):
+    """docker-archive: would have singularity read any host file; library:// and oras:// reach
+    registries PRORL_SANDBOX_REGISTRIES never listed: none of them passes to a runtime."""
+    settings_env(monkeypatch, PRORL_SANDBOX_REGISTRIES="evil,evil.example,docker.io",
+                 PRORL_SANDBOX_IMAGE_DIRS=str(tmp_path))
+    with pytest.raises(PolicyDenied) as caught:
+        check_image(image, "instance.sandbox.image")
+    assert caught.value.field == "instance.sandbox.image"
+
+
 def test_the_api_refuses_hostile_and_unlisted_images(api):
     for image in ("docker://evil/../../etc", "docker://127.0.0.1:1/x:1", "docker://python:3",
                   "oci:/etc:passwd", "docker://x/y:z; rm -rf /"):
