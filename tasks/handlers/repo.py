@@ -1,7 +1,7 @@
 """Getting a repository into a sandbox at a given commit, without its history.
 
 Per host, each https repository is cloned once into a bare mirror (``repo_cache``, one lock per
-mirror, so concurrent inits share the clone; fetched again only when a commit is missing). A
+mirror, so concurrent inits share the clone; refreshed only when a commit is missing). A
 local repository the operator allows (a work tree, a bare mirror, or their ``file://`` URL) is
 read where it is. For a commit the worker packs that commit and its one tree (``git rev-list
 --objects --no-walk | git pack-objects``: no parent, no history) once, caches the pack by commit
@@ -97,22 +97,31 @@ def local_repo(instance: dict[str, Any]) -> Path:
     """The git directory holding the instance's ``base_commit`` on this machine: an allowed
     local repository as it is, or this host's mirror of an https URL (cloned once, fetched
     again when the commit is missing). Anything else is :class:`PolicyDenied`."""
+    with held_repo(instance) as git_dir:
+        return git_dir
+
+
+@contextmanager
+def held_repo(instance: dict[str, Any]) -> Iterator[Path]:
+    """:func:`local_repo`, with a mirror's lock held until the caller is done reading it (a
+    refresh replaces the mirror)."""
     kind, source = check_repo_source(repo_source(instance))
     commit = instance["base_commit"]
     if kind == "dir":
         git_dir = git_dir_of(Path(source))
         if not has_commit(git_dir, commit):
             raise SandboxError(f"commit {commit} is not in the repository at {source}")
-        return git_dir
+        yield git_dir
+        return
     target = cache_dir() / f"{hashlib.sha1(source.encode()).hexdigest()[:16]}.git"
     with _locked(target.with_suffix(".lock")):
         if not (target / "HEAD").exists():
             clone(source, target)
         if not has_commit(target, commit):
-            fetch(source, target)
+            refresh(source, target)
         if not has_commit(target, commit):
             raise SandboxError(f"commit {commit} is not in {source}")
-    return target
+        yield target
 
 
 def clone_uid() -> int | None:
@@ -166,18 +175,23 @@ def clone(url: str, target: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def fetch(url: str, target: Path) -> None:
-    """Bring the mirror at ``target`` up to date (a commit it lacks); the caller holds its lock."""
+def refresh(url: str, target: Path) -> None:
+    """Bring the mirror at ``target`` up to date (it lacks a commit); the caller holds its lock.
+    A worker that is not root fetches in place; a root worker's clones run as ``repo_clone_uid``,
+    which cannot reach the cache (beneath root's home), so it clones afresh and swaps."""
     uid = clone_uid()
-    _check_setpriv(uid)
-    work = Path(tempfile.mkdtemp(prefix="prorl-fetch-"))
-    try:
-        if uid is not None:
-            os.chown(work, uid, uid)
-        _run_as([*_as_uid(uid), _git_bin(), *_SAFE, f"--git-dir={target}", "fetch", "--quiet", "--prune",
-                 "--", url, "+refs/*:refs/*"], uid, work, f"fetch {url}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if uid is None:
+        _run_as([_git_bin(), *_SAFE, f"--git-dir={target}", "fetch", "--quiet", "--prune", "--", url,
+                 "+refs/*:refs/*"], None, target, f"fetch {url}")
+        return
+    fresh = target.with_name(f"{target.name}.fresh")
+    shutil.rmtree(fresh, ignore_errors=True)
+    clone(url, fresh)
+    old = target.with_name(f"{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    target.rename(old)
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # -- one commit, packed -------------------------------------------------------------------
@@ -214,9 +228,9 @@ def commit_pack(instance: dict[str, Any]) -> Path:
         if path.exists() and path.with_suffix(".idx").exists():  # (a cache older than .idx rebuilds)
             os.utime(path)
             return path
-        git_dir = local_repo(instance)
         partial = packs / f"{commit}.partial.pack"
-        build_pack(git_dir, commit, partial)
+        with held_repo(instance) as git_dir:
+            build_pack(git_dir, commit, partial)
         partial.with_suffix(".idx").rename(path.with_suffix(".idx"))
         partial.rename(path)  # last: a .pack is complete with its .idx
     evict_packs(packs, _pack_budget(), keep=path)
