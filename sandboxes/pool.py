@@ -234,7 +234,7 @@ class SandboxPool:
 def start_concurrency() -> int:
     from config.settings import get_settings
 
-    return get_settings().sandbox_start_concurrency or 2 * (os.cpu_count() or 1)
+    return get_settings().sandbox_start_concurrency or 16 * (os.cpu_count() or 1)
 
 
 def limit_enforcement() -> dict[str, str]:
