@@ -15,7 +15,6 @@ from sandboxes.base import Limits, SandboxSpec
 from sandboxes.procs import wait_dead
 from sandboxes.singularity import SingularityConfig
 
-no_binary = pytest.mark.skipif(sif.binary() is not None, reason="an apptainer binary is here")
 
 
 def test_exec_argv_contains_the_container_and_names_nothing_of_the_request():
@@ -93,8 +92,9 @@ def test_a_configured_binary_that_is_missing_is_no_binary():
     assert sif.binary("/bin/true") == "/bin/true"
 
 
-@no_binary
 def test_without_a_binary_it_is_unavailable_and_says_how_to_get_one(sandbox_root):
+    if sif.binary() is not None:  # asked now: an -m apptainer run in this session installs one
+        pytest.skip("an apptainer binary is here")
     assert not sif.SingularitySandbox.available()
     assert sif.list_instances() == []
     from sandboxes.registry import available_runtimes
