@@ -48,21 +48,34 @@ def apply_patch(box, root: str, patch: str) -> bool:
     return out.exit_code == 0
 
 
-def _lines(box, command: str) -> list[str]:
-    out = box.exec(command, timeout=120)
-    return [line for line in out.output.split("\0" if "-z" in command else "\n") if line.strip()]
+def _lines(box, root: str, command: str) -> list[str]:
+    """The NUL-separated names ``command`` prints (read whole, see :func:`_whole`)."""
+    return [name for name in _whole(box, root, command).split("\0") if name.strip()]
 
 
 def changed_paths(box, root: str, base: str) -> set[str]:
-    return set(_lines(box, f"cd {_q(root)} && git add -A >/dev/null 2>&1; "
+    return set(_lines(box, root, f"cd {_q(root)} && git add -A >/dev/null 2>&1; "
                            f"git diff --cached --no-renames --name-only -z {_q(base)}"))
+
+
+def _whole(box, root: str, command: str) -> str:
+    """What ``command`` prints, whole: through a file beside the repository, not the command
+    output (cut in the middle past the output limit: a large repository's listing, a long file)."""
+    out = f"{os.path.dirname(root.rstrip('/'))}/.prorl-output"
+    box.exec(f"{command} > {_q(out)} 2>/dev/null", timeout=120)
+    try:
+        return box.read_file(out).decode("utf-8", "surrogateescape")
+    except (FileNotFoundError, PermissionError):
+        return ""
+    finally:
+        box.exec(f"rm -f {_q(out)}", timeout=30)
 
 
 def _sections_changed(box, root: str, base: str, paths: set[str]) -> set[str]:
     changed = set()
     for path in (p for p in paths if tamper.needs_sections(p)):
-        old = box.exec(f"cd {_q(root)} && git show {_q(base)}:{_q(path)} 2>/dev/null", timeout=60).output
-        new = box.exec(f"cd {_q(root)} && cat -- {_q(path)} 2>/dev/null", timeout=60).output
+        old = _whole(box, root, f"cd {_q(root)} && git show {_q(base)}:{_q(path)}")
+        new = _whole(box, root, f"cd {_q(root)} && cat -- {_q(path)}")
         if tamper.test_sections(path, old) != tamper.test_sections(path, new):
             changed.add(path)
     return changed
@@ -75,7 +88,7 @@ def find_tampering(box, root: str, base: str, test_patch: str) -> list[str]:
 
 def reset_tests(box, root: str, base: str, test_patch: str) -> None:
     """Test-patch files and test infrastructure back to the base commit (new ones removed)."""
-    in_base = set(_lines(box, f"cd {_q(root)} && git ls-tree -r -z --name-only {_q(base)}"))
+    in_base = set(_lines(box, root, f"cd {_q(root)} && git ls-tree -r -z --name-only {_q(base)}"))
     targets = tamper.patch_paths(test_patch) | {p for p in in_base if tamper.is_test_path(p)}
     restore = sorted(targets & in_base)
     remove = sorted(targets - in_base)

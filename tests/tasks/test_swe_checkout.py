@@ -238,3 +238,40 @@ def test_a_log_past_the_cap_keeps_head_and_tail(sandbox_root):
         box.close()
     assert size == 100_012 and text.startswith("FIRST") and text.rstrip().endswith("LAST")
     assert len(text) < 20_100 and "bytes of the log cut here" in text
+
+
+@needs_bwrap()
+def test_a_test_patch_in_the_middle_of_a_large_tree_applies(tmp_path, sandbox_root, worker_cache):
+    """The grader lists the base tree to reset the tests: 900 test files (~50 kB of names, far past
+    the output limit) and a test patch that changes one in the middle of the listing."""
+    work = tmp_path / "bigtree"
+    (work / "tests").mkdir(parents=True)
+    (work / "tests" / "__init__.py").write_text("")
+    (work / "lib.py").write_text("def value():\n    return 1\n")
+    for i in range(900):
+        (work / "tests" / f"test_module_{i:03d}_with_a_name_long_enough.py").write_text(
+            "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n")
+    git(work, "init", "-q", "-b", "main")
+    base = commit_all(work, "base")
+    middle = work / "tests" / "test_module_450_with_a_name_long_enough.py"
+    middle.write_text(middle.read_text() + "\n    def test_value(self):\n        import lib\n"
+                      "        self.assertEqual(lib.value(), 2)\n")
+    test_patch = subprocess.run(["git", "diff"], cwd=work, capture_output=True, text=True, check=True).stdout
+    git(work, "checkout", "-q", "--", ".")
+    (work / "lib.py").write_text("def value():\n    return 2\n")
+    patch = subprocess.run(["git", "diff"], cwd=work, capture_output=True, text=True, check=True).stdout
+    git(work, "checkout", "-q", "--", ".")
+    name = "tests.test_module_450_with_a_name_long_enough.T"
+    instance = {"repo": "t/bigtree", "repo_source": str(work), "base_commit": base, "test_patch": test_patch,
+                "FAIL_TO_PASS": [f"{name}.test_value"], "PASS_TO_PASS": [f"{name}.test_ok"],
+                "test_cmd": "python3 -m unittest -v tests.test_module_450_with_a_name_long_enough"}
+    box = _box(sandbox_root, "big-tree")
+    try:
+        root = repo.checkout_into(box, instance, "repo")
+        listing = box.exec(f"cd {root} && git ls-tree -r --name-only {base}")
+        assert listing.truncated  # what the grader read before, and lost the middle of
+        result = swe_eval.grade(box, root, instance, patch, 300)
+    finally:
+        box.close()
+    assert result["eval"]["applied"] == {"model_patch": True, "test_patch": True}, result["eval"]
+    assert result["resolved"] is True and result["reward"] == 1.0, result["eval"]
