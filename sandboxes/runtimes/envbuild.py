@@ -69,6 +69,11 @@ def env_dir() -> Path:
 def _make_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # the build uid and the sandbox uids enter it, nobody lists it
+    if os.geteuid() == 0:  # they run as other uids: every directory above must let them through
+        closed = [str(p) for p in root.resolve().parents if not os.stat(p).st_mode & 0o001]
+        if closed:
+            raise EnvBuildFailed(f"environment directory {root} is beneath {closed[0]}, which the build "
+                                 "and sandbox uids cannot enter (set env_dir elsewhere)")
 
 
 @contextmanager

@@ -3,8 +3,10 @@ node's packages as the base, pip from PyPI at build time, bwrap for the build an
 sandbox that then uses the image. One small environment (iniconfig from PyPI) per module."""
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,29 @@ SMALL = EnvRecipe(name="small", python="3", pip_packages=["iniconfig==2.0.0"],
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("envs")
+def root() -> Path:
+    """The node's environment directory (its base layer is built once and kept); what the tests
+    build there is removed afterwards."""
+    path = envbuild.env_dir()
+    before = set(path.iterdir()) if path.is_dir() else set()
+    yield path
+    for made in set(path.iterdir()) - before:
+        if made.name.startswith("env-"):
+            shutil.rmtree(made) if made.is_dir() else made.unlink()
+
+
+@pytest.fixture
+def small() -> EnvRecipe:
+    """SMALL, new to the cache each run (a nonce in its variables)."""
+    return SMALL.model_copy(update={"env": {"PRORL_TEST_NONCE": uuid.uuid4().hex}})
+
+
+def test_a_root_other_uids_cannot_enter_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only a root host builds as another uid")
+    tmp_path.chmod(0o700)
+    with pytest.raises(EnvBuildFailed, match="cannot enter"):
+        envbuild.ensure_base(tmp_path / "envs")
 
 
 def test_key_is_the_recipe_not_its_label_or_source_path():
@@ -42,7 +65,7 @@ def test_script_runs_swebench_steps_in_order_with_the_cutoff():
     assert order == sorted(order), lines
 
 
-def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, monkeypatch, tmp_path):
+def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, small, monkeypatch):
     calls = []
     real_build = envbuild._build
     monkeypatch.setattr(envbuild, "_build", lambda *a, **k: calls.append(1) or real_build(*a, **k))
@@ -50,7 +73,7 @@ def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, mo
 
     def build():
         try:
-            paths.append(envbuild.ensure_env(SMALL, root))
+            paths.append(envbuild.ensure_env(small, root))
         except Exception as exc:  # noqa: BLE001 - the assertion below shows it
             errors.append(exc)
 
@@ -64,13 +87,15 @@ def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, mo
     assert (image / "usr/local/built-by-recipe").read_text() == "built\n"
     assert "iniconfig==2.0.0" in (image / "usr/local/prorl-freeze.txt").read_text()
     assert (image / "usr/local").stat().st_uid == 0  # handed back to root after an unprivileged build
-    assert not [p for p in root.iterdir() if p.name.startswith(".env-")]  # no scratch left
-    assert envbuild.ensure_env(SMALL, root) == image and len(calls) == 1  # the next caller: cached
+    assert not [p for p in root.iterdir() if p.name.startswith(f".{image.name}.")]  # no scratch left
+    assert envbuild.ensure_env(small, root) == image and len(calls) == 1  # the next caller: cached
 
     from sandboxes.base import SandboxSpec
     from sandboxes.bwrap import BwrapSandbox
 
-    box = BwrapSandbox(SandboxSpec(image=str(image)), "envbuild-test", {"root": str(tmp_path)})
+    workspaces = image.parent / f"{image.name}-workspaces"  # removed with the test's environments
+    workspaces.mkdir(mode=0o711, exist_ok=True)
+    box = BwrapSandbox(SandboxSpec(image=str(image)), "envbuild-test", {"root": str(workspaces)})
     try:
         out = box.exec("python3 -c 'import iniconfig, sys; print(iniconfig.__file__, sys.version_info[:2])'; "
                        "touch /usr/local/x 2>&1; cat /etc/prorl-env.json | head -c 60", timeout=60)
@@ -81,14 +106,14 @@ def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, mo
 
 
 def test_a_failing_build_is_a_typed_error_and_leaves_no_image(root):
-    recipe = EnvRecipe(name="broken", install=["echo about to fail; exit 3"])
+    recipe = EnvRecipe(name="broken", install=["echo about to fail; exit 3"], env={"PRORL_TEST_NONCE": uuid.uuid4().hex})
     with pytest.raises(EnvBuildFailed) as caught:
         envbuild.ensure_env(recipe, root)
     assert caught.value.type == "env_build_failed"
     assert "exit 3" in str(caught.value) and "about to fail" in str(caught.value)
     key = recipe.key(envbuild.ensure_base(root)[1])
     assert not (root / f"env-{key}").exists()
-    assert not [p for p in root.iterdir() if p.name.startswith(".env-")]
+    assert not [p for p in root.iterdir() if p.name.startswith(f".env-{key}.")]
 
 
 def test_a_recipe_for_another_python_fails_before_building(root):
