@@ -219,7 +219,8 @@ def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:
         from sandboxes.runtimes.swebench_env import recipe_for_row
 
         row = json.loads(Path(args.swebench).read_text())
-        return recipe_for_row(row, args.repo)
+        node = ".".join(_node_python(ensure_base(env_dir())[0]).split(".")[:2])
+        return recipe_for_row(row, args.repo, python=node)
     return EnvRecipe.model_validate_json(Path(args.recipe).read_text())
 
 
