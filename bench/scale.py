@@ -61,6 +61,18 @@ def rss_mb(stack: Stack) -> dict[str, float]:
     return out
 
 
+def cpu_s(stack: Stack) -> dict[str, float]:
+    """CPU seconds so far of each part, with its reaped children (the host's: sandboxes)."""
+    out: dict[str, float] = {}
+    for name, child in stack.children.items():
+        try:
+            t = psutil.Process(child.pid).cpu_times()
+        except (psutil.Error, AttributeError):
+            continue
+        out[name] = t.user + t.system + t.children_user + t.children_system
+    return out
+
+
 class Sampler(threading.Thread):
     """Jobs in ``run`` and the stack's memory, every ``period_s``; keeps the sample at the peak."""
 
@@ -128,7 +140,9 @@ def main() -> None:
         idle = rss_mb(stack)
         sampler = Sampler(stack)
         sampler.start()
+        cpu_before = cpu_s(stack)
         submitted, wall, views = batch(client, args.n)
+        cpu_after = cpu_s(stack)
         sampler.stop.set()
         sampler.join()
     statuses: dict[str, int] = {}
@@ -138,10 +152,16 @@ def main() -> None:
     grown = {k: sampler.at_peak.get(k, 0.0) - idle.get(k, 0.0) for k in idle}
     per = sum(grown.values()) / max(sampler.peak, 1)
     waits = sorted(v["timings"].get("init_wait", 0.0) for v in views)
+    stages = {k: sorted(v["timings"].get(k, 0.0) for v in views) for k in ("queue", "init", "run", "eval")}
     goal = 1.5 * (alone + submitted)
     print(f"one rollout alone: {alone:.1f} s; submission of {args.n}: {submitted:.1f} s; "
           f"wall goal (1.5 x both): {goal:.1f} s")
     print(f"statuses: {statuses}; init_wait p50 {waits[len(waits) // 2]:.2f} s max {waits[-1]:.2f} s")
+    print("per rollout p50 / max s: " + ", ".join(
+        f"{k} {t[len(t) // 2]:.1f} / {t[-1]:.1f}" for k, t in stages.items()))
+    cpu = {k: (cpu_after[k] - cpu_before.get(k, 0.0)) * 1000 / args.n for k in cpu_after}
+    print(f"CPU ms per rollout (total {sum(cpu.values()):.0f}): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
     print("memory MiB idle -> at peak: " + ", ".join(
         f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
     print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "
