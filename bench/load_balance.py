@@ -21,6 +21,13 @@ the fifth arrives. Throughput counts turns completed over the whole run. The new
 is its share of the requests started in the first ``--window-s`` seconds after it was added.
 
     python bench/load_balance.py [--rollouts 96] [--phase-s 12] [--routers vllm-router:power_of_two,...|none]
+        [--prompt-tokens 512 --prefill-s 0.008 --cache-tokens 65536]   (multi-turn, prefill and prefix cache)
+
+With ``--prompt-tokens`` each rollout is a growing conversation (first prompt, then per turn the
+reply and an observation appended), and with ``--prefill-s``/``--cache-tokens`` the fake servers
+charge prefill for the prompt tokens their prefix cache does not hold, so where a rollout's next
+turn lands matters (the cost ratio prefill/decode is the one measured on the real servers here:
+bench/RESULTS.md). "cache hit" = the share of prompt tokens the servers found cached.
 
 Last lines: ``util_ours=<> util_rr=<> util_ref=<> thr_vs_ref=<> new_backend_share=<>`` and
 ``thr_vs_best_router=<> best_router=<> busy_ours=<>``.
@@ -64,7 +71,8 @@ class Server:
     def __init__(self, name: str, speed: float, args: argparse.Namespace, log_dir: Path, capacity: int):
         self.port, self.speed, self.name, self.capacity = free_port(), speed, name, capacity
         self.url = f"http://127.0.0.1:{self.port}"
-        latency = f"step_s={args.step_s},capacity={capacity},slowdown=1"
+        latency = (f"step_s={args.step_s},capacity={capacity},slowdown=1,prefill_s={args.prefill_s},"
+                   f"cache_tokens={args.cache_tokens}")
         self.child = Child(name, [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(self.port),
                                   "--latency-model", latency, "--speed", str(speed)], dict(os.environ),
                            log_dir).start()
@@ -100,12 +108,13 @@ class Strategy:
         self.servers = list(servers)
         self.client = ChatClient()
 
-    def turn(self, job_id: str, request: LLMRequest, stop) -> str:
+    def turn(self, job_id: str, request: LLMRequest, stop) -> tuple[str, str]:
+        """The server (or router) that answered, and the reply's text."""
         url = self.pick(job_id)
         slot = Slot(backend_id=url, address=url, protocol=Protocol.CHAT, model="prorl-fake-byte")
         with Call(600, should_stop=stop) as call:
-            self.client.generate(slot, request, call)
-        return url
+            turn = self.client.generate(slot, request, call)
+        return url, turn.content or ""
 
     def pick(self, job_id: str) -> str:
         raise NotImplementedError
@@ -168,8 +177,9 @@ class Ours(Strategy):
         for server in servers:
             self.add(server)
 
-    def turn(self, job_id: str, request: LLMRequest, stop) -> str:
-        return self.pool.generate(job_id, request, should_stop=stop).address
+    def turn(self, job_id: str, request: LLMRequest, stop) -> tuple[str, str]:
+        turn = self.pool.generate(job_id, request, should_stop=stop)
+        return turn.address, turn.content or ""
 
     def add(self, server: Server) -> None:
         self.pool.registry.add(BackendSpec(address=server.url, capacity=server.capacity, model="prorl-fake-byte"))
@@ -232,6 +242,12 @@ def routers(spec: str, servers: list[Server], log_dir: Path) -> list[RouterProxy
     return out
 
 
+def task_text(head: str, size: int) -> str:
+    """``head`` padded to ``size`` bytes (the fake's tokens are bytes)."""
+    filler = " lorem ipsum dolor sit amet"
+    return head + (filler * (size // len(filler) + 1))[: max(size - len(head), 0)]
+
+
 def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Namespace) -> dict:
     stop = threading.Event()
     log: list[tuple[float, float, str]] = []  # (start, end, server url) of completed turns
@@ -242,16 +258,19 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
             job_id = f"{strategy.name}-{worker}-{n}"
             # a prompt of its own per rollout, as rollouts of different tasks have (a cache-aware
             # router would pile identical prompts onto one server)
-            request = LLMRequest(messages=[{"role": "user", "content": f"task {worker}-{n}: go"}], sampling=sampling)
-            for _ in range(TURNS_PER_ROLLOUT):
+            messages = [{"role": "user", "content": task_text(f"task {worker}-{n}: go", args.prompt_tokens)}]
+            for k in range(TURNS_PER_ROLLOUT):
                 if stop.is_set():
                     return
                 t0 = time.monotonic()
                 try:
-                    url = strategy.turn(job_id, request, stop.is_set)
+                    url, reply = strategy.turn(job_id, LLMRequest(messages=messages, sampling=sampling), stop.is_set)
                 except (LLMCallCancelled, CallAborted):
                     return
                 log.append((t0, time.monotonic(), url))
+                if args.prompt_tokens:  # a multi-turn conversation: the reply and an observation
+                    messages = [*messages, {"role": "assistant", "content": reply},
+                                {"role": "user", "content": task_text(f"observation {k}", args.observation_tokens)}]
 
     for server in old + [new]:
         server.reset()
@@ -276,7 +295,12 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
     # the share is counted by the servers themselves: behind a router every turn names the router
     window = {s.url: s.started_between(wall_added, wall_added + args.window_s) for s in old + [new]}
     done = [entry for entry in log if t_measure <= entry[1] < t_end]
+    prompt = sum(after[s.url]["prompt_tokens"] for s in old + [new])
+    prefilled = sum(after[s.url]["prefilled_tokens"] for s in old + [new])
+    served = sum(after[s.url]["completed"] for s in old + [new])
     return {"util": statistics.mean(before[s.url]["occupancy"] for s in old),
+            "cache_hit": 1 - prefilled / prompt if prompt else 0.0,
+            "prefill_per_turn": prefilled / served if served else 0.0,
             "busy": statistics.mean(before[s.url]["busy_fraction"] for s in old),
             "util_after": statistics.mean(after[s.url]["occupancy"] for s in old + [new]),
             "per_server": {s.url: before[s.url]["occupancy"] for s in old},
@@ -296,6 +320,13 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--phase-s", type=float, default=12.0, help="seconds before and after the 5th server")
     parser.add_argument("--window-s", type=float, default=3.0, help="new server's share measured over this")
+    parser.add_argument("--prompt-tokens", type=int, default=0,
+                        help="first prompt of a rollout, in tokens; > 0: each turn appends the reply and an "
+                             "observation (a growing conversation); 0: the same short prompt every turn")
+    parser.add_argument("--observation-tokens", type=int, default=64, help="tokens of each observation")
+    parser.add_argument("--prefill-s", type=float, default=0.0,
+                        help="seconds per uncached prompt token on a 1x server (0: prefill is free)")
+    parser.add_argument("--cache-tokens", type=int, default=0, help="prefix cache per server, tokens (0: none)")
     parser.add_argument("--routers", default=DEFAULT_ROUTERS,
                         help="comma-separated binary:policy routers to compare, or none")
     args = parser.parse_args()
@@ -333,13 +364,15 @@ def report(results: dict, servers: list[Server], args: argparse.Namespace) -> No
     print(f"servers: speeds {SPEEDS} + {NEW_SPEED} added after {args.phase_s:.0f} s; capacities "
           f"{[s.capacity for s in servers]} + {args.capacity}, "
           f"step {args.step_s * 1000:.0f} ms; {args.rollouts} rollouts x {TURNS_PER_ROLLOUT} turns x "
-          f"{args.tokens} tokens")
+          f"{args.tokens} tokens; first prompt {args.prompt_tokens} tokens (+{args.tokens}+"
+          f"{args.observation_tokens} per turn), prefill {args.prefill_s * 1000:.2f} ms/token, "
+          f"prefix cache {args.cache_tokens} tokens per server")
     print(f"{'':26} {'util(4)':>8} {'any-busy':>9} {'per server (1x,1x,0.5x,0.25x)':>32} {'util(5)':>8} "
-          f"{'turns/s':>8} {'new share':>10}")
+          f"{'turns/s':>8} {'new share':>10} {'cache hit':>10} {'prefill/turn':>13}")
     for name, r in results.items():
         per = " ".join(f"{r['per_server'][s.url]:.2f}" for s in servers)
         print(f"{name:26} {r['util']:8.2f} {r['busy']:9.2f} {per:>32} {r['util_after']:8.2f} "
-              f"{r['throughput']:8.1f} {r['new_share']:10.2f}")
+              f"{r['throughput']:8.1f} {r['new_share']:10.2f} {r['cache_hit']:10.2f} {r['prefill_per_turn']:13.0f}")
     print(f"fair share of the new server (by speed): {fair:.2f}; requests in its first {args.window_s:.0f} s: "
           + ", ".join(f"{n}={r['window_n']}" for n, r in results.items()))
     ours, rr, ref = results["ours"], results["rr"], results["ref"]
