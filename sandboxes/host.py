@@ -29,8 +29,8 @@ from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.advertise import advertised_url
 from sandboxes.host_app import create_app
 from sandboxes.pool import SandboxPool, limit_enforcement
-from sandboxes.protocol import HostRecord
 from sandboxes.reap import reap_leftovers
+from sandboxes.protocol import HostRecord
 from sandboxes.registry import ServedRuntimes
 from sandboxes import cgroups, safedirs
 from sandboxes.workspace import remove_tree
@@ -228,8 +228,8 @@ class SandboxHost:
     def start(self) -> None:
         for path in self.dirs.dirs:  # what a killed earlier run of this host id left
             cgroups.sweep(cgroups.host_key(str(path)))
-        self.pool.start_reaper()
         reap_leftovers([p.parent for p in self.dirs.dirs], self.host_id, self.pool.runtime_config)  # dead hosts' too
+        self.pool.start_reaper()
         self.pool.warm.start()
         if self.registration:
             self.registration.start()

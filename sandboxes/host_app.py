@@ -64,6 +64,17 @@ def file_path() -> str:
     return path
 
 
+def _gone_with_predecessor(pool: SandboxPool) -> Response | None:
+    """A call about a sandbox this host does not have, with a token that is not this host's:
+    most likely a handle from an earlier run of the host at this address (a restart makes a new
+    token). Its sandbox is gone, which is what the caller must hear (it then runs the job again),
+    not 401. Sandbox ids are 64 random bits: this tells a stranger nothing it could use."""
+    parts = request.path.split("/")
+    if len(parts) < 3 or parts[1] != "sandboxes" or not parts[2] or parts[2] in pool._slots:
+        return None
+    return error("sandbox_gone", f"no sandbox {parts[2]!r} on this host (its host restarted?)")
+
+
 def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None) -> Flask:
     """``runtimes`` is ignored: the pool's served runtimes are the ones the host serves."""
     app = Flask("sandboxes.host")
@@ -75,7 +86,7 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
             return None
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
-            return error("unauthorized", "missing or wrong bearer token")
+            return _gone_with_predecessor(pool) or error("unauthorized", "missing or wrong bearer token")
         return None
 
     @app.errorhandler(ProrlError)
