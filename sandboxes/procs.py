@@ -10,6 +10,7 @@ import math
 import os
 import select
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 
@@ -18,6 +19,20 @@ import psutil
 from sandboxes.base import Limits
 
 _HAVE_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def run_bounded(argv: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
+    """Run a helper command in its own session with captured output; past ``timeout`` its whole
+    process group is killed and :class:`subprocess.TimeoutExpired` is raised."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def child_pids(pid: int) -> list[int]:

@@ -27,6 +27,7 @@ import pytest
 import requests
 
 from prorl_celery.procs import free_port
+from tests.helpers import read_env_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -64,16 +65,6 @@ def job_state(job_id: str) -> str:
 
 def job_ended(job_id: str) -> bool:
     return job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            for word in shlex.split(line):
-                key, _, value = word.partition("=")
-                values[key] = value
-    return values
 
 
 def recorded_pids(log_dir: Path) -> dict[str, int]:

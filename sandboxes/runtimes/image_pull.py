@@ -13,13 +13,13 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import time
 from pathlib import Path
 
 from prorl_celery.errors import ImageNotFound, ImageUnavailable
+from sandboxes.procs import run_bounded
 from sandboxes.runtimes.images import ImageRef, insecure
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "no such file", "does not exist",
@@ -61,19 +61,14 @@ class Tools:
         if remaining <= 0:
             raise ImageUnavailable(f"{what} of {ref.canonical!r} did not finish in time "
                                    "(PRORL_SANDBOX_IMAGE_PULL_TIMEOUT_S)", field="spec.image")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=self.env(), cwd=self.home,
-                                start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=remaining)
+            done = run_bounded(argv, remaining, env=self.env(), cwd=self.home)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
             raise ImageUnavailable(f"{what} of {ref.canonical!r} did not finish in time "
                                    "(PRORL_SANDBOX_IMAGE_PULL_TIMEOUT_S)", field="spec.image") from None
-        if proc.returncode != 0:
-            raise classify(err.decode(errors="replace"), ref, what)
-        return out
+        if done.returncode != 0:
+            raise classify(done.stderr.decode(errors="replace"), ref, what)
+        return done.stdout
 
     def _tls(self, ref: ImageRef, flag: str) -> list[str]:
         if ref.transport != "docker":

@@ -13,26 +13,21 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import signal
 import subprocess
 from typing import Any
 
 from prorl_celery.errors import SandboxError
 from sandboxes.netns import HELPER_ENV
+from sandboxes.procs import run_bounded
 
 
 def run_cli(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     """A short apptainer command; on timeout its whole process group is killed."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(HELPER_ENV, HOME=os.path.expanduser("~")), cwd="/",
-                            start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return run_bounded(argv, timeout, text=True, cwd="/",
+                           env=dict(HELPER_ENV, HOME=os.path.expanduser("~")))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         raise SandboxError(f"{' '.join(argv[:3])} took over {timeout:.0f}s") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 # -- images -----------------------------------------------------------------------------------

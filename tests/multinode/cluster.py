@@ -20,7 +20,6 @@ nodes' sandboxes (and any other test's on this machine).
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import redis
 import requests
 
 from tests.multinode.netns import Fabric, Node
+from tests.helpers import read_env_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "slurm_scripts"
@@ -70,16 +70,6 @@ def poll(predicate: Callable[[], object], timeout: float, what: str,
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}"
                                  + (f"\n{diagnose()}" if diagnose else ""))
         time.sleep(pause)
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            for word in shlex.split(line):
-                key, _, value = word.partition("=")
-                values[key] = value
-    return values
 
 
 @dataclass

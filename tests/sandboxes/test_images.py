@@ -22,6 +22,7 @@ from sandboxes.runtimes.images import check_reference
 from tests.conftest import submit, wait
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout
 from tests.sandboxes.conftest import needs_bwrap, wait_until
+from tests.helpers import reachable_tmpdir
 
 pytestmark = [needs_bwrap(), needs_registry_tools()]
 
@@ -29,10 +30,7 @@ pytestmark = [needs_bwrap(), needs_registry_tools()]
 @pytest.fixture
 def cache_dir():
     """An image cache the sandbox uids can traverse to (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="prorl-test-imgcache-"))
-    path.chmod(0o711)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
+    yield from reachable_tmpdir("prorl-test-imgcache-")
 
 
 def image_host(start_host, cache_dir: Path, **env: str):

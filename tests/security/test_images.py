@@ -23,6 +23,7 @@ from sandboxes.safedirs import UnsafeDirectory
 from tests.conftest import REDIS_PORT
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout
 from tests.sandboxes.conftest import needs_bwrap, sandbox_redis, sandbox_root, start_host  # noqa: F401
+from tests.helpers import reachable_tmpdir
 
 pytestmark = [needs_bwrap(), needs_registry_tools()]
 IMAGES = f"/tmp/prorl-test-images-{REDIS_PORT}"  # the test operator's PRORL_SANDBOX_IMAGE_DIRS
@@ -57,10 +58,7 @@ def _fresh_settings():
 
 @pytest.fixture
 def cache_dir():
-    path = Path(tempfile.mkdtemp(prefix="prorl-test-imgcache-"))
-    path.chmod(0o711)
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
+    yield from reachable_tmpdir("prorl-test-imgcache-")
 
 
 @pytest.mark.parametrize("image", HOSTILE)

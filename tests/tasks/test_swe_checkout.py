@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import tarfile
-import tempfile
 import threading
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from prorl_celery.errors import PolicyDenied, SandboxError
 from sandboxes.base import SandboxSpec
 from tasks.handlers import repo
 from tasks.verify import swe_eval
+from tests.helpers import reachable_tmpdir
 from tests.sandboxes.conftest import needs_bwrap
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -70,10 +70,7 @@ def history(tmp_path, worker_cache):
 @pytest.fixture
 def sandbox_root():
     """A workspace root the sandboxes' own uids can reach (pytest's tmp_path is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="prorl-test-swe-"))
-    root.chmod(0o711)
-    yield root
-    subprocess.run(["rm", "-rf", str(root)], check=False)
+    yield from reachable_tmpdir("prorl-test-swe-")
 
 
 def _box(root: Path, name: str):
