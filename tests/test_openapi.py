@@ -7,6 +7,8 @@ import subprocess
 import pytest
 import requests
 
+from config.celeryconfig import QUEUES
+from prorl_celery.connections import get_store
 from tests.conftest import API_TOKEN, start_api, wait_until
 
 
@@ -34,6 +36,11 @@ def fuzz_api(stack, tmp_path):
     # groups of up to n samples): end them, or they hold the workers the next tests need.
     wait_until(lambda: requests.post(f"{stack.api_url}/cancel_all", json={}, timeout=120).json()["cancelled"] == 0,
                120, "the fuzzer's jobs cancelled")
+    # Their stage messages are still queued (groups of up to 4,096): the workers skip each
+    # cancelled one, but a test after this one must not queue behind thousands of them.
+    redis = get_store().redis
+    wait_until(lambda: sum(redis.llen(queue) for queue in QUEUES) == 0, 240,
+               "the fuzzer's stage messages drained")
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tmp_path):
