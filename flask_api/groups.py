@@ -23,7 +23,7 @@ class GroupRequest(BaseModel):
 
     instance: Instance
     sampling_params: SamplingParams = Field(default_factory=dict)
-    n: int = Field(ge=1, le=4096, description="Number of samples; each gets trajectory_id 0..n-1.")
+    n: int = Field(ge=1, le=1024, description="Number of samples; each gets trajectory_id 0..n-1 (at most 1,024: one request writes them all).")
     group_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")] | None = Field(
         None, description="Client-chosen id; resubmitting it runs nothing new.")
 
