@@ -68,7 +68,7 @@ def names_local(runtime: str | None) -> bool:
 
     if not runtime:
         return False
-    return runtime == LOCAL or runtime.replace(".LocalSandbox", ":LocalSandbox") == RUNTIMES[LOCAL]
+    return runtime == LOCAL or runtime.replace(".LocalSandbox", ":LocalSandbox") == RUNTIMES.entries[LOCAL]
 
 
 def local_refused(field: str) -> PolicyDenied:

@@ -6,21 +6,22 @@ import logging
 from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError, UnknownPlugin
-from prorl_celery.plugins import is_dotted_path, load_class
+from prorl_celery.plugins import Registry
 from sandboxes.base import Sandbox, SandboxSpec
+from sandboxes.check import check_runtime_class
 
 log = logging.getLogger(__name__)
 
-RUNTIMES: dict[str, str] = {
+RUNTIMES = Registry("sandbox runtime", {
     "bwrap": "sandboxes.bwrap:BwrapSandbox",
     "local": "sandboxes.local:LocalSandbox",
     "singularity": "sandboxes.singularity:SingularitySandbox",
-}
+}, check=check_runtime_class)
 AUTO = "auto"  # bwrap where it works; local only where the operator allows it
 
 
 def known_runtimes() -> list[str]:
-    return sorted(RUNTIMES)
+    return RUNTIMES.known()
 
 
 def load_runtime(name: str) -> type:
@@ -29,13 +30,7 @@ def load_runtime(name: str) -> type:
     A runtime class takes ``(spec: SandboxSpec, job_id: str, config=None)``, implements
     :class:`~sandboxes.base.Sandbox`, and may define ``available() -> bool``.
     """
-    path = RUNTIMES.get(name)
-    if path is None and not is_dotted_path(name):
-        raise UnknownPlugin(f"unknown sandbox runtime {name!r}; known: {', '.join(known_runtimes())}")
-    try:
-        return load_class(path or name, "sandbox runtime")
-    except UnknownPlugin as exc:
-        raise UnknownPlugin(f"{exc}; known: {', '.join(known_runtimes())}") from None
+    return RUNTIMES.load(name)
 
 
 ISOLATION: dict[str, str] = {"bwrap": "namespaces", "local": "none", "singularity": "container"}

@@ -1,0 +1,156 @@
+"""``check_sandbox``: the contract every sandbox runtime passes (Gymnasium's ``check_env`` for
+sandboxes), in process or over HTTP alike.
+
+Two halves. :func:`check_runtime_class` is static and runs whenever the registry loads a runtime
+class (the protocol's methods exist and take the arguments the host passes). :func:`check_sandbox`
+drives a live sandbox through what an agent and the stages rely on and raises
+:class:`NonConformant` listing each behaviour that differs; the contract test runs it for every
+runtime.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prorl_celery.errors import SandboxGone, UnknownPlugin
+from sandboxes.base import Sandbox
+
+# the protocol's methods and the arguments callers pass them (besides ``self``)
+METHODS: dict[str, tuple[str, ...]] = {
+    "exec": ("command",), "interrupt": (), "read_file": ("path",), "write_file": ("path", "data"),
+    "put_archive": ("dest", "archive"), "get_archive": ("src", "out"), "copy_in": ("src_dir", "dest"),
+    "copy_out": ("src", "dest_dir"), "close": (), "info": ()}
+
+
+class NonConformant(AssertionError):
+    """A sandbox that does not behave as the protocol says; the message lists each finding."""
+
+
+def check_runtime_class(cls: type) -> None:
+    """Raise :class:`UnknownPlugin` when ``cls`` cannot serve as a runtime."""
+    problems = []
+    for method, args in METHODS.items():
+        func = getattr(cls, method, None)
+        if not callable(func):
+            problems.append(f"no method {method}")
+            continue
+        try:
+            inspect.signature(func).bind(None, *args)
+        except TypeError as exc:
+            problems.append(f"{method}({', '.join(args)}) cannot be called: {exc}")
+    try:
+        inspect.signature(cls).bind("spec", "job_id", None)
+    except TypeError as exc:
+        problems.append(f"it cannot be created as cls(spec, job_id, config): {exc}")
+    if problems:
+        raise UnknownPlugin(f"sandbox runtime {cls.__module__}:{cls.__qualname__} does not conform: "
+                            + "; ".join(problems))
+
+
+def _raises(kind: type[BaseException], call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except kind:
+        return True
+    except Exception:  # noqa: BLE001 - another exception is a finding too
+        return False
+    return False
+
+
+def _shell(box: Sandbox) -> list[str]:
+    """A persistent shell: output, exit codes, cwd and environment carry over."""
+    found = []
+    if box.exec("(exit 3)").exit_code != 3:
+        found.append("exit codes are not reported")
+    box.exec("mkdir -p d && cd d && export CHECK_FOO=bar")
+    if box.exec('basename "$PWD"; echo "$CHECK_FOO"').output != "d\nbar\n":
+        found.append("cwd or environment does not carry over between commands")
+    box.exec("cd ~")
+    return found
+
+
+def _timeouts(box: Sandbox) -> list[str]:
+    """A timeout kills the command's whole process tree; an interrupt from another thread stops
+    a command; the shell stays usable after both."""
+    found = []
+    started = time.monotonic()
+    result = box.exec("(sleep 31.25 &); sleep 31.5 & sleep 31.75", timeout=0.5)
+    if not (result.timed_out and result.exit_code is None) or time.monotonic() - started > 3:
+        found.append(f"a timed-out command is not reported as such within 3 s ({result!r})")
+    if box.exec("pgrep -f 'sleep 31\\.' || echo none").output != "none\n":
+        found.append("a timed-out command's background processes survive")
+    results = []
+    runner = threading.Thread(target=lambda: results.append(box.exec("sleep 30", timeout=60)))
+    runner.start()
+    time.sleep(0.3)
+    box.interrupt()
+    runner.join(5)
+    if not (results and results[0].interrupted):
+        found.append("interrupt() does not stop the running command")
+    if box.exec("echo alive").output != "alive\n":
+        found.append("the shell is not usable after a timeout and an interrupt")
+    long = box.exec("seq 1 200000")
+    if not (long.truncated and long.output.startswith("1\n2\n") and long.output.endswith("200000\n")):
+        found.append("long output does not keep its head and tail")
+    return found
+
+
+def _files(box: Sandbox, scratch: Path) -> list[str]:
+    """Files are binary-safe, relative to the workspace and never outside it; directories go in
+    and out with their symlinks."""
+    found = []
+    data = bytes(range(256)) * 40 + b"\x00"
+    box.write_file("sub/blob.bin", data)
+    if box.read_file("sub/blob.bin") != data:
+        found.append("read_file does not return what write_file wrote")
+    box.exec("cd ~ && ln -sf /etc/passwd check-sneaky")
+    if not _raises(FileNotFoundError, lambda: box.read_file("check-nope.txt")):
+        found.append("a missing file is not FileNotFoundError")
+    for path in ("check-sneaky", "../outside.txt"):
+        if not _raises(PermissionError, lambda path=path: box.read_file(path)):
+            found.append(f"read_file({path!r}) leaves the workspace")
+    if not _raises(PermissionError, lambda: box.write_file("check-sneaky", b"x")):
+        found.append("write_file follows a symlink out of the workspace")
+    repo = scratch / "check-repo"
+    (repo / "src").mkdir(parents=True, exist_ok=True)
+    (repo / "src" / "main.py").write_text("print('hi')\n")
+    if not os.path.islink(repo / "entry.py"):
+        os.symlink("src/main.py", repo / "entry.py")
+    if box.copy_in(str(repo), "check-repo") != 3:
+        found.append("copy_in does not count the members it copied")
+    box.exec("cd ~/check-repo && echo patched >> src/main.py")
+    back = scratch / "check-back"
+    box.copy_out("check-repo", str(back))
+    if (back / "src" / "main.py").read_text() != "print('hi')\npatched\n" \
+            or os.readlink(back / "entry.py") != "src/main.py":
+        found.append("copy_out does not return the directory as the sandbox changed it")
+    return found
+
+
+def _close(box: Sandbox) -> list[str]:
+    """Closing is final and idempotent."""
+    found = []
+    if not box.info().get("pid"):
+        found.append("info() names no pid")
+    box.close()
+    box.close()
+    if not _raises(SandboxGone, lambda: box.exec("echo hi")):
+        found.append("a closed sandbox does not raise SandboxGone")
+    return found
+
+
+def check_sandbox(box: Sandbox, scratch: Path, close: bool = True) -> None:
+    """Drive ``box`` through the protocol's behaviour (``scratch``: a directory of the caller's
+    machine for ``copy_in``/``copy_out``); raise :class:`NonConformant` with every finding.
+    With ``close`` the sandbox is closed last, checking that closing is final."""
+    if not isinstance(box, Sandbox):
+        raise NonConformant(f"{type(box).__name__} does not implement the Sandbox protocol")
+    found = _shell(box) + _timeouts(box) + _files(box, scratch)
+    if close:
+        found += _close(box)
+    if found:
+        raise NonConformant("; ".join(found))

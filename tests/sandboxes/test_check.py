@@ -1,0 +1,87 @@
+"""check_sandbox and check_runtime_class: the runtimes conform, and a sandbox that breaks one
+promise of the protocol is caught by the check, naming the promise."""
+from __future__ import annotations
+
+import pytest
+
+from prorl_celery.errors import UnknownPlugin
+from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.check import NonConformant, check_runtime_class, check_sandbox
+from sandboxes.local import LocalSandbox
+from sandboxes.registry import RUNTIMES, load_runtime
+from tests.sandboxes.conftest import needs_bwrap
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIMES.entries))
+def test_registered_runtime_classes_conform(name):
+    check_runtime_class(load_runtime(name))
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("bwrap", marks=needs_bwrap())])
+def test_live_runtimes_pass_the_check(kind, sandbox_root, tmp_path):
+    box = load_runtime(kind)(SandboxSpec(), "check-job", {"root": str(sandbox_root)})
+    try:
+        check_sandbox(box, tmp_path)
+    finally:
+        box.close()
+
+
+class ForgetsCwd(LocalSandbox):
+    """Runs every command in a fresh shell at the workspace: state does not carry over."""
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        return super().exec(f"cd ~ && ({command})", timeout)
+
+
+class LeavesZombieCommands(LocalSandbox):
+    """Reports a timeout but never kills the command's process tree."""
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        if timeout is not None and timeout < 1:
+            super().exec(f"nohup bash -c '{command}' >/dev/null 2>&1 &")
+            return ExecResult(output="", exit_code=None, timed_out=True)
+        return super().exec(command, timeout)
+
+
+def test_check_finds_a_sandbox_that_forgets_its_cwd(sandbox_root, tmp_path):
+    box = ForgetsCwd(SandboxSpec(), "check-cwd", {"root": str(sandbox_root)})
+    try:
+        with pytest.raises(NonConformant, match="cwd or environment does not carry over"):
+            check_sandbox(box, tmp_path)
+    finally:
+        box.close()
+
+
+def test_check_finds_a_timeout_that_leaves_processes(sandbox_root, tmp_path):
+    box = LeavesZombieCommands(SandboxSpec(), "check-zombie", {"root": str(sandbox_root)})
+    try:
+        with pytest.raises(NonConformant, match="background processes survive"):
+            check_sandbox(box, tmp_path, close=False)
+    finally:
+        box.exec("pkill -f 'sleep 31' || true")
+        box.close()
+
+
+class NoInterrupt:
+    def __init__(self, spec, job_id, config=None): ...
+    def exec(self, command, timeout=None): ...
+    def read_file(self, path): ...
+    def write_file(self, path, data): ...
+    def put_archive(self, dest, archive): ...
+    def get_archive(self, src, out): ...
+    def copy_in(self, src_dir, dest): ...
+    def copy_out(self, src, dest_dir): ...
+    def close(self): ...
+    def info(self): ...
+
+
+class WrongConstructor(NoInterrupt):
+    def __init__(self, spec): ...
+    def interrupt(self): ...
+
+
+def test_runtime_classes_missing_a_method_or_the_constructor_are_refused():
+    with pytest.raises(UnknownPlugin, match="no method interrupt"):
+        check_runtime_class(NoInterrupt)
+    with pytest.raises(UnknownPlugin, match=r"cannot be created as cls\(spec, job_id, config\)"):
+        check_runtime_class(WrongConstructor)
