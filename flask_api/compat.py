@@ -25,8 +25,8 @@ from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
 from flask_api.limits import acquire_stream
 from prorl_celery import keys
-from prorl_celery.agent import tools as agent_tools
-from prorl_celery.agent.trajectory import reference_messages
+from tasks.agent import tools as agent_tools
+from tasks.agent.trajectory import reference_messages
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.llm import Turn

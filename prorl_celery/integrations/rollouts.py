@@ -20,7 +20,7 @@ class RolloutFailed(ProrlError):
 
 
 class Trajectory(BaseModel):
-    """One job's tokens, reward and provenance (see prorl_celery/agent/trajectory.py for the ids)."""
+    """One job's tokens, reward and provenance (see tasks/agent/trajectory.py for the ids)."""
 
     job_id: str
     prompt_ids: list[int]

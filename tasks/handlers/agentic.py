@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prorl_celery.agent import AgentConfig, AgentOutcome, run_agent
-from prorl_celery.agent.trajectory import assistant_messages, flatten
+from tasks.agent import AgentConfig, AgentOutcome
+from tasks.agent.trajectory import assistant_messages, flatten
 from prorl_celery.llm import Turn
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
@@ -45,7 +45,7 @@ class AgentTaskHandler(AgentHandler):
     def run(self, ctx: StageContext) -> None:
         if ctx.resumed:
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
-        outcome = run_agent(ctx, self.prompt(ctx), AgentConfig.model_validate(ctx.sampling_params))
+        outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
         self.after_run(ctx, outcome)
         ctx.save()
 

@@ -2,7 +2,7 @@
 prorl_celery/llm/llamacpp_tools.py); the real server's acceptance is in tests/real/test_llamacpp.py."""
 from __future__ import annotations
 
-from prorl_celery.agent.tools import BASH, EDITOR, SUBMIT
+from tasks.agent.tools import BASH, EDITOR, SUBMIT
 from prorl_celery.llm.chat import chat_body
 from prorl_celery.llm.llamacpp_tools import forced_call, requested_names, tool_call_grammar
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams

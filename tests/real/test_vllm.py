@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from prorl_celery.agent import tools
+from tasks.agent import tools
 from tests.conftest import submit, wait, wait_until
 from tests.real.vllm_server import MAX_MODEL_LEN, MODEL, SERVED_NAME, VllmServer, vllm  # noqa: F401 - fixture
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import requests
 
-from prorl_celery.agent.editor import Editor, EditorError
+from tasks.agent.editor import Editor, EditorError
 from sandboxes import cgroups
 from sandboxes.workspace import FileTooLarge
 from tests.sandboxes.conftest import needs_bwrap, sandbox_redis, sandbox_root, start_host  # noqa: F401

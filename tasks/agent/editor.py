@@ -11,7 +11,7 @@ import posixpath
 import shlex
 from typing import Any
 
-from sandboxes.base import Sandbox
+from tasks.agent.base import Sandbox
 
 SNIPPET_LINES = 4
 MAX_VIEW_CHARS = 16000
