@@ -84,6 +84,13 @@ end
 return {1, target}
 """
 
+# KEYS: job hashes. The status of each ('' for a job that is gone).
+_STATUSES = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'status') or '' end
+return out
+"""
+
 
 def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
@@ -138,6 +145,7 @@ class JobStore:
         self.job_ttl_s = job_ttl_s
         self._create = client.register_script(_CREATE % {"ttl": job_ttl_s})
         self._transition = client.register_script(_TRANSITION % {"terminal": _TERMINAL_CSV})
+        self._statuses = client.register_script(_STATUSES)
 
     # -- creation -------------------------------------------------------------------------
     def create_many(self, requests: Iterable[tuple[str, JobRequest]]) -> list[bool]:
@@ -170,6 +178,13 @@ class JobStore:
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
         return JobStatus(value.decode() if isinstance(value, bytes) else value) if value else None
+
+    def statuses(self, job_ids: list[str]) -> list[JobStatus | None]:
+        """The status of each job (None: unknown), in one round trip."""
+        if not job_ids:
+            return []
+        raw = self._statuses(keys=[keys.job(job_id) for job_id in job_ids])
+        return [JobStatus(_text(value)) if value else None for value in raw]
 
     def ids_in(self, status: JobStatus) -> list[str]:
         return sorted(_text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))

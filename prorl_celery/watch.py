@@ -1,0 +1,74 @@
+"""The statuses of the jobs a process is running, read together.
+
+A running stage polls its job's status to notice a cancel or a requeue elsewhere (the LLM call
+monitor asks every call's ``should_stop()`` four times a second). One Redis round trip per poll
+per job made that the largest part of a run worker's Redis traffic; here the statuses of every
+job asked about lately are read in one script call, at most once per ``max_age_s``, and each
+poll is answered from that reading.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+from prorl_celery.jobs import JobStore
+from prorl_celery.status import JobStatus
+
+MAX_AGE_S = 0.2
+"""A status read longer ago than this is read again (with every other watched job's)."""
+FORGET_S = 5.0
+"""A job nobody asked about for this long is no longer read."""
+
+
+class StatusWatch:
+    def __init__(self, store: JobStore, max_age_s: float = MAX_AGE_S, forget_s: float = FORGET_S):
+        self.store, self.max_age_s, self.forget_s = store, max_age_s, forget_s
+        self._asked: dict[str, float] = {}
+        self._known: dict[str, tuple[float, JobStatus | None]] = {}
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """The job's status as read at most ``max_age_s`` ago."""
+        now = time.monotonic()
+        with self._lock:
+            self._asked[job_id] = now
+        fresh = self._fresh(job_id, now)
+        if fresh is not None:
+            return fresh[1]
+        with self._reading:  # one reading at a time; a thread that waited finds it fresh
+            fresh = self._fresh(job_id, time.monotonic())
+            if fresh is None:
+                self._read_all()
+                fresh = self._fresh(job_id, float("-inf"))
+        return fresh[1] if fresh else self.store.status(job_id)
+
+    def _fresh(self, job_id: str, now: float) -> tuple[float, JobStatus | None] | None:
+        with self._lock:
+            entry = self._known.get(job_id)
+        return entry if entry is not None and now - entry[0] < self.max_age_s else None
+
+    def _read_all(self) -> None:
+        started = time.monotonic()
+        with self._lock:
+            for job_id in [j for j, t in self._asked.items() if started - t > self.forget_s]:
+                del self._asked[job_id]
+                self._known.pop(job_id, None)
+            ids = list(self._asked)
+        statuses = self.store.statuses(ids)
+        with self._lock:
+            self._known.update((job_id, (started, status)) for job_id, status in zip(ids, statuses))
+
+
+_watches: weakref.WeakKeyDictionary[JobStore, StatusWatch] = weakref.WeakKeyDictionary()
+_watches_lock = threading.Lock()
+
+
+def watch(store: JobStore) -> StatusWatch:
+    """The process's watch over ``store``'s jobs."""
+    with _watches_lock:
+        found = _watches.get(store)
+        if found is None:
+            found = _watches[store] = StatusWatch(store)
+        return found
