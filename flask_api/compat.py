@@ -21,9 +21,11 @@ from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import get_settings
+from flask_api import schemas as s
 from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
 from flask_api.limits import acquire_stream
+from flask_api.routes import route
 from prorl_celery import keys
 from tasks.agent import tools as agent_tools
 from tasks.agent.trajectory import reference_messages
@@ -58,14 +60,16 @@ def _running() -> bool:
     return bool(_store().redis.get(keys.compat_running()))
 
 
-@bp.post("/start")
+@route(bp, "post", "/start", "Reference API: start accepting /process", {200: s.CompatStartResponse, 400: s.ErrorBody},
+       tag="reference")
 def start():
     if not _store().redis.set(keys.compat_running(), "1", nx=True):
         return error_response(400, "already_running", "the service is already started")
     return jsonify({"status": "running"})
 
 
-@bp.post("/stop")
+@route(bp, "post", "/stop", "Reference API: stop, cancelling jobs started by /process",
+       {200: s.CompatStopResponse}, tag="reference")
 def stop():
     """Stop accepting /process and cancel every job that /process started and is still running."""
     store = _store()
@@ -77,7 +81,7 @@ def stop():
     return jsonify({"status": "stopped", "cancelled": len(cancelled)})
 
 
-@bp.get("/status")
+@route(bp, "get", "/status", "Reference API: counts of jobs", {200: s.CompatStatus}, tag="reference")
 def status():
     counts = _store().counts()
     active = counts["init"] + counts["run"] + counts["eval"]
@@ -94,7 +98,8 @@ def _budget_s(params: dict[str, Any]) -> float:
                for s in ("init", "run", "eval"))
 
 
-@bp.post("/process")
+@route(bp, "post", "/process", "Reference API: run one rollout and answer with its result",
+       {200: s.CompatResult, 400: s.ErrorBody, 504: s.ErrorBody}, body=ProcessRequest, tag="reference")
 def process():
     body: ProcessRequest = parse_body(ProcessRequest)
     if not _running():
@@ -122,7 +127,8 @@ def process():
                           job_id=job_id)
 
 
-@bp.post("/cancel")
+@route(bp, "post", "/cancel", "Reference API: cancel one job",
+       {200: s.CompatCancelResponse, 400: s.ErrorBody, 404: s.ErrorBody}, body=CancelRequest, tag="reference")
 def cancel_one():
     body: CancelRequest = parse_body(CancelRequest)
     try:

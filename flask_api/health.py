@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 
+from flask_api import schemas as s
+from flask_api.routes import route
 from flask_api.schemas import SandboxHostHealth
 from prorl_celery.celery_app import app as celery_app
 from prorl_celery.report import worker_threads
@@ -33,7 +35,8 @@ def sandbox_hosts(client) -> list[dict]:
             for record in live_hosts(client)]
 
 
-@bp.get("/healthz")
+@route(bp, "get", "/healthz", "Broker, backend and workers per queue", {200: s.HealthResponse, 503: s.HealthResponse},
+       tag="operations")
 def healthz():
     store = current_app.extensions["prorl_store"]
     broker_error = _ping(store.redis.ping)

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify, request
 
+from flask_api import schemas as s
 from flask_api.errors import parse_body
 from flask_api.limits import acquire_stream
+from flask_api.routes import WAIT_SECONDS, route
 from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
-from prorl_celery.models import BatchRequest, JobRequest
+from prorl_celery.models import BatchRequest, JobRequest, JobView
 from tasks.chain import cancel, submit
 from tasks.handlers import get_handler
 
 bp = Blueprint("jobs", __name__)
+_JOB = {200: JobView, 404: s.ErrorBody}
 
 
 def _store() -> JobStore:
@@ -36,7 +39,8 @@ def check_handlers(requests: list[JobRequest]) -> None:
         get_handler(req.instance["data_source"]).check_instance(req.instance)
 
 
-@bp.post("/jobs")
+@route(bp, "post", "/jobs", "Submit one job or a batch", {202: s.SubmitResponse, 400: s.ErrorBody},
+       body=[JobRequest, BatchRequest])
 def submit_jobs():
     body = request.get_json(silent=True)
     model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest
@@ -49,12 +53,13 @@ def submit_jobs():
     return jsonify({"job_ids": submit(_store(), requests)}), 202
 
 
-@bp.get("/jobs/<job_id>")
+@route(bp, "get", "/jobs/{job_id}", "A job's status, timings and result", _JOB)
 def get_job(job_id: str):
     return jsonify(_view(job_id))
 
 
-@bp.get("/jobs/<job_id>/wait")
+@route(bp, "get", "/jobs/{job_id}/wait", "Wait for a job to end (202 if still running)",
+       {**_JOB, 202: JobView, 400: s.ErrorBody}, query={"timeout": WAIT_SECONDS})
 def wait_job(job_id: str):
     try:
         timeout = float(request.args.get("timeout", "30"))
@@ -73,7 +78,7 @@ def wait_job(job_id: str):
     return jsonify(_view(job_id)), 200 if status.terminal else 202
 
 
-@bp.delete("/jobs/<job_id>")
+@route(bp, "delete", "/jobs/{job_id}", "Cancel a job", {**_JOB, 409: s.ErrorBody})
 def cancel_job(job_id: str):
     record = cancel(_store(), job_id)
     return jsonify(record.view().model_dump(mode="json"))

@@ -6,7 +6,7 @@ from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
 from flask_api.errors import parse_body
-from flask_api.openapi import operation
+from flask_api.routes import route
 from flask_api.schemas import ErrorBody
 from prorl_celery.llm.control import drain, resume
 from prorl_celery.llm.models import Backend, BackendSpec
@@ -89,28 +89,14 @@ class CompatClearResponse(BaseModel):
 
 
 _BAD = {400: ErrorBody}
-operation("post", "/llm_servers", "Register an LLM backend (the same address twice is one backend)",
-          {201: AddServerResponse, 200: AddServerResponse, **_BAD}, body=BackendSpec, tag="llm")
-operation("get", "/llm_servers", "LLM backends: status, capacity, in flight, served, failures, weights",
-          {200: BackendList}, tag="llm")
-operation("get", "/llm_servers/{backend_id}", "One LLM backend", {200: Backend, 404: ErrorBody}, tag="llm")
-operation("delete", "/llm_servers/{backend_id}", "Remove an LLM backend (in-flight requests retry elsewhere)",
-          {200: RemoveResponse, 404: ErrorBody}, tag="llm")
-operation("post", "/llm_servers/drain", "Stop new requests to backends and wait for their in-flight ones",
-          {200: DrainResponse, 404: ErrorBody, **_BAD}, body=DrainRequest, tag="llm")
-operation("post", "/llm_servers/resume", "Put backends back in rotation, with a new weight version",
-          {200: ResumeResponse, 404: ErrorBody, **_BAD}, body=ResumeRequest, tag="llm")
-operation("post", "/add_llm_server", "Reference API: register an LLM server", {200: CompatAddResponse, **_BAD},
-          body=AddServerRequest, tag="reference")
-operation("post", "/clear_llm_server", "Reference API: remove every LLM server", {200: CompatClearResponse},
-          tag="reference")
 
 
 def _registry() -> BackendRegistry:
     return BackendRegistry(current_app.extensions["prorl_store"].redis)
 
 
-@bp.post("/llm_servers")
+@route(bp, "post", "/llm_servers", "Register an LLM backend (the same address twice is one backend)",
+       {201: AddServerResponse, 200: AddServerResponse, **_BAD}, body=BackendSpec, tag="llm")
 def add_server():
     spec: BackendSpec = parse_body(BackendSpec)
     if spec.probe:  # a server that cannot do what was asked is refused now, naming the missing flag
@@ -120,23 +106,26 @@ def add_server():
     return jsonify({"id": backend.id, "created": created, "backend": backend.public()}), 201 if created else 200
 
 
-@bp.get("/llm_servers")
+@route(bp, "get", "/llm_servers", "LLM backends: status, capacity, in flight, served, failures, weights",
+       {200: BackendList}, tag="llm")
 def list_servers():
     return jsonify({"backends": [b.public() for b in _registry().list()]})
 
 
-@bp.get("/llm_servers/<backend_id>")
+@route(bp, "get", "/llm_servers/{backend_id}", "One LLM backend", {200: Backend, 404: ErrorBody}, tag="llm")
 def get_server(backend_id: str):
     return jsonify(_registry().get(backend_id).public())
 
 
-@bp.delete("/llm_servers/<backend_id>")
+@route(bp, "delete", "/llm_servers/{backend_id}", "Remove an LLM backend (in-flight requests retry elsewhere)",
+       {200: RemoveResponse, 404: ErrorBody}, tag="llm")
 def remove_server(backend_id: str):
     _registry().remove(backend_id)
     return jsonify({"removed": backend_id})
 
 
-@bp.post("/llm_servers/drain")
+@route(bp, "post", "/llm_servers/drain", "Stop new requests to backends and wait for their in-flight ones",
+       {200: DrainResponse, 404: ErrorBody, **_BAD}, body=DrainRequest, tag="llm")
 def drain_servers():
     body: DrainRequest = parse_body(DrainRequest)
     registry = _registry()
@@ -145,7 +134,8 @@ def drain_servers():
     return jsonify({**outcome, "backends": [b.public() for b in registry.get_many(outcome["in_flight"])]})
 
 
-@bp.post("/llm_servers/resume")
+@route(bp, "post", "/llm_servers/resume", "Put backends back in rotation, with a new weight version",
+       {200: ResumeResponse, 404: ErrorBody, **_BAD}, body=ResumeRequest, tag="llm")
 def resume_servers():
     body: ResumeRequest = parse_body(ResumeRequest)
     registry = _registry()
@@ -153,7 +143,8 @@ def resume_servers():
     return jsonify({"resumed": ids, "backends": [b.public() for b in registry.get_many(ids)]})
 
 
-@bp.post("/add_llm_server")
+@route(bp, "post", "/add_llm_server", "Reference API: register an LLM server", {200: CompatAddResponse, **_BAD},
+       body=AddServerRequest, tag="reference")
 def add_llm_server():
     """Reference-compatible: register an OpenAI-compatible server; duplicates are one backend."""
     body: AddServerRequest = parse_body(AddServerRequest)
@@ -161,7 +152,8 @@ def add_llm_server():
     return jsonify({"status": "ok", "id": backend.id, "created": created})
 
 
-@bp.post("/clear_llm_server")
+@route(bp, "post", "/clear_llm_server", "Reference API: remove every LLM server", {200: CompatClearResponse},
+       tag="reference")
 def clear_llm_server():
     """Reference-compatible: forget every backend (their in-flight requests retry elsewhere)."""
     return jsonify({"status": "ok", "removed": _registry().clear()})

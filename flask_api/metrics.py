@@ -5,12 +5,13 @@ from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from flask_api.routes import route
 from prorl_celery.metrics import ServiceCollector
 
 bp = Blueprint("metrics", __name__)
 
 
-@bp.get("/metrics")
+@route(bp, "get", "/metrics", "Prometheus metrics", {200: None}, tag="operations")
 def metrics():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(current_app.extensions["prorl_store"]))

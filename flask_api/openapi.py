@@ -7,30 +7,19 @@ from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel
 
 from flask_api import schemas as s
-from flask_api.compat import CancelRequest, ProcessRequest
 from flask_api.groups import CancelAllRequest, GroupRequest
-from prorl_celery.models import BatchRequest, JobRequest, JobView
+from flask_api.routes import OPERATIONS, route
 
 bp = Blueprint("openapi", __name__)
-
-# Other areas (the LLM backend endpoints) append their operations here at import time.
-OPERATIONS: list[dict[str, Any]] = []
 
 
 def operation(method: str, path: str, summary: str, responses: dict[int, type[BaseModel] | None],
               body: Any = None, query: dict[str, dict] | None = None, tag: str = "jobs") -> None:
+    """Document a route served elsewhere (the groups' until they move to :func:`route`)."""
     OPERATIONS.append({"method": method, "path": path, "summary": summary, "responses": responses,
                        "body": body, "query": query or {}, "tag": tag})
 
 
-_JOB = {200: JobView, 404: s.ErrorBody}
-_WAIT = {"type": "number", "minimum": 0}
-operation("post", "/jobs", "Submit one job or a batch", {202: s.SubmitResponse, 400: s.ErrorBody},
-          body=[JobRequest, BatchRequest])
-operation("get", "/jobs/{job_id}", "A job's status, timings and result", _JOB)
-operation("get", "/jobs/{job_id}/wait", "Wait for a job to end (202 if still running)",
-          {**_JOB, 202: JobView, 400: s.ErrorBody}, query={"timeout": _WAIT})
-operation("delete", "/jobs/{job_id}", "Cancel a job", {**_JOB, 409: s.ErrorBody})
 operation("post", "/groups", "Submit n samples of one prompt", {202: s.GroupSubmitResponse, 400: s.ErrorBody},
           body=GroupRequest, tag="groups")
 operation("get", "/groups/{group_id}", "Each sample's status; reward statistics once complete",
@@ -39,27 +28,6 @@ operation("delete", "/groups/{group_id}", "Cancel a group", {200: s.GroupCancelR
           tag="groups")
 operation("post", "/cancel_all", "Cancel every active job (optionally of a group or data source)",
           {200: s.CancelAllResponse, 400: s.ErrorBody}, body=CancelAllRequest, tag="groups")
-operation("get", "/completions", "Finished jobs after a cursor, in completion order (long poll)",
-          {200: s.CompletionsResponse, 400: s.ErrorBody},
-          query={"cursor": {"type": "string"}, "wait": _WAIT, "limit": {"type": "integer", "minimum": 1,
-                                                                        "maximum": 5000},
-                 "group_id": {"type": "string"}}, tag="stream")
-operation("get", "/events", "Finished jobs as server-sent events; resumes from Last-Event-ID",
-          {200: None, 400: s.ErrorBody}, query={"cursor": {"type": "string"}, "group_id": {"type": "string"}},
-          tag="stream")
-operation("get", "/metrics", "Prometheus metrics", {200: None}, tag="operations")
-operation("get", "/openapi.json", "This document", {200: None}, tag="operations")
-operation("get", "/healthz", "Broker, backend and workers per queue", {200: s.HealthResponse, 503: s.HealthResponse},
-          tag="operations")
-operation("post", "/start", "Reference API: start accepting /process", {200: s.CompatStartResponse, 400: s.ErrorBody},
-          tag="reference")
-operation("post", "/stop", "Reference API: stop, cancelling jobs started by /process",
-          {200: s.CompatStopResponse}, tag="reference")
-operation("get", "/status", "Reference API: counts of jobs", {200: s.CompatStatus}, tag="reference")
-operation("post", "/process", "Reference API: run one rollout and answer with its result",
-          {200: s.CompatResult, 400: s.ErrorBody, 504: s.ErrorBody}, body=ProcessRequest, tag="reference")
-operation("post", "/cancel", "Reference API: cancel one job",
-          {200: s.CompatCancelResponse, 400: s.ErrorBody, 404: s.ErrorBody}, body=CancelRequest, tag="reference")
 
 
 def _ref(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str]:
@@ -112,7 +80,7 @@ def build_document(max_wait_s: float, token: bool) -> dict[str, Any]:
     return doc
 
 
-@bp.get("/openapi.json")
+@route(bp, "get", "/openapi.json", "This document", {200: None}, tag="operations")
 def openapi():
     config = current_app.config
     return jsonify(build_document(config["WAIT_MAX_S"], bool(config.get("API_TOKEN"))))

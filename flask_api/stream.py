@@ -9,7 +9,9 @@ import json
 
 from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
 
+from flask_api import schemas as s
 from flask_api.limits import acquire_stream
+from flask_api.routes import WAIT_SECONDS, route
 from prorl_celery import completions
 from prorl_celery.errors import InvalidRequest
 
@@ -33,7 +35,11 @@ def _number(name: str, default: float, low: float, high: float) -> float:
     return value
 
 
-@bp.get("/completions")
+@route(bp, "get", "/completions", "Finished jobs after a cursor, in completion order (long poll)",
+       {200: s.CompletionsResponse, 400: s.ErrorBody},
+       query={"cursor": {"type": "string"}, "wait": WAIT_SECONDS, "limit": {"type": "integer", "minimum": 1,
+                                                                     "maximum": 5000},
+              "group_id": {"type": "string"}}, tag="stream")
 def get_completions():
     cursor = _cursor(request.args.get("cursor"))
     wait = _number("wait", 0, 0, current_app.config["WAIT_MAX_S"])
@@ -47,7 +53,9 @@ def get_completions():
     return jsonify({"cursor": next_cursor, "completions": items})
 
 
-@bp.get("/events")
+@route(bp, "get", "/events", "Finished jobs as server-sent events; resumes from Last-Event-ID",
+       {200: None, 400: s.ErrorBody}, query={"cursor": {"type": "string"}, "group_id": {"type": "string"}},
+       tag="stream")
 def events():
     cursor = _cursor(request.headers.get("Last-Event-ID") or request.args.get("cursor"))
     group_id = request.args.get("group_id") or None
