@@ -67,7 +67,7 @@ class DummySandbox:
         if key in self.files:
             return self.files[key]
         if self._is_dir(key):
-            raise OSError(errno.EINVAL, "not a regular file", path)
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
 
     def write_file(self, path: str, data: bytes) -> None:
