@@ -1,7 +1,8 @@
 """Leases: Redis keys with an expiry that their holder renews while it lives.
 
 One renewal thread per process keeps every lease the process holds; when the process dies the
-keys lapse, which is how the sweep learns that a stage's worker is gone.
+keys lapse, which is how the sweep learns that a stage's worker is gone. The leases due at once
+are renewed in one pipelined round trip per Redis client.
 """
 from __future__ import annotations
 
@@ -82,15 +83,28 @@ class _Keeper(threading.Thread):
                 due = [lease for lease in self.leases.values() if lease.due <= now]
             for lease in due:
                 lease.due = now + lease.ttl_ms / 3000
-                try:
-                    if not lease.renew() and lease.token in self.leases:  # not merely released meanwhile
-                        log.warning("lease %s was lost before renewal", lease.key)
-                except redis.RedisError as exc:
-                    log.warning("lease renewal failed: %s", exc)
+            self._renew(due)
             with self.lock:
                 self.next_due = min((lease.due for lease in self.leases.values()), default=now + 1.0)
             self.wake.wait(max(self.next_due - time.monotonic(), 0.0))
             self.wake.clear()
+
+    def _renew(self, due: list[Lease]) -> None:
+        by_client: dict[int, list[Lease]] = {}
+        for lease in due:
+            by_client.setdefault(id(lease.redis), []).append(lease)
+        for group in by_client.values():
+            try:
+                pipe = group[0].redis.pipeline(transaction=False)
+                for lease in group:
+                    pipe.eval(_RENEW, 1, lease.key, lease.token, lease.ttl_ms)
+                held = pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("lease renewal failed: %s", exc)
+                continue
+            for lease, ok in zip(group, held):
+                if not ok and lease.token in self.leases:  # not merely released meanwhile
+                    log.warning("lease %s was lost before renewal", lease.key)
 
 
 _the_keeper: _Keeper | None = None

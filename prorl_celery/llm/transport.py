@@ -5,6 +5,11 @@ sees a disconnect (vLLM and SGLang then abort the sequence). One monitor thread 
 watches every open call: it aborts on ``should_stop()``, on the call's deadline, and when the
 call's in-flight lease disappeared from Redis (the backend was drained with ``abort``, removed,
 or the lease lapsed); and it renews the leases that are still held.
+
+Its Redis traffic does not grow with the number of calls: every ``LEASE_CHECK_S`` one
+``ZMSCORE`` per backend asks which of its leases are still there, and a third of a lease's expiry
+after it was taken or last renewed one ``ZADD XX`` per backend renews all that are due (``XX``
+never brings back a lease withdrawn meanwhile).
 """
 from __future__ import annotations
 
@@ -28,12 +33,6 @@ STOP_CHECK_S = 0.25   # should_stop() polls
 LEASE_CHECK_S = 0.5   # lease renewals / abort detection
 CONNECT_TIMEOUT_S = 10.0
 
-_RENEW = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) return 1
-end
-return 0
-"""
 
 
 class CallAborted(Exception):
@@ -49,6 +48,8 @@ class HeldLease:
 
     def __init__(self, client: redis.Redis, key: str, token: str, ttl_s: float):
         self.redis, self.key, self.token, self.ttl_ms = client, key, token, int(ttl_s * 1000)
+        self.due = time.monotonic() + ttl_s / 3
+        """When the monitor renews it next (monotonic seconds)."""
 
 
 class Call:
@@ -176,23 +177,40 @@ class _Monitor(threading.Thread):
 
     @staticmethod
     def _renew(calls: list[Call]) -> None:
+        """Abort the calls whose lease is gone; renew the others' that are due. One ``ZMSCORE``
+        and at most one ``ZADD`` per lease set, in one round trip per Redis client."""
         held = [call for call in calls if call.lease is not None and call.reason is None]
         by_client: dict[int, list[Call]] = {}
         for call in held:
             by_client.setdefault(id(call.lease.redis), []).append(call)
-        now_ms = int(time.time() * 1000)
         for group in by_client.values():
             try:
-                pipe = group[0].lease.redis.pipeline(transaction=False)
-                for call in group:
-                    pipe.eval(_RENEW, 1, call.lease.key, call.lease.token, now_ms + call.lease.ttl_ms)
-                results = pipe.execute()
+                _check_and_renew(group)
             except redis.RedisError as exc:
                 log.warning("in-flight lease renewal failed: %s", exc)
-                continue
-            for call, held_still in zip(group, results):
-                if not held_still:
-                    call.abort("lost")
+
+
+def _check_and_renew(calls: list[Call]) -> None:
+    by_key: dict[str, list[Call]] = {}
+    for call in calls:
+        by_key.setdefault(call.lease.key, []).append(call)
+    now, now_ms = time.monotonic(), int(time.time() * 1000)
+    pipe = calls[0].lease.redis.pipeline(transaction=False)
+    for key, group in by_key.items():
+        pipe.zmscore(key, [call.lease.token for call in group])
+    renewals = []
+    for key, group in by_key.items():
+        due = [call.lease for call in group if call.lease.due <= now]
+        if due:
+            pipe.zadd(key, {lease.token: now_ms + lease.ttl_ms for lease in due}, xx=True)
+            renewals += due
+    replies = pipe.execute()
+    for group, scores in zip(by_key.values(), replies):
+        for call, score in zip(group, scores):
+            if score is None:
+                call.abort("lost")
+    for lease in renewals:
+        lease.due = now + lease.ttl_ms / 3000
 
 
 _the_monitor: _Monitor | None = None

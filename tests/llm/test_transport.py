@@ -1,0 +1,61 @@
+"""The call monitor's lease traffic against a real Redis and a real (fake) server: a call longer
+than its lease keeps it by renewals; one whose lease is withdrawn is aborted as ``lost``."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from prorl_celery.llm.routing import Slot
+from prorl_celery.llm.transport import Call, CallAborted, request_json
+from tests.llm.conftest import add, eventually
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "x" * 20}], "max_tokens": 20, "ignore_eos": True}
+
+
+def _call(slot: Slot, out: dict) -> None:
+    try:
+        with Call(30, lease=slot.lease) as call:
+            out["status"] = request_json(call, "POST", slot.address + "/v1/chat/completions", BODY)[0]
+    except CallAborted as exc:
+        out["aborted"] = exc.reason
+
+
+def test_a_call_longer_than_its_lease_keeps_it(pool, fake_llms):
+    (slow,) = fake_llms(1, latency="step_s=0.12,capacity=4")  # ~2.4 s: four lease expiries
+    bid = add(pool, slow)
+    slot = pool.router.acquire("long", lease_s=0.6)
+    other = pool.router.acquire("short", lease_s=0.6)  # on the same lease set, never renewed
+    out: dict = {}
+    thread = threading.Thread(target=_call, args=(slot, out))
+    thread.start()
+    eventually(lambda: pool.registry.get(bid).in_flight == 1, 3, "the other lease to lapse")
+    scores = []
+    while thread.is_alive():
+        scores.append(pool.redis.zscore(slot.lease.key, slot.lease.token))
+        time.sleep(0.2)
+    thread.join()
+    assert out == {"status": 200}
+    assert None not in scores and len(set(scores)) >= 3  # renewed again and again, never lost
+    pool.router.release(slot, "ok")
+    pool.router.release(other, "aborted")
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_a_withdrawn_lease_aborts_its_call_only(pool, fake_llms, calls):
+    (slow,) = fake_llms(1, latency="step_s=0.2,capacity=8")
+    add(pool, slow)
+    slots = [pool.router.acquire(f"job-{i}") for i in range(calls)]
+    outs = [{} for _ in slots]
+    threads = [threading.Thread(target=_call, args=(s, o)) for s, o in zip(slots, outs)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    pool.redis.zrem(slots[0].lease.key, slots[0].lease.token)  # as a drain with abort does
+    for t in threads:
+        t.join(timeout=20)
+    assert outs[0] == {"aborted": "lost"}
+    assert all(o == {"status": 200} for o in outs[1:])
+    for slot in slots:
+        pool.router.release(slot, "ok")
