@@ -22,17 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import get_settings
 from flask_api import schemas as s
+from flask_api.compat_store import CompatState
 from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
 from flask_api.limits import acquire_stream
 from flask_api.routes import route
-from prorl_celery import keys
-from tasks.agent import tools as agent_tools
-from tasks.agent.trajectory import reference_messages
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.llm import Turn
 from prorl_celery.models import Instance, JobId, JobRequest, SamplingParams
+from tasks.agent import tools as agent_tools
+from tasks.agent.trajectory import reference_messages
 from tasks.chain import cancel, cancel_many, submit
 
 bp = Blueprint("compat", __name__)
@@ -56,14 +56,14 @@ def _store() -> JobStore:
     return current_app.extensions["prorl_store"]
 
 
-def _running() -> bool:
-    return bool(_store().redis.get(keys.compat_running()))
+def _state() -> CompatState:
+    return CompatState(_store().redis)
 
 
 @route(bp, "post", "/start", "Reference API: start accepting /process", {200: s.CompatStartResponse, 400: s.ErrorBody},
        tag="reference")
 def start():
-    if not _store().redis.set(keys.compat_running(), "1", nx=True):
+    if not _state().start():
         return error_response(400, "already_running", "the service is already started")
     return jsonify({"status": "running"})
 
@@ -73,11 +73,8 @@ def start():
 def stop():
     """Stop accepting /process and cancel every job that /process started and is still running."""
     store = _store()
-    store.redis.delete(keys.compat_running())
-    ids = [x.decode() for x in store.redis.smembers(keys.compat_jobs())]
-    records = [r for r in store.get_many(ids) if r is not None]
+    records = [r for r in store.get_many(_state().stop()) if r is not None]
     cancelled = cancel_many(store, records, reason="stopped by /stop")
-    store.redis.delete(keys.compat_jobs())
     return jsonify({"status": "stopped", "cancelled": len(cancelled)})
 
 
@@ -85,7 +82,7 @@ def stop():
 def status():
     counts = _store().counts()
     active = counts["init"] + counts["run"] + counts["eval"]
-    return jsonify({"status": "running" if _running() else "stopped", "pending_jobs": counts["queued"],
+    return jsonify({"status": "running" if _state().running() else "stopped", "pending_jobs": counts["queued"],
                     "running": active, "jobs": counts["queued"] + active, "init": counts["init"],
                     "run": counts["run"], "eval": counts["eval"], "counts": counts})
 
@@ -102,7 +99,7 @@ def _budget_s(params: dict[str, Any]) -> float:
        {200: s.CompatResult, 400: s.ErrorBody, 504: s.ErrorBody}, body=ProcessRequest, tag="reference")
 def process():
     body: ProcessRequest = parse_body(ProcessRequest)
-    if not _running():
+    if not _state().running():
         raise InvalidRequest("the service is stopped; POST /start first")
     request = JobRequest(instance=body.instance, sampling_params=body.sampling_params,
                          job_id=body.job_id or uuid.uuid4().hex)
@@ -111,13 +108,13 @@ def process():
     try:
         store = _store()
         (job_id,) = submit(store, [request])
-        store.redis.sadd(keys.compat_jobs(), job_id)
+        _state().track(job_id)
         status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
     finally:
         release()
     record = store.get(job_id) if status and status.terminal else None
     if record is not None:
-        store.redis.srem(keys.compat_jobs(), job_id)
+        _state().untrack(job_id)
         return jsonify(reference_result(record.result or {}, record))
     try:
         cancel(store, job_id, reason="/process timed out")
