@@ -9,15 +9,15 @@ from flask import Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
-from flask_api.limits import TooManyStreams
-from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, NotFound, ProrlError
+from prorl_celery.errors import InvalidRequest, ProrlError
 
 log = logging.getLogger(__name__)
-_STATUS = {InvalidRequest: 400, NotFound: 404, JobAlreadyTerminal: 409, TooManyStreams: 429}
 _OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
+    """An answer in the shape of every error, for what is not a :class:`ProrlError` of its own
+    (a missing token, a framework error)."""
     return jsonify({"error": {"type": type_, "message": message, **extra}}), status
 
 
@@ -35,12 +35,14 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
         raise InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field) from None
 
 
+def http_status(exc: ProrlError) -> int:
+    """The class's status; but a refused request is 400 here, whatever refused it (policy, image):
+    the API's contract, while the sandbox host says 403 policy_denied, 404 image_not_found ..."""
+    return 400 if isinstance(exc, InvalidRequest) else exc.http_status
+
+
 def _handle_prorl(exc: ProrlError):
-    status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
-    body = exc.to_dict()
-    if isinstance(exc, JobAlreadyTerminal):
-        body["status"] = exc.status
-    return jsonify({"error": body}), status
+    return jsonify({"error": exc.to_dict()}), http_status(exc)
 
 
 def _handle_http(exc: HTTPException):

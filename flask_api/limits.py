@@ -4,7 +4,7 @@ Each such request holds a server thread (and, while it blocks on Redis, a connec
 as it lasts. Without a cap, a few hundred idle ``GET /events`` take every thread and ``/healthz``
 and submissions time out. So they are counted per client (remote address) and in total, and one
 over either cap is refused at once with 429. The server gives them threads of their own on top of
-the ordinary ones (see ``prorl_celery.cli._serve_options``), so ordinary requests always find one.
+the ordinary ones (see ``prorl_celery.ops.cli._serve_options``), so ordinary requests always find one.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class TooManyStreams(ProrlError):
     """A client (or all clients together) holds as many long-lived requests as allowed."""
 
     type = "too_many_requests"
+    http_status = 429
 
 
 class StreamLimiter:

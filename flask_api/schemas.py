@@ -5,19 +5,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_celery.errors import ErrorBody, ErrorDetail  # noqa: F401 - one error body for every server
 from prorl_celery.models import JobView
-
-
-class ErrorDetail(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str = Field(description="Stable machine-readable kind: invalid_request, not_found, conflict ...")
-    message: str
-    field: str | None = Field(None, description="The offending field, for invalid_request.")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
 
 
 class SubmitResponse(BaseModel):

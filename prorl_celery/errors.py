@@ -1,60 +1,134 @@
-"""Exceptions raised inside the service.
+"""Exceptions raised inside the service, and how they cross every wire.
 
 Task-level outcomes (a command exits 1, a test fails, a wrong answer) are data in the result, not
-exceptions. What follows is for infrastructure faults and bad input::
+exceptions. What follows is for infrastructure faults and bad input; each class carries its wire
+``type`` and its HTTP ``http_status``::
 
-    ProrlError
-    ├── InvalidRequest(ValueError)        bad input from a client; carries the field
-    │   ├── PolicyDenied                  beyond the operator's policy (runtime, image, repo source)
-    │   └── ImageError                    a sandbox image could not be had; names the field
-    │       ├── ImageNotFound             no such image, tag or digest in its registry
-    │       ├── ImageUnavailable          registry unreachable, pull timed out, unpack failed
-    │       └── ImageTooLarge             beyond the sandbox host's image cache budget
-    ├── NotFound(KeyError)                no such id
-    │   ├── UnknownJob                    no such job
-    │   ├── UnknownGroup                  no such group
-    │   └── UnknownBackend                no such LLM backend
-    ├── JobAlreadyTerminal                the job ended before the operation could act
-    ├── JobCancelled                      raised inside a stage when its job was cancelled
-    ├── StageBudgetExceeded(TimeoutError) a stage ran past its time budget
-    ├── UnknownPlugin(LookupError)        a handler or runtime name that is not registered
-    ├── SandboxError                      a sandbox or sandbox host failed
-    │   ├── NoSandboxCapacity             every live host is full (retried by init)
-    │   └── SandboxGone                   the sandbox no longer exists (lease lapsed, host died)
-    └── LLMError                          an inference backend or the LLM pool failed
-        ├── BackendFailed                 one call failed (connection, 5xx, timeout); retried
-        │   ├── LogprobMismatch           the answer's logprobs do not match its tokens (one each)
-        │   └── BackendAborted            the server aborted the request (weight update): retried, no quarantine
-        ├── BackendUnavailable            retry budget spent, or no backend came up in time
-        ├── ContextWindowExceeded         the conversation no longer fits the model's context
-        ├── LLMTimeout(TimeoutError)      the caller's own (shortened) call timeout passed
-        ├── LLMRequestRejected            the server refused the request (4xx); not retried
-        └── LLMCallCancelled(JobCancelled) the caller's should_stop() fired; the call was aborted
+    ProrlError                                     error 500
+    ├── InvalidRequest(ValueError)                 invalid_request 400  bad input; carries the field
+    │   ├── PolicyDenied                           policy_denied 403    beyond the operator's policy
+    │   └── ImageError                             image_error 400      a sandbox image could not be had
+    │       ├── ImageNotFound                      image_not_found 404  no such image, tag or digest
+    │       ├── ImageUnavailable                   image_unavailable 424  registry down, pull timed out
+    │       └── ImageTooLarge                      image_too_large 413  beyond the host's image cache
+    ├── NotFound(KeyError)                         not_found 404        no such id
+    │   └── UnknownJob, UnknownGroup, UnknownBackend
+    ├── JobAlreadyTerminal                         conflict 409         the job ended before the operation
+    ├── JobCancelled                               cancelled            raised in a stage of a cancelled job
+    ├── StageBudgetExceeded(TimeoutError)          timeout 504          a stage ran past its time budget
+    ├── UnknownPlugin(LookupError)                 unknown_plugin 400   a handler or runtime not registered
+    ├── FileError(OSError)                         file_error 400       a file operation in a sandbox failed
+    │   ├── FileMissing(FileNotFoundError)         file_not_found 404
+    │   └── FileDenied(PermissionError)            permission_denied 403  e.g. a path out of the workspace
+    ├── SandboxError                               sandbox              a sandbox or sandbox host failed
+    │   ├── NoSandboxCapacity                      no_sandbox_capacity 503  every live host is full
+    │   ├── SandboxGone                            sandbox_gone 404     lease lapsed, host died
+    │   └── FileTooLarge(OSError), EnvBuildFailed, UnsafeDirectory   (in sandboxes/)
+    ├── TooManyStreams                             too_many_requests 429  (flask_api/limits.py)
+    ├── RolloutFailed                              rollout_failed       (prorl_celery/integrations/)
+    └── LLMError                                   llm                  an inference backend or the pool failed
+        ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
+        │   ├── LogprobMismatch                    the answer's logprobs do not match its tokens
+        │   └── BackendAborted                     aborted by the server (weight update): no quarantine
+        ├── BackendUnavailable                     retry budget spent, or no backend came up in time
+        ├── ContextWindowExceeded                  the conversation no longer fits the context
+        ├── LLMTimeout(TimeoutError)               the caller's own (shortened) call timeout passed
+        ├── LLMRequestRejected                     the server refused the request (4xx); not retried
+        └── LLMCallCancelled(JobCancelled)         cancelled  the caller's should_stop() fired
+
+A class defining a ``type`` registers it (:func:`error_class`); a subclass may share its parent's
+type (and then its status). A server answers ``{"error": exc.to_dict()}`` with ``exc.http_status``
+(:class:`ErrorBody`); a client raises :func:`from_wire` of that body: the same class, or its
+fallback for a type it does not know.
 """
 from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_REGISTRY: dict[str, type[ProrlError]] = {}
 
 
 class ProrlError(Exception):
     """Root of every exception the service raises on purpose."""
 
     type: str = "error"
+    http_status: int = 500
+    field: str | None = None
+    remote: bool = False  # rebuilt from a server's answer (from_wire)
+    remote_type: str | None = None  # the server's type, when this side did not know it
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "type" in cls.__dict__:
+            _register(cls)
 
     def to_dict(self) -> dict:
-        return {"type": self.type, "message": str(self)}
+        out = {"type": self.type, "message": str(self)}
+        if self.field:
+            out["field"] = self.field
+        return out
+
+    @classmethod
+    def rebuild(cls, message: str, field: str | None = None) -> ProrlError:
+        """The error as a client raises it from a server's body: no constructor runs (some take
+        an id or a status, not a message), and str() is the server's message."""
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        exc.field, exc.remote = field, True
+        return exc
+
+
+def _register(cls: type[ProrlError]) -> None:
+    taken = _REGISTRY.setdefault(cls.type, cls)
+    if (taken.__module__, taken.__qualname__) == (cls.__module__, cls.__qualname__):
+        _REGISTRY[cls.type] = cls  # itself, or its module imported again
+    elif not issubclass(cls, taken) or cls.http_status != taken.http_status:
+        raise TypeError(f"{cls.__qualname__}: error type {cls.type!r} is {taken.__qualname__}'s "
+                        f"(a subclass may share it, and then its status {taken.http_status})")
+
+
+_register(ProrlError)
+
+
+def error_class(type_: str) -> type[ProrlError] | None:
+    """The class registered for a wire type (the most general one sharing it); None if unknown."""
+    return _REGISTRY.get(type_)
+
+
+def registered() -> dict[str, type[ProrlError]]:
+    """Every wire type -> its class, as registered so far (modules register when imported)."""
+    return dict(_REGISTRY)
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="Stable machine-readable kind: invalid_request, not_found, conflict ...")
+    message: str
+    field: str | None = Field(None, description="The offending field, for invalid_request.")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def from_wire(detail: ErrorDetail, status: int, fallback: type[ProrlError] = ProrlError) -> ProrlError:
+    """The exception a server's error body stands for: its type's class, else ``fallback`` with
+    ``remote_type`` set. The message says the HTTP status."""
+    cls = _REGISTRY.get(detail.type)
+    exc = (cls or fallback).rebuild(f"{detail.message} (HTTP {status})", detail.field)
+    if cls is None:
+        exc.remote_type = detail.type
+    return exc
 
 
 class InvalidRequest(ProrlError, ValueError):
     type = "invalid_request"
+    http_status = 400
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
-
-    def to_dict(self) -> dict:
-        out = super().to_dict()
-        if self.field:
-            out["field"] = self.field
-        return out
 
 
 class PolicyDenied(InvalidRequest):
@@ -62,6 +136,7 @@ class PolicyDenied(InvalidRequest):
     not serve, an unregistered image, a repository source outside the allowed ones."""
 
     type = "policy_denied"
+    http_status = 403  # the API answers 400, as for every refused submission (flask_api/errors.py)
 
 
 class ImageError(InvalidRequest):
@@ -72,22 +147,26 @@ class ImageError(InvalidRequest):
 
 class ImageNotFound(ImageError):
     type = "image_not_found"
+    http_status = 404
 
 
 class ImageUnavailable(ImageError):
     type = "image_unavailable"
+    http_status = 424
 
 
 class ImageTooLarge(ImageError):
     type = "image_too_large"
+    http_status = 413
 
 
 class NotFound(ProrlError, KeyError):
     type = "not_found"
+    http_status = 404
     what = "id"
 
     def __str__(self) -> str:  # KeyError would repr() the message
-        return f"unknown {self.what} {self.args[0]!r}"
+        return str(self.args[0]) if self.remote else f"unknown {self.what} {self.args[0]!r}"
 
 
 class UnknownJob(NotFound):
@@ -98,13 +177,22 @@ class UnknownGroup(NotFound):
     what = "group id"
 
 
+class UnknownBackend(NotFound):
+    what = "LLM backend id"
+
+
 class JobAlreadyTerminal(ProrlError):
     type = "conflict"
+    http_status = 409
+    status: str = ""  # the job's, said in the body beside the error's type
 
     def __init__(self, job_id: str, status: str):
         super().__init__(f"job {job_id!r} already ended with status {status!r}")
         self.job_id = job_id
         self.status = status
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "status": self.status}
 
 
 class JobCancelled(ProrlError):
@@ -113,13 +201,46 @@ class JobCancelled(ProrlError):
 
 class StageBudgetExceeded(ProrlError, TimeoutError):
     type = "timeout"
+    http_status = 504  # as the reference API's /process says of a job out of time
 
 
 class UnknownPlugin(ProrlError, LookupError):
     type = "unknown_plugin"
+    http_status = 400
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class FileError(ProrlError, OSError):
+    """A file operation in a sandbox failed: task-level (the agent asked for it), never retried.
+    In process the runtimes raise the built-ins; the host sends them as these."""
+
+    type = "file_error"
+    http_status = 400
+
+    @classmethod
+    def wrap(cls, exc: OSError) -> FileError:
+        """The most specific FileError that also is what ``exc`` is (FileMissing for a
+        FileNotFoundError ...)."""
+        kinds = [kind for kind in _REGISTRY.values()
+                 if issubclass(kind, cls) and isinstance(exc, _builtin_of(kind))]
+        kind = max(kinds, key=lambda k: len(_builtin_of(k).__mro__))
+        return kind(f"{type(exc).__name__}: {exc}")
+
+
+def _builtin_of(kind: type[FileError]) -> type[OSError]:
+    return next(base for base in kind.__mro__ if not issubclass(base, ProrlError))
+
+
+class FileMissing(FileError, FileNotFoundError):
+    type = "file_not_found"
+    http_status = 404
+
+
+class FileDenied(FileError, PermissionError):
+    type = "permission_denied"
+    http_status = 403
 
 
 class SandboxError(ProrlError):
@@ -128,18 +249,16 @@ class SandboxError(ProrlError):
 
 class NoSandboxCapacity(SandboxError):
     type = "no_sandbox_capacity"
+    http_status = 503
 
 
 class SandboxGone(SandboxError):
     type = "sandbox_gone"
+    http_status = 404
 
 
 class LLMError(ProrlError):
     type = "llm"
-
-
-class UnknownBackend(NotFound):
-    what = "LLM backend id"
 
 
 class BackendFailed(LLMError):

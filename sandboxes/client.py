@@ -12,16 +12,18 @@ import redis
 from pydantic import ValidationError
 
 from prorl_celery import keys
-from prorl_celery.errors import (ImageError, ImageNotFound, ImageTooLarge, ImageUnavailable,
-                                 InvalidRequest, NoSandboxCapacity, PolicyDenied, SandboxError,
-                                 SandboxGone, UnknownPlugin)
+from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
+                                 NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
                                 RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
 from sandboxes.archive import extract_archive, write_tree_archive
 from sandboxes.http import Response, TransportError, call
-from sandboxes.workspace import FileTooLarge
+# what a host may answer beside prorl_celery.errors: imported, so registered by their types
+from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
+from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
+from sandboxes.workspace import FileTooLarge  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -30,33 +32,15 @@ CONTROL_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
 ARCHIVE_TIMEOUT_S = 600.0  # a repository going in or out
 
-_ERRORS: dict[str, type[Exception]] = {
-    "sandbox_gone": SandboxGone,
-    "no_sandbox_capacity": NoSandboxCapacity,
-    "unknown_plugin": UnknownPlugin,
-    "invalid_request": InvalidRequest,
-    "policy_denied": PolicyDenied,
-    "file_not_found": FileNotFoundError,
-    "file_error": OSError,
-    "permission_denied": PermissionError,
-    "file_too_large": FileTooLarge,
-    "image_error": ImageError,
-    "image_not_found": ImageNotFound,
-    "image_unavailable": ImageUnavailable,
-    "image_too_large": ImageTooLarge,
-}
-
 
 def _raise_for(response: Response) -> None:
-    field = None
+    """Raise the class a host's error body names (prorl_celery.errors); SandboxError for a type
+    this side does not know, or a body that is not one (a proxy's page, a crashed route)."""
     try:
-        detail = response.json()["error"]
-        type_, message, field = detail["type"], detail["message"], detail.get("field")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        type_, message = "sandbox", response.text[:500]
-    cls = _ERRORS.get(type_, SandboxError)
-    text = f"{message} (HTTP {response.status_code})"
-    raise cls(text, field=field) if issubclass(cls, InvalidRequest) else cls(text)
+        detail = ErrorBody.model_validate_json(response.content).error
+    except ValidationError:
+        detail = ErrorDetail(type=SandboxError.type, message=response.text[:500])
+    raise from_wire(detail, response.status_code, fallback=SandboxError)
 
 
 def request(method: str, address: str, token: str, path: str, timeout: float,

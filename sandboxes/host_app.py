@@ -1,9 +1,10 @@
 """The sandbox host's HTTP API: a Flask app over a :class:`~sandboxes.pool.SandboxPool`.
 
 Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors are
-``{"error": {"type", "message", "field"?}}`` with a 4xx/5xx status; the client re-raises them by
-type. A create the operator's policy refuses (a runtime not served, an unregistered image) is 403
-``policy_denied`` naming the field: the token does not carry the right to widen the policy.
+``{"error": {"type", "message", "field"?}}`` with the status of their class in
+:mod:`prorl_celery.errors`; the client re-raises them by type. A create the operator's policy
+refuses (a runtime not served, an unregistered image) is 403 ``policy_denied`` naming the field:
+the token does not carry the right to widen the policy.
 """
 from __future__ import annotations
 
@@ -15,35 +16,23 @@ from typing import IO
 from flask import Flask, Response, request
 from pydantic import BaseModel, ValidationError
 
-from prorl_celery.errors import InvalidRequest, ProrlError
+from prorl_celery.errors import ErrorBody, ErrorDetail, FileError, InvalidRequest, ProrlError, SandboxGone
 from sandboxes.workspace import stream_capped
 from sandboxes.pool import SandboxPool, limit_enforcement
-from sandboxes.protocol import (CloseResponse, CreateRequest, ErrorResponse, ExecRequest, Health,
-                                RenewRequest, SandboxList)
-
-STATUS_BY_TYPE = {
-    "invalid_request": 400,
-    "unknown_plugin": 400,
-    "file_error": 400,
-    "unauthorized": 401,
-    "permission_denied": 403,
-    "policy_denied": 403,
-    "sandbox_gone": 404,
-    "file_not_found": 404,
-    "not_found": 404,
-    "file_too_large": 413,
-    "image_error": 400,
-    "image_not_found": 404,
-    "image_too_large": 413,
-    "image_unavailable": 424,
-    "no_sandbox_capacity": 503,
-}
+from sandboxes.protocol import CloseResponse, CreateRequest, ExecRequest, Health, RenewRequest, SandboxList
 
 
-def error(type_: str, message: str, status: int | None = None, field: str | None = None) -> Response:
-    body = ErrorResponse.model_validate({"error": {"type": type_, "message": message, "field": field}})
-    return Response(body.model_dump_json(exclude_none=True), status or STATUS_BY_TYPE.get(type_, 500),
-                    mimetype="application/json")
+def error(type_: str, message: str, status: int) -> Response:
+    """An error the framework answers (no such route, no token): not one of the service's own."""
+    return _json(ErrorBody(error=ErrorDetail(type=type_, message=message)), status)
+
+
+def respond(exc: ProrlError) -> Response:
+    return _json(ErrorBody(error=exc.to_dict()), exc.http_status)
+
+
+def _json(body: ErrorBody, status: int) -> Response:
+    return Response(body.model_dump_json(exclude_none=True), status, mimetype="application/json")
 
 
 def ok(model: BaseModel, status: int = 200) -> Response:
@@ -72,7 +61,7 @@ def _gone_with_predecessor(pool: SandboxPool) -> Response | None:
     parts = request.path.split("/")
     if len(parts) < 3 or parts[1] != "sandboxes" or not parts[2] or parts[2] in pool._slots:
         return None
-    return error("sandbox_gone", f"no sandbox {parts[2]!r} on this host (its host restarted?)")
+    return respond(SandboxGone(f"no sandbox {parts[2]!r} on this host (its host restarted?)"))
 
 
 def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None) -> Flask:
@@ -86,24 +75,16 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
             return None
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
-            return _gone_with_predecessor(pool) or error("unauthorized", "missing or wrong bearer token")
+            return _gone_with_predecessor(pool) or error("unauthorized", "missing or wrong bearer token", 401)
         return None
 
     @app.errorhandler(ProrlError)
     def prorl_error(exc: ProrlError) -> Response:
-        return error(exc.type, str(exc), field=getattr(exc, "field", None))
+        return respond(exc)
 
-    @app.errorhandler(FileNotFoundError)
-    def file_not_found(exc: FileNotFoundError) -> Response:
-        return error("file_not_found", f"no such file: {exc.filename or exc}")
-
-    @app.errorhandler(PermissionError)
-    def permission_denied(exc: PermissionError) -> Response:
-        return error("permission_denied", f"{exc.strerror or exc}: {exc.filename or ''}")
-
-    @app.errorhandler(OSError)
-    def file_error(exc: OSError) -> Response:
-        return error("file_error", f"{type(exc).__name__}: {exc}")
+    @app.errorhandler(OSError)  # what a runtime raises in process: FileNotFoundError ...
+    def os_error(exc: OSError) -> Response:
+        return respond(FileError.wrap(exc))
 
     @app.errorhandler(404)
     @app.errorhandler(405)

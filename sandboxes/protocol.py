@@ -1,5 +1,6 @@
 """Bodies of the sandbox host's HTTP protocol, shared by :mod:`sandboxes.host_app` and
-:mod:`sandboxes.client`, and the host's record in Redis."""
+:mod:`sandboxes.client`, and the host's record in Redis. Error bodies are
+:class:`prorl_celery.errors.ErrorBody`, as on every server of the service."""
 from __future__ import annotations
 
 import json
@@ -59,16 +60,6 @@ class Health(BaseModel):
     isolation: dict[str, str] = Field(default_factory=dict, description="Runtime -> isolation.")
     limit_enforcement: dict[str, str] = Field(default_factory=dict,
                                               description="Limit -> how this node enforces it.")
-
-
-class ErrorDetail(BaseModel):
-    type: str
-    message: str
-    field: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
 
 
 _JSON_FIELDS = {"runtimes": "[]", "isolation": "{}", "limit_enforcement": "{}"}

@@ -46,7 +46,7 @@ class FileTooLarge(SandboxError, OSError):
     """A file read through the host is larger than ``sandbox_read_max_mb`` (or the caller's cap)."""
 
     type = "file_too_large"
-    status = 413
+    http_status = 413
 
     def __init__(self, message: str):
         SandboxError.__init__(self, message)
