@@ -26,7 +26,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   └── FileTooLarge(OSError), EnvBuildFailed, UnsafeDirectory   (in sandboxes/)
     ├── TooManyStreams                             too_many_requests 429  (flask_api/limits.py)
     ├── RolloutFailed                              rollout_failed       (prorl_celery/integrations/)
-    └── LLMError                                   llm                  an inference backend or the pool failed
+    └── LLMError                                   llm                  a backend or the LLM pool failed
         ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
         │   ├── LogprobMismatch                    the answer's logprobs do not match its tokens
         │   └── BackendAborted                     aborted by the server (weight update): no quarantine
@@ -93,11 +93,6 @@ _register(ProrlError)
 def error_class(type_: str) -> type[ProrlError] | None:
     """The class registered for a wire type (the most general one sharing it); None if unknown."""
     return _REGISTRY.get(type_)
-
-
-def registered() -> dict[str, type[ProrlError]]:
-    """Every wire type -> its class, as registered so far (modules register when imported)."""
-    return dict(_REGISTRY)
 
 
 class ErrorDetail(BaseModel):
