@@ -26,7 +26,7 @@ from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the en
 import psutil  # noqa: E402
 import requests  # noqa: E402
 
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from sandboxes.base import SandboxHandle  # noqa: E402
 from sandboxes.client import RemoteSandbox  # noqa: E402
 from sandboxes.procs import alive  # noqa: E402

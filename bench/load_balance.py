@@ -49,12 +49,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment first)
-from prorl_celery.procs import Child, free_port, wait_for  # noqa: E402
+from prorl_celery.ops.procs import Child, free_port, wait_for  # noqa: E402
 
 import requests  # noqa: E402
 
 from prorl_celery.errors import LLMCallCancelled  # noqa: E402
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.llm import BackendSpec, LLMPool, LLMRequest, Protocol, SamplingParams  # noqa: E402
 from prorl_celery.llm.chat import ChatClient  # noqa: E402
 from prorl_celery.llm.routing import Slot  # noqa: E402
@@ -73,7 +73,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         latency = (f"step_s={args.step_s},capacity={capacity},slowdown=1,prefill_s={args.prefill_s},"
                    f"cache_tokens={args.cache_tokens}")
-        self.child = Child(name, [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(self.port),
+        self.child = Child(name, [sys.executable, "-m", "prorl_celery.fakes.llm.server", "--port", str(self.port),
                                   "--latency-model", latency, "--speed", str(speed)], dict(os.environ),
                            log_dir).start()
 

@@ -32,7 +32,7 @@ from celery import chain  # noqa: E402
 
 from prorl_celery.celery_app import app  # noqa: E402
 from prorl_celery.client import ProrlClient  # noqa: E402
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 
 SHELL = {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}

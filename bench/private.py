@@ -9,7 +9,7 @@ import socket
 
 
 def _free_port() -> int:
-    # not prorl_celery.procs.free_port: importing the package configures the Celery app from the
+    # not prorl_celery.ops.procs.free_port: importing the package configures the Celery app from the
     # environment, which must hold the URL below first
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

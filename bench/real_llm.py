@@ -25,7 +25,7 @@ from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the en
 
 import requests  # noqa: E402
 
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from tests.real.vllm_server import MAX_MODEL_LEN, MODEL, SERVED_NAME, VllmServer, installed  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}

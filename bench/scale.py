@@ -32,7 +32,7 @@ from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the en
 import psutil  # noqa: E402
 
 from prorl_celery.client import ProrlClient  # noqa: E402
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 PROBLEM = {"data_source": "math", "problem": "What is 3/4 + 1/4 + 1/2? Give the answer as a decimal.",
            "answer": "1.5", "sandbox": {"runtime": "bwrap"}}

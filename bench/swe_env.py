@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from prorl_celery.procs import free_port  # noqa: E402
+from prorl_celery.ops.procs import free_port  # noqa: E402
 from sandboxes.client import request  # noqa: E402
 from tests.registry import LocalRegistry, build_python_rootfs, missing_tools, push_dir  # noqa: E402
 

@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prorl_celery.procs import free_port  # noqa: E402
+from prorl_celery.ops.procs import free_port  # noqa: E402
 
 if "PRORL_REDIS_URL" not in os.environ or __name__ == "__main__":
     os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
 
 from examples.dapo_policy import problem  # noqa: E402
 from prorl_celery.client import ProrlClient  # noqa: E402
-from prorl_celery.launcher import Stack, StackOptions  # noqa: E402
+from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 TERMINAL = {"completed", "failed", "cancelled", "timeout"}
 

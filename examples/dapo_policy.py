@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from prorl_celery.llm.chatml import text_of
-from prorl_celery.llm.fake_policies import Reply, ReplyCall
+from prorl_celery.fakes.llm.policies import Reply, ReplyCall
 
 PROBLEM = re.compile(r"What is (\d+) \* (\d+) \+ (\d+)\? \(prompt (\d+)\)")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prorl_celery.procs import free_port  # noqa: E402
+from prorl_celery.ops.procs import free_port  # noqa: E402
 
 if "PRORL_REDIS_URL" not in os.environ or __name__ == "__main__":
     os.environ.setdefault("PRORL_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
@@ -137,7 +137,7 @@ def logs(run: GrpoRun) -> list[dict[str, Any]]:
 
 
 def _stack():
-    from prorl_celery.launcher import Stack, StackOptions
+    from prorl_celery.ops.launcher import Stack, StackOptions
 
     stack = Stack(StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="trl-grpo-")), persist=False,
                                concurrency={"init": 8, "run": 8, "eval": 8, "maint": 1}))

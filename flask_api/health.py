@@ -8,7 +8,7 @@ from flask_api import schemas as s
 from flask_api.routes import route
 from flask_api.schemas import SandboxHostHealth
 from prorl_celery.celery_app import app as celery_app
-from prorl_celery.report import worker_threads
+from prorl_celery.workers import worker_threads
 
 bp = Blueprint("health", __name__)
 

@@ -48,7 +48,7 @@ import time
 from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError
-from prorl_celery.procs import spawn
+from prorl_celery.spawn import spawn
 from sandboxes.procs import readable
 
 HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

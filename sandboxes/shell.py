@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from prorl_celery.errors import SandboxError, SandboxGone
-from prorl_celery.procs import spawn
+from prorl_celery.spawn import spawn
 from sandboxes.base import ExecResult, Limits
 from sandboxes.guardian import guardian
 from sandboxes.output import Output, cut_middle

@@ -95,7 +95,7 @@ host_args=(--host 0.0.0.0 --port "$SANDBOX_PORT"
 [[ -n $NODE_ADDR ]] && host_args+=(--advertise "http://$NODE_ADDR:$SANDBOX_PORT")
 [[ -n ${PRORL_SANDBOX_RUNTIMES:-} ]] && host_args+=(--runtimes "$PRORL_SANDBOX_RUNTIMES")
 [[ -n ${PRORL_SANDBOX_RUNTIME_CONFIG:-} ]] && host_args+=(--runtime-config "$PRORL_SANDBOX_RUNTIME_CONFIG")
-prorl_start sandbox-host "$PRORL_PYTHON" -m prorl_celery.cli sandbox-host "${host_args[@]}"
+prorl_start sandbox-host "$PRORL_PYTHON" -m prorl_celery.ops.cli sandbox-host "${host_args[@]}"
 
 stop_all() {
     local workers=() q

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from prorl_celery.procs import free_port
+from prorl_celery.ops.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_PORT = free_port()
@@ -42,7 +42,7 @@ TEST_ENV = {
 }
 os.environ.update(TEST_ENV)
 
-from prorl_celery.launcher import Stack  # noqa: E402 - after the environment above
+from prorl_celery.ops.launcher import Stack  # noqa: E402 - after the environment above
 
 pytest_plugins = ["tests.registry"]  # the loopback image registry fixtures: registry, python_image
 
@@ -75,7 +75,7 @@ Stack.start_api = _start_api_and_remember
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
-    from prorl_celery.launcher import Stack, StackOptions
+    from prorl_celery.ops.launcher import Stack, StackOptions
 
     stack = Stack(StackOptions(state_dir=tmp_path_factory.mktemp("redis"), persist=False,
                                redis_password=REDIS_PASSWORD, api_token=API_TOKEN))
@@ -88,7 +88,7 @@ def redis_url(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def stack(redis_url, tmp_path_factory):
     """Sandbox host, one worker per queue (init, run, eval, maint), beat and the API."""
-    from prorl_celery.launcher import Stack, StackOptions
+    from prorl_celery.ops.launcher import Stack, StackOptions
 
     options = StackOptions(state_dir=tmp_path_factory.mktemp("stack"), redis_url=redis_url,
                            concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=TEST_ENV,
@@ -124,10 +124,10 @@ def wait(api: str, job_id: str, timeout: float = 60.0) -> dict:
 def start_api(stack, log_dir: Path, name: str, **env: str):
     """A second API process on ``stack``'s service with ``env`` over the stack's environment;
     returns (child, url) once ``/healthz`` answers. The caller stops the child."""
-    from prorl_celery.procs import Child, wait_for
+    from prorl_celery.ops.procs import Child, wait_for
 
     port = free_port()
-    child = Child(name, [sys.executable, "-m", "prorl_celery.cli", "api", "--port", str(port)],
+    child = Child(name, [sys.executable, "-m", "prorl_celery.ops.cli", "api", "--port", str(port)],
                   {**stack.env(), **env}, log_dir).start()
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: _answers(f"{url}/healthz"), 30, f"the API {name}", child=child)

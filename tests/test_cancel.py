@@ -12,10 +12,10 @@ import requests
 from prorl_celery.connections import get_store
 from sandboxes.base import SandboxHandle
 from sandboxes.client import RemoteSandbox
-from tasks.fixtures.tasks import MATH
+from prorl_celery.fakes.problems import MATH
 from tests.conftest import submit, wait, wait_until
 
-SLOW = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "step_s=0.5,capacity=4"]
+SLOW = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model", "step_s=0.5,capacity=4"]
 
 
 def _status(api: str, job_id: str) -> str:

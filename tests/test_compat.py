@@ -20,9 +20,9 @@ def _process(api: str, instance: dict, **extra) -> requests.Response:
 def test_trainer_call_sequence(api, stack):
     """A reference trainer's step: clear and add the LLM servers, start, many concurrent /process
     calls with trajectory ids, an early /cancel, stop."""
-    from tasks.fixtures.tasks import MATH
+    from prorl_celery.fakes.problems import MATH
 
-    oracle = stack.start_fake_llm(name="fake-compat", extra_args=["--policy", "oracle:tasks.fixtures.oracle:reply"])
+    oracle = stack.start_fake_llm(name="fake-compat", extra_args=["--policy", "oracle:prorl_celery.fakes.oracle:reply"])
     assert requests.post(f"{api}/clear_llm_server", timeout=10).status_code == 200
     assert requests.post(f"{api}/add_llm_server", json={"address": oracle}, timeout=10).status_code == 200
     assert requests.post(f"{api}/start", timeout=10).status_code == 200

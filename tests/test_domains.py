@@ -7,11 +7,11 @@ import json
 import pytest
 import requests
 
-from tasks.fixtures import swe
-from tasks.fixtures.tasks import MATH, STEM
+from prorl_celery.fakes import swe
+from prorl_celery.fakes.problems import MATH, STEM
 from tests.conftest import submit, wait
 
-ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "none"]
+ORACLE = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model", "none"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 import pytest
 import requests
 
-from prorl_celery.procs import Child, free_port, wait_for
+from prorl_celery.ops.procs import Child, free_port, wait_for
 from tests.conftest import submit, wait
 
 AUTH = ("ops", "flower-pass")

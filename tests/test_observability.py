@@ -37,7 +37,7 @@ def test_metrics_count_jobs_and_stages(api):
 
 
 def test_status_command_prints_queues_workers_and_jobs(stack):
-    out = subprocess.run([sys.executable, "-m", "prorl_celery.cli", "status"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "prorl_celery.ops.cli", "status"], capture_output=True, text=True,
                          timeout=60, env=stack.env(), check=True).stdout
     for queue in ("init", "run", "eval", "maint"):
         assert re.search(rf"^{queue}\s+\d+\s+{queue}@", out, re.M), out

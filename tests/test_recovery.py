@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import requests
 
-from prorl_celery.launcher import Stack, StackOptions
-from prorl_celery.procs import free_port
+from prorl_celery.ops.launcher import Stack, StackOptions
+from prorl_celery.ops.procs import free_port
 from tests.conftest import TEST_ENV, wait_until
 
 

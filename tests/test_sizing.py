@@ -44,7 +44,7 @@ def up(tmp_path_factory):
     env = {**os.environ, **TEST_ENV, "PRORL_SANDBOX_CAPACITY": "2", "PRORL_SANDBOX_WARM": "0"}
     for name in ("PRORL_REDIS_URL", "PRORL_API_TOKEN"):  # its own Redis and token, as `up` makes
         env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.cli", "up", "--port", "0", "--dev",
+    proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.ops.cli", "up", "--port", "0", "--dev",
                              "--no-fake-llm", "--state-dir", str(state),
                              "--concurrency", "run=5,init=5", "--concurrency", "eval=3"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

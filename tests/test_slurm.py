@@ -26,7 +26,7 @@ import psutil
 import pytest
 import requests
 
-from prorl_celery.procs import free_port
+from prorl_celery.ops.procs import free_port
 from tests.helpers import read_env_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -136,10 +136,10 @@ def listening(ports: set[int]) -> list[str]:
 def fake_llm_command() -> str:
     """The package's fake LLM server if this checkout has it, else a plain HTTP server (the
     registration only needs something that answers HTTP)."""
-    probe = run([sys.executable, "-m", "prorl_celery.cli", "fake-llm", "--help"])
+    probe = run([sys.executable, "-m", "prorl_celery.ops.cli", "fake-llm", "--help"])
     python = shlex.quote(sys.executable)
     if probe.returncode == 0:
-        return f"exec {python} -m prorl_celery.cli fake-llm --host 0.0.0.0 --port {{port}}"
+        return f"exec {python} -m prorl_celery.ops.cli fake-llm --host 0.0.0.0 --port {{port}}"
     return f"exec {python} -m http.server {{port}} --bind 0.0.0.0"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.fixtures import swe
+from prorl_celery.fakes import swe
 from tasks.verify import test_log
 from tasks.verify.answers import choice_letter, last_boxed, math_equal
 

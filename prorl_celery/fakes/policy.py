@@ -21,10 +21,10 @@ from typing import Any, Union
 
 from prorl_celery.errors import LLMCallCancelled
 from prorl_celery.llm.base import model_name
-from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
-from prorl_celery.llm.fake_policies import Reply
-from prorl_celery.llm.fake_server import FakeLLM
-from prorl_celery.llm.fake_token_api import fake_generate
+from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
+from prorl_celery.fakes.llm.policies import Reply
+from prorl_celery.fakes.llm.server import FakeLLM
+from prorl_celery.fakes.llm.token_api import fake_generate
 from prorl_celery.llm.generate import GenerateClient, build_prompt, max_new_tokens, wire_for
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot

@@ -29,13 +29,13 @@ import pytest
 import redis
 import requests
 
-from prorl_celery.launcher import Stack, StackOptions
-from prorl_celery.procs import free_port
+from prorl_celery.ops.launcher import Stack, StackOptions
+from prorl_celery.ops.procs import free_port
 from sandboxes import cgroups
 from sandboxes.client import list_sandboxes, live_hosts
 from sandboxes.reap import mounts_under, processes_naming
-from tasks.fixtures import swe
-from tasks.fixtures.tasks import MATH, STEM
+from prorl_celery.fakes import swe
+from prorl_celery.fakes.problems import MATH, STEM
 from tests.conftest import TEST_ENV
 
 JOBS = int(os.environ.get("PRORL_CHAOS_JOBS", "1000"))
@@ -43,7 +43,7 @@ GAP_S = tuple(float(x) for x in os.environ.get("PRORL_CHAOS_GAP_S", "6,12").spli
 MIN_COMPLETED = float(os.environ.get("PRORL_CHAOS_MIN_COMPLETED", "0.98"))
 DEADLINE_S = float(os.environ.get("PRORL_CHAOS_DEADLINE_S", "1800"))
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(int(DEADLINE_S) + 600)]
-ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "step_s=0.002,capacity=64"]
+ORACLE = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model", "step_s=0.002,capacity=64"]
 TERMINAL = {"completed", "failed", "cancelled", "timeout"}
 HOSTS = ("sandbox-host", "sandbox-host-2")
 

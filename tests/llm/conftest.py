@@ -10,7 +10,7 @@ import pytest
 import redis
 import requests
 
-from prorl_celery.procs import Child, free_port, wait_for
+from prorl_celery.ops.procs import Child, free_port, wait_for
 from tests.conftest import wait_until
 
 
@@ -47,7 +47,7 @@ def fake_llms(tmp_path: Path):
         procs = []
         for i in range(n):
             port = free_port()
-            argv = [sys.executable, "-m", "prorl_celery.llm.fake_server", "--port", str(port),
+            argv = [sys.executable, "-m", "prorl_celery.fakes.llm.server", "--port", str(port),
                     "--latency-model", latency, "--policy", policy, *(extra or [])]
             if speeds:
                 argv += ["--speed", str(speeds[i])]

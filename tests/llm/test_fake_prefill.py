@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel, PrefixCache
+from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel, PrefixCache
 
 
 def test_prefix_cache_counts_whole_blocks_and_evicts_the_oldest():

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from prorl_celery.llm.fake_engine import LatencyModel
+from prorl_celery.fakes.llm.engine import LatencyModel
 
 
 def _generate(url: str, tokens: int) -> float:

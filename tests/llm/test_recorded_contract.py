@@ -22,7 +22,7 @@ from prorl_celery.errors import BackendFailed, ProrlError
 from prorl_celery.llm import LLMRequest
 from prorl_celery.llm.base import post
 from prorl_celery.llm.chat import ChatClient
-from prorl_celery.llm.fake_server import FakeOptions, make_server
+from prorl_celery.fakes.llm.server import FakeOptions, make_server
 from prorl_celery.llm.generate import wire_for
 from prorl_celery.llm.models import Dialect, Protocol
 from prorl_celery.llm.routing import Slot
@@ -199,7 +199,7 @@ def test_seeded_engine_death_as_recorded(replay):
     ``seeded_prefill_death``, and the client reads both 500s as a backend failure."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from prorl_celery.llm.fake_engine import LatencyModel
+    from prorl_celery.fakes.llm.engine import LatencyModel
 
     record = json.loads((RECORDED / "vllm" / "completions_seeded_engine_dead.json").read_text())
     http, fake = make_server(latency=LatencyModel(step_s=0.05), max_model_len=2048,

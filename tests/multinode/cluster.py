@@ -35,7 +35,7 @@ from tests.helpers import read_env_file
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "slurm_scripts"
 REDIS_PORT, API_PORT, LLM_PORT = 6379, 8000, 8100
-ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model",
+ORACLE = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model",
           "step_s=0.002,capacity=64"]
 # Fast failure detection, as the test suite's own stack uses (tests/conftest.py TEST_ENV).
 SETTINGS = {
@@ -137,7 +137,7 @@ class Cluster:
         poll(self.head_file.exists, 180, "the head's address file", self.diagnose)
         self.head_env = read_env_file(self.head_file)
         llm_env = base_env(PRORL_REDIS_URL=self.redis_url)
-        self.head.spawn("fake-llm", [sys.executable, "-m", "prorl_celery.cli", "fake-llm",
+        self.head.spawn("fake-llm", [sys.executable, "-m", "prorl_celery.ops.cli", "fake-llm",
                                      "--host", self.head.address, "--port", str(LLM_PORT), *ORACLE],
                         llm_env, self.logs)
         poll(lambda: self.client.call(requests.get, f"{self.llm_url}/health", timeout=3).ok, 60,
@@ -155,7 +155,7 @@ class Cluster:
         """The README's cluster commands, one process each."""
         env = self.node_env(node)
         py = [sys.executable, "-m"]
-        node.spawn("sandbox-host", [*py, "prorl_celery.cli", "sandbox-host", "--host", "0.0.0.0",
+        node.spawn("sandbox-host", [*py, "prorl_celery.ops.cli", "sandbox-host", "--host", "0.0.0.0",
                                     "--capacity", str(CAPACITY)], env, self.logs)
         for queue, threads in QUEUE_THREADS.items():
             node.spawn(f"worker-{queue}", [*py, "celery", "-A", "prorl_celery", "worker", "-Q", queue,

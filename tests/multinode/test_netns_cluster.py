@@ -22,7 +22,7 @@ import requests
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from sandboxes.client import live_hosts
-from tasks.fixtures.tasks import MATH
+from prorl_celery.fakes.problems import MATH
 from tests.multinode import netns
 from tests.multinode.cluster import Cluster, poll
 

@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from prorl_celery.llm.chatml import text_of
-from prorl_celery.llm.fake_policies import Reply, ReplyCall
+from prorl_celery.fakes.llm.policies import Reply, ReplyCall
 from tests.real import swebench_data
 
 EOF_MARK = "PRORL_GOLD_EOF"

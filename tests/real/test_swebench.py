@@ -45,7 +45,7 @@ def recipe_of(instance_id: str, repo: Path):
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """The stack, and one fake LLM server per agent (oracle, empty, no-op), none registered yet."""
-    from prorl_celery.launcher import Stack, StackOptions
+    from prorl_celery.ops.launcher import Stack, StackOptions
     from sandboxes.runtimes.envbuild import env_dir
 
     env = {**TEST_ENV, "PRORL_SANDBOX_IMAGE_DIRS": str(env_dir()), "PRORL_ENV_DIR": str(env_dir()),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from prorl_celery.procs import free_port
+from prorl_celery.ops.procs import free_port
 
 CACHE = Path.home() / ".cache" / "prorl-celery"
 VENV = Path(os.environ.get("PRORL_VLLM_VENV", CACHE / "vllm-venv"))

@@ -315,14 +315,14 @@ def test_docker_image_from_the_local_registry_is_pulled_once_and_typed_when_miss
 
 
 # -- a SWE fixture through the whole service, in the SIF ---------------------------------------
-ORACLE = ["--policy", "oracle:tasks.fixtures.oracle:reply", "--latency-model", "none"]
+ORACLE = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model", "none"]
 
 
 @pytest.fixture(scope="module")
 def sif_service(apptainer_bin, sif_image, tmp_path_factory):
     """A stack of its own (own Redis) whose sandbox host serves singularity, with the SIFs'
     directory registered as an image directory."""
-    from prorl_celery.launcher import Stack, StackOptions
+    from prorl_celery.ops.launcher import Stack, StackOptions
     from tests.conftest import TEST_ENV
 
     env = {**TEST_ENV, "PRORL_APPTAINER_BIN": apptainer_bin, "PRORL_SANDBOX_IMAGE_DIRS": str(IMAGES)}
@@ -344,7 +344,7 @@ def use_llm(stack, name: str, args: list[str]) -> None:
 
 
 def test_swe_fixture_resolves_in_a_sif_through_the_service(sif_service, sif_image, tmp_path):
-    from tasks.fixtures import swe
+    from prorl_celery.fakes import swe
     from tests.conftest import submit, wait
 
     use_llm(sif_service, "fake-oracle", ORACLE)

@@ -133,7 +133,7 @@ def test_digest_reference_and_concurrent_creates_share_one_pull(start_host, cach
 def test_missing_tag_unreachable_and_disallowed_registries_fail_typed(start_host, cache_dir,
                                                                       registry, python_image,
                                                                       redis_client):
-    from prorl_celery.procs import free_port
+    from prorl_celery.ops.procs import free_port
 
     dead = f"127.0.0.1:{free_port()}"
     host = image_host(start_host, cache_dir, PRORL_SANDBOX_REGISTRIES=f"{registry.host},{dead}",
@@ -261,7 +261,7 @@ def test_a_registry_that_never_answers_fails_the_pull_in_time(cache_dir):
 
 def test_a_known_tag_survives_its_registry_going_away(cache_dir, monkeypatch):
     from config.settings import get_settings
-    from prorl_celery.procs import free_port
+    from prorl_celery.ops.procs import free_port
 
     work = Path(tempfile.mkdtemp(prefix="prorl-test-registry2-"))
     second = LocalRegistry(work, free_port())

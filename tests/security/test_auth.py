@@ -13,7 +13,7 @@ import redis
 import requests
 
 from prorl_celery import keys
-from prorl_celery.procs import free_port
+from prorl_celery.ops.procs import free_port
 from tests.conftest import start_api
 
 
@@ -93,7 +93,7 @@ def test_token_is_required_and_checked(stack, tmp_path):
 def test_api_refuses_to_start_without_a_token_even_on_loopback(stack):
     env = {k: v for k, v in stack.env().items() if k != "PRORL_API_TOKEN"}
     for host in ("127.0.0.1", "0.0.0.0"):
-        done = subprocess.run([sys.executable, "-m", "prorl_celery.cli", "api", "--host", host,
+        done = subprocess.run([sys.executable, "-m", "prorl_celery.ops.cli", "api", "--host", host,
                                "--port", str(free_port())], env=env, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 2 and "PRORL_API_TOKEN" in done.stderr, (host, done.stderr)

@@ -171,7 +171,7 @@ _unittest.TestCase.run = _always_ok
 
 
 def _swe_job(api, stack, tmp_path, name: str, commands: list[str]) -> dict:
-    from tasks.fixtures import swe
+    from prorl_celery.fakes import swe
     from tests.conftest import submit, wait
 
     instance = swe.build("statkit", tmp_path / f"repos-{name}")
@@ -212,7 +212,7 @@ def test_swe_patch_touching_tests_or_infrastructure_is_flagged(api, stack, tmp_p
 
 
 def test_swe_honest_fix_still_resolves(api, stack, tmp_path):
-    from tasks.fixtures.swe import HERE
+    from prorl_celery.fakes.swe import HERE
 
     fixed = (HERE / "statkit" / "fixed" / "statkit" / "central.py").read_text()
     result = _swe_job(api, stack, tmp_path, "honest", [_write("statkit/central.py", fixed.rstrip("\n"))])

@@ -22,7 +22,7 @@ import requests
 from prorl_celery import keys
 from prorl_celery.errors import PolicyDenied, SandboxError
 from sandboxes.base import Limits
-from tasks.fixtures import swe
+from prorl_celery.fakes import swe
 from tests.conftest import REDIS_PORT, submit, wait
 from tests.rootfs import build_rootfs
 from tests.sandboxes.conftest import (REPO, needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401

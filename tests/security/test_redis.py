@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from prorl_celery import keys
-from prorl_celery.launcher import Stack, StackOptions
+from prorl_celery.ops.launcher import Stack, StackOptions
 from prorl_celery.statedir import UnsafeStateDir
 
 NOBODY = 65534

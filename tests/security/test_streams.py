@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from prorl_celery.procs import wait_for
+from prorl_celery.ops.procs import wait_for
 from tests.conftest import start_api
 
 TOTAL, PER_CLIENT = 300, 200

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from prorl_celery.fakes import DummySandbox, ScriptedPolicy
-from prorl_celery.llm.fake_server import make_server
+from prorl_celery.fakes.llm.server import make_server
 from prorl_celery.llm.generate import GenerateClient, build_prompt
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot

@@ -223,7 +223,7 @@ def test_test_lists_as_json_strings():
 def test_api_refuses_garbage_test_lists_naming_the_field(api):
     import requests
 
-    from tasks.fixtures import swe
+    from prorl_celery.fakes import swe
 
     instance = {"data_source": "swe", "instance_id": "x", "repo": "fixture/statkit", "problem_statement": "p",
                 "base_commit": "0" * 40, "test_patch": "", "FAIL_TO_PASS": "[not json", "PASS_TO_PASS": "[]"}

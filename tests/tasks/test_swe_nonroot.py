@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from tasks.fixtures import swe
+from prorl_celery.fakes import swe
 
 NOBODY = 65534
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def _up(workdir: Path, repos: Path) -> subprocess.Popen:
            "PRORL_SANDBOX_WARM": "0"}
     argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             _namespace_script(workdir / "stage"), "up",
-            sys.executable, "-m", "prorl_celery.cli", "up", "--port", "0", "--state-dir", str(workdir / "state"),
+            sys.executable, "-m", "prorl_celery.ops.cli", "up", "--port", "0", "--state-dir", str(workdir / "state"),
             "--concurrency", "init=2,run=2,eval=2,maint=1"]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -34,7 +34,7 @@ from flask import Flask, jsonify, request
 from werkzeug.serving import make_server
 
 from prorl_celery.integrations.nemo_gym import GYM_MODULES, patch_prorl_agent
-from tasks.fixtures import swe
+from prorl_celery.fakes import swe
 
 IM_START, IM_END = 1, 2
 ROLES = {"system": 3, "user": 4, "assistant": 5, "tool": 6}

@@ -1,37 +1,14 @@
-"""Child processes that die with their parent and are stopped as a whole process group."""
+"""Service parts as child processes that die with their parent and are stopped as a whole process group."""
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so every child is forked
-# from this one thread, which lives as long as the process.
-_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
-
-
-def spawn(*args, **kwargs) -> subprocess.Popen:
-    """``subprocess.Popen`` from the process's spawner thread: a child whose parent-death signal
-    is set (by a preexec, or by ``bwrap --die-with-parent``) dies with this process, not with
-    whichever short-lived thread happened to start it."""
-    return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
-
+from prorl_celery.spawn import die_with_parent, spawn
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
@@ -50,7 +27,7 @@ class Child:
     def start(self) -> "Child":
         log = open(self.log_path, "ab")
         self.popen = spawn(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                           stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                           stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         log.close()
         return self
 

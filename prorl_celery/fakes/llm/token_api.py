@@ -1,5 +1,5 @@
 """The fake LLM server's token-in/token-out endpoints, one per real server's API (test and demo
-tool; see :mod:`prorl_celery.llm.fake_server`):
+tool; see :mod:`prorl_celery.fakes.llm.server`):
 
 - vLLM ``POST /v1/completions`` with a token-id ``prompt``: ``max_tokens`` defaults to 16,
   ``logprobs`` (an int) gives OpenAI's ``{"tokens", "token_logprobs", ...}``, ``return_token_ids``
@@ -20,13 +20,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.llm import chatml, fake_llamacpp
-from prorl_celery.llm.fake_endpoints import (FINGERPRINT, HTTPError, llamacpp_error, llamacpp_max_tokens,
+from prorl_celery.llm import chatml
+
+from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
+from prorl_celery.fakes.llm.endpoints import (FINGERPRINT, HTTPError, llamacpp_error, llamacpp_max_tokens,
                                              llamacpp_probs, sglang_error, timings, vllm_error, vllm_max_tokens,
                                              vllm_usage)
 
 if TYPE_CHECKING:
-    from prorl_celery.llm.fake_server import FakeLLM
+    from prorl_celery.fakes.llm.server import FakeLLM
 
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none
 VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest / SamplingParams default

@@ -24,8 +24,8 @@ import requests
 
 from prorl_celery import keys
 from prorl_celery.ops import sizing
-from prorl_celery.procs import Child, free_port, wait_for
-from prorl_celery.redis_server import PASSWORD_ENV, redis_server_binary  # noqa: F401 - re-exported
+from prorl_celery.ops.procs import Child, free_port, wait_for
+from prorl_celery.ops.redis_server import PASSWORD_ENV, redis_server_binary  # noqa: F401 - re-exported
 from prorl_celery.statedir import make_private_dir, write_secrets
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,11 @@ class Stack:
 
     # -- the parts ------------------------------------------------------------------------
     def start_redis(self, port: int | None = None) -> None:
-        """The hardened private Redis (see :mod:`prorl_celery.redis_server`): password from the
+        """The hardened private Redis (see :mod:`prorl_celery.ops.redis_server`): password from the
         environment, dangerous commands off, run as an unprivileged user when this is root."""
         port = port or free_port()
         # fsync on every write: a job the API accepted survives even a kill -9 of Redis
-        argv = [sys.executable, "-m", "prorl_celery.redis_server", "--port", str(port),
+        argv = [sys.executable, "-m", "prorl_celery.ops.redis_server", "--port", str(port),
                 "--bind", self.options.redis_bind, "--dir", str(self.state_dir / "redis"),
                 "--appendfsync", "always" if self.options.persist else "no"]
         child = self._child("redis", argv, {**self.env(), PASSWORD_ENV: self.redis_password})
@@ -165,7 +165,7 @@ class Stack:
         # a fixed port too: restarted by the supervisor, the host keeps its address, so handles
         # of sandboxes lost with the old process get a clean "gone" instead of a dead address
         # the Redis URL (with its password) reaches the host through PRORL_REDIS_URL, not argv
-        child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "sandbox-host",
+        child = self._child(name, [sys.executable, "-m", "prorl_celery.ops.cli", "sandbox-host",
                                    "--host-id", host_id, "--port", str(free_port())])
         wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
                  child=child)
@@ -175,7 +175,7 @@ class Stack:
                        port: int | None = None) -> str:
         """Start a fake LLM server (test and demo tool); returns its base URL once it answers."""
         port = port or free_port()
-        child = self._child(name, [sys.executable, "-m", "prorl_celery.cli", "fake-llm",
+        child = self._child(name, [sys.executable, "-m", "prorl_celery.ops.cli", "fake-llm",
                                    "--port", str(port), *(extra_args or [])])
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _get_ok(f"{url}/health"), 30, f"{name} at {url}", child=child)
@@ -205,7 +205,7 @@ class Stack:
 
     def start_api(self) -> Child:
         port = self.options.port or free_port(self.options.host)
-        child = self._child("api", [sys.executable, "-m", "prorl_celery.cli", "api",
+        child = self._child("api", [sys.executable, "-m", "prorl_celery.ops.cli", "api",
                                     "--host", self.options.host, "--port", str(port)])
         shown = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host
         self.api_url = f"http://{shown}:{port}"

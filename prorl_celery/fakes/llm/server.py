@@ -7,7 +7,7 @@
 
 Serves ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` (tool calls, logprobs,
 ``return_token_ids``, ``tool_choice`` required/named forces a call; in vLLM's, llama.cpp's or
-SGLang's shape) and the token endpoints of :mod:`prorl_celery.llm.fake_token_api` (vLLM's
+SGLang's shape) and the token endpoints of :mod:`prorl_celery.fakes.llm.token_api` (vLLM's
 ``/v1/completions`` and ``/inference/v1/generate``, llama.cpp's ``/completion``, SGLang's
 ``/generate``, and the test-only ``fake`` dialect ``/generate`` with ``prompt_ids``), each with its
 server's defaults, context rule and error body, as recorded from the real servers
@@ -36,11 +36,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prorl_celery.llm import chatml
-from prorl_celery.llm.fake_endpoints import HTTPError, chat_completion, detokenize, models, tokenize
-from prorl_celery.llm.fake_token_api import ROUTES
-from prorl_celery.llm.fake_engine import BatchEngine, LatencyModel
-from prorl_celery.llm.fake_options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
-from prorl_celery.llm.fake_policies import Policy, load_policy
+from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
+from prorl_celery.fakes.llm.token_api import ROUTES
+from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
+from prorl_celery.fakes.llm.options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
+from prorl_celery.fakes.llm.policies import Policy, load_policy
 from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -288,6 +288,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m prorl_celery.llm.fake_server", description=BANNER)
+    _parser = argparse.ArgumentParser(prog="python -m prorl_celery.fakes.llm.server", description=BANNER)
     add_arguments(_parser)
     raise SystemExit(main(_parser.parse_args()))

@@ -1,6 +1,6 @@
 """The fake LLM server's chat endpoint and what its endpoints share: each real server's error body
-and context-window rule (see :mod:`prorl_celery.llm.fake_server`; token endpoints in
-:mod:`prorl_celery.llm.fake_token_api`).
+and context-window rule (see :mod:`prorl_celery.fakes.llm.server`; token endpoints in
+:mod:`prorl_celery.fakes.llm.token_api`).
 
 Chat (and the other shared OpenAI paths) answers in the shape of the server named by ``--flavor`` (``vllm``, ``llama.cpp`` or
 ``sglang``), as recorded from the real ones (``tests/fixtures/recorded``): vLLM's extra fields
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prorl_celery.llm import chatml
 
 if TYPE_CHECKING:
-    from prorl_celery.llm.fake_server import FakeLLM
+    from prorl_celery.fakes.llm.server import FakeLLM
 
 TOOL_PARSER_MISSING = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 REQUIRED_PARSER_MISSING = 'tool_choice="required" requires --tool-call-parser to be set'
@@ -124,7 +124,7 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
         max_tokens = llamacpp_max_tokens(fake, prompt, asked)
     else:
         if isinstance(asked, int) and asked > fake.max_model_len:
-            from prorl_celery.llm.fake_token_api import check_max_tokens
+            from prorl_celery.fakes.llm.token_api import check_max_tokens
 
             check_max_tokens(asked, fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, asked, None)
@@ -231,7 +231,7 @@ def timings(prompt: list[int], ids: list[int]) -> dict[str, Any]:
 def models(fake: FakeLLM) -> dict[str, Any]:
     """``GET /v1/models``: vLLM's card has ``max_model_len``, llama.cpp's ``meta.n_ctx``."""
     if fake.options.flavor == "llama.cpp":
-        from prorl_celery.llm import fake_llamacpp
+        from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
 
         return fake_llamacpp.models(fake)
     return {"object": "list", "data": [{"id": fake.model, "object": "model", "created": int(time.time()),

@@ -66,7 +66,7 @@ def _cmd_sandbox_host(args: argparse.Namespace) -> int:
 
 
 def _cmd_fake_llm(args: argparse.Namespace) -> int:
-    from prorl_celery.llm import fake_server
+    from prorl_celery.fakes.llm import server as fake_server
 
     return fake_server.main(args)
 
@@ -87,7 +87,7 @@ def _up_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from prorl_celery.launcher import Stack, StackOptions, masked
+    from prorl_celery.ops.launcher import Stack, StackOptions, masked
     from prorl_celery.ops.sizing import SizingError, parse_concurrency
     from prorl_celery.statedir import UnsafeStateDir
 
@@ -118,13 +118,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
               f"password; clients read it with PRORL_STATE_DIR={state_dir})", flush=True)
         if args.fake_llm or not (args.llm or args.no_fake_llm):
             url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64",
-                                                   "--policy", "oracle:tasks.fixtures.oracle:reply"])
+                                                   "--policy", "oracle:prorl_celery.fakes.oracle:reply"])
             print(f"llm     {url} (fake: test and demo tool) id={stack.register_llm(url)}", flush=True)
         for url in args.llm or []:
             print(f"llm     {url} id={stack.register_llm(url)}", flush=True)
         print("ready", flush=True)
         if args.demo:
-            from prorl_celery.demo import run_demo
+            from prorl_celery.ops.demo import run_demo
 
             run_demo(stack.api_url, stop, token=stack.api_token, work_dir=state_dir / "demo")
             if not args.stay:
@@ -164,7 +164,7 @@ def _print_live_workers() -> None:
         print(f"running workers: unknown (Redis: {type(exc).__name__})")
         return
     try:
-        from prorl_celery.report import worker_threads
+        from prorl_celery.workers import worker_threads
 
         live = worker_threads(timeout=1.0)
     except Exception as exc:  # noqa: BLE001 - no broker here: the plan above is all there is
@@ -191,7 +191,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     _load_secrets(args.state_dir)
     from prorl_celery.connections import get_store
-    from prorl_celery.report import render, snapshot
+    from prorl_celery.ops.report import render, snapshot
 
     snap = snapshot(get_store())
     print(json.dumps(snap, indent=2) if args.json else render(snap))
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_arguments(box)
     box.set_defaults(func=_cmd_sandbox_host)
 
-    from prorl_celery.llm import fake_server
+    from prorl_celery.fakes.llm import server as fake_server
 
     fake = sub.add_parser("fake-llm", help="serve a fake LLM (test and demo tool, runs no model)")
     fake_server.add_arguments(fake)

@@ -1,6 +1,6 @@
 """The service's own redis-server, hardened: one configuration for ``up``, the tests and Slurm.
 
-    PRORL_REDIS_PASSWORD=... python -m prorl_celery.redis_server --port 6379 --dir DIR [--bind ADDR]
+    PRORL_REDIS_PASSWORD=... python -m prorl_celery.ops.redis_server --port 6379 --dir DIR [--bind ADDR]
 
 replaces itself with redis-server, handing it the configuration on stdin. Why each piece:
 
@@ -75,7 +75,7 @@ def config_text(port: int, bind: str, password: str, redis_version: tuple[int, .
              *(f'rename-command {name} ""' for name in DANGEROUS_COMMANDS)]
     if redis_version >= (7,):
         lines += ["enable-module-command no", "enable-protected-configs no", "enable-debug-command no"]
-    return "# written by prorl_celery.redis_server at every start\n" + "\n".join(lines) + "\n"
+    return "# written by prorl_celery.ops.redis_server at every start\n" + "\n".join(lines) + "\n"
 
 
 def service_user() -> tuple[int, int] | None:
@@ -147,7 +147,7 @@ def serve(port: int, data_dir: Path, bind: str = "127.0.0.1", persist: str = "al
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prorl_celery.redis_server",
+    parser = argparse.ArgumentParser(prog="python -m prorl_celery.ops.redis_server",
                                      description="Run the service's hardened redis-server.")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dir", required=True, type=Path, help="data directory (the AOF)")

@@ -14,8 +14,8 @@ import requests
 
 
 def demo_jobs(work_dir: Path) -> list[dict]:
-    from tasks.fixtures import swe
-    from tasks.fixtures.tasks import MATH, STEM
+    from prorl_celery.fakes import swe
+    from prorl_celery.fakes.problems import MATH, STEM
 
     instances = [
         swe.build("statkit", work_dir),

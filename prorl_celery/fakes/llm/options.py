@@ -1,5 +1,5 @@
 """The fake LLM server's options: which real server's behaviour it reproduces where they differ,
-and its command line (see :mod:`prorl_celery.llm.fake_server`)."""
+and its command line (see :mod:`prorl_celery.fakes.llm.server`)."""
 from __future__ import annotations
 
 import argparse
