@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,8 @@ from sandboxes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.image_cache import ImageLease, open_image
 from sandboxes.runtimes.images import is_reference
 from sandboxes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
-from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV, PersistentShell, shell_quote, shell_warm_spec
+from sandboxes.shell import (DEFAULT_ARGV, NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
+                             shell_warm_spec, trusted_argv)
 from sandboxes.uids import UidLease, lease_uid
 from sandboxes.workspace import Workspace, WorkspaceFiles
 
@@ -132,13 +132,9 @@ class BwrapShell(PersistentShell):
     def shell_pid(self) -> int | None:
         return self._bash_pid or self.pid
 
-    def _export(self, env: dict[str, str]) -> None:
-        if not env:
-            return
-        line = " && ".join(f"export {name}={shell_quote(value)}" for name, value in env.items())
-        out, state = self._roundtrip(line, time.monotonic() + 30, phase="start", raw=True)
-        if state != "marker" or out.status != 0:
-            raise OSError(f"could not export the sandbox's environment ({state})")
+    def _start_commands(self) -> list[str]:
+        exports = [f"builtin export {name}={shell_quote(value)}" for name, value in self.inner_env.items()]
+        return exports + super()._start_commands()
 
     def adopt(self, env, limits, cwd) -> None:
         """As :meth:`PersistentShell.adopt`, but the variables are kept for the shell inside
@@ -160,10 +156,8 @@ class BwrapShell(PersistentShell):
             self._init_fd = os.pidfd_open(self._init_pid)
         except OSError:  # kernel < 5.3: signal by pid while the outer bwrap still runs
             self._init_fd = None
-        if self.network:  # before anything but ':' ran in it: not usable without its network
+        if self.network:  # before any command ran in it: not usable without its network
             self.net = attach(self._init_pid, self._init_fd)
-        self._export(self.inner_env)
-        super()._started()
 
     def _kill_command(self) -> list[int]:
         if self._init_pid is None:
@@ -294,7 +288,7 @@ class BwrapSandbox(WorkspaceFiles):
             self.workdir = self._workdir(spec.workdir)
             if spec.network:
                 require_network()
-            argv = bwrap_argv(self.config, workspace_dir=host_dir, workdir=self.workdir,
+            argv = bwrap_argv(self._shell_config(rootfs), workspace_dir=host_dir, workdir=self.workdir,
                               network=spec.network, root=root_entries(rootfs, self.config.host_paths),
                               image=rootfs, uid=uid, env=self._env(),
                               resolv=resolv_conf() if spec.network and _has_resolv(rootfs) else None)
@@ -309,6 +303,14 @@ class BwrapSandbox(WorkspaceFiles):
     @classmethod
     def available(cls) -> bool:
         return bwrap_works()
+
+    def _shell_config(self, rootfs: str | None) -> BwrapConfig:
+        """The config with the execute-only bash as the shell where the sandbox sees the host's
+        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.shell`)."""
+        top = "/" + TRUSTED_BASH.split("/")[1]
+        if rootfs or top not in self.config.host_paths:
+            return self.config
+        return self.config.model_copy(update={"shell": trusted_argv(self.config.shell)})
 
     def _workdir(self, workdir: str | None) -> str:
         mount = self.config.mount

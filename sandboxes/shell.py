@@ -10,10 +10,14 @@ the output is everything on stdout until then. So a redefined ``printf``/``built
 ``enable -n``, traps, ``PROMPT_COMMAND``, ``exec`` of another shell or a printed fake marker
 change only the subshell. What is left is reaching the parent from outside: ``/proc/<ppid>/fd``,
 ``/proc/<ppid>/mem`` or ptrace, all of which need the parent to be dumpable. Where the host can
-make one (:func:`trusted_bash`), the parent re-executes an execute-only copy of bash owned by root,
-which makes it non-dumpable for a sandbox without ``CAP_SYS_PTRACE``; a ``local`` shell run as
-root, or a bwrap image without that copy, stays dumpable (``status_channel`` says which).
+make one (:func:`trusted_bash`), a runtime that runs its sandbox as another user starts the
+parent from an execute-only copy of bash owned by root (:func:`trusted_argv`), which makes it
+non-dumpable for a sandbox without ``CAP_SYS_PTRACE``; a ``local`` shell (the host's own user),
+or a bwrap image without that copy, stays dumpable (``status_channel`` says which).
 Killing the parent yields no status (``exit_code`` None), never a forged one.
+
+Starting costs one round trip: the parent sources its setup script from a pipe in one read
+(bash reads its stdin a byte at a time) and runs the runtime's own commands (exports, limits).
 
 The runtime supplies the argv (``bash`` locally, ``bwrap ... bash`` or ``singularity exec ...
 bash``), so the shell never knows how it is isolated.
@@ -117,6 +121,24 @@ _REBASE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PW
 STATE_SUFFIXES = (".0", ".1", ".e", ".x")
 
 
+def _setup_script(state_name: str, status_fd: int) -> str:
+    """What the parent sources first: its state files (made by a subshell, which also finds out
+    whether another process of the sandbox's user can reach the parent's fds), the dump trap,
+    the runner and the rebase as variables. Its status is nonzero if the state files could not
+    be made."""
+    return f"""__prorl_B=${{TMPDIR:-/tmp}}; [[ -d /dev/shm && -w /dev/shm ]] && __prorl_B=/dev/shm
+__prorl_B="$__prorl_B/{state_name}"; __prorl_S="$__prorl_B.0" __prorl_N="$__prorl_B.1"
+(builtin umask 077; builtin set -C
+ for f in "$__prorl_B"{{.0,.1,.e,.x}}; do : >"$f" || builtin exit 1; done
+ {{ builtin read -r -n0 </proc/$$/environ; }} 2>/dev/null || builtin exit 2)
+case $? in 0) __prorl_D=dumpable;; 2) __prorl_D=non-dumpable;; *) __prorl_D=;; esac
+__prorl_T={shell_quote(_DUMP_TRAP)}
+__prorl_R={shell_quote(_runner(status_fd))}
+__prorl_Z={shell_quote(_REBASE)}
+[[ -n $__prorl_D ]]
+"""
+
+
 def trusted_bash() -> str | None:
     """An execute-only copy of bash owned by this (root) process: a bash exec'd from a file its
     user cannot read is not dumpable, so nothing in the sandbox can open its fds or memory."""
@@ -137,6 +159,12 @@ def trusted_bash() -> str | None:
         log.warning("no execute-only bash at %s (%s): shell parents stay dumpable", TRUSTED_BASH, exc)
         return None
     return TRUSTED_BASH
+
+
+def trusted_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``bash`` replaced by :func:`trusted_bash` where the host has that copy."""
+    trusted = os.path.basename(argv[0]) == "bash" and trusted_bash()
+    return [trusted, *argv[1:]] if trusted else list(argv)
 
 
 def shell_warm_spec(spec):
@@ -187,9 +215,8 @@ class PersistentShell:
         self._state_name = f"prorl-shell.{secrets.token_hex(8)}"
         self._status_fd: int | None = None
         self._state_base = ""  # where the shell keeps its state files (for a local shell, host paths)
-        self._status_w = -1
+        self._status_w = self._setup_fd = -1
         self.status_channel = "unknown"
-        self._trusted = trusted_bash()
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
         self._running = False
@@ -223,34 +250,16 @@ class PersistentShell:
         die_with_parent()  # last: a change of uid in the preexec would clear it
 
     def _start(self, cwd: str) -> None:
-        # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
-        # on a big host), so parent death is the guardian's business unless the caller brings one.
-        preexec = self._preexec if self._preexec_fn is not None else None
-        status_r, status_w = os.pipe()
-        try:
-            self._proc = spawn(
-                self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0,
-                pass_fds=(status_w,))
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
-        self._status_fd, self._status_w, self._status_buf, self._token = status_r, status_w, b"", b""
-        if self._guarded and preexec is None:
-            guardian().hold(self._proc.pid)
-        self._fd = self._proc.stdout.fileno()
-        out, state = self._roundtrip(self._setup_command(), time.monotonic() + START_TIMEOUT_S,
-                                     phase="start", raw=True, info='"$__prorl_D $__prorl_B"')
+        self._spawn(cwd)
+        line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && builtin exec {self._setup_fd}<&-",
+                            *self._start_commands()])
+        out, state = self._roundtrip(line, time.monotonic() + START_TIMEOUT_S, phase="start",
+                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"')
         if state == "marker" and out.status != 0:
             state = f"setup failed (status {out.status})"
-        dumpable, _, self._state_base = (out.pwd or "").partition(" ")
-        self.status_channel = f"status pipe, parent {dumpable}" if state == "marker" else "unknown"
-        if state == "marker":
-            out, state = self._roundtrip(":", time.monotonic() + START_TIMEOUT_S, phase="start", raw=True)
         if state == "marker":
             try:
+                self._took_setup(out.pwd or "")
                 self._started()
                 return
             except OSError as exc:
@@ -259,29 +268,55 @@ class PersistentShell:
         self._reap()
         raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
 
-    def _setup_command(self) -> str:
-        """The parent's first lines: become the execute-only bash if there is one (bash reads a
-        pipe a byte at a time, so the new image reads on from the next line), make the state
-        directory, and find out whether another process can reach the parent's fds."""
-        trusted = (f"builtin shopt -s execfail; [ -x {self._trusted} ] && "
-                   f"builtin exec {self._trusted} --noprofile --norc\n") if self._trusted else ""
-        return (f"{trusted}__prorl_B=${{TMPDIR:-/tmp}}; [[ -d /dev/shm && -w /dev/shm ]] && "
-                f"__prorl_B=/dev/shm; __prorl_B=\"$__prorl_B/{self._state_name}\"; "
-                "__prorl_S=\"$__prorl_B.0\" __prorl_N=\"$__prorl_B.1\"; (builtin umask 077; builtin set -C; "
-                "for f in \"$__prorl_B\"{.0,.1,.e,.x}; do : >\"$f\" || builtin exit 1; done) && "
-                "if (builtin read -r -n0 </proc/$$/environ) 2>/dev/null; then __prorl_D=dumpable; "
-                "else __prorl_D=non-dumpable; fi; "
-                f"__prorl_T={shell_quote(_DUMP_TRAP)} __prorl_R={shell_quote(_runner(self._status_w))} "
-                f"__prorl_Z={shell_quote(_REBASE)}")
+    def _spawn(self, cwd: str) -> None:
+        """Start the parent with its status pipe's write end and a pipe holding its setup
+        script (:func:`_setup_script`), which it sources in one read: bash reads commands from
+        its stdin a byte at a time."""
+        # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
+        # on a big host), so parent death is the guardian's business unless the caller brings one.
+        preexec = self._preexec if self._preexec_fn is not None else None
+        status_r, status_w = os.pipe()
+        init_r, init_w = os.pipe()
+        try:
+            try:
+                os.write(init_w, _setup_script(self._state_name, status_w).encode())  # < 64 KiB
+            finally:
+                os.close(init_w)
+            os.fchmod(init_r, 0o444)  # bash reopens it by /dev/fd as the sandbox's user, not ours
+            self._proc = spawn(
+                self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0,
+                pass_fds=(status_w, init_r))
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+            os.close(init_r)
+        self._status_fd, self._status_w, self._status_buf, self._token = status_r, status_w, b"", b""
+        self._setup_fd = init_r
+        if self._guarded and preexec is None:
+            guardian().hold(self._proc.pid)
+        self._fd = self._proc.stdout.fileno()
+
+    def _took_setup(self, info: str) -> None:
+        """The setup's answer: "<dumpable|non-dumpable> <state base> <cwd>"; the state base
+        ends in this shell's own state name, so a space in it (TMPDIR) does not confuse."""
+        dumpable, _, rest = info.partition(" ")
+        base, found, cwd = rest.partition(f"/{self._state_name} ")
+        if not found or not cwd:
+            raise OSError(f"unexpected setup answer {info!r}")
+        self._state_base, self.cwd = f"{base}/{self._state_name}", cwd
+        self.status_channel = f"status pipe, parent {dumpable}"
+
+    def _start_commands(self) -> list[str]:
+        """The host's own commands run in the parent at start, in the setup's round trip (a
+        runtime adds its exports): the shell limits itself, and so all it starts."""
+        command = self.limits and ulimit_command(self.limits)
+        return [command] if command else []
 
     def _started(self) -> None:
-        """Runs once the shell answered: the shell limits itself (and so all it starts)."""
-        command = self.limits and ulimit_command(self.limits)
-        if command:
-            out, state = self._roundtrip(command, time.monotonic() + START_TIMEOUT_S, phase="start",
-                                         raw=True)
-            if state != "marker" or out.status != 0:
-                raise OSError(f"could not set limits ({state}): {out.text()[-500:]!r}")
+        """Runs once the shell answered (a runtime checks its process tree here)."""
 
     def _kill_command(self) -> list[int]:
         """SIGKILL what the current command started: the shell's descendants, and what left
