@@ -18,7 +18,8 @@ from sandboxes.base import SandboxSpec
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler, final_answer
 
-RUNNER = Path(__file__).resolve().parent.parent / "verify" / "code_runner.py"
+VERIFY = Path(__file__).resolve().parent.parent / "verify"
+RUNNER_FILES = ("code_runner.py", "code_proxy.py")  # the judge and the solution's side, side by side
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 SYSTEM = ("Write a Python solution to the task. You can test it in the sandbox with the bash and "
           "str_replace_editor tools. When it is ready, call submit with the complete solution source "
@@ -95,7 +96,8 @@ def run_tests(ctx: StageContext, code: str, tests: dict[str, Any]) -> dict[str, 
     box = ctx.open_sandbox(spec)
     nonce = secrets.token_hex(16)
     box.write_file("solution.py", code.encode())
-    box.write_file("code_runner.py", RUNNER.read_bytes())
+    for name in RUNNER_FILES:
+        box.write_file(name, (VERIFY / name).read_bytes())
     box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6,
                                             "nonce": nonce}).encode())
     out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
