@@ -73,6 +73,11 @@ def llm_sticky(job_id: str) -> str:
     return f"{PREFIX}:llm:sticky:{job_id}"
 
 
+def llm_sessions(backend_id: str) -> str:
+    """Sorted set: job id -> last call (ms) of each live rollout whose prefix the backend holds."""
+    return f"{PREFIX}:llm:sessions:{backend_id}"
+
+
 def llm_probe_lock(backend_id: str) -> str:
     """String with a TTL: held by whoever is probing a quarantined backend right now."""
     return f"{PREFIX}:llm:probe:{backend_id}"

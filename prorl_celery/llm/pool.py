@@ -1,6 +1,6 @@
 """``LLMPool.generate``: the one entry point the agent loop calls for a turn.
 
-It picks a backend (least loaded, sticky per job), holds an in-flight lease for the call, retries
+It picks a backend (``routing``: session affinity per job, priced by measured speed), holds an in-flight lease for the call, retries
 failed calls on other backends with backoff (quarantining the backend that failed), waits while
 every backend is draining, and aborts the HTTP call as soon as ``should_stop()`` says so.
 """
@@ -120,6 +120,11 @@ class LLMPool:
                 self.router.release(slot, "ok")
                 return turn.model_copy(update={"attempts": attempts, "started_at": started,
                                                "latency_s": time.monotonic() - t0})
+
+    def end_rollout(self, job_id: str) -> None:
+        """Rollout ``job_id`` made its last call: its backend stops counting it as a session (its
+        cached prefix is dead), so new rollouts fill that room at once."""
+        self.router.end_session(job_id)
 
     def _call(self, slot: Slot, request: LLMRequest, stop: Callable[[], bool]) -> Turn:
         timeout = request.timeout_s or get_settings().llm_call_timeout_s

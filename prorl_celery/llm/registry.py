@@ -1,8 +1,10 @@
 """The backend registry in Redis, shared by every worker and the API.
 
 Per backend: a hash (``keys.llm_backend``) with address, protocol, capacity, status, weight
-version and counters, and a sorted set (``keys.llm_inflight``) of in-flight request leases whose
-scores are their expiry times: the live in-flight count is the number of unexpired members.
+version, counters and measured seconds per turn (``turn_s``), a sorted set (``keys.llm_inflight``)
+of in-flight request leases whose scores are their expiry times (the live in-flight count is the
+number of unexpired members), and a sorted set of its rollouts' sessions (``keys.llm_sessions``, see
+``routing``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from prorl_celery.llm.models import Backend, BackendSpec, BackendStatus
 _ADD = """
 local created = redis.call('SADD', KEYS[1], ARGV[1])
 if created == 1 then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[4])
   redis.call('HSET', KEYS[2], 'id', ARGV[1], 'status', 'active', 'served', 0, 'failures', 0,
              'consecutive_failures', 0, 'added_at', ARGV[2], 'status_since', ARGV[2],
              'protocol', ARGV[3], 'capacity', ARGV[4])
@@ -86,15 +88,15 @@ class BackendRegistry:
                 fields[name] = value.value if name in ("protocol", "dialect") else value
         argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
         argv += [item for pair in fields.items() for item in pair]
-        created = self.redis.eval(_ADD, 3, keys.llm_backends(), keys.llm_backend(bid),
-                                  keys.llm_inflight(bid), *argv)
+        created = self.redis.eval(_ADD, 4, keys.llm_backends(), keys.llm_backend(bid),
+                                  keys.llm_inflight(bid), keys.llm_sessions(bid), *argv)
         return self.get(bid), bool(created)
 
     def remove(self, bid: str) -> None:
         """Forget the backend; its in-flight requests lose their leases and retry elsewhere."""
         pipe = self.redis.pipeline()
         pipe.srem(keys.llm_backends(), bid)
-        pipe.delete(keys.llm_backend(bid), keys.llm_inflight(bid))
+        pipe.delete(keys.llm_backend(bid), keys.llm_inflight(bid), keys.llm_sessions(bid))
         if not pipe.execute()[0]:
             raise UnknownBackend(bid)
 

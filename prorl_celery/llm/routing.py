@@ -1,16 +1,29 @@
-"""Choosing a backend for one request, atomically in Redis.
+"""Choosing a backend for one request, atomically in Redis: session affinity priced by measured speed.
 
-One Lua script drops expired in-flight leases, computes each eligible active backend's load
-(in-flight / capacity), keeps the rollout on its sticky backend unless that one is overloaded
-(load above ``factor`` x the least load *and* above it by ``margin``), otherwise takes the least
-loaded (a random one among ties), adds the request's lease and records stickiness.
+Each rollout (job id) is a *session* of the backend that served its last turn: that backend holds
+its prompt's prefix in its cache, and the next prompt extends it. Per backend, Redis keeps the
+in-flight leases, the live sessions (``keys.llm_sessions``; dropped when the rollout ends or after
+``llm_session_idle_s``) and a measured speed: the EWMA of a turn's latency divided by the load it
+met (``turn_s``, seconds per turn per session), updated on every successful release.
+
+One Lua script per acquire:
+
+- a new rollout goes where its turn is predicted to finish first, ``(load + 1) x turn_s`` with
+  load = max(sessions, in flight), among backends with a free batch slot (a new backend, with no
+  sessions, is filled by new rollouts first); an unmeasured backend is guessed from the best
+  measured one scaled by capacity;
+- a rollout stays on its backend unless its turn would queue there beyond the batch capacity for
+  longer than re-prefilling its prompt costs on a backend with a free slot
+  (``llm_sticky_reprefill_turns`` x that backend's ``turn_s``): in a saturated pool, moving a
+  rollout only adds prefill work, so it pays only against a queue;
+- the chosen backend gets the request's lease and the session.
 """
 from __future__ import annotations
 
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -20,48 +33,71 @@ from prorl_celery.llm.models import Dialect, Protocol
 from prorl_celery.llm.transport import HeldLease
 
 STICKY_TTL_S = 6 * 3600
+TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
 
 _ACQUIRE = """
 local now, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local want, factor, margin, r = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local sticky_ttl, bprefix, iprefix, use_sticky = ARGV[8], ARGV[9], ARGV[10], ARGV[11] == '1'
-local best, best_load, loads = {}, nil, {}
+local want, reprefill, r, sticky_ttl = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local bprefix, iprefix, sprefix, job, idle_ms = ARGV[8], ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
+local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol')
+  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s')
   if f[1] and (want == '' or f[3] == want) then
     if f[1] == 'active' then
-      local ik = iprefix .. id
+      local ik, sk = iprefix .. id, sprefix .. id
       redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
-      local load = redis.call('ZCARD', ik) / math.max(tonumber(f[2]) or 1, 1)
-      loads[id] = load
-      if best_load == nil or load < best_load - 1e-9 then
-        best, best_load = {id}, load
-      elseif load <= best_load + 1e-9 then
-        table.insert(best, id)
-      end
+      redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - idle_ms)
+      local sessions = redis.call('ZCARD', sk)
+      if job ~= '' and redis.call('ZSCORE', sk, job) then sessions = sessions - 1 end
+      local c = math.max(tonumber(f[2]) or 1, 1)
+      table.insert(ids, id)
+      cap[id], inflight[id] = c, redis.call('ZCARD', ik)
+      load[id] = math.max(sessions, inflight[id])
+      turn[id] = tonumber(f[4])
+      if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
     else
       seen[f[1]] = true
     end
   end
 end
-if best_load == nil then
+if #ids == 0 then
   if seen.draining then return {'draining'} end
   if seen.quarantined then return {'quarantined'} end
   return {'none'}
 end
-table.sort(best)
-local chosen = best[math.min(math.floor(r * #best) + 1, #best)]
-local sticky = use_sticky and redis.call('GET', KEYS[2])
-if sticky and loads[sticky] then
-  local ls = loads[sticky]
-  if not (ls > factor * best_load and ls - best_load > margin) then chosen = sticky end
+table.sort(ids)
+for _, id in ipairs(ids) do turn[id] = turn[id] or (per_slot or 1) / cap[id] end
+local best, best_eta = {}, nil
+for pass = 1, 2 do  -- first among backends with a free slot, else among all
+  for _, id in ipairs(ids) do
+    if pass == 2 or load[id] < cap[id] then
+      local eta = (load[id] + 1) * turn[id]
+      if best_eta == nil or eta < best_eta * (1 - 1e-9) then
+        best, best_eta = {id}, eta
+      elseif eta <= best_eta * (1 + 1e-9) then
+        table.insert(best, id)
+      end
+    end
+  end
+  if best_eta then break end
 end
+local chosen = best[math.min(math.floor(r * #best) + 1, #best)]
+local sticky = job ~= '' and redis.call('GET', KEYS[2])
+if sticky and cap[sticky] and sticky ~= chosen then
+  local queued = inflight[sticky] + 1 - cap[sticky]
+  local pays = queued > 0 and inflight[chosen] < cap[chosen] and queued * turn[sticky] > reprefill * turn[chosen]
+  if not pays then chosen = sticky end
+end
+if sticky and sticky ~= chosen then redis.call('ZREM', sprefix .. sticky, job) end
 redis.call('ZADD', iprefix .. chosen, now + lease_ms, token)
-if use_sticky then redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl) end
+if job ~= '' then
+  redis.call('ZADD', sprefix .. chosen, now, job)
+  redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
+end
 local h = redis.call('HMGET', bprefix .. chosen, 'address', 'protocol', 'model', 'weight_version',
                      'max_model_len', 'tokenizer', 'api_key', 'dialect', 'logprobs_mode')
-return {'ok', chosen, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]}
+return {'ok', chosen, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], tostring(load[chosen])}
 """
 
 _RELEASE = """
@@ -70,12 +106,22 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   if ARGV[2] == 'ok' then
     redis.call('HINCRBY', KEYS[2], 'served', 1)
     redis.call('HSET', KEYS[2], 'consecutive_failures', 0)
+    local sample, old = tonumber(ARGV[3]), tonumber(redis.call('HGET', KEYS[2], 'turn_s'))
+    local w = tonumber(ARGV[4])
+    redis.call('HSET', KEYS[2], 'turn_s', old and old + w * (sample - old) or sample)
   elseif ARGV[2] == 'failed' then
     redis.call('HINCRBY', KEYS[2], 'failures', 1)
     redis.call('HINCRBY', KEYS[2], 'consecutive_failures', 1)
   end
 end
 return removed
+"""
+
+_END = """
+local backend = redis.call('GET', KEYS[1])
+if backend then redis.call('ZREM', ARGV[1] .. backend, ARGV[2]) end
+redis.call('DEL', KEYS[1])
+return backend
 """
 
 
@@ -94,6 +140,8 @@ class Slot:
     lease: HeldLease | None = None
     dialect: Dialect | None = None
     logprobs_mode: str | None = None
+    load: int = 0  # sessions (or requests in flight) the backend had besides this one when chosen
+    acquired_at: float = field(default_factory=time.monotonic)
 
 
 class Router:
@@ -104,28 +152,36 @@ class Router:
         self.redis = client
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
+        self._end = client.register_script(_END)
 
     def acquire(self, job_id: str | None, protocol: Protocol | None = None,
                 lease_s: float | None = None) -> Slot | str:
         settings = get_settings()
         lease_s = lease_s or settings.llm_lease_s
         token = uuid.uuid4().hex
-        args = [int(time.time() * 1000), int(lease_s * 1000), token,
-                protocol.value if protocol else "", settings.llm_sticky_overload_factor,
-                settings.llm_sticky_overload_margin, random.random(), STICKY_TTL_S,
-                keys.llm_backend(""), keys.llm_inflight(""), "1" if job_id else "0"]
+        args = [int(time.time() * 1000), int(lease_s * 1000), token, protocol.value if protocol else "",
+                settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
+                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000)]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-")], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
-        bid, address, proto, model, version, max_len, tokenizer, api_key, dialect, lp_mode = (
-            None if v is None else v.decode() for v in reply[1:11])
+        bid, address, proto, model, version, max_len, tokenizer, api_key, dialect, lp_mode, load = (
+            None if v is None else v.decode() for v in reply[1:12])
         return Slot(bid, address, Protocol(proto or "chat"), model, version,
                     int(max_len) if max_len else None, tokenizer, api_key,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s),
-                    Dialect(dialect) if dialect else None, lp_mode)
+                    Dialect(dialect) if dialect else None, lp_mode, int(load or 0))
 
     def release(self, slot: Slot, outcome: str) -> None:
-        """``outcome``: ok (counts as served), failed (counts as a failure) or aborted."""
+        """``outcome``: ok (counts as served, and its latency per session of load updates the
+        backend's measured speed), failed (counts as a failure) or aborted."""
         assert slot.lease is not None
+        per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
         self._release(keys=[slot.lease.key, keys.llm_backend(slot.backend_id)],
-                      args=[slot.lease.token, outcome])
+                      args=[slot.lease.token, outcome, per_turn, TURN_EWMA])
+
+    def end_session(self, job_id: str) -> str | None:
+        """The rollout is over: its backend stops counting it and its affinity is forgotten.
+        Returns the backend it was on, if any."""
+        found = self._end(keys=[keys.llm_sticky(job_id)], args=[keys.llm_sessions(""), job_id])
+        return found.decode() if found else None

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from prorl_celery import keys
 from prorl_celery.errors import BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
 from prorl_celery.llm.control import drain, resume
@@ -72,6 +73,8 @@ def test_new_backend_gets_a_fair_share_under_load(pool, fake_llms):
         while not stop.is_set():
             turn = pool.generate(f"w{i}-{k // 3}", ask(tokens=10))  # 3 turns per rollout
             seen.append((time.monotonic(), turn.backend_id))
+            if k % 3 == 2:
+                pool.end_rollout(f"w{i}-{k // 3}")
             k += 1
 
     with ThreadPoolExecutor(12) as ex:
@@ -87,6 +90,24 @@ def test_new_backend_gets_a_fair_share_under_load(pool, fake_llms):
     share = after.count(new_id) / len(after)
     assert len(after) > 60
     assert 0.2 < share < 0.55, share  # fair is 1/3; the reference's heap would send it everything
+
+
+def test_faster_backend_holds_more_rollouts_and_none_moves(pool, fake_llms):
+    """Speeds 1 and 0.25 behind equal capacities: the measured speed, not the capacity, decides
+    where new rollouts go, and a rollout stays where its prefix is (no queue forces it out)."""
+    fast_proc, slow_proc = fake_llms(2, latency="step_s=0.01,capacity=8", speeds=[1.0, 0.25])
+    fast, slow = add(pool, fast_proc, capacity=8), add(pool, slow_proc, capacity=8)
+    turns: list[list] = []
+    with ThreadPoolExecutor(6) as ex:
+        for batch in range(3):
+            jobs = [f"speed-{batch}-{i}-{time.monotonic_ns()}" for i in range(6)]
+            turns += ex.map(lambda job: rollout(pool, job, 3, tokens=10), jobs)
+            for job in jobs:
+                pool.end_rollout(job)
+    assert all(len({t.backend_id for t in rollout_turns}) == 1 for rollout_turns in turns)  # never moved
+    late = [rollout_turns[0].backend_id for rollout_turns in turns[6:]]  # once both are measured
+    assert late.count(fast) >= 2 * late.count(slow), (late.count(fast), late.count(slow))
+    assert pool.redis.zcard(keys.llm_sessions(fast)) == pool.redis.zcard(keys.llm_sessions(slow)) == 0
 
 
 def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):

@@ -1,4 +1,5 @@
-"""Registry and selection in Redis: load relative to capacity, ties, stickiness, lease expiry."""
+"""Registry and selection in Redis: load relative to capacity, ties, measured speed, session
+affinity and its end, lease expiry."""
 from __future__ import annotations
 
 import collections
@@ -12,6 +13,8 @@ import uuid
 
 import pytest
 
+from config.settings import get_settings
+from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownBackend
 from prorl_celery.llm import BackendSpec, BackendStatus
 from prorl_celery.llm.routing import Slot
@@ -49,48 +52,101 @@ def test_ties_spread_over_backends(pool):
     held = [pool.router.acquire(None) for _ in range(4)]
     assert {s.backend_id for s in held} == ids  # least loaded: one each
     for slot in held:
-        pool.router.release(slot, "ok")
+        pool.router.release(slot, "aborted")  # not "ok": no latency measured, so still alike
     used = collections.Counter()
-    for _ in range(80):  # all idle: a random one of the tied backends each time
+    for _ in range(80):  # all idle and unmeasured: a random one of the tied backends each time
         slot = pool.router.acquire(None)
         used[slot.backend_id] += 1
-        pool.router.release(slot, "ok")
+        pool.router.release(slot, "aborted")
     assert set(used) == ids and min(used.values()) >= 5
 
 
-def test_sticky_per_job_unless_overloaded(pool):
+def test_measured_faster_backend_gets_the_new_rollouts(pool):
+    fast = add(pool, "http://10.0.0.1:1", capacity=8)
+    slow = add(pool, "http://10.0.0.2:1", capacity=8)
+    pool.registry.set_fields(fast, turn_s=0.1)
+    pool.registry.set_fields(slow, turn_s=0.4)  # seconds per turn per session, as releases measure
+    slots = [pool.router.acquire(f"new-{uuid.uuid4().hex}") for _ in range(10)]
+    counts = collections.Counter(s.backend_id for s in slots)
+    # (n + 1) x 0.1 <= 0.4 while n <= 3, then the slow one takes one per four of the fast one's
+    assert counts == {fast: 8, slow: 2}, counts
+    for slot in slots:
+        pool.router.release(slot, "aborted")
+
+
+def test_release_measures_seconds_per_turn_per_session(pool):
+    bid = add(pool, "http://10.0.0.1:1", capacity=8)
+    others = [pool.router.acquire(f"other-{uuid.uuid4().hex}") for _ in range(3)]
+    slot = pool.router.acquire(f"job-{uuid.uuid4().hex}")
+    assert slot.load == 3  # three other sessions on it when chosen
+    time.sleep(0.4)
+    pool.router.release(slot, "ok")
+    turn_s = float(pool.redis.hget(keys.llm_backend(bid), "turn_s"))
+    assert 0.1 <= turn_s < 0.2, turn_s  # 0.4 s over 4 sessions
+    for other in others:
+        pool.router.release(other, "failed")  # a failure measures nothing
+    assert float(pool.redis.hget(keys.llm_backend(bid), "turn_s")) == turn_s
+
+
+def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     a = add(pool, "http://10.0.0.1:1", capacity=4)
     b = add(pool, "http://10.0.0.2:1", capacity=4)
+    for bid in (a, b):
+        pool.registry.set_fields(bid, turn_s=0.1)
     job = f"rollout-{uuid.uuid4().hex}"
     first = pool.router.acquire(job)
-    pool.router.release(first, "ok")
+    pool.router.release(first, "aborted")
     for _ in range(20):  # equal loads: always back to the backend of the previous turn
         slot = pool.router.acquire(job)
         assert slot.backend_id == first.backend_id
-        pool.router.release(slot, "ok")
+        pool.router.release(slot, "aborted")
     sticky, other = (a, b) if first.backend_id == a else (b, a)
 
-    def load(backend_id: str, n: int) -> list[Slot]:
-        """n leases on ``backend_id`` (the other backend drains meanwhile)."""
-        away = other if backend_id == sticky else sticky
-        pool.registry.set_status(away, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
-        slots = [pool.router.acquire(f"filler-{uuid.uuid4().hex}") for _ in range(n)]
-        pool.registry.set_status(away, BackendStatus.ACTIVE, [BackendStatus.DRAINING])
-        assert {s.backend_id for s in slots} == {backend_id}
+    def load(n: int) -> list[Slot]:
+        """n more leases on the sticky backend (the other one drains meanwhile)."""
+        pool.registry.set_status(other, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
+        slots = [pool.router.acquire(None) for _ in range(n)]
+        pool.registry.set_status(other, BackendStatus.ACTIVE, [BackendStatus.DRAINING])
+        assert {s.backend_id for s in slots} == {sticky}
         return slots
 
-    held = load(sticky, 1)  # 1/4 vs 0/4: a little busier is not overloaded
+    # a turn queued behind q requests waits about q turns; re-prefilling elsewhere costs
+    # llm_sticky_reprefill_turns turns of the other backend, which is as fast
+    reprefill = get_settings().llm_sticky_reprefill_turns
+    full = int(4 + reprefill - 1)  # in flight at which the job's turn queues exactly `reprefill` deep
+    held = load(3)  # 3/4 against an idle 0/4: its batch still has a slot, so it stays
     slot = pool.router.acquire(job)
     assert slot.backend_id == sticky
-    pool.router.release(slot, "ok")
-    held += load(sticky, 2)  # 3/4 vs 0/4: overloaded, the rollout spills to the other one
-    moved = pool.router.acquire(job)
+    pool.router.release(slot, "aborted")
+    held += load(full - 3)
+    slot = pool.router.acquire(job)  # queued as deep as a re-prefill costs: still not worth moving
+    assert slot.backend_id == sticky
+    pool.router.release(slot, "aborted")
+    held += load(1)
+    moved = pool.router.acquire(job)  # one deeper: it moves, and leaves its session behind
     assert moved.backend_id == other
-    pool.router.release(moved, "ok")
+    assert pool.redis.zscore(keys.llm_sessions(sticky), job) is None
+    pool.router.release(moved, "aborted")
     for slot in held:
-        pool.router.release(slot, "ok")
+        pool.router.release(slot, "aborted")
     again = pool.router.acquire(job)  # and sticks to where it moved
     assert again.backend_id == other
+
+
+def test_ended_rollout_frees_its_session(pool):
+    a = add(pool, "http://10.0.0.1:1", capacity=1)
+    b = add(pool, "http://10.0.0.2:1", capacity=1)
+    one, two, three = (f"{n}-{uuid.uuid4().hex}" for n in ("one", "two", "three"))
+    first = pool.router.acquire(one)
+    pool.router.release(first, "aborted")
+    second = pool.router.acquire(two)  # "one" is a session of the first backend: the other is free
+    assert {first.backend_id, second.backend_id} == {a, b}
+    pool.router.release(second, "aborted")
+    pool.end_rollout(one)
+    assert pool.redis.zcard(keys.llm_sessions(first.backend_id)) == 0
+    assert pool.redis.get(keys.llm_sticky(one)) is None
+    third = pool.router.acquire(three)  # the room "one" held is free again
+    assert third.backend_id == first.backend_id
 
 
 def test_expired_lease_stops_counting(pool):
