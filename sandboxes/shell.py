@@ -111,31 +111,36 @@ def _runner(status_fd: int) -> str:
 
 # After each of the host's own (raw) commands: the parent's state becomes the baseline the
 # commands' subshells inherit, and the carried state starts afresh from it (raw commands run
-# only before any agent command: start, limits, adopt, the cd of a restart).
-_REBASE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\"; "
-           "( builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
-           "builtin compgen -e >|\"$__prorl_B.x\" ) 2>/dev/null; "
-           "IFS= builtin read -r -d '' __prorl_E <\"$__prorl_B.e\"; "
-           "builtin mapfile -t __prorl_a <\"$__prorl_B.x\"; __prorl_X=\"${__prorl_a[*]}\"; "
-           "__prorl_O=\"$SHELLOPTS $BASHOPTS\"")
+# only before any agent command: start, limits, adopt, the cd of a restart). A subshell dumps
+# the exported variables with PWD and OLDPWD unexported, which leaves the parent's untouched.
+_BASELINE_DUMP = ("builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
+                  "builtin compgen -e >|\"$__prorl_B.x\"")
+_BASELINE_TAKE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\"; "
+                  "IFS= builtin read -r -d '' __prorl_E <\"$__prorl_B.e\"; "
+                  "builtin mapfile -t __prorl_a <\"$__prorl_B.x\"; __prorl_X=\"${__prorl_a[*]}\"; "
+                  "__prorl_O=\"$SHELLOPTS $BASHOPTS\"")
+_REBASE = f"( {_BASELINE_DUMP} ) 2>/dev/null; {_BASELINE_TAKE}"
 STATE_SUFFIXES = (".0", ".1", ".e", ".x")
 
 
 def _setup_script(state_name: str, status_fd: int) -> str:
-    """What the parent sources first: its state files (made by a subshell, which also finds out
-    whether another process of the sandbox's user can reach the parent's fds), the dump trap,
-    the runner and the rebase as variables. Its status is nonzero if the state files could not
-    be made."""
+    """What the parent sources first: the dump trap, the runner, the rebase and the init
+    ($__prorl_I) as variables. The init runs last in the start's line, after the runtime's own
+    commands: one subshell makes the state files, dumps the baseline and finds out whether
+    another process of the sandbox's user can reach the parent's fds. Its status is nonzero if
+    the state files could not be made."""
+    init = ("(builtin umask 077; builtin set -C; "
+            "for f in \"$__prorl_B\"{.0,.1,.e,.x}; do : >\"$f\" || builtin exit 1; done; "
+            f"{{ {_BASELINE_DUMP}; }} 2>/dev/null; "
+            "{ builtin read -r -n0 </proc/$$/environ; } 2>/dev/null || builtin exit 2); "
+            "case $? in 0) __prorl_D=dumpable;; 2) __prorl_D=non-dumpable;; *) __prorl_D=;; esac; "
+            f"[[ -n $__prorl_D ]] && {{ {_BASELINE_TAKE}; }}")
     return f"""__prorl_B=${{TMPDIR:-/tmp}}; [[ -d /dev/shm && -w /dev/shm ]] && __prorl_B=/dev/shm
 __prorl_B="$__prorl_B/{state_name}"; __prorl_S="$__prorl_B.0" __prorl_N="$__prorl_B.1"
-(builtin umask 077; builtin set -C
- for f in "$__prorl_B"{{.0,.1,.e,.x}}; do : >"$f" || builtin exit 1; done
- {{ builtin read -r -n0 </proc/$$/environ; }} 2>/dev/null || builtin exit 2)
-case $? in 0) __prorl_D=dumpable;; 2) __prorl_D=non-dumpable;; *) __prorl_D=;; esac
 __prorl_T={shell_quote(_DUMP_TRAP)}
 __prorl_R={shell_quote(_runner(status_fd))}
 __prorl_Z={shell_quote(_REBASE)}
-[[ -n $__prorl_D ]]
+__prorl_I={shell_quote(init)}
 """
 
 
@@ -252,9 +257,9 @@ class PersistentShell:
     def _start(self, cwd: str) -> None:
         self._spawn(cwd)
         line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && builtin exec {self._setup_fd}<&-",
-                            *self._start_commands()])
+                            *self._start_commands(), 'builtin eval "$__prorl_I"'])
         out, state = self._roundtrip(line, time.monotonic() + START_TIMEOUT_S, phase="start",
-                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"')
+                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase=False)
         if state == "marker" and out.status != 0:
             state = f"setup failed (status {out.status})"
         if state == "marker":
@@ -466,14 +471,16 @@ class PersistentShell:
                           timed_out=timed_out, interrupted=interrupted, truncated=truncated)
 
     def _roundtrip(self, command: str, deadline: float, phase: str = "command", raw: bool = False,
-                   info: str = '"$PWD"') -> tuple[Output, str]:
+                   info: str = '"$PWD"', rebase: bool = True) -> tuple[Output, str]:
         """Send ``command`` and read until its status arrives. ``raw``: the parent itself runs it
-        (the host's own setup commands only); otherwise a subshell does, as described above."""
+        (the host's own setup commands only), then rebases unless ``rebase`` is False (the start,
+        whose init does it); otherwise a subshell runs it, as described above."""
         out = Output(self.output_limit)
         fd, token = self._status_w, secrets.token_hex(6)
         self._token = token.encode()  # a line with another token is stale or injected: ignored
         if raw:
-            line = (f"{command}\n__prorl_s=$?; builtin eval \"$__prorl_Z\"; "
+            then = 'builtin eval "$__prorl_Z"; ' if rebase else ""
+            line = (f"{command}\n__prorl_s=$?; {then}"
                     f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" {info} >&{fd}\n")
         else:
             line = f"__prorl_t={token} __prorl_k={shell_quote(command)}; builtin eval \"$__prorl_R\"\n"
