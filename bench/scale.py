@@ -91,6 +91,20 @@ class Sampler(threading.Thread):
                 self.peak, self.at_peak = in_run, rss_mb(self.stack)
 
 
+def redis_commands(client) -> dict[str, tuple[int, int]]:
+    """Redis's own count of calls and CPU microseconds per command so far (CONFIG RESETSTAT is
+    disabled in the service's Redis: callers subtract two readings)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
+
+
+def print_redis(commands: dict[str, tuple[int, int]], n: int) -> None:
+    top = sorted(commands.items(), key=lambda kv: -kv[1][1])[:16]
+    calls = sum(c for c, _ in commands.values())
+    print(f"Redis commands per rollout (total {calls / n:.0f} calls, {sum(u for _, u in commands.values()) / n / 1000:.1f}"
+          " ms in commands): " + ", ".join(f"{k} {c / n:.1f}x {u / n / 1000:.2f}ms" for k, (c, u) in top))
+
+
 def script_file(turn_s: float) -> tuple[Path, str]:
     """The scripted policy, and a latency model whose replies take about ``turn_s`` each."""
     path = Path(tempfile.mkdtemp(prefix="bench-scale-")) / "turns.json"
@@ -140,9 +154,12 @@ def main() -> None:
         idle = rss_mb(stack)
         sampler = Sampler(stack)
         sampler.start()
+        commands_before = redis_commands(sampler.store.redis)
         cpu_before = cpu_s(stack)
         submitted, wall, views = batch(client, args.n)
         cpu_after = cpu_s(stack)
+        commands = {k: (c - commands_before.get(k, (0, 0))[0], u - commands_before.get(k, (0, 0))[1])
+                    for k, (c, u) in redis_commands(sampler.store.redis).items()}
         sampler.stop.set()
         sampler.join()
     statuses: dict[str, int] = {}
@@ -162,6 +179,7 @@ def main() -> None:
     cpu = {k: (cpu_after[k] - cpu_before.get(k, 0.0)) * 1000 / args.n for k in cpu_after}
     print(f"CPU ms per rollout (total {sum(cpu.values()):.0f}): "
           + ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
+    print_redis(commands, args.n)
     print("memory MiB idle -> at peak: " + ", ".join(
         f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
     print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "

@@ -17,7 +17,7 @@ from prorl_celery.status import JobStatus
 
 MAX_AGE_S = 0.2
 """A status read longer ago than this is read again (with every other watched job's)."""
-FORGET_S = 5.0
+FORGET_S = 1.0
 """A job nobody asked about for this long is no longer read."""
 
 
@@ -30,24 +30,27 @@ class StatusWatch:
         self._reading = threading.Lock()
 
     def status(self, job_id: str) -> JobStatus | None:
-        """The job's status as read at most ``max_age_s`` ago."""
+        """The job's status as read at most ``max_age_s`` ago (a job asked about for the first
+        time, or again after ``forget_s``, is read alone)."""
         now = time.monotonic()
         with self._lock:
             self._asked[job_id] = now
-        fresh = self._fresh(job_id, now)
-        if fresh is not None:
-            return fresh[1]
-        with self._reading:  # one reading at a time; a thread that waited finds it fresh
-            fresh = self._fresh(job_id, time.monotonic())
-            if fresh is None:
-                self._read_all()
-                fresh = self._fresh(job_id, float("-inf"))
-        return fresh[1] if fresh else self.store.status(job_id)
-
-    def _fresh(self, job_id: str, now: float) -> tuple[float, JobStatus | None] | None:
-        with self._lock:
             entry = self._known.get(job_id)
-        return entry if entry is not None and now - entry[0] < self.max_age_s else None
+        if entry is None:
+            status = self.store.status(job_id)
+            with self._lock:
+                self._known[job_id] = (now, status)
+            return status
+        if now - entry[0] < self.max_age_s:
+            return entry[1]
+        with self._reading:  # one reading at a time; a thread that waited finds it fresh
+            with self._lock:
+                entry = self._known.get(job_id)
+            if entry is None or time.monotonic() - entry[0] >= self.max_age_s:
+                self._read_all()
+                with self._lock:
+                    entry = self._known.get(job_id)
+        return entry[1] if entry else self.store.status(job_id)
 
     def _read_all(self) -> None:
         started = time.monotonic()

@@ -28,7 +28,7 @@ def test_statuses_reads_each_job_and_none_for_unknown(redis_client):
 def test_one_reading_answers_every_watched_job_until_it_is_old(redis_client):
     store = JobStore(redis_client)
     ids = _jobs(store, 20)
-    watch = StatusWatch(store, max_age_s=1.5)
+    watch = StatusWatch(store, max_age_s=1.5, forget_s=10.0)
     reads = []
     real = store.statuses
     store.statuses = lambda job_ids: reads.append(list(job_ids)) or real(job_ids)
