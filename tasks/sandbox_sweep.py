@@ -88,7 +88,7 @@ def doomed(entry: SandboxEntry, record: JobRecord | None, now: float, grace_s: f
 
 def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float) -> list[str]:
     entries = list_sandboxes(host.address, host.token)
-    records = store.get_many([entry.job_id for entry in entries]) if entries else []
+    records = store.get_many([entry.job_id for entry in entries], light=True) if entries else []
     closed = []
     for entry, record in zip(entries, records):
         why = doomed(entry, record, now, grace_s)

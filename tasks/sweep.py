@@ -36,9 +36,11 @@ log = logging.getLogger(__name__)
 
 
 def in_stages(store: JobStore) -> list[JobRecord]:
-    """Every job in init, run or eval: running its stage, or done with it and waiting for the next."""
+    """Every job in init, run or eval: running its stage, or done with it and waiting for the next.
+    Light records (no instance, state or result): a sweep every few seconds must not read every
+    rollout's conversation."""
     ids = [job_id for stage in STAGES for job_id in store.ids_in(stage)]
-    return [r for r in store.get_many(ids) if r is not None and not r.status.terminal]
+    return [r for r in store.get_many(ids, light=True) if r is not None and not r.status.terminal]
 
 
 def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
@@ -46,6 +48,10 @@ def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
     over = now - record.t_stage_start - stage_budget(record, stage)
     if over < get_settings().stage_lease_s:
         return False
+    seen, record = record, store.get(record.job_id)  # the whole record: its result keeps what the stage did
+    if record is None or (record.status, record.attempt, record.t_stage_start) != (stage, seen.attempt,
+                                                                                    seen.t_stage_start):
+        return False  # moved on since the scan
     setattr(record, f"{stage.value}_s", now - record.t_stage_start)
     message = f"{stage} stage ran {over:.0f}s past its budget; ended by the sweep"
     result = finish(store, record, JobStatus.TIMEOUT, critical_error="timeout",

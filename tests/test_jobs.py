@@ -120,3 +120,18 @@ def test_finish_watcher_wakes_a_waiter_when_its_job_ends(store):
     assert not any(thread.is_alive() for thread in waiters)
     assert seen == {0: JobStatus.CANCELLED, 1: JobStatus.CANCELLED, 2: JobStatus.CANCELLED}
     assert watcher._waiters == {}
+
+
+def test_light_records_carry_status_stage_and_sandbox_but_not_the_conversation(store):
+    job_id = _new(store, sampling_params={"run_budget_s": 5})
+    handle = {"sandbox_id": "s1", "host_id": "h1"}
+    store.transition(job_id, JobStatus.INIT, stage_state="running", sandbox=handle, attempt=2,
+                     state={"agent": {"messages": ["x" * 1000]}}, t_stage_start=12.5)
+    full, = store.get_many([job_id])
+    light, gone = store.get_many([job_id, "no-such-job"], light=True)
+    assert gone is None
+    assert (light.status, light.stage_state, light.sandbox, light.attempt, light.t_stage_start) == \
+        (JobStatus.INIT, "running", handle, 2, 12.5)
+    assert light.sampling_params == {"run_budget_s": 5} and light.data_source == "shell"
+    assert full.state["agent"]["messages"] == ["x" * 1000] and full.instance["data_source"] == "shell"
+    assert light.state == {} and light.instance == {} and light.result is None
