@@ -15,8 +15,8 @@ from prorl_celery import keys
 from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
-from sandboxes.protocol import (CloseResponse, CreateRequest, ExecRequest, HostRecord,
-                                RenewRequest, SandboxEntry)
+from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
+                                ExecRequest, HostRecord, RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
 from sandboxes.archive import extract_archive, write_tree_archive
 from sandboxes.http import Response, TransportError, call
@@ -134,6 +134,14 @@ class RemoteSandbox:
 def list_sandboxes(address: str, token: str) -> list[SandboxEntry]:
     response = request("GET", address, token, "/sandboxes", CONTROL_TIMEOUT_S)
     return [SandboxEntry.model_validate(item) for item in response.json()["sandboxes"]]
+
+
+def close_many(address: str, token: str, sandbox_ids: list[str]) -> list[str]:
+    """Close these sandboxes of one host in one call; returns those this call closed (the others
+    were already gone)."""
+    body = CloseManyRequest(sandbox_ids=sandbox_ids).model_dump_json()
+    response = request("POST", address, token, "/sandboxes/close", CONTROL_TIMEOUT_S, data=body)
+    return CloseManyResponse.model_validate_json(response.content).closed
 
 
 def close_handle(handle: SandboxHandle | dict[str, Any]) -> bool:

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ValidationError
 from prorl_celery.errors import ErrorBody, ErrorDetail, FileError, InvalidRequest, ProrlError, SandboxGone
 from sandboxes.workspace import stream_capped
 from sandboxes.pool import SandboxPool, limit_enforcement
-from sandboxes.protocol import CloseResponse, CreateRequest, ExecRequest, Health, RenewRequest, SandboxList
+from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
+                                ExecRequest, Health, RenewRequest, SandboxList)
 
 
 def error(type_: str, message: str, status: int) -> Response:
@@ -164,6 +165,11 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     @app.delete("/sandboxes/<sandbox_id>")
     def close(sandbox_id: str) -> Response:
         return ok(CloseResponse(closed=pool.close(sandbox_id)))
+
+    @app.post("/sandboxes/close")
+    def close_many() -> Response:  # a bulk cancel: one call instead of one per sandbox
+        ids = parse(CloseManyRequest).sandbox_ids
+        return ok(CloseManyResponse(closed=[i for i in ids if pool.close(i, "closed in bulk")]))
 
     return app
 

@@ -50,6 +50,14 @@ class CloseResponse(BaseModel):
     closed: bool = Field(description="False when the sandbox was already gone.")
 
 
+class CloseManyRequest(_Body):
+    sandbox_ids: list[str] = Field(max_length=10_000, description="Sandboxes of this host to close.")
+
+
+class CloseManyResponse(BaseModel):
+    closed: list[str] = Field(description="Those this call closed; the others were already gone.")
+
+
 class Health(BaseModel):
     status: str = "ok"
     host_id: str

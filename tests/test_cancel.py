@@ -1,19 +1,28 @@
 """Cancel at every point of a rollout: the job ends `cancelled` with its partial result, the
 sandbox's whole process tree is gone, and an in-flight LLM request is aborted (the fake server
-sees the client go away)."""
+sees the client go away). ``POST /cancel_all`` of many running rollouts (on a stack of its own,
+whose run worker holds them all): every one a typed result, no sandbox process left."""
 from __future__ import annotations
 
+import secrets
 import time
 
 import psutil
 import pytest
+import redis
 import requests
 
 from prorl_celery.connections import get_store
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobResult
+from prorl_celery.ops.launcher import Stack, StackOptions
+from prorl_celery.ops.procs import free_port
 from sandboxes.base import SandboxHandle
-from sandboxes.client import RemoteSandbox
+from sandboxes.client import RemoteSandbox, list_sandboxes
 from prorl_celery.fakes.problems import MATH
-from tests.conftest import submit, wait, wait_until
+from tests.conftest import TEST_ENV, submit, wait, wait_until
+
+BULK = 30  # rollouts running at once for cancel_all
 
 SLOW = ["--policy", "oracle:prorl_celery.fakes.oracle:reply", "--latency-model", "step_s=0.5,capacity=4"]
 
@@ -22,8 +31,8 @@ def _status(api: str, job_id: str) -> str:
     return requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"]
 
 
-def _sandbox_tree(job_id: str) -> list[psutil.Process]:
-    record = get_store().get(job_id)
+def _sandbox_tree(job_id: str, store: JobStore | None = None) -> list[psutil.Process]:
+    record = (store or get_store()).get(job_id)
     pid = RemoteSandbox(SandboxHandle.model_validate(record.sandbox)).info()["pid"]
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -98,3 +107,45 @@ def test_cancel_while_a_command_runs(api):
     view = _cancel(api, job_id)
     assert [s["output"] for s in view["result"]["steps"]] == ["first\n"]
     wait_until(lambda: _gone(tree), 5, "the sandbox's processes to die")
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A stack of its own (own Redis) whose run worker holds BULK rollouts at once."""
+    options = StackOptions(state_dir=tmp_path_factory.mktemp("wide"), persist=False,
+                           concurrency={"init": 8, "run": BULK + 4, "eval": 2, "maint": 1},
+                           env={**TEST_ENV, "PRORL_SANDBOX_CAPACITY": str(BULK + 10)})
+    stack = Stack(options)
+    stack.start_redis(free_port())
+    options.env["PRORL_REDIS_URL"] = stack.redis_url
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _sleeping(marker: list[str]) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == marker]
+
+
+def test_cancel_all_of_running_rollouts_leaves_typed_results_and_no_sandbox(wide):
+    api, store = wide.api_url, JobStore(redis.Redis.from_url(wide.redis_url))
+    marker = ["sleep", f"900.{secrets.randbelow(10**6):06d}"]  # this test's sleeps, nobody else's
+    jobs = [{"instance": {"data_source": "shell", "commands": [" ".join(marker)]}} for _ in range(BULK)]
+    ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=60).json()["job_ids"]
+    wait_until(lambda: len(_sleeping(marker)) == BULK, 180, f"{BULK} sandboxes inside their sleep")
+    trees = {job_id: _sandbox_tree(job_id, store) for job_id in ids}
+    sleepers = set(_sleeping(marker))
+    assert all(sleepers & set(tree) for tree in trees.values())  # each sandbox runs its own
+    resp = requests.post(f"{api}/cancel_all", json={}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert sorted(resp.json()["job_ids"]) == sorted(ids)
+    for job_id in ids:
+        result = JobResult.model_validate(store.get(job_id).result)
+        assert (result.status.value, result.critical_error, result.stage) == ("cancelled", "cancelled", "run")
+    every = [p for tree in trees.values() for p in tree]
+    wait_until(lambda: _gone(every), 30, "every sandbox process to die")
+    assert not _sleeping(marker)
+    handle = store.get(ids[0]).sandbox
+    assert list_sandboxes(handle["address"], handle["token"]) == []
