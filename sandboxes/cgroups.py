@@ -28,6 +28,7 @@ from pathlib import Path
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits
+from sandboxes.runtimes.mountns import JOIN_CGROUPS
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ CONTROLLERS = ("memory", "pids", "cpu")
 PREFIX = "prorl"
 CFS_PERIOD_US = 100_000
 _MB = 1 << 20
-_SHIM = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+_SHIM = JOIN_CGROUPS + 'exec "$@"'
 
 
 def _safe(name: str) -> str:
@@ -115,10 +116,13 @@ class SandboxCgroup:
         for directory in self.dirs.values():
             directory.mkdir(parents=True, exist_ok=True)
 
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a process writes its pid into to join this cgroup."""
+        return [str(directory / "cgroup.procs") for directory in self.dirs.values()]
+
     def enter_argv(self, argv: list[str]) -> list[str]:
         """``argv`` run by a shim that first moves itself into this cgroup (then execs it)."""
-        files = [str(directory / "cgroup.procs") for directory in self.dirs.values()]
-        return ["/bin/sh", "-c", _SHIM, "sh", *files, "--", *argv]
+        return ["/bin/sh", "-c", _SHIM, "sh", *self.procs_files(), "--", *argv]
 
     def apply(self, limits: Limits) -> None:
         """Set (or change, when a warm sandbox is claimed) the limits of the whole sandbox."""
@@ -267,9 +271,12 @@ class SandboxLimits:
         out of the node's mount table (:mod:`sandboxes.runtimes.mountns`), started from that
         table with only its own workspace mounted."""
         from sandboxes.diskquota import device_of
-        from sandboxes.runtimes.mountns import enter_argv
+        from sandboxes.runtimes.mountns import applies, enter_argv
 
-        argv = enter_argv(argv, device_of(Path(self.workspace_dir)), self.workspace_dir)
+        device = device_of(Path(self.workspace_dir))
+        if applies(device):  # the mount's shim joins the cgroup too
+            join = self.cgroup.procs_files() if self.cgroup else []
+            return enter_argv(argv, device, self.workspace_dir, join)
         return self.cgroup.enter_argv(argv) if self.cgroup else argv
 
     def rlimits(self, limits: Limits) -> Limits:
