@@ -22,9 +22,10 @@ from typing import Any
 import requests
 
 from prorl_celery.statedir import lookup
+from prorl_celery.status import TERMINAL
 
 _RETRY_STATUS = {502, 503, 504}
-_TERMINAL = ("completed", "failed", "cancelled", "timeout")
+_TERMINAL = frozenset(status.value for status in TERMINAL)
 
 
 class ProrlClientError(RuntimeError):
