@@ -100,9 +100,9 @@ def redis_commands(client) -> dict[str, tuple[int, int]]:
 
 def print_redis(commands: dict[str, tuple[int, int]], n: int) -> None:
     top = sorted(commands.items(), key=lambda kv: -kv[1][1])[:16]
-    calls = sum(c for c, _ in commands.values())
-    print(f"Redis commands per rollout (total {calls / n:.0f} calls, {sum(u for _, u in commands.values()) / n / 1000:.1f}"
-          " ms in commands): " + ", ".join(f"{k} {c / n:.1f}x {u / n / 1000:.2f}ms" for k, (c, u) in top))
+    calls, usec = sum(c for c, _ in commands.values()), sum(u for _, u in commands.values())
+    print(f"Redis commands per rollout (total {calls / n:.0f} calls, {usec / n / 1000:.1f} ms in commands): "
+          + ", ".join(f"{k} {c / n:.1f}x {u / n / 1000:.2f}ms" for k, (c, u) in top))
 
 
 def script_file(turn_s: float) -> tuple[Path, str]:
