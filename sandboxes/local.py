@@ -8,6 +8,7 @@ runtime has).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -36,6 +37,12 @@ class LocalConfig(BaseModel):
     root: str | None = Field(None, description="Directory under which workspaces are created; "
                                                 "default: the system temp directory.")
     shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
+
+
+@functools.lru_cache(maxsize=8)
+def _which(name: str, path: str) -> str | None:
+    """:func:`shutil.which`, once per name and PATH (a walk of the PATH costs ~0.2 ms a create)."""
+    return shutil.which(name, path=path)
 
 
 def _warn_once() -> None:
@@ -93,7 +100,7 @@ class LocalSandbox(WorkspaceFiles):
 
     def _argv(self) -> list[str]:
         """The shell by absolute path: Popen would otherwise look it up on the spec's PATH."""
-        binary = shutil.which(self.config.shell[0], path=os.environ.get("PATH", os.defpath))
+        binary = _which(self.config.shell[0], os.environ.get("PATH", os.defpath))
         if binary is None:
             raise SandboxError(f"shell {self.config.shell[0]!r} not found on this host")
         return [binary, *self.config.shell[1:]]
