@@ -225,7 +225,21 @@ class JobStore:
         equals ``require_state``, and each field of ``expect`` holds that value (e.g.
         ``{"attempt": 2}``: no write of an earlier attempt lands in a later one). Returns
         (changed, status after the call)."""
-        expect = expect or {}
+        args = self._transition_args(target, sources, require_state, expect or {}, fields)
+        return _changed(self._transition(keys=[keys.job(job_id)], args=args))
+
+    def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]
+                        ) -> list[tuple[bool, JobStatus | None]]:
+        """:meth:`transition` of many jobs, each ``(job_id, target, fields)`` with no condition
+        but not being terminal, in one round trip (a bulk cancel)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, target, fields in changes:
+            self._transition(keys=[keys.job(job_id)], args=self._transition_args(target, (), "", {}, fields),
+                             client=pipe)
+        return [_changed(reply) for reply in pipe.execute()]
+
+    def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus], require_state: str,
+                         expect: dict[str, Any], fields: dict[str, Any]) -> list[Any]:
         args = [",".join(s.value for s in sources), target.value if target else "", require_state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect)]
@@ -233,13 +247,17 @@ class JobStore:
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
             args += [name, _dump(value) if name in _JSON_FIELDS else value]
-        ok, status = self._transition(keys=[keys.job(job_id)], args=args)
-        status = _text(status)
-        return bool(ok), JobStatus(status) if status else None
+        return args
 
     def update(self, job_id: str, **fields: Any) -> bool:
         """Set fields on a job that is still active; False once it is terminal (or unknown)."""
         return self.transition(job_id, None, **fields)[0]
+
+
+def _changed(reply: list) -> tuple[bool, JobStatus | None]:
+    ok, status = reply
+    status = _text(status)
+    return bool(ok), JobStatus(status) if status else None
 
 
 def _text(value: bytes | str) -> str:

@@ -14,11 +14,11 @@ from prorl_celery.errors import JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.models import ErrorInfo, JobRequest
 from prorl_celery.status import STAGES, JobStatus
-from tasks.outcome import finish
+from tasks.outcome import finish_many
 
 log = logging.getLogger(__name__)
 _TASK_NAMES = {JobStatus.INIT: "prorl.init", JobStatus.RUN: "prorl.run", JobStatus.EVAL: "prorl.eval"}
-CLOSE_BATCH = 100  # sandboxes per bulk close: a host closes them in one request thread
+CLOSE_BATCH = 25  # sandboxes per bulk close: a host closes each batch in a request thread of its own
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -79,17 +79,15 @@ def cancel(store: JobStore, job_id: str, reason: str = "cancelled by request") -
 def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancelled by request") -> list[str]:
     """Cancel every job of ``records`` that is still active; returns the ids it cancelled.
 
-    The typed results are written first (a few at once), so that a stage whose sandbox dies
-    under it finds its job ended; then one revoke broadcast covers all their chains and each
-    sandbox host gets bulk closes of up to CLOSE_BATCH sandboxes instead of a call per sandbox."""
+    The typed results are written first (one store round trip), so that a stage whose sandbox
+    dies under it finds its job ended; then one revoke broadcast covers all their chains and each
+    sandbox host gets bulk closes of CLOSE_BATCH sandboxes, many at once (a host's close waits
+    on the kernel's mount table: one after another, the last sandbox's kill waited for all)."""
     error = ErrorInfo(type="cancelled", message=reason)
-
-    def end(record: JobRecord) -> bool:
-        return finish(store, record, JobStatus.CANCELLED, critical_error="cancelled", error=error,
-                      fields={"stage": record.stage}) is not None
-
     active = [r for r in records if not r.status.terminal]
-    cancelled = [r.job_id for r, ended in zip(active, _each(end, active, 16)) if ended]
+    ends = [(r, {"critical_error": "cancelled", "error": error, "fields": {"stage": r.stage}}) for r in active]
+    results = finish_many(store, ends, JobStatus.CANCELLED)
+    cancelled = [r.job_id for r, result in zip(active, results) if result is not None]
     if not cancelled:
         return []
     app.control.revoke([task_id(job_id, stage) for job_id in cancelled for stage in STAGES])
@@ -105,7 +103,7 @@ def close_sandboxes(handles: list[dict]) -> None:
         by_host[(handle["address"], handle["token"])].append(handle["sandbox_id"])
     calls = [(host, ids[i:i + CLOSE_BATCH]) for host, ids in by_host.items()
              for i in range(0, len(ids), CLOSE_BATCH)]
-    _each(_close_batch, calls, 8)
+    _each(_close_batch, calls, 32)
 
 
 def _close_batch(call: tuple[tuple[str, str], list[str]]) -> None:

@@ -49,12 +49,25 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
     result = build_result(record, status, **kwargs)
     expect = {"attempt": expect_attempt} if expect_attempt is not None else None
     ok, current = store.transition(record.job_id, status, sources=sources or (), expect=expect,
-                                   result=result.model_dump(mode="json"),
-                                   t_finished=record.t_finished, **_stage_time(record))
+                                   **_terminal_fields(record, result))
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
     return result
+
+
+def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
+                status: JobStatus) -> list[JobResult | None]:
+    """:func:`finish` (without ``sources`` or ``expect_attempt``) of many jobs in one store round
+    trip, each ``(record, build_result keyword arguments)``; None for a job that had ended."""
+    results = [build_result(record, status, **kwargs) for record, kwargs in ends]
+    done = store.transition_many((record.job_id, status, _terminal_fields(record, result))
+                                 for (record, _), result in zip(ends, results))
+    return [result if ok else None for result, (ok, _) in zip(results, done)]
+
+
+def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:
+    return {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **_stage_time(record)}
 
 
 def _stage_time(record: JobRecord) -> dict[str, float]:
