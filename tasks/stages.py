@@ -22,6 +22,7 @@ from prorl_celery.connections import get_store
 from prorl_celery.errors import JobCancelled, LLMError, ProrlError, SandboxError, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
+from prorl_celery.llm.pool import end_rollout
 from prorl_celery.metrics import observe_stage
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, stage_index
@@ -112,6 +113,9 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
         setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
         return _fail(store, record, stage, ctx, exc)
+    finally:
+        if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
+            end_rollout(store.redis, record.job_id)
     setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
     observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
     if stage is JobStatus.EVAL:

@@ -59,6 +59,15 @@ def _probe_in_background(client: redis.Redis) -> None:
     threading.Thread(target=run, name="llm-probe", daemon=True).start()
 
 
+def end_rollout(client: redis.Redis, job_id: str) -> None:
+    """``LLMPool.end_rollout`` for callers without a pool (the run stage's end); never raises: a
+    session not ended here stops counting after ``llm_session_idle_s``."""
+    try:
+        Router(client).end_session(job_id)
+    except redis.RedisError as exc:
+        log.warning("job %s: could not end its LLM session: %s", job_id, exc)
+
+
 class LLMPool:
     def __init__(self, client: redis.Redis | None = None):
         if client is None:
