@@ -1,19 +1,35 @@
-"""Leases: Redis keys with an expiry that their holder renews while it lives.
+"""Leases: Redis entries with an expiry that their holder renews while it lives, and the one
+keeper thread per process that renews them all.
 
-One renewal thread per process keeps every lease the process holds; when the process dies the
-keys lapse, which is how the sweep learns that a stage's worker is gone. The leases due at once
-are renewed in one pipelined round trip per Redis client.
+Two shapes: a stage lease (:class:`Lease`, a key whose value is the holder's token; when the
+process dies it lapses, which is how the sweep learns that a stage's worker is gone) and an LLM
+call's in-flight lease (:class:`HeldLease`, a member of a backend's sorted set scored by its
+expiry). The keeper renews each a third of its expiry after it was taken or last renewed, and
+tells a watched call (an LLM call, :mod:`prorl_celery.llm.transport`) when its lease was
+withdrawn (a drain with abort, the backend removed, the lease lapsed) so the call is aborted.
+
+Its Redis traffic does not grow with the number of leases: one pipelined round trip per Redis
+client per round, holding the stage leases due, one ``ZMSCORE`` per lease set (every
+``CALL_CHECK_S``: which calls lost their lease) and one ``ZADD XX`` per lease set for the call
+leases due (``XX`` never brings back a lease withdrawn meanwhile). Between rounds the watched
+calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
+from typing import Protocol
 
 import redis
 
 log = logging.getLogger(__name__)
+
+TICK_S = 0.1        # watched calls' own checks (deadline, cancellation)
+CALL_CHECK_S = 0.5  # how soon a withdrawn call lease is noticed
+IDLE_S = 1.0        # the keeper's longest sleep with nothing due
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -26,6 +42,8 @@ return 0
 
 
 class Lease:
+    """A stage lease: ``key`` holds ``token`` while the holder lives."""
+
     def __init__(self, client: redis.Redis, key: str, ttl_s: float, owner: str = ""):
         self.redis = client
         self.key = key
@@ -37,38 +55,61 @@ class Lease:
     def acquire(self) -> bool:
         if not self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
             return False
-        _keeper().hold(self)
+        keeper().hold(self)
         return True
 
     def renew(self) -> bool:
         return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
 
     def release(self) -> None:
-        _keeper().drop(self)
+        keeper().drop(self)
         try:
             self.redis.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             log.warning("could not release lease %s; it will lapse", self.key)
 
 
-class _Keeper(threading.Thread):
-    """Renews each held lease a third of its expiry after it was taken or last renewed.
+class HeldLease:
+    """An in-flight lease: ``token`` in the sorted set ``key`` with an expiry score in ms."""
 
-    Only leases that are due are renewed: a stage that starts does not make the keeper touch
-    the hundreds of others a busy worker holds."""
+    def __init__(self, client: redis.Redis, key: str, token: str, ttl_s: float):
+        self.redis, self.key, self.token, self.ttl_ms = client, key, token, int(ttl_s * 1000)
+        self.due = time.monotonic() + ttl_s / 3
+        """When the keeper renews it next (monotonic seconds)."""
+
+
+class Watched(Protocol):
+    """What the keeper watches besides stage leases: an LLM call and its lease."""
+
+    lease: HeldLease | None
+    reason: str | None
+    """Set once the call ended by an abort; the keeper then leaves its lease alone."""
+
+    def tick(self, now: float) -> None:
+        """Every ``TICK_S``: the call's own checks (deadline, cancellation)."""
+
+    def lost(self) -> None:
+        """Its lease was withdrawn."""
+
+
+class Keeper(threading.Thread):
+    """Renews each held lease when due and watches the open calls; see the module docstring."""
 
     def __init__(self) -> None:
         super().__init__(name="lease-keeper", daemon=True)
         self.leases: dict[str, Lease] = {}
+        self.calls: set[Watched] = set()
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        self.next_due = float("inf")
+        self.next_round = float("inf")
+        self.next_check = 0.0
+        self.pid = os.getpid()
 
     def hold(self, lease: Lease) -> None:
         lease.due = time.monotonic() + lease.ttl_ms / 3000
         with self.lock:
             self.leases[lease.token] = lease
-            earlier = lease.due < self.next_due
+            earlier = lease.due < self.next_round
         if earlier:
             self.wake.set()
 
@@ -76,45 +117,111 @@ class _Keeper(threading.Thread):
         with self.lock:
             self.leases.pop(lease.token, None)
 
+    def watch(self, call: Watched) -> None:
+        with self.lock:
+            self.calls.add(call)
+        self.wake.set()
+
+    def unwatch(self, call: Watched) -> None:
+        with self.lock:
+            self.calls.discard(call)
+
     def run(self) -> None:
         while True:
-            now = time.monotonic()
-            with self.lock:
-                due = [lease for lease in self.leases.values() if lease.due <= now]
-            for lease in due:
-                lease.due = now + lease.ttl_ms / 3000
-            self._renew(due)
-            with self.lock:
-                self.next_due = min((lease.due for lease in self.leases.values()), default=now + 1.0)
-            self.wake.wait(max(self.next_due - time.monotonic(), 0.0))
-            self.wake.clear()
-
-    def _renew(self, due: list[Lease]) -> None:
-        by_client: dict[int, list[Lease]] = {}
-        for lease in due:
-            by_client.setdefault(id(lease.redis), []).append(lease)
-        for group in by_client.values():
             try:
-                pipe = group[0].redis.pipeline(transaction=False)
-                for lease in group:
-                    pipe.eval(_RENEW, 1, lease.key, lease.token, lease.ttl_ms)
-                held = pipe.execute()
-            except redis.RedisError as exc:
-                log.warning("lease renewal failed: %s", exc)
-                continue
-            for lease, ok in zip(group, held):
-                if not ok and lease.token in self.leases:  # not merely released meanwhile
-                    log.warning("lease %s was lost before renewal", lease.key)
+                self.wake.clear()
+                self._pass(time.monotonic())
+            except Exception:  # noqa: BLE001 - the keeper must outlive any one bad pass
+                log.exception("lease keeper pass failed")
+            self.wake.wait(max(self._next_wake() - time.monotonic(), 0.0))
+
+    def _pass(self, now: float) -> None:
+        with self.lock:
+            calls = list(self.calls)
+            stages = [lease for lease in self.leases.values() if lease.due <= now]
+        for call in calls:
+            call.tick(now)
+        held = [call for call in calls if call.lease is not None and call.reason is None]
+        if now >= self.next_check or any(call.lease.due <= now for call in held):
+            self.next_check = now + CALL_CHECK_S
+        else:
+            held = []
+        for lease in stages:
+            lease.due = now + lease.ttl_ms / 3000
+        for client, stage_group, call_group in _by_client(stages, held):
+            _round(client, stage_group, call_group, now, self.leases)
+
+    def _next_wake(self) -> float:
+        with self.lock:
+            self.next_round = min((lease.due for lease in self.leases.values()),
+                                  default=time.monotonic() + IDLE_S)
+            if self.calls:
+                return min(self.next_round, time.monotonic() + TICK_S)
+            return self.next_round
 
 
-_the_keeper: _Keeper | None = None
+Group = tuple[redis.Redis, list[Lease], list[Watched]]
+
+
+def _by_client(stages: list[Lease], calls: list[Watched]) -> list[Group]:
+    groups: dict[int, Group] = {}
+    for lease in stages:
+        groups.setdefault(id(lease.redis), (lease.redis, [], []))[1].append(lease)
+    for call in calls:
+        groups.setdefault(id(call.lease.redis), (call.lease.redis, [], []))[2].append(call)
+    return list(groups.values())
+
+
+def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: float,
+           held: dict[str, Lease]) -> None:
+    """One round trip to one Redis client: renew the stage leases due, ask which call leases
+    are still there, renew the call leases due; abort the calls whose lease is gone."""
+    by_key: dict[str, list[Watched]] = {}
+    for call in calls:
+        by_key.setdefault(call.lease.key, []).append(call)
+    pipe = client.pipeline(transaction=False)
+    for lease in stages:
+        pipe.eval(_RENEW, 1, lease.key, lease.token, lease.ttl_ms)
+    for key, group in by_key.items():
+        pipe.zmscore(key, [call.lease.token for call in group])
+    renewed = _renew_calls(pipe, by_key, now)
+    try:
+        replies = pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("lease renewal failed: %s", exc)
+        return
+    for lease, ok in zip(stages, replies):
+        if not ok and lease.token in held:  # not merely released meanwhile
+            log.warning("lease %s was lost before renewal", lease.key)
+    for group, scores in zip(by_key.values(), replies[len(stages):]):
+        for call, score in zip(group, scores):
+            if score is None:
+                call.lost()
+    for lease in renewed:
+        lease.due = now + lease.ttl_ms / 3000
+
+
+def _renew_calls(pipe: redis.client.Pipeline, by_key: dict[str, list[Watched]],
+                 now: float) -> list[HeldLease]:
+    now_ms = int(time.time() * 1000)
+    renewed: list[HeldLease] = []
+    for key, group in by_key.items():
+        due = [call.lease for call in group if call.lease.due <= now]
+        if due:
+            pipe.zadd(key, {lease.token: now_ms + lease.ttl_ms for lease in due}, xx=True)
+            renewed += due
+    return renewed
+
+
+_the_keeper: Keeper | None = None
 _keeper_lock = threading.Lock()
 
 
-def _keeper() -> _Keeper:
+def keeper() -> Keeper:
+    """This process's keeper (a new one in a forked child: the parent's leases are not its own)."""
     global _the_keeper
     with _keeper_lock:
-        if _the_keeper is None or not _the_keeper.is_alive():
-            _the_keeper = _Keeper()
+        if _the_keeper is None or not _the_keeper.is_alive() or _the_keeper.pid != os.getpid():
+            _the_keeper = Keeper()
             _the_keeper.start()
         return _the_keeper

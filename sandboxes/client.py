@@ -14,12 +14,13 @@ from pydantic import ValidationError
 from prorl_celery import keys
 from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
+from prorl_celery.http import Response, TransportError
+from prorl_celery.http import request as http_request
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
                                 ExecRequest, HostRecord, RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
 from sandboxes.archive import extract_archive, write_tree_archive
-from sandboxes.http import Response, TransportError, call
 # what a host may answer beside prorl_celery.errors: imported, so registered by their types
 from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
 from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
@@ -46,11 +47,11 @@ def _raise_for(response: Response) -> None:
 def request(method: str, address: str, token: str, path: str, timeout: float,
             **kwargs: Any) -> Response:
     """One call to a sandbox host (``params``, ``data``, ``stream`` as in requests); maps
-    transport failures (cause: :class:`~sandboxes.http.TransportError`) and error bodies to
+    transport failures (cause: :class:`~prorl_celery.http.TransportError`) and error bodies to
     exceptions."""
     try:
-        response = call(method, address, path, headers={"Authorization": f"Bearer {token}"},
-                        timeout=timeout, **kwargs)
+        response = http_request(method, address + path, headers={"Authorization": f"Bearer {token}"},
+                                timeout=timeout, **kwargs)
     except TransportError as exc:
         raise SandboxError(f"sandbox host {address} unreachable: {exc}") from exc
     if response.status_code >= 400:

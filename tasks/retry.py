@@ -10,9 +10,10 @@ ended that way; then it ends ``failed`` with every attempt listed in ``result.at
 Faults of the task itself (a command that fails, a grader that raises, a budget overrun, a
 request the LLM server rejects, a context window that is full) are not retried.
 
-The move back to ``queued`` is one compare-and-set on (status, attempt), so a worker and the
-sweep that both see the same fault retry the job once, and no write of an earlier attempt lands
-in a later one (every stage write names its attempt).
+The move back to ``queued`` is one compare-and-set on the attempt (the transition table lets any
+stage go back to ``queued``), so a worker and the sweep that both see the same fault retry the
+job once, and no write of an earlier attempt lands in a later one (every stage write names its
+attempt).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from prorl_celery.errors import (BackendFailed, BackendUnavailable, ContextWindo
                                  LLMRequestRejected, LLMTimeout, SandboxError)
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.models import Attempt, ErrorInfo
-from prorl_celery.status import JobStatus
+from prorl_celery.status import JobStatus, StageState
 from tasks.outcome import finish
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ _TASK_LLM_FAULTS = (ContextWindowExceeded, LLMRequestRejected, LLMTimeout)
 
 def infrastructure_fault(exc: BaseException) -> str | None:
     """The fault type when ``exc`` is the infrastructure's doing (retried from init), else None."""
-    from sandboxes.http import TransportError
+    from prorl_celery.http import TransportError
 
     if isinstance(exc, SandboxError):
         return HOST_UNREACHABLE if isinstance(exc.__cause__, TransportError) else exc.type
@@ -93,8 +94,8 @@ def retry_from_init(store: JobStore, record: JobRecord, fault: str, message: str
                         fields={"stage": stage or record.stage, "attempts": faults},
                         expect_attempt=record.attempt)
         return result.model_dump(mode="json") if result else None
-    ok, _ = store.transition(record.job_id, JobStatus.QUEUED, sources=[record.status],
-                             expect={"attempt": record.attempt}, stage_state="", sandbox=None,
+    ok, _ = store.transition(record.job_id, JobStatus.QUEUED, expect={"attempt": record.attempt},
+                             stage_state=StageState.NONE, sandbox=None,
                              state={}, attempts={}, faults=faults, attempt=record.attempt + 1,
                              t_enqueued=time.time(), t_stage_start=0.0)
     if not ok:

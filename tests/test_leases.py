@@ -1,10 +1,12 @@
-"""Stage leases against the session's Redis: kept alive while held, renewed only when due."""
+"""Stage and call leases against the session's Redis: kept alive while held, renewed only when
+due, by one keeper thread that also reports a withdrawn call lease."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
-from prorl_celery.leases import Lease
+from prorl_celery.leases import HeldLease, Lease, keeper
 
 
 def _lease(redis_client, ttl_s: float) -> Lease:
@@ -33,3 +35,53 @@ def test_taking_a_lease_does_not_renew_the_others(redis_client):
     finally:
         first.release()
         second.release()
+
+
+class _Watched:
+    """A watched call without HTTP: what the transport's Call gives the keeper."""
+
+    def __init__(self, lease: HeldLease):
+        self.lease, self.reason, self.ticks = lease, None, 0
+
+    def tick(self, now: float) -> None:
+        self.ticks += 1
+
+    def lost(self) -> None:
+        self.reason = "lost"
+
+
+def _call_lease(redis_client, ttl_s: float) -> HeldLease:
+    key, token = f"test:inflight:{uuid.uuid4().hex}", uuid.uuid4().hex
+    redis_client.zadd(key, {token: int(time.time() * 1000 + ttl_s * 1000)})
+    return HeldLease(redis_client, key, token, ttl_s)
+
+
+def test_one_keeper_renews_stage_and_call_leases_and_reports_a_withdrawn_one(redis_client):
+    stage = _lease(redis_client, 0.3)
+    assert stage.acquire()
+    kept, withdrawn = (_Watched(_call_lease(redis_client, 0.3)) for _ in range(2))
+    for call in (kept, withdrawn):
+        keeper().watch(call)
+    try:
+        redis_client.zrem(withdrawn.lease.key, withdrawn.lease.token)  # as a drain with abort does
+        first = redis_client.zscore(kept.lease.key, kept.lease.token)
+        time.sleep(1.2)  # four expiries of each
+        assert redis_client.get(stage.key) == stage.token.encode()
+        assert redis_client.zscore(kept.lease.key, kept.lease.token) > first + 600  # renewed
+        assert (kept.reason, withdrawn.reason) == (None, "lost")
+        assert kept.ticks >= 5  # the calls' own checks, every TICK_S
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("lease-keeper") == 1 and "llm-call-monitor" not in names
+    finally:
+        for call in (kept, withdrawn):
+            keeper().unwatch(call)
+        stage.release()
+
+
+def test_an_unwatched_call_lease_is_left_to_lapse(redis_client):
+    call = _Watched(_call_lease(redis_client, 0.3))
+    keeper().watch(call)
+    keeper().unwatch(call)
+    score = redis_client.zscore(call.lease.key, call.lease.token)
+    time.sleep(0.6)
+    assert redis_client.zscore(call.lease.key, call.lease.token) == score

@@ -2,14 +2,12 @@
 that turns HTTP outcomes into the pool's exceptions, and model-name discovery."""
 from __future__ import annotations
 
-import http.client
 import re
 import threading
 from typing import Any, Protocol as TypingProtocol
 
-import requests
-
 from config.settings import get_settings
+from prorl_celery import http
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, LLMRequestRejected
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.routing import Slot
@@ -42,7 +40,7 @@ def post(slot: Slot, path: str, body: dict[str, Any], call: Call) -> dict[str, A
     ContextWindowExceeded, LLMRequestRejected (other 4xx). Aborts raise CallAborted."""
     try:
         status, data = request_json(call, "POST", slot.address + path, body, headers(slot))
-    except (OSError, http.client.HTTPException) as exc:
+    except OSError as exc:
         raise BackendFailed(f"{slot.address}{path}: {type(exc).__name__}: {exc}") from None
     if status == 200 and isinstance(data, dict):
         return data
@@ -82,13 +80,14 @@ def model_name(slot: Slot, request: LLMRequest) -> str:
         if slot.address in _models:
             return _models[slot.address]
     try:
-        resp = requests.get(f"{slot.address}/v1/models", headers=headers(slot), timeout=10)
-        if resp.status_code == 404:  # lists no models (NeMo Gym's model servers pick their own)
+        status, data = http.request_json("GET", f"{slot.address}/v1/models", headers=headers(slot), timeout=10)
+        if status == 404:  # lists no models (NeMo Gym's model servers pick their own)
             name = UNLISTED_MODEL
+        elif status != 200:
+            raise ValueError(f"status {status}")
         else:
-            resp.raise_for_status()
-            name = resp.json()["data"][0]["id"]
-    except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
+            name = data["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise BackendFailed(f"{slot.address}/v1/models: {type(exc).__name__}: {exc}") from None
     with _models_lock:
         _models[slot.address] = name

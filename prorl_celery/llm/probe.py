@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import requests
-
+from prorl_celery import http
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, InvalidRequest, LLMError
 from prorl_celery.llm.models import BackendSpec, Dialect, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
@@ -61,15 +60,15 @@ def probe_backend(spec: BackendSpec, address: str) -> dict[str, Any]:
 def _models(spec: BackendSpec, address: str) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     try:
-        resp = requests.get(f"{address}/v1/models", headers=headers, timeout=10)
-        first = resp.json()["data"][0] if resp.ok else {}
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as exc:
+        status, data = http.request_json("GET", f"{address}/v1/models", headers=headers, timeout=10)
+        first = data["data"][0] if status == 200 else {}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise InvalidRequest(f"address: {address}/v1/models did not answer ({type(exc).__name__}: {exc}); "
                              "register with probe false if the server is not up yet", field="address") from None
-    if resp.status_code == 404:  # no model list (NeMo Gym's model servers): the 1-token request decides
+    if status == 404:  # no model list (NeMo Gym's model servers): the 1-token request decides
         return {"id": None, "max_model_len": None}
-    if not resp.ok:
-        raise InvalidRequest(f"address: GET {address}/v1/models -> {resp.status_code}", field="address")
+    if status != 200:
+        raise InvalidRequest(f"address: GET {address}/v1/models -> {status}", field="address")
     meta = first.get("meta") if isinstance(first.get("meta"), dict) else {}
     limit = first.get("max_model_len") or meta.get("n_ctx")
     return {"id": first.get("id"), "max_model_len": int(limit) if isinstance(limit, int) and limit > 0 else None}

@@ -1,5 +1,6 @@
-"""The call monitor's lease traffic against a real Redis and a real (fake) server: a call longer
-than its lease keeps it by renewals; one whose lease is withdrawn is aborted as ``lost``."""
+"""LLM calls against a real Redis and a real (fake) server: a call longer than its lease keeps it
+by the keeper's renewals; one whose lease is withdrawn is aborted as ``lost``; calls on one
+thread share a keep-alive connection, and an aborted call's connection is not reused."""
 from __future__ import annotations
 
 import threading
@@ -7,6 +8,7 @@ import time
 
 import pytest
 
+from prorl_celery import http
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, CallAborted, request_json
 from tests.llm.conftest import add, eventually
@@ -59,3 +61,39 @@ def test_a_withdrawn_lease_aborts_its_call_only(pool, fake_llms, calls):
     assert all(o == {"status": 200} for o in outs[1:])
     for slot in slots:
         pool.router.release(slot, "ok")
+
+
+def _local_port(url: str) -> int | None:
+    conn = http._conns().get(http._key(url)[0])
+    return conn.sock.getsockname()[1] if conn is not None and conn.sock is not None else None
+
+
+def test_calls_reuse_the_connection_and_an_abort_drops_it(fake_llms):
+    (fake,) = fake_llms(1, latency="step_s=0.2,capacity=4")
+    url = fake.url + "/v1/chat/completions"
+    out: dict = {}
+    short = {**BODY, "max_tokens": 1}
+
+    def run() -> None:
+        with Call(30) as call:
+            request_json(call, "POST", url, short)
+        out["first"] = _local_port(url)
+        with Call(30) as call:
+            request_json(call, "POST", url, short)
+        out["second"] = _local_port(url)
+        started = time.monotonic()
+        try:
+            with Call(30, should_stop=lambda: time.monotonic() - started > 0.3) as call:
+                request_json(call, "POST", url, BODY)  # ~4 s if not aborted
+        except CallAborted as exc:
+            out["aborted"], out["abort_s"] = exc.reason, time.monotonic() - started
+        with Call(30) as call:
+            out["after"] = request_json(call, "POST", url, short)[0]
+        out["after_port"] = _local_port(url)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert out["first"] == out["second"] is not None  # kept alive across calls
+    assert out["aborted"] == "cancelled" and out["abort_s"] < 2.0
+    assert out["after"] == 200 and out["after_port"] != out["second"]  # the aborted socket not reused

@@ -43,10 +43,10 @@ def create(host, image: str, job_id: str = "job-img"):
 
 
 def create_error(host, image: str) -> tuple[int, dict]:
-    from sandboxes.http import call
+    from prorl_celery.http import request as http_request
 
     body = json.dumps({"job_id": "job-bad", "spec": {"runtime": "bwrap", "image": image}})
-    response = call("POST", host.address, "/sandboxes", data=body, timeout=120,
+    response = http_request("POST", host.address + "/sandboxes", data=body, timeout=120,
                     headers={"Authorization": f"Bearer {host.token}"})
     return response.status_code, response.json()["error"]
 

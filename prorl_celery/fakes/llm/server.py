@@ -158,6 +158,7 @@ class FakeLLM:
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "prorl-fake-llm"
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM, SGLang and llama.cpp serve
     fake: FakeLLM  # set on the subclass made by make_server
 
     def log_message(self, fmt: str, *args: Any) -> None:
@@ -169,6 +170,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.fake.dead:  # the dying API server's open connections go with it
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
         except OSError:
