@@ -256,7 +256,8 @@ class PersistentShell:
 
     def _start(self, cwd: str) -> None:
         self._spawn(cwd)
-        line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && builtin exec {self._setup_fd}<&-",
+        # plain "exec": "builtin exec N<&-" would close the fd only while that command runs
+        line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && exec {self._setup_fd}<&-",
                             *self._start_commands(), 'builtin eval "$__prorl_I"'])
         out, state = self._roundtrip(line, time.monotonic() + START_TIMEOUT_S, phase="start",
                                      raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase=False)

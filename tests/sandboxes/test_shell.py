@@ -32,6 +32,11 @@ def test_cwd_and_env_persist(shell, tmp_path):
     assert shell.cwd == str(tmp_path / "sub")
 
 
+def test_a_command_holds_no_descriptor_of_the_shell(shell):
+    # the status pipe and the pipe the setup came through stay out of every command
+    assert shell.run("ls /proc/self/fd").output.split() == ["0", "1", "2", "3"]  # 3: ls's own
+
+
 def test_exit_code_and_noninteractive_env(shell):
     assert shell.run("false").exit_code == 1
     assert shell.run("(exit 42)").exit_code == 42
