@@ -7,14 +7,17 @@ timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run
 sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
 attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
 
-``status`` is one :class:`JobStatus`. While a stage executes, ``status`` names it and
-``stage_state`` is ``running``; once it finished, ``stage_state`` is ``done`` until the next stage
-starts. A terminal status is final: the scripts refuse any change to a terminal job.
+``status`` is one :class:`JobStatus` and changes only as :data:`status.TRANSITIONS` allows:
+the store computes each change's allowed sources from that table, and the compare-and-set script
+checks them atomically (a terminal status is final). ``stage_state`` is one :class:`StageState`:
+while a stage executes, ``status`` names it and ``stage_state`` is ``running``; once it finished,
+``stage_state`` is ``done`` until the next stage starts.
 """
 from __future__ import annotations
 
 import json
 import time
+from enum import Enum
 from typing import Any, Iterable
 
 import redis
@@ -22,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from prorl_celery import keys
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
-from prorl_celery.status import TERMINAL, JobStatus
+from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
                 "faults", "error")
@@ -30,6 +33,8 @@ _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 _LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "sampling_params", "sandbox",
                  "workers", "attempts", "attempt", "t_created", "t_enqueued", "t_finished", "t_stage_start",
                  "queue_s", "init_s", "run_s", "eval_s")
+_STAGE_TIME_FIELDS = {JobStatus.INIT: "init_s", JobStatus.RUN: "run_s", JobStatus.EVAL: "eval_s"}
+assert set(_STAGE_TIME_FIELDS) == set(STAGES)
 
 # KEYS: job, queued set, group set ('' = none), counts hash. ARGV: job id, counts field, fields...
 _CREATE = """
@@ -104,7 +109,7 @@ class JobRecord(BaseModel):
 
     job_id: str
     status: JobStatus
-    stage_state: str = ""
+    stage_state: StageState = StageState.NONE
     data_source: str
     group_id: str | None = None
     instance: dict[str, Any]
@@ -128,6 +133,16 @@ class JobRecord(BaseModel):
     @property
     def stage(self) -> str | None:
         return None if self.status is JobStatus.QUEUED or self.status.terminal else self.status.value
+
+    def add_stage_time(self, stage: JobStatus, seconds: float) -> dict[str, float]:
+        """Add ``seconds`` to the time of ``stage``; returns ``{field: new total}`` for the store."""
+        field = _STAGE_TIME_FIELDS[stage]
+        setattr(self, field, getattr(self, field) + seconds)
+        return {field: getattr(self, field)}
+
+    def stage_times(self) -> dict[str, float]:
+        """Every stage's time, as the store's fields."""
+        return {field: getattr(self, field) for field in _STAGE_TIME_FIELDS.values()}
 
     def timings(self) -> Timings:
         end = self.t_finished or time.time()
@@ -156,7 +171,7 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         now = time.time()
         for job_id, req in requests:
-            fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": "",
+            fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": StageState.NONE.value,
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
                       "t_created": now, "t_enqueued": now, "attempt": 1}
@@ -217,41 +232,63 @@ class JobStore:
         return out
 
     # -- changing -------------------------------------------------------------------------
-    def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] = (),
-                   require_state: str = "", expect: dict[str, Any] | None = None,
+    def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
+                   require_state: StageState | None = None, expect: dict[str, Any] | None = None,
                    **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
-        not terminal, its status is one of ``sources`` (empty: any), if given its ``stage_state``
-        equals ``require_state``, and each field of ``expect`` holds that value (e.g.
-        ``{"attempt": 2}``: no write of an earlier attempt lands in a later one). Returns
-        (changed, status after the call)."""
+        not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
+        given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
+        ``require_state``, and each field of ``expect`` holds that value (e.g. ``{"attempt": 2}``:
+        no write of an earlier attempt lands in a later one). Returns (changed, status after)."""
         args = self._transition_args(target, sources, require_state, expect or {}, fields)
         return _changed(self._transition(keys=[keys.job(job_id)], args=args))
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]
                         ) -> list[tuple[bool, JobStatus | None]]:
         """:meth:`transition` of many jobs, each ``(job_id, target, fields)`` with no condition
-        but not being terminal, in one round trip (a bulk cancel)."""
+        but the table's, in one round trip (a bulk cancel)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id, target, fields in changes:
-            self._transition(keys=[keys.job(job_id)], args=self._transition_args(target, (), "", {}, fields),
+            self._transition(keys=[keys.job(job_id)], args=self._transition_args(target, None, None, {}, fields),
                              client=pipe)
         return [_changed(reply) for reply in pipe.execute()]
 
-    def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus], require_state: str,
-                         expect: dict[str, Any], fields: dict[str, Any]) -> list[Any]:
-        args = [",".join(s.value for s in sources), target.value if target else "", require_state,
+    def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus] | None,
+                         require_state: StageState | None, expect: dict[str, Any],
+                         fields: dict[str, Any]) -> list[Any]:
+        state = StageState(require_state).value if require_state is not None else ""
+        args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect)]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
-            args += [name, _dump(value) if name in _JSON_FIELDS else value]
+            if name == "stage_state":
+                value = StageState(value)  # a value outside the vocabulary raises here
+            if name in _JSON_FIELDS:
+                value = _dump(value)
+            args += [name, value.value if isinstance(value, Enum) else value]
         return args
 
     def update(self, job_id: str, **fields: Any) -> bool:
         """Set fields on a job that is still active; False once it is terminal (or unknown)."""
         return self.transition(job_id, None, **fields)[0]
+
+
+def _sources_csv(target: JobStatus | None, sources: Iterable[JobStatus] | None) -> str:
+    """The statuses a change may start from, for the script ('' = any active one)."""
+    allowed = sources_for(target) if target is not None else None
+    if sources is not None:
+        narrowed = frozenset(sources)
+        if allowed is not None and not narrowed <= allowed:
+            raise ValueError(f"the transition table never allows {target} after "
+                             f"{sorted(s.value for s in narrowed - allowed)}")
+        allowed = narrowed
+    if allowed is None:
+        return ""
+    if not allowed:  # nothing may precede target: a csv that matches no status
+        return "-"
+    return ",".join(sorted(s.value for s in allowed))
 
 
 def _changed(reply: list) -> tuple[bool, JobStatus | None]:

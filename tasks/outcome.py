@@ -45,10 +45,11 @@ def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] 
 def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: list[JobStatus] | None = None,
            expect_attempt: int | None = None, **kwargs: Any) -> JobResult | None:
     """Make the job terminal with its result. Returns None if it had already ended, or (with
-    ``sources`` / ``expect_attempt``) is no longer in one of those statuses or that attempt."""
+    ``sources``, which narrow the transition table's, / ``expect_attempt``) is no longer in one
+    of those statuses or that attempt."""
     result = build_result(record, status, **kwargs)
     expect = {"attempt": expect_attempt} if expect_attempt is not None else None
-    ok, current = store.transition(record.job_id, status, sources=sources or (), expect=expect,
+    ok, current = store.transition(record.job_id, status, sources=sources, expect=expect,
                                    **_terminal_fields(record, result))
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
@@ -67,11 +68,7 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
 
 
 def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:
-    return {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **_stage_time(record)}
-
-
-def _stage_time(record: JobRecord) -> dict[str, float]:
-    return {f"{name}_s": getattr(record, f"{name}_s") for name in ("init", "run", "eval")}
+    return {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **record.stage_times()}
 
 
 def _maybe_str(value: Any) -> str | None:

@@ -22,11 +22,10 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.status import STAGES, JobStatus
+from prorl_celery.status import STAGES, JobStatus, StageState, next_stage
 from tasks.chain import send_chain, task_id
 
 log = logging.getLogger(__name__)
-_NEXT = {JobStatus.QUEUED: JobStatus.INIT, JobStatus.INIT: JobStatus.RUN, JobStatus.RUN: JobStatus.EVAL}
 
 
 @dataclass
@@ -36,13 +35,13 @@ class _Waiting:
     t_enqueued: float
 
 
-def next_stage(record: JobRecord) -> JobStatus | None:
+def awaited_stage(record: JobRecord) -> JobStatus | None:
     """The stage a job waits for, or None if it is not waiting for one."""
     if record.status is JobStatus.QUEUED:
         return JobStatus.INIT
-    if record.status in _NEXT and record.stage_state == "done":
-        return _NEXT[record.status]
-    if record.stage_state == "redispatched":  # the sweep re-sent this stage; that message may be lost too
+    if record.stage_state is StageState.DONE and next_stage(record.status) in STAGES:
+        return next_stage(record.status)
+    if record.stage_state is StageState.REDISPATCHED:  # the sweep re-sent this stage; that message may be lost too
         return record.status
     return None
 
@@ -97,7 +96,7 @@ def requeue_lost(store: JobStore, active: list[JobRecord], now: float | None = N
     by_stage: dict[JobStatus, list[_Waiting]] = defaultdict(list)
     by_stage[JobStatus.INIT] = _queued(store)
     for record in active:
-        stage = next_stage(record)
+        stage = awaited_stage(record)
         if stage is not None and not (stage is JobStatus.INIT and record.status is JobStatus.QUEUED):
             by_stage[stage].append(_Waiting(record.job_id, record.data_source, record.t_enqueued))
     stale = {stage: [w for w in items if now - w.t_enqueued > after] for stage, items in by_stage.items()}

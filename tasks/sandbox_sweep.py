@@ -20,13 +20,12 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.status import JobStatus
+from prorl_celery.status import STAGES
 from sandboxes.client import close_handle, list_sandboxes, live_hosts
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
 
 log = logging.getLogger(__name__)
-ACTIVE = [s for s in JobStatus if not s.terminal and s is not JobStatus.QUEUED]
 
 
 def _text(value: bytes | str) -> str:
@@ -54,7 +53,7 @@ def fail_jobs_on(store: JobStore, host_ids: list[str]) -> list[str]:
 
     if not host_ids:
         return []
-    ids = [job_id for status in ACTIVE for job_id in store.ids_in(status)]
+    ids = [job_id for status in STAGES for job_id in store.ids_in(status)]
     ended = []
     for record in store.get_many(ids):
         if record is None or record.status.terminal or not record.sandbox:

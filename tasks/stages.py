@@ -25,14 +25,13 @@ from prorl_celery.leases import Lease
 from prorl_celery.llm.pool import end_rollout
 from prorl_celery.metrics import observe_stage
 from prorl_celery.models import ErrorInfo
-from prorl_celery.status import JobStatus, stage_index
+from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
 from tasks.context import StageContext
 from tasks.handlers import get_handler
 from tasks.outcome import finish
 from tasks.retry import WORKER_LOST, Requeued, infrastructure_fault, retry_from_init
 
 log = logging.getLogger(__name__)
-_PREVIOUS = {JobStatus.INIT: JobStatus.QUEUED, JobStatus.RUN: JobStatus.INIT, JobStatus.EVAL: JobStatus.RUN}
 
 
 def stage_budget(record: JobRecord, stage: JobStatus) -> float:
@@ -49,9 +48,10 @@ def _skip(record: JobRecord, stage: JobStatus, why: str) -> Ignore:
 
 def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool]:
     """Take the stage's lease and mark it running. Raises Ignore for a delivery that must not run."""
-    if stage_index(record.status) > stage_index(stage) or (record.status is stage and record.stage_state == "done"):
+    if stage_index(record.status) > stage_index(stage) or (record.status is stage
+                                                           and record.stage_state is StageState.DONE):
         raise _skip(record, stage, "already done (a duplicate delivery)")
-    if record.status is _PREVIOUS[stage] and record.stage_state == "running":
+    if record.status is previous_stage(stage) and record.stage_state is StageState.RUNNING:
         raise _skip(record, stage, "the previous stage still runs")
     settings = get_settings()
     lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
@@ -63,9 +63,8 @@ def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> 
         attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
         now = time.time()
         wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
-        ok, _ = store.transition(record.job_id, stage, sources=[_PREVIOUS[stage], stage],
-                                 expect={"attempt": record.attempt},
-                                 stage_state="running", attempts=attempts,
+        ok, _ = store.transition(record.job_id, stage, expect={"attempt": record.attempt},
+                                 stage_state=StageState.RUNNING, attempts=attempts,
                                  workers={**record.workers, stage.value: task.request.hostname or "?"},
                                  queue_s=record.queue_s + wait, t_stage_start=now)
     except BaseException:
@@ -106,27 +105,26 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
 def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
              resumed: bool) -> dict[str, Any] | Requeued | None:
     ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
-    elapsed_field = f"{stage.value}_s"
     try:
         handler = get_handler(record.data_source)
         outcome = getattr(handler, stage.value)(ctx)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
-        setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
+        record.add_stage_time(stage, time.monotonic() - ctx.started)
         return _fail(store, record, stage, ctx, exc)
     finally:
         if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
             end_rollout(store.redis, record.job_id)
-    setattr(record, elapsed_field, getattr(record, elapsed_field) + time.monotonic() - ctx.started)
+    elapsed = record.add_stage_time(stage, time.monotonic() - ctx.started)
     observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
     if stage is JobStatus.EVAL:
         handler.finish(ctx)
         result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {},
-                        sources=[stage], expect_attempt=record.attempt)
+                        expect_attempt=record.attempt)
         return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
-    ok, status = store.transition(record.job_id, None, sources=[stage], stage_state="done",
+    # Narrowed to this stage: the status stays, and only while it is still this stage.
+    ok, status = store.transition(record.job_id, None, sources=[stage], stage_state=StageState.DONE,
                                   expect={"attempt": record.attempt},
-                                  state=ctx.state, t_enqueued=time.time(),
-                                  **{elapsed_field: getattr(record, elapsed_field)})
+                                  state=ctx.state, t_enqueued=time.time(), **elapsed)
     if not ok:
         ctx.close_sandbox()
         return _current_result(store, record.job_id)
@@ -164,6 +162,8 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
 
 def _end(store: JobStore, record: JobRecord, status: JobStatus, stage: JobStatus,
          state: dict[str, Any] | None, etype: str, message: str, critical: str | None = None):
+    # Narrowed to the stage that failed: the table would let any active status end, but only
+    # this stage's own failure may end the job (never a later stage of the same attempt).
     result = finish(store, record, status, state=state, critical_error=critical or stage.value,
                     error=ErrorInfo(type=etype, message=message[:2000]), fields={"stage": stage.value},
                     sources=[stage], expect_attempt=record.attempt)

@@ -25,7 +25,7 @@ from prorl_celery.connections import get_store
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
-from prorl_celery.status import STAGES, JobStatus
+from prorl_celery.status import STAGES, JobStatus, StageState
 from tasks.chain import close_sandbox, send_chain
 from tasks.outcome import finish
 from tasks.requeue import requeue_lost
@@ -52,8 +52,9 @@ def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
     if record is None or (record.status, record.attempt, record.t_stage_start) != (stage, seen.attempt,
                                                                                     seen.t_stage_start):
         return False  # moved on since the scan
-    setattr(record, f"{stage.value}_s", now - record.t_stage_start)
+    record.add_stage_time(stage, now - record.t_stage_start)
     message = f"{stage} stage ran {over:.0f}s past its budget; ended by the sweep"
+    # Narrowed to the overrun stage: had it finished since the read, the next stage is not ended.
     result = finish(store, record, JobStatus.TIMEOUT, critical_error="timeout",
                     error=ErrorInfo(type="timeout", message=message), fields={"stage": stage.value},
                     sources=[stage], expect_attempt=record.attempt)
@@ -67,8 +68,10 @@ def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
         return False
     if store.redis.exists(keys.stage_lease(record.job_id)):
         return False
-    ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state="running",
-                             expect={"attempt": record.attempt}, stage_state="redispatched", t_enqueued=now)
+    # The status stays (target None), narrowed to the stage whose lease lapsed.
+    ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state=StageState.RUNNING,
+                             expect={"attempt": record.attempt}, stage_state=StageState.REDISPATCHED,
+                             t_enqueued=now)
     if ok:
         send_chain(record.job_id, record.data_source, start=record.status)
     return ok
@@ -78,7 +81,7 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
     now = now or time.time()
     report: dict[str, list[str]] = {"timed_out": [], "redispatched": []}
     active = in_stages(store)
-    for record in (r for r in active if r.stage_state == "running"):
+    for record in (r for r in active if r.stage_state is StageState.RUNNING):
         if end_overrun(store, record, now):
             report["timed_out"].append(record.job_id)
         elif redispatch_lapsed(store, record, now):

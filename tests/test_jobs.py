@@ -8,7 +8,7 @@ import pytest
 
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
-from prorl_celery.status import TERMINAL, JobStatus
+from prorl_celery.status import PIPELINE, STAGES, TERMINAL, JobStatus, StageState
 
 
 @pytest.fixture
@@ -19,6 +19,15 @@ def store(redis_client):
 def _new(store: JobStore, **extra) -> str:
     job_id = uuid.uuid4().hex
     assert store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}, **extra))]) == [True]
+    return job_id
+
+
+def _at(store: JobStore, status: JobStatus) -> str:
+    """A new job walked along the pipeline up to ``status`` (queued, a stage or completed)."""
+    job_id = _new(store)
+    for step in PIPELINE[1:PIPELINE.index(status) + 1]:
+        assert store.transition(job_id, step)[0]
+    assert store.status(job_id) is status
     return job_id
 
 
@@ -34,16 +43,79 @@ def test_create_is_idempotent(store):
 
 def test_transition_follows_the_table(store):
     job_id = _new(store)
-    assert store.transition(job_id, JobStatus.RUN, sources=[JobStatus.INIT]) == (False, JobStatus.QUEUED)
-    assert store.transition(job_id, JobStatus.INIT, sources=[JobStatus.QUEUED], stage_state="running") \
-        == (True, JobStatus.INIT)
-    assert store.get(job_id).stage_state == "running"
+    assert store.transition(job_id, JobStatus.RUN) == (False, JobStatus.QUEUED)  # init comes first
+    assert store.transition(job_id, JobStatus.INIT, stage_state=StageState.RUNNING) == (True, JobStatus.INIT)
+    assert store.get(job_id).stage_state is StageState.RUNNING
     assert job_id in store.ids_in(JobStatus.INIT) and job_id not in store.ids_in(JobStatus.QUEUED)
+
+
+@pytest.mark.parametrize("source,target", [(JobStatus.QUEUED, JobStatus.RUN), (JobStatus.QUEUED, JobStatus.EVAL),
+                                           (JobStatus.QUEUED, JobStatus.COMPLETED), (JobStatus.INIT, JobStatus.EVAL),
+                                           (JobStatus.INIT, JobStatus.COMPLETED), (JobStatus.RUN, JobStatus.INIT),
+                                           (JobStatus.EVAL, JobStatus.INIT), (JobStatus.EVAL, JobStatus.RUN),
+                                           (JobStatus.QUEUED, JobStatus.QUEUED),
+                                           (JobStatus.COMPLETED, JobStatus.RUN),
+                                           (JobStatus.COMPLETED, JobStatus.QUEUED)])
+def test_the_store_refuses_what_the_table_forbids(store, source, target):
+    job_id = _at(store, source)
+    before = store.redis.hgetall(f"prorl:job:{job_id}")
+    assert store.transition(job_id, target, state={"x": 1}) == (False, source)
+    assert store.redis.hgetall(f"prorl:job:{job_id}") == before  # not one field written
+
+
+def test_the_store_allows_every_move_the_service_makes(store):
+    # the stages: admit (each from the one before, and again on a redelivery), then done
+    job_id = _new(store)
+    for stage in STAGES:
+        for _ in range(2):
+            ok, status = store.transition(job_id, stage, expect={"attempt": 1}, stage_state=StageState.RUNNING)
+            assert (ok, status) == (True, stage)
+        assert store.transition(job_id, None, sources=[stage], stage_state=StageState.DONE)[0]
+        # the sweep re-sends a stage whose lease lapsed (narrowed: still this stage, still running)
+        assert not store.transition(job_id, None, sources=[stage], require_state=StageState.RUNNING,
+                                    stage_state=StageState.REDISPATCHED)[0]
+    assert store.transition(job_id, JobStatus.COMPLETED) == (True, JobStatus.COMPLETED)
+    # a retry from init, from every stage: back to queued, attempt + 1
+    for stage in STAGES:
+        job_id = _at(store, stage)
+        assert store.transition(job_id, JobStatus.QUEUED, expect={"attempt": 1}, attempt=2,
+                                stage_state=StageState.NONE) == (True, JobStatus.QUEUED)
+        assert store.transition(job_id, JobStatus.QUEUED, expect={"attempt": 1}) == (False, JobStatus.QUEUED)
+        assert store.transition(job_id, JobStatus.INIT, expect={"attempt": 2}) == (True, JobStatus.INIT)
+    # failed / timeout from every active status; cancel many at once from every active status
+    for ending in (JobStatus.FAILED, JobStatus.TIMEOUT):
+        for status in (JobStatus.QUEUED, *STAGES):
+            assert store.transition(_at(store, status), ending) == (True, ending)
+    ids = [_at(store, status) for status in (JobStatus.QUEUED, *STAGES)] + [_at(store, JobStatus.COMPLETED)]
+    done = store.transition_many((job_id, JobStatus.CANCELLED, {"result": {}}) for job_id in ids)
+    assert done == [(True, JobStatus.CANCELLED)] * 4 + [(False, JobStatus.COMPLETED)]
+
+
+def test_narrowing_must_stay_inside_the_table(store):
+    job_id = _at(store, JobStatus.RUN)
+    assert store.transition(job_id, JobStatus.FAILED, sources=[JobStatus.EVAL]) == (False, JobStatus.RUN)
+    with pytest.raises(ValueError):  # a call site cannot widen the table
+        store.transition(job_id, JobStatus.EVAL, sources=[JobStatus.QUEUED])
+    with pytest.raises(ValueError):  # nor write a stage state outside the vocabulary
+        store.update(job_id, stage_state="finished")
+    assert store.get(job_id).stage_state is StageState.NONE
+
+
+def test_stage_times_are_typed(store):
+    job_id = _at(store, JobStatus.RUN)
+    record = store.get(job_id)
+    assert record.add_stage_time(JobStatus.RUN, 1.5) == {"run_s": 1.5}
+    assert record.add_stage_time(JobStatus.RUN, 0.5) == {"run_s": 2.0}
+    assert record.stage_times() == {"init_s": 0.0, "run_s": 2.0, "eval_s": 0.0}
+    with pytest.raises(KeyError):
+        record.add_stage_time(JobStatus.QUEUED, 1.0)
+    assert store.update(job_id, **record.stage_times())
+    assert store.get(job_id).timings().run == 2.0
 
 
 @pytest.mark.parametrize("ending", sorted(TERMINAL, key=str))
 def test_terminal_is_final(store, ending):
-    job_id = _new(store)
+    job_id = _at(store, JobStatus.EVAL)
     assert store.transition(job_id, ending, result={"job_id": job_id, "status": ending.value})[0]
     for target in [*JobStatus, None]:
         ok, status = store.transition(job_id, target, state={"x": 1})
@@ -55,7 +127,7 @@ def test_terminal_is_final(store, ending):
 
 
 def test_concurrent_endings_only_one_wins(store):
-    job_id = _new(store)
+    job_id = _at(store, JobStatus.EVAL)
     wins: list[JobStatus] = []
     barrier = threading.Barrier(8)
 
@@ -85,13 +157,13 @@ def test_counts_and_completion_streams(store):
     assert store.counts_by_source()[("queued", "shell")] == before.get(("queued", "shell"), 0) + 2
     last = store.redis.xrevrange("prorl:completions", count=1)
     cursor = last[0][0] if last else b"0-0"
-    store.transition(a, JobStatus.INIT)
-    store.transition(a, JobStatus.COMPLETED)
+    for stage in [*STAGES, JobStatus.COMPLETED]:
+        assert store.transition(a, stage)[0]
     store.transition(b, JobStatus.CANCELLED)
     store.transition(b, JobStatus.FAILED)  # refused: already terminal, so no second entry
     counts = store.counts_by_source()
     assert counts[("queued", "shell")] == before.get(("queued", "shell"), 0)
-    assert counts[("init", "shell")] == before.get(("init", "shell"), 0)
+    assert all(counts[(s.value, "shell")] == before.get((s.value, "shell"), 0) for s in STAGES)
     assert counts[("completed", "shell")] == before.get(("completed", "shell"), 0) + 1
     entries = store.redis.xrange("prorl:completions", min=f"({cursor.decode()}")
     assert [(e[b"job_id"], e[b"status"]) for _, e in entries] == [(a.encode(), b"completed"),
@@ -125,13 +197,13 @@ def test_finish_watcher_wakes_a_waiter_when_its_job_ends(store):
 def test_light_records_carry_status_stage_and_sandbox_but_not_the_conversation(store):
     job_id = _new(store, sampling_params={"run_budget_s": 5})
     handle = {"sandbox_id": "s1", "host_id": "h1"}
-    store.transition(job_id, JobStatus.INIT, stage_state="running", sandbox=handle, attempt=2,
+    store.transition(job_id, JobStatus.INIT, stage_state=StageState.RUNNING, sandbox=handle, attempt=2,
                      state={"agent": {"messages": ["x" * 1000]}}, t_stage_start=12.5)
     full, = store.get_many([job_id])
     light, gone = store.get_many([job_id, "no-such-job"], light=True)
     assert gone is None
     assert (light.status, light.stage_state, light.sandbox, light.attempt, light.t_stage_start) == \
-        (JobStatus.INIT, "running", handle, 2, 12.5)
+        (JobStatus.INIT, StageState.RUNNING, handle, 2, 12.5)
     assert light.sampling_params == {"run_budget_s": 5} and light.data_source == "shell"
     assert full.state["agent"]["messages"] == ["x" * 1000] and full.instance["data_source"] == "shell"
     assert light.state == {} and light.instance == {} and light.result is None

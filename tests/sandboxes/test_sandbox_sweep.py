@@ -10,7 +10,7 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
-from prorl_celery.status import JobStatus
+from prorl_celery.status import STAGES, JobStatus
 from sandboxes.client import list_sandboxes
 from tasks.outcome import finish
 from tasks.sandbox_sweep import sweep_sandboxes
@@ -25,6 +25,8 @@ def store(redis_client) -> JobStore:
 def running_job(store: JobStore, job_id: str, sandbox=None, stage=JobStatus.RUN) -> None:
     store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))])
     handle = sandbox.handle.model_dump() if sandbox is not None else None
+    for earlier in STAGES[:STAGES.index(stage)]:  # the store allows only the table's moves
+        store.transition(job_id, earlier)
     store.transition(job_id, stage, sandbox=handle, stage_state="running", t_stage_start=time.time())
 
 
