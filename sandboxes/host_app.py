@@ -169,7 +169,7 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     @app.post("/sandboxes/close")
     def close_many() -> Response:  # a bulk cancel: one call instead of one per sandbox
         ids = parse(CloseManyRequest).sandbox_ids
-        return ok(CloseManyResponse(closed=[i for i in ids if pool.close(i, "closed in bulk")]))
+        return ok(CloseManyResponse(closed=pool.close_many(ids, "closed in bulk")))
 
     return app
 

@@ -17,8 +17,8 @@ from prorl_celery.status import STAGES, JobStatus
 from tasks.outcome import finish_many
 
 log = logging.getLogger(__name__)
-_TASK_NAMES = {JobStatus.INIT: "prorl.init", JobStatus.RUN: "prorl.run", JobStatus.EVAL: "prorl.eval"}
-CLOSE_BATCH = 25  # sandboxes per bulk close: a host closes each batch in a request thread of its own
+_TASK_NAMES = {stage: f"prorl.{stage.value}" for stage in STAGES}  # as tasks/stages.py names them
+CLOSE_BATCH = 250  # sandboxes per bulk close: the host kills them all before any other step
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -81,8 +81,7 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
 
     The typed results are written first (one store round trip), so that a stage whose sandbox
     dies under it finds its job ended; then one revoke broadcast covers all their chains and each
-    sandbox host gets bulk closes of CLOSE_BATCH sandboxes, many at once (a host's close waits
-    on the kernel's mount table: one after another, the last sandbox's kill waited for all)."""
+    sandbox host gets bulk closes of CLOSE_BATCH sandboxes, a few at once."""
     error = ErrorInfo(type="cancelled", message=reason)
     active = [r for r in records if not r.status.terminal]
     ends = [(r, {"critical_error": "cancelled", "error": error, "fields": {"stage": r.stage}}) for r in active]
@@ -103,7 +102,7 @@ def close_sandboxes(handles: list[dict]) -> None:
         by_host[(handle["address"], handle["token"])].append(handle["sandbox_id"])
     calls = [(host, ids[i:i + CLOSE_BATCH]) for host, ids in by_host.items()
              for i in range(0, len(ids), CLOSE_BATCH)]
-    _each(_close_batch, calls, 32)
+    _each(_close_batch, calls, 8)
 
 
 def _close_batch(call: tuple[tuple[str, str], list[str]]) -> None:
