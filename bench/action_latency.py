@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sandboxes.base import SandboxHandle  # noqa: E402
-from sandboxes.bwrap import BwrapConfig, bwrap_argv, bwrap_works, root_entries  # noqa: E402
+from sandboxes.runtimes.bwrap import BwrapConfig, bwrap_argv, bwrap_works, root_entries  # noqa: E402
 from sandboxes.client import RemoteSandbox, request  # noqa: E402
-from sandboxes.procs import child_pids  # noqa: E402
+from sandboxes.runtimes.procs import child_pids  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -47,7 +47,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start_host(root: str, warm: int) -> tuple[subprocess.Popen, str]:
-    argv = [sys.executable, "-m", "sandboxes.host", "--no-register", "--token", TOKEN,
+    argv = [sys.executable, "-m", "sandboxes.host.main", "--no-register", "--token", TOKEN,
             "--runtimes", "bwrap", "--warm", str(warm), "--log-level", "WARNING",
             "--runtime-config", json.dumps({"bwrap": {"root": root}})]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True,

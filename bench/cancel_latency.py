@@ -52,7 +52,7 @@ from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.models import JobResult  # noqa: E402
 from prorl_celery.status import JobStatus  # noqa: E402
 from sandboxes.client import list_sandboxes  # noqa: E402
-from sandboxes.procs import alive  # noqa: E402
+from sandboxes.runtimes.procs import alive  # noqa: E402
 
 SLEEP_S = 1500  # longer than the bring-up of 1,000 rollouts on a loaded node
 

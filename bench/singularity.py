@@ -69,8 +69,8 @@ def main() -> None:
                             text=True, check=True).stdout.split()[-1]
     os.environ["PRORL_APPTAINER_BIN"] = binary
     from sandboxes.base import SandboxSpec
-    from sandboxes.bwrap import BwrapSandbox
-    from sandboxes.singularity import SingularitySandbox
+    from sandboxes.runtimes.bwrap import BwrapSandbox
+    from sandboxes.runtimes.singularity import SingularitySandbox
     from tests.sandboxes.test_apptainer import build_image_rootfs
 
     work = Path(tempfile.mkdtemp(prefix="bench-sif-"))

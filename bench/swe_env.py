@@ -52,7 +52,7 @@ def start_host(cache: Path, images: Path, registry: str, root: Path) -> tuple[su
     env = {**os.environ, "PYTHONPATH": str(REPO), "PRORL_SANDBOX_REGISTRIES": registry,
            "PRORL_SANDBOX_INSECURE_REGISTRIES": registry, "PRORL_SANDBOX_IMAGE_CACHE": str(cache),
            "PRORL_SANDBOX_IMAGE_DIRS": str(images)}
-    argv = [sys.executable, "-m", "sandboxes.host", "--no-register", "--runtimes", "bwrap",
+    argv = [sys.executable, "-m", "sandboxes.host.main", "--no-register", "--runtimes", "bwrap",
             "--token", token, "--warm", "0", "--log-level", "WARNING",
             "--runtime-config", json.dumps({"bwrap": {"root": str(root)}})]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class Limits(BaseModel):
     """Per-sandbox resource limits. The defaults are safe on their own (a spec that names no
     limits cannot start thousands of processes, hold gigabytes or fill the host's disk); a
-    request may lower them. How each is enforced on a node: :func:`sandboxes.cgroups.enforcement`.
+    request may lower them. How each is enforced on a node: :func:`sandboxes.runtimes.cgroups.enforcement`.
     """
 
     model_config = ConfigDict(extra="forbid")

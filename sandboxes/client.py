@@ -20,11 +20,11 @@ from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
                                 ExecRequest, HostRecord, RenewRequest, SandboxEntry)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
-from sandboxes.archive import extract_archive, write_tree_archive
+from sandboxes.runtimes.archive import extract_archive, write_tree_archive
 # what a host may answer beside prorl_celery.errors: imported, so registered by their types
 from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
 from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
-from sandboxes.workspace import FileTooLarge  # noqa: F401
+from sandboxes.runtimes.workspace import FileTooLarge  # noqa: F401
 
 log = logging.getLogger(__name__)
 

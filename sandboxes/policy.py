@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from prorl_celery.errors import InvalidRequest, PolicyDenied
 from sandboxes.base import Limits, SandboxSpec
-from sandboxes.netns import check_request_network
+from sandboxes.runtimes.netns import check_request_network
 from sandboxes.runtimes import images
 
 LOCAL = "local"

@@ -1,4 +1,4 @@
-"""Bodies of the sandbox host's HTTP protocol, shared by :mod:`sandboxes.host_app` and
+"""Bodies of the sandbox host's HTTP protocol, shared by :mod:`sandboxes.host.app` and
 :mod:`sandboxes.client`, and the host's record in Redis. Error bodies are
 :class:`prorl_celery.errors.ErrorBody`, as on every server of the service."""
 from __future__ import annotations

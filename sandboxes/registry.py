@@ -13,9 +13,9 @@ from sandboxes.check import check_runtime_class
 log = logging.getLogger(__name__)
 
 RUNTIMES = Registry("sandbox runtime", {
-    "bwrap": "sandboxes.bwrap:BwrapSandbox",
-    "local": "sandboxes.local:LocalSandbox",
-    "singularity": "sandboxes.singularity:SingularitySandbox",
+    "bwrap": "sandboxes.runtimes.bwrap:BwrapSandbox",
+    "local": "sandboxes.runtimes.local:LocalSandbox",
+    "singularity": "sandboxes.runtimes.singularity:SingularitySandbox",
 }, check=check_runtime_class)
 AUTO = "auto"  # bwrap where it works; local only where the operator allows it
 
@@ -54,7 +54,7 @@ def isolation_of(name: str) -> str:
 def runtime_works(name: str, config: dict[str, Any] | None = None) -> bool:
     """Whether ``name`` can run here, with its configured binary where it has one."""
     if name == "bwrap":
-        from sandboxes.bwrap import bwrap_works
+        from sandboxes.runtimes.bwrap import bwrap_works
 
         return bwrap_works((config or {}).get("bwrap") or "bwrap")
     try:

@@ -13,7 +13,7 @@
 #   PRORL_FOLLOW_HEAD         1 (default): stop when the head job ends or its file goes away
 #   PRORL_FOLLOW_HEAD_S       how often to look (default 60; each look runs squeue once)
 #   PRORL_NODE_ADDR           address other nodes use to reach this node (default: the address
-#                             of this node's route to the head's Redis, see sandboxes/advertise.py)
+#                             of this node's route to the head's Redis, see sandboxes/host/advertise.py)
 #   PRORL_NODE_QUEUES         queues served here (default "init run eval maint")
 #   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default: 32 per CPU, at most
 #                             available memory / 16 MiB; prorl_celery/ops/sizing.py)

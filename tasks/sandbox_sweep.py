@@ -106,7 +106,7 @@ def stop_orphan_instances(store: JobStore) -> list[str]:
     """Our singularity instances on this node whose job is terminal or unknown."""
     if not shutil.which("singularity"):
         return []
-    from sandboxes.singularity import list_instances, stop_instance
+    from sandboxes.runtimes.singularity import list_instances, stop_instance
 
     instances = list_instances()
     statuses = [store.status(item["job_id"]) for item in instances]

@@ -18,8 +18,8 @@ from prorl_celery import errors
 from prorl_celery.errors import (FileDenied, FileError, FileMissing, InvalidRequest, JobAlreadyTerminal,
                                  ProrlError, SandboxError)
 from sandboxes.client import request
-from sandboxes.host_app import create_app
-from sandboxes.pool import SandboxPool
+from sandboxes.host.app import create_app
+from sandboxes.host.pool import SandboxPool
 
 TOKEN = "test-token"
 # Every type string on the wire and its status, as the servers answered before the registry

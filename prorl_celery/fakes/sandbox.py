@@ -1,7 +1,7 @@
 """``DummySandbox``: the agent's ``Sandbox`` in process, for unit tests of the loop and the editor.
 
 Files live in a dict, with the path rules of a real runtime's workspace
-(:class:`sandboxes.workspace.Workspace`: relative to the workspace or absolute inside it, ``..``
+(:class:`sandboxes.runtimes.workspace.Workspace`: relative to the workspace or absolute inside it, ``..``
 and anything outside refused with PermissionError, FileNotFoundError for a missing file,
 parents made on write). ``exec`` answers the few shell commands the editor sends (``pwd``,
 ``cd``, ``test -e|-f|-d``, ``stat -L -c %s``) from that dict, and any other command from the
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Union
 
 from sandboxes.base import ExecResult
-from sandboxes.workspace import Workspace
+from sandboxes.runtimes.workspace import Workspace
 
 Answer = Union[str, ExecResult, Callable[[str], ExecResult]]
 

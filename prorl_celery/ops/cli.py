@@ -60,7 +60,7 @@ def _raise_open_files_limit() -> None:
 
 
 def _cmd_sandbox_host(args: argparse.Namespace) -> int:
-    from sandboxes import host
+    from sandboxes.host import main as host
 
     return host.main(args) or 0
 
@@ -78,7 +78,7 @@ def _up_env(args: argparse.Namespace) -> dict[str, str]:
     if args.dev:
         env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
     elif args.demo:
-        from sandboxes.bwrap import bwrap_works
+        from sandboxes.runtimes.bwrap import bwrap_works
 
         if not bwrap_works():
             env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     conf = sub.add_parser("settings", help="list every PRORL_* setting with its default")
     conf.set_defaults(func=_cmd_settings)
 
-    from sandboxes import host
+    from sandboxes.host import main as host
 
     box = sub.add_parser("sandbox-host", help="serve sandboxes on this node")
     host.add_arguments(box)

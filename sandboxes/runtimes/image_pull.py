@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from prorl_celery.errors import ImageNotFound, ImageUnavailable
-from sandboxes.procs import run_bounded
+from sandboxes.runtimes.procs import run_bounded
 from sandboxes.runtimes.images import ImageRef, insecure
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "no such file", "does not exist",

@@ -17,8 +17,8 @@ import subprocess
 from typing import Any
 
 from prorl_celery.errors import SandboxError
-from sandboxes.netns import HELPER_ENV
-from sandboxes.procs import run_bounded
+from sandboxes.runtimes.netns import HELPER_ENV
+from sandboxes.runtimes.procs import run_bounded
 
 
 def run_cli(argv: list[str], timeout: float) -> subprocess.CompletedProcess:

@@ -31,9 +31,9 @@ import requests
 
 from prorl_celery.ops.launcher import Stack, StackOptions
 from prorl_celery.ops.procs import free_port
-from sandboxes import cgroups
+from sandboxes.runtimes import cgroups
 from sandboxes.client import list_sandboxes, live_hosts
-from sandboxes.reap import mounts_under, processes_naming
+from sandboxes.host.reap import mounts_under, processes_naming
 from prorl_celery.fakes import swe
 from prorl_celery.fakes.problems import MATH, STEM
 from tests.conftest import TEST_ENV

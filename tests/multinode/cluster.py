@@ -14,7 +14,7 @@ Every node has its own hostname and sandbox root (its "local disk" for workspace
 system is otherwise shared, as a cluster's shared file system is. The sandbox uid leases stay in
 the machine's one lock directory: the nodes share one kernel, hence one uid space, and a host
 that starts reaps every process of a sandbox uid whose lease nobody holds in *its* lock
-directory (sandboxes/reap.py), so a node with a lock directory of its own would kill the other
+directory (sandboxes/host/reap.py), so a node with a lock directory of its own would kill the other
 nodes' sandboxes (and any other test's on this machine).
 """
 from __future__ import annotations
@@ -189,7 +189,7 @@ class Cluster:
     def reap_cgroups(self, node: Node) -> int:
         """The cgroups of sandboxes whose host died with ``node`` (what a host restarted on that
         node would sweep at its start)."""
-        from sandboxes import cgroups
+        from sandboxes.runtimes import cgroups
 
         roots = node.scratch / "sandboxes"
         return sum(cgroups.sweep(cgroups.host_key(str(path)))

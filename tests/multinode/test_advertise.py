@@ -1,4 +1,4 @@
-"""What a sandbox host publishes (sandboxes/advertise.py), and the loopback default for one node.
+"""What a sandbox host publishes (sandboxes/host/advertise.py), and the loopback default for one node.
 Fast: the namespace cases build two namespaces and open no server."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import ipaddress
 import pytest
 
 from config.settings import Settings
-from sandboxes import advertise
-from sandboxes.host import add_arguments
+from sandboxes.host import advertise
+from sandboxes.host.main import add_arguments
 from tests.multinode import netns
 
 

@@ -91,7 +91,7 @@ def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, sm
     assert envbuild.ensure_env(small, root) == image and len(calls) == 1  # the next caller: cached
 
     from sandboxes.base import SandboxSpec
-    from sandboxes.bwrap import BwrapSandbox
+    from sandboxes.runtimes.bwrap import BwrapSandbox
 
     workspaces = image.parent / f"{image.name}-workspaces"  # removed with the test's environments
     workspaces.mkdir(mode=0o711, exist_ok=True)

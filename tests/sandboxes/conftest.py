@@ -77,7 +77,7 @@ def sandbox_root() -> Iterator[Path]:
 
 
 def needs_bwrap():
-    from sandboxes.bwrap import bwrap_works
+    from sandboxes.runtimes.bwrap import bwrap_works
 
     return pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or namespaces forbidden "
                               "here (scripts/install-system-deps.sh installs it)")
@@ -114,7 +114,7 @@ def start_host(sandbox_redis: str, tmp_path: Path, sandbox_root: Path):
         roots = {name: {"root": str(sandbox_root)} for name in ("local", "bwrap")}
         for name, extra in (runtime_config or {}).items():
             roots.setdefault(name, {}).update(extra)
-        argv = [sys.executable, "-m", "sandboxes.host", "--token", token, "--host-id", host_id,
+        argv = [sys.executable, "-m", "sandboxes.host.main", "--token", token, "--host-id", host_id,
                 "--capacity", str(capacity), "--redis-url", sandbox_redis,
                 "--ready-file", str(ready), "--log-level", "WARNING", "--warm", str(warm),
                 "--runtime-config", json.dumps(roots)]

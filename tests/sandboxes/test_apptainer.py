@@ -116,7 +116,7 @@ def build_sif(apptainer_bin: str, source: Path, sif: Path) -> None:
 
 
 def open_box(sif_image: str, root: Path, spec: SandboxSpec | None = None, job: str = "apptainer-job"):
-    from sandboxes.singularity import SingularitySandbox
+    from sandboxes.runtimes.singularity import SingularitySandbox
 
     spec = (spec or SPEC).model_copy(update={"image": sif_image})
     return SingularitySandbox(spec, job, {"root": str(root)})
@@ -164,7 +164,7 @@ def _stat(pid: int) -> str:
 def _uid_processes(uid: int, wait_s: float = 5.0) -> list[int]:
     """Live (not zombie) processes of ``uid``, after up to ``wait_s`` for them to go (a
     SIGKILL'd namespace empties within moments, not at once)."""
-    from sandboxes.procs import alive
+    from sandboxes.runtimes.procs import alive
 
     deadline = time.monotonic() + wait_s
     while True:
@@ -199,7 +199,7 @@ def test_runs_as_its_own_uid_without_capabilities(sif_image, sandbox_root):
 
 
 def test_apptainer_cgroup_holds_memory_pids_and_cpus(sif_image, sandbox_root):
-    from sandboxes.singularity import SingularityConfig, use_cgroups
+    from sandboxes.runtimes.singularity import SingularityConfig, use_cgroups
 
     if not use_cgroups(SingularityConfig()):
         pytest.skip("apptainer's cgroup limits are used only where the host is root")
@@ -228,7 +228,7 @@ def test_apptainer_cgroup_holds_memory_pids_and_cpus(sif_image, sandbox_root):
 
 
 def test_close_leaves_nothing(sif_image, sandbox_root):
-    from sandboxes.procs import descendant_pids, wait_dead
+    from sandboxes.runtimes.procs import descendant_pids, wait_dead
 
     box = open_box(sif_image, sandbox_root)
     box.exec("(setsid sleep 300 &); sleep 301 & (trap '' TERM; sleep 302) &")
@@ -265,7 +265,7 @@ def test_request_env_reaches_only_the_shell_inside(sif_image, sandbox_root):
 
 
 def test_a_killed_host_takes_its_containers_along(start_host, sif_image, sandbox_root):
-    from sandboxes.procs import alive
+    from sandboxes.runtimes.procs import alive
 
     host = start_host(runtimes="singularity", runtime_config={"singularity": {"root": str(sandbox_root)}},
                       env={"PRORL_APPTAINER_BIN": os.environ["PRORL_APPTAINER_BIN"],
@@ -293,7 +293,7 @@ def test_docker_image_from_the_local_registry_is_pulled_once_and_typed_when_miss
     """tests/registry.py's image (Python and pytest, pushed with skopeo) as a SIF: pulled over
     plain HTTP (the test operator lists the registry as insecure), then from the cache."""
     from prorl_celery.errors import ImageNotFound
-    from sandboxes.singularity import SingularitySandbox
+    from sandboxes.runtimes.singularity import SingularitySandbox
 
     config = {"root": str(sandbox_root), "cache_dir": str(tmp_path / "sif-cache")}
     spec = SandboxSpec(image=python_image)

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from sandboxes.base import SandboxSpec
-from sandboxes.bwrap import BwrapConfig, BwrapSandbox, bwrap_argv
+from sandboxes.runtimes.bwrap import BwrapConfig, BwrapSandbox, bwrap_argv
 from sandboxes.client import RemoteSandbox
 from tests.rootfs import build_rootfs
 from tests.sandboxes.conftest import needs_bwrap

@@ -7,7 +7,7 @@ import pytest
 from prorl_celery.errors import UnknownPlugin
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.check import NonConformant, check_runtime_class, check_sandbox
-from sandboxes.local import LocalSandbox
+from sandboxes.runtimes.local import LocalSandbox
 from sandboxes.registry import RUNTIMES, load_runtime
 from tests.sandboxes.conftest import needs_bwrap
 

@@ -30,7 +30,7 @@ def box(request, sandbox_root):
         host = request.getfixturevalue("start_host")()
         sandbox = create(host, "contract-job", spec=SPEC.model_dump())
     elif kind == "singularity":
-        from sandboxes.singularity import SingularitySandbox
+        from sandboxes.runtimes.singularity import SingularitySandbox
 
         if not SingularitySandbox.available():
             pytest.skip("no apptainer/singularity binary on this machine")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sandboxes.procs import alive
+from sandboxes.runtimes.procs import alive
 from tests.sandboxes.conftest import REPO, needs_bwrap, wait_until
 from tests.sandboxes.test_host import create, entry_of
 

@@ -7,9 +7,10 @@ import psutil
 import pytest
 
 from prorl_celery.errors import SandboxError, UnknownPlugin
-from sandboxes import local, registry
+from sandboxes import registry
+from sandboxes.runtimes import local
 from sandboxes.base import Limits, Sandbox, SandboxSpec
-from sandboxes.local import LocalConfig, LocalSandbox
+from sandboxes.runtimes.local import LocalConfig, LocalSandbox
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_rlimits_apply(tmp_path):
 
 def test_warns_once(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(local, "_warned", False)
-    with caplog.at_level(logging.WARNING, logger="sandboxes.local"):
+    with caplog.at_level(logging.WARNING, logger="sandboxes.runtimes.local"):
         for _ in range(2):
             LocalSandbox(SandboxSpec(), "j", {"root": str(tmp_path)}).close()
     warnings = [r for r in caplog.records if "NO isolation" in r.getMessage()]
@@ -99,8 +100,8 @@ def test_config_forbids_unknown_fields():
 
 def test_registry_by_name_and_dotted_path():
     assert registry.load_runtime("local") is LocalSandbox
-    assert registry.load_runtime("sandboxes.local:LocalSandbox") is LocalSandbox
-    assert registry.load_runtime("sandboxes.local.LocalSandbox") is LocalSandbox
+    assert registry.load_runtime("sandboxes.runtimes.local:LocalSandbox") is LocalSandbox
+    assert registry.load_runtime("sandboxes.runtimes.local.LocalSandbox") is LocalSandbox
     assert "local" in registry.available_runtimes()
 
 

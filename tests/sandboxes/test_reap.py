@@ -23,8 +23,8 @@ import psutil
 import pytest
 import requests
 
-from sandboxes import cgroups
-from sandboxes.reap import kill_naming, kill_unleased_uids, loops_under, mounts_under, UidRange
+from sandboxes.runtimes import cgroups
+from sandboxes.host.reap import kill_naming, kill_unleased_uids, loops_under, mounts_under, UidRange
 from tests.sandboxes.conftest import REPO, needs_bwrap, wait_until
 
 pytestmark = [needs_bwrap(), pytest.mark.skipif(os.geteuid() != 0, reason="uids, cgroups and "
@@ -47,7 +47,7 @@ class Node:
 
     def start_host(self, host_id: str) -> tuple[subprocess.Popen, str, str]:
         ready = self.root.parent / f"{self.root.name}-{host_id}.json"
-        argv = [sys.executable, "-m", "sandboxes.host", "--no-register", "--host-id", host_id,
+        argv = [sys.executable, "-m", "sandboxes.host.main", "--no-register", "--host-id", host_id,
                 "--ready-file", str(ready), "--runtimes", "bwrap", "--warm", "0", "--capacity", "64",
                 "--log-level", "WARNING", "--runtime-config", json.dumps(self.runtime_config())]
         proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -85,7 +85,7 @@ def node(sandbox_root):
 
 
 def _create(address: str, token: str, i: int) -> str | None:
-    from sandboxes.netns import refusal
+    from sandboxes.runtimes.netns import refusal
 
     headers = {"Authorization": f"Bearer {token}"}
     spec = {"runtime": "bwrap", "network": i % 2 == 0 and refusal() is None}
@@ -114,7 +114,7 @@ def _kill(proc: psutil.Process, mode: str) -> None:
             pass
     elif mode == "guardian_first":
         for child in proc.children(recursive=True):
-            if "sandboxes.guardian" in " ".join(child.cmdline()):
+            if "sandboxes.runtimes.guardian" in " ".join(child.cmdline()):
                 child.kill()
         time.sleep(0.3)
         proc.kill()
@@ -161,7 +161,7 @@ def test_reaper_kills_processes_of_unleased_uids_and_of_dead_hosts_dirs(node):
     the host's fork and bwrap's prctl when the host died), on real processes: one running as a
     sandbox uid nobody leases, one whose command line names a dead host's workspace; a process
     of a leased uid is left alone."""
-    from sandboxes.uids import lease_uid
+    from sandboxes.runtimes.uids import lease_uid
 
     uid = node.uid_base + 3
     orphan = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "1000"],

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from prorl_celery.errors import SandboxError
-from sandboxes import singularity as sif
+from sandboxes.runtimes import singularity as sif
 from sandboxes.runtimes import sif_images
 from sandboxes.base import Limits, SandboxSpec
-from sandboxes.procs import wait_dead
-from sandboxes.singularity import SingularityConfig
+from sandboxes.runtimes.procs import wait_dead
+from sandboxes.runtimes.singularity import SingularityConfig
 
 
 

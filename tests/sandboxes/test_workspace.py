@@ -8,9 +8,9 @@ import tarfile
 
 import pytest
 
-from sandboxes import workspace as ws_module
-from sandboxes.archive import extract_archive
-from sandboxes.workspace import Workspace
+from sandboxes.runtimes import workspace as ws_module
+from sandboxes.runtimes.archive import extract_archive
+from sandboxes.runtimes.workspace import Workspace
 
 
 @pytest.fixture

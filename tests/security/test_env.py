@@ -120,7 +120,7 @@ def test_through_the_service_an_allowed_variable_reaches_the_shell(api):
 def test_local_runtime_finds_its_shell_on_the_hosts_path_not_the_specs(tmp_path, sandbox_root):  # noqa: F811
     """``local`` is the host-side process itself: a PATH in its spec cannot pick which binary."""
     from sandboxes.base import SandboxSpec
-    from sandboxes.local import LocalSandbox
+    from sandboxes.runtimes.local import LocalSandbox
 
     planted = tmp_path / "opt" / "bin"
     planted.mkdir(parents=True)

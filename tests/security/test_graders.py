@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from sandboxes.base import SandboxSpec
-from sandboxes.bwrap import BwrapSandbox
+from sandboxes.runtimes.bwrap import BwrapSandbox
 from tasks.handlers.code import run_tests
 from tests.sandboxes.conftest import needs_bwrap, sandbox_root  # noqa: F401 - a fixture
 

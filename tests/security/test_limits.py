@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from tasks.agent.editor import Editor, EditorError
-from sandboxes import cgroups
-from sandboxes.workspace import FileTooLarge
+from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.workspace import FileTooLarge
 from tests.sandboxes.conftest import needs_bwrap, sandbox_redis, sandbox_root, start_host  # noqa: F401
 from tests.sandboxes.test_host import create, entry_of
 

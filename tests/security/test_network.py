@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from prorl_celery.errors import SandboxError
-from sandboxes import netns
+from sandboxes.runtimes import netns
 from tests.conftest import submit, wait
 from tests.sandboxes.conftest import (needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401
                                       start_host, wait_until)
@@ -279,7 +279,7 @@ def test_the_operator_can_turn_network_sandboxes_off(start_host, monkeypatch):
 
 def test_a_missing_tool_is_an_error_never_the_hosts_network(monkeypatch, sandbox_root):  # noqa: F811
     from sandboxes.base import SandboxSpec
-    from sandboxes.bwrap import BwrapSandbox
+    from sandboxes.runtimes.bwrap import BwrapSandbox
 
     real = netns.tool
     monkeypatch.setattr(netns, "tool", lambda name: None if name == "slirp4netns" else real(name))

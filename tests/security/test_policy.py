@@ -52,7 +52,7 @@ def test_host_token_cannot_create_local_by_any_name(start_host, sandbox_redis, t
     token = _token_from_redis(redis_client, host.host_id)
     assert json.loads(redis_client.hget(keys.host(host.host_id), "runtimes")) == ["bwrap"]
     proof = Path(tempfile.gettempdir()) / f"prorl-proof-{uuid.uuid4().hex}"
-    for runtime in ("local", "sandboxes.local:LocalSandbox", "sandboxes.local.LocalSandbox"):
+    for runtime in ("local", "sandboxes.runtimes.local:LocalSandbox", "sandboxes.runtimes.local.LocalSandbox"):
         response = _post(host.address, token, {"runtime": runtime})
         assert response.status_code == 403, (runtime, response.text)
         error = response.json()["error"]
@@ -65,14 +65,14 @@ def test_host_token_cannot_create_local_by_any_name(start_host, sandbox_redis, t
     listed = requests.get(f"{host.address}/sandboxes", headers={"Authorization": f"Bearer {token}"},
                           timeout=10).json()["sandboxes"]
     assert listed == [] and not proof.exists()
-    served = _post(host.address, token, {"runtime": "sandboxes.bwrap:BwrapSandbox"})  # a served class
+    served = _post(host.address, token, {"runtime": "sandboxes.runtimes.bwrap:BwrapSandbox"})  # a served class
     assert served.status_code == 201 and served.json()["runtime"] == "bwrap"
     assert served.json()["info"]["isolation"] == "namespaces"
 
 
 def test_a_host_started_for_local_without_the_operator_refuses_to_start(sandbox_redis):
     env = {k: v for k, v in os.environ.items() if k != "PRORL_ALLOW_LOCAL_RUNTIME"}
-    done = subprocess.run([sys.executable, "-m", "sandboxes.host", "--no-register", "--runtimes", "local"],
+    done = subprocess.run([sys.executable, "-m", "sandboxes.host.main", "--no-register", "--runtimes", "local"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "PRORL_ALLOW_LOCAL_RUNTIME" in done.stderr
     assert "sandbox-host ready" not in done.stdout
@@ -81,7 +81,7 @@ def test_a_host_started_for_local_without_the_operator_refuses_to_start(sandbox_
 def test_auto_without_working_bwrap_fails_closed(start_host, sandbox_redis, tmp_path):
     missing = {"bwrap": {"bwrap": str(tmp_path / "no-such-bwrap")}}
     env = {k: v for k, v in os.environ.items() if k != "PRORL_ALLOW_LOCAL_RUNTIME"}
-    done = subprocess.run([sys.executable, "-m", "sandboxes.host", "--no-register",
+    done = subprocess.run([sys.executable, "-m", "sandboxes.host.main", "--no-register",
                            "--runtime-config", json.dumps(missing)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0, done.stdout  # nothing to serve: no silent 'local'

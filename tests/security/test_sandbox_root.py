@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.bwrap import BwrapSandbox
+from sandboxes.runtimes.bwrap import BwrapSandbox
 from sandboxes.base import SandboxSpec
 from sandboxes.safedirs import UnsafeDirectory, remove_tree
 from tests.sandboxes.conftest import (REPO, needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401
@@ -28,7 +28,7 @@ OTHER_UID = 54321  # the attacker
 
 def start_refused(root: Path) -> str:
     """Start a host whose sandbox root is ``root``; it must exit; returns what it said."""
-    argv = [sys.executable, "-m", "sandboxes.host", "--no-register", "--runtimes", "bwrap",
+    argv = [sys.executable, "-m", "sandboxes.host.main", "--no-register", "--runtimes", "bwrap",
             "--host-id", "victim-host", "--runtime-config", json.dumps({"bwrap": {"root": str(root)}})]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -21,7 +21,7 @@ from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import get_tokenizer
 from prorl_celery.llm.transport import Call
 from sandboxes.base import SandboxSpec
-from sandboxes.local import LocalSandbox
+from sandboxes.runtimes.local import LocalSandbox
 from tasks.agent import AgentConfig, DefaultAgent, Timeouts
 from tasks.agent.editor import Editor, EditorError
 

@@ -74,7 +74,7 @@ def sandbox_root():
 
 
 def _box(root: Path, name: str):
-    from sandboxes.bwrap import BwrapSandbox
+    from sandboxes.runtimes.bwrap import BwrapSandbox
 
     return BwrapSandbox(SandboxSpec(), name, {"root": str(root)})
 

@@ -1,6 +1,6 @@
 """The per-node sandbox host: serves sandboxes over HTTP and registers itself in Redis.
 
-    python -m sandboxes.host --port 8710 --redis-url redis://head:6379/0
+    python -m sandboxes.host.main --port 8710 --redis-url redis://head:6379/0
 
 prints ``sandbox-host ready http://<address>`` once listening. SIGTERM or SIGINT closes every
 sandbox and removes the registration; a kill -9 still takes each shell down (PR_SET_PDEATHSIG).
@@ -26,14 +26,15 @@ import waitress
 
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, SandboxError
-from sandboxes.advertise import advertised_url
-from sandboxes.host_app import create_app
-from sandboxes.pool import SandboxPool, limit_enforcement
-from sandboxes.reap import reap_leftovers
+from sandboxes.host.advertise import advertised_url
+from sandboxes.host.app import create_app
+from sandboxes.host.pool import SandboxPool, limit_enforcement
+from sandboxes.host.reap import reap_leftovers
 from sandboxes.protocol import HostRecord
 from sandboxes.registry import ServedRuntimes
-from sandboxes import cgroups, safedirs
-from sandboxes.workspace import remove_tree
+from sandboxes import safedirs
+from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
 _ROOTED_RUNTIMES = ("local", "bwrap", "singularity")  # runtimes that take a workspace "root"
@@ -167,7 +168,7 @@ def rooted_config(runtime_config: dict[str, dict[str, Any]], runtimes: list[str]
 
 
 def advertised_address(host: str, port: int, redis_url: str | None = None) -> str:
-    """What a host bound to ``host`` publishes (sandboxes/advertise.py: never loopback when
+    """What a host bound to ``host`` publishes (sandboxes/host/advertise.py: never loopback when
     bound to all interfaces and the head is elsewhere)."""
     from config.settings import get_settings
 
@@ -325,7 +326,12 @@ def main(args: argparse.Namespace) -> None:
           register=not args.no_register, warm=args.warm)
 
 
+def cli() -> None:
+    """``python -m sandboxes.host``."""
+    parser = argparse.ArgumentParser(prog="python -m sandboxes.host", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    main(parser.parse_args())
+
+
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m sandboxes.host", description=__doc__.split("\n")[0])
-    add_arguments(_parser)
-    main(_parser.parse_args())
+    cli()

@@ -1,4 +1,4 @@
-"""The sandbox host's HTTP API: a Flask app over a :class:`~sandboxes.pool.SandboxPool`.
+"""The sandbox host's HTTP API: a Flask app over a :class:`~sandboxes.host.pool.SandboxPool`.
 
 Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors are
 ``{"error": {"type", "message", "field"?}}`` with the status of their class in
@@ -17,8 +17,8 @@ from flask import Flask, Response, request
 from pydantic import BaseModel, ValidationError
 
 from prorl_celery.errors import ErrorBody, ErrorDetail, FileError, InvalidRequest, ProrlError, SandboxGone
-from sandboxes.workspace import stream_capped
-from sandboxes.pool import SandboxPool, limit_enforcement
+from sandboxes.runtimes.workspace import stream_capped
+from sandboxes.host.pool import SandboxPool, limit_enforcement
 from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
                                 ExecRequest, Health, RenewRequest, SandboxList)
 
@@ -67,7 +67,7 @@ def _gone_with_predecessor(pool: SandboxPool) -> Response | None:
 
 def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None) -> Flask:
     """``runtimes`` is ignored: the pool's served runtimes are the ones the host serves."""
-    app = Flask("sandboxes.host")
+    app = Flask("sandboxes.host.main")
     expected = f"Bearer {token}".encode()
 
     @app.before_request

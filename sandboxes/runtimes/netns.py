@@ -49,7 +49,7 @@ from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError
 from prorl_celery.spawn import spawn
-from sandboxes.procs import readable
+from sandboxes.runtimes.procs import readable
 
 HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HELPER_ENV = {"PATH": HELPER_PATH, "LANG": "C.UTF-8"}  # what host-side helpers start with

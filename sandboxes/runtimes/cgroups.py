@@ -180,8 +180,8 @@ def rlimits_for(limits: Limits, own_uid: bool) -> Limits:
 
 
 def workspace_quota() -> bool:
-    """Whether workspaces get a size-capped filesystem of their own (see sandboxes.workspace)."""
-    from sandboxes.workspace import quota_supported
+    """Whether workspaces get a size-capped filesystem of their own (see sandboxes.runtimes.workspace)."""
+    from sandboxes.runtimes.workspace import quota_supported
 
     return quota_supported()
 
@@ -219,7 +219,7 @@ def sweep(host_key: str) -> int:
 def enforcement() -> dict[str, str]:
     """Limit name -> how it is enforced for bwrap sandboxes on this node (for /healthz)."""
     from config.settings import get_settings
-    from sandboxes.workspace import quota_why_not
+    from sandboxes.runtimes.workspace import quota_why_not
 
     cg, why, root = bool(controllers()), why_not(), os.geteuid() == 0
     disk_why = quota_why_not()
@@ -243,7 +243,7 @@ def enforcement() -> dict[str, str]:
 
 
 def read_cap_mb() -> int:
-    from sandboxes.workspace import read_cap_bytes
+    from sandboxes.runtimes.workspace import read_cap_bytes
 
     return read_cap_bytes() // _MB
 
@@ -270,7 +270,7 @@ class SandboxLimits:
         """``argv`` in the sandbox's cgroup and, on a host that keeps workspace filesystems
         out of the node's mount table (:mod:`sandboxes.runtimes.mountns`), started from that
         table with only its own workspace mounted."""
-        from sandboxes.diskquota import device_of
+        from sandboxes.runtimes.diskquota import device_of
         from sandboxes.runtimes.mountns import applies, enter_argv
 
         device = device_of(Path(self.workspace_dir))

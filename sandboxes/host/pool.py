@@ -17,7 +17,7 @@ from sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from sandboxes.protocol import SandboxEntry
 from sandboxes import policy
 from sandboxes.registry import ServedRuntimes, isolation_of, load_runtime, requested_runtime
-from sandboxes.warm import WarmPool
+from sandboxes.host.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -253,10 +253,10 @@ def start_concurrency() -> int:
 
 
 def limit_enforcement() -> dict[str, str]:
-    """Limit name -> how this node enforces it, from :mod:`sandboxes.cgroups` where that module
+    """Limit name -> how this node enforces it, from :mod:`sandboxes.runtimes.cgroups` where that module
     exists (imported lazily: it probes the node); empty otherwise."""
     try:
-        from sandboxes import cgroups
+        from sandboxes.runtimes import cgroups
     except ImportError:
         return {}
     enforcement = getattr(cgroups, "enforcement", None)

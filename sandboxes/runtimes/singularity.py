@@ -12,7 +12,7 @@ namespace, whose pid 1 (apptainer's ``appinit``) is killed with the runtime pare
 Not an instance: an instance cannot be joined as another uid (``instance start --security
 uid:N`` files it under user N, who must exist, and root cannot ``exec`` into it), and commands
 run as host uid 0 in an instance started by root, which without capabilities still writes
-root-owned files such as ``/proc/sys/vm/*`` (tried here). So, as in :mod:`sandboxes.bwrap`:
+root-owned files such as ``/proc/sys/vm/*`` (tried here). So, as in :mod:`sandboxes.runtimes.bwrap`:
 
 - a host running as root runs each sandbox as its own uid (``--security uid:N,gid:N``, the
   same leased range and lock directory as bwrap, so the two runtimes never share a uid);
@@ -21,7 +21,7 @@ root-owned files such as ``/proc/sys/vm/*`` (tried here). So, as in :mod:`sandbo
   read-only, ``/tmp`` a private tmpfs (its size is the apptainer.conf ``sessiondir max size``);
   no network (``spec.network`` is refused: without ``--net`` a container shares the host's);
 - the environment is cleared (``--containall`` implies ``--cleanenv``) and the shell itself
-  exports the fixed defaults and ``spec.env`` once it runs (:class:`~sandboxes.bwrap.BwrapShell`,
+  exports the fixed defaults and ``spec.env`` once it runs (:class:`~sandboxes.runtimes.bwrap.BwrapShell`,
   whose process tree, runtime parent -> pid 1 -> bash, is this one too): nothing of a request is
   on a host-side command line or environment;
 - a timeout kills every process of the container but the shell (descendants of its pid 1);
@@ -31,7 +31,7 @@ Limits (:func:`enforcement` says which hold where): ``memory_mb``, ``cpus`` and 
 apptainer's own cgroup (``--memory``, ``--cpus``, ``--pids-limit``) when the host is root, or
 with ``cgroups: true`` where rootless cgroups work (cgroup v2 under systemd); otherwise memory is
 an address-space rlimit per process, pids an RLIMIT_NPROC of the sandbox's uid (root only), cpus
-not at all. ``disk_mb``: the workspace filesystem of :mod:`sandboxes.workspace` where the host can
+not at all. ``disk_mb``: the workspace filesystem of :mod:`sandboxes.runtimes.workspace` where the host can
 make one, else RLIMIT_FSIZE. The rest are rlimits the shell sets.
 """
 from __future__ import annotations
@@ -48,12 +48,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, Limits, SandboxSpec
-from sandboxes.bwrap import SANDBOX_PATH, BwrapShell
-from sandboxes.netns import HELPER_ENV
+from sandboxes.runtimes.bwrap import SANDBOX_PATH, BwrapShell
+from sandboxes.runtimes.netns import HELPER_ENV
 from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
-from sandboxes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
-from sandboxes.uids import UidLease, lease_uid
-from sandboxes.workspace import Workspace, WorkspaceFiles, quota_supported
+from sandboxes.runtimes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
+from sandboxes.runtimes.uids import UidLease, lease_uid
+from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, quota_supported
 
 PREFIX = "prorl"
 _NAME_RE = re.compile(rf"^{PREFIX}\.(?P<job>[A-Za-z0-9_.-]+)\.(?P<ms>\d+)\.(?P<nonce>[0-9a-f]+)$")

@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from prorl_celery.errors import SandboxError, SandboxGone
 from prorl_celery.spawn import spawn
 from sandboxes.base import ExecResult, Limits
-from sandboxes.guardian import guardian
-from sandboxes.output import Output, cut_middle
-from sandboxes.procs import (group_members, kill_descendants, kill_pids, readable, ulimit_command,
+from sandboxes.runtimes.guardian import guardian
+from sandboxes.runtimes.output import Output, cut_middle
+from sandboxes.runtimes.procs import (group_members, kill_descendants, kill_pids, readable, ulimit_command,
                              wait_dead)
 
 log = logging.getLogger(__name__)

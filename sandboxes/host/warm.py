@@ -5,7 +5,7 @@ that must be fixed when the sandbox starts: image, network; None when it cannot 
 and ``claim(job_id, spec)`` (applies the rest: environment, limits, working directory). Sandboxes
 are kept per (runtime, warm spec) that has been asked for at least once, ``per_key`` of each,
 refilled by one background thread. They do not count against the host's capacity. The pool
-starts only what the host admitted (:meth:`sandboxes.pool.SandboxPool.admit`): the runtime by its
+starts only what the host admitted (:meth:`sandboxes.host.pool.SandboxPool.admit`): the runtime by its
 served name, never re-resolved from the spec.
 """
 from __future__ import annotations

@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.settings import get_settings
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
-from sandboxes.netns import require_network
-from sandboxes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
-from sandboxes.workspace import Workspace, WorkspaceFiles, remove_tree
+from sandboxes.runtimes.netns import require_network
+from sandboxes.runtimes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
+from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, remove_tree
 
 log = logging.getLogger(__name__)
 _warned = False
@@ -113,7 +113,7 @@ class LocalSandbox(WorkspaceFiles):
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
-        """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
+        """What must be fixed at start (see :mod:`sandboxes.host.warm`); the rest is claimed."""
         return shell_warm_spec(spec)
 
     def claim(self, job_id: str, spec: SandboxSpec) -> None:

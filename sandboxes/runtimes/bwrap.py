@@ -1,14 +1,14 @@
 """``bwrap``: a persistent bash inside bubblewrap namespaces. Rootless; the default runtime.
 
 What the sandbox gets: new user, pid, ipc, uts, cgroup and network namespaces (with
-``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.netns`; never the
+``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.runtimes.netns`; never the
 host's); no capabilities and no nested user namespaces; a read-only root (the host's system
 directories, or an image rootfs directory); its workspace read-write at ``/workspace``; a private
 size-capped ``/tmp`` and ``/dev/shm``; a fresh ``/proc`` and a minimal ``/dev``; a cleared
 environment (``--clearenv``, fixed defaults by ``--setenv``, ``spec.env`` exported by the shell
 itself once it runs: a request's variables never reach the host-side ``setpriv``/``bwrap``, which
 start with :data:`HOST_ENV` only, nor their command lines); rlimits set on its shell. A host running as root starts each sandbox as its own
-unprivileged uid (see :mod:`sandboxes.uids`), so ``nproc`` holds and nothing runs as host root.
+unprivileged uid (see :mod:`sandboxes.runtimes.uids`), so ``nproc`` holds and nothing runs as host root.
 
 Processes: ``bwrap`` (started by the host, dies with it) -> ``bwrap`` as pid 1 of the sandbox ->
 ``bash``. Killing that pid 1 makes the kernel kill everything in the sandbox.
@@ -28,15 +28,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import ExecResult, SandboxSpec
-from sandboxes.cgroups import SandboxLimits, warm_limits
-from sandboxes.procs import child_pids, kill_descendants
+from sandboxes.runtimes.cgroups import SandboxLimits, warm_limits
+from sandboxes.runtimes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.image_cache import ImageLease, open_image
 from sandboxes.runtimes.images import is_reference
-from sandboxes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
-from sandboxes.shell import (DEFAULT_ARGV, NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
+from sandboxes.runtimes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
+from sandboxes.runtimes.shell import (DEFAULT_ARGV, NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
                              shell_warm_spec, trusted_argv)
-from sandboxes.uids import UidLease, lease_uid
-from sandboxes.workspace import Workspace, WorkspaceFiles
+from sandboxes.runtimes.uids import UidLease, lease_uid
+from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
 
 HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -306,7 +306,7 @@ class BwrapSandbox(WorkspaceFiles):
 
     def _shell_config(self, rootfs: str | None) -> BwrapConfig:
         """The config with the execute-only bash as the shell where the sandbox sees the host's
-        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.shell`)."""
+        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.runtimes.shell`)."""
         top = "/" + TRUSTED_BASH.split("/")[1]
         if rootfs or top not in self.config.host_paths:
             return self.config
@@ -330,7 +330,7 @@ class BwrapSandbox(WorkspaceFiles):
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
-        """What must be fixed at start (see :mod:`sandboxes.warm`); the rest is claimed."""
+        """What must be fixed at start (see :mod:`sandboxes.host.warm`); the rest is claimed."""
         warm = shell_warm_spec(spec)
         return warm and warm.model_copy(update={"limits": warm_limits(spec.limits)})
 

@@ -1,0 +1,1 @@
+"""The per-node sandbox host: serves sandboxes of its runtimes over HTTP (``python -m sandboxes.host``)."""
