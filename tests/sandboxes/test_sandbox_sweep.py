@@ -13,7 +13,7 @@ from prorl_celery.models import JobRequest
 from prorl_celery.status import STAGES, JobStatus
 from sandboxes.client import list_sandboxes
 from tasks.outcome import finish
-from tasks.sandbox_sweep import sweep_sandboxes
+from tasks.sweep.sandboxes import sweep_sandboxes
 from tests.sandboxes.test_host import create
 
 
@@ -84,7 +84,7 @@ def test_a_host_that_stopped_beating_is_dead_and_its_jobs_run_again(start_host, 
 
 
 def test_the_beat_sweep_reports_it(start_host, store):
-    from tasks.sweep import sweep_once
+    from tasks.sweep.beat import sweep_once
 
     host = start_host(runtime="local")
     create(host, "job-gone")

@@ -9,8 +9,8 @@ Runs on the ``maint`` queue every ``sweep_interval_s``. For every job whose stag
   attempts).
 
 Jobs waiting for their next stage whose message the broker lost get it again
-(:mod:`tasks.requeue`), and sandboxes and sandbox hosts are reconciled with the jobs
-(:mod:`tasks.sandbox_sweep`).
+(:mod:`tasks.sweep.requeue`), and sandboxes and sandbox hosts are reconciled with the jobs
+(:mod:`tasks.sweep.sandboxes`).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus, StageState
 from tasks.chain import close_sandbox, send_chain
 from tasks.outcome import finish
-from tasks.requeue import requeue_lost
-from tasks.sandbox_sweep import sweep_sandboxes
+from tasks.sweep.requeue import requeue_lost
+from tasks.sweep.sandboxes import sweep_sandboxes
 from tasks.stages import stage_budget
 
 log = logging.getLogger(__name__)
