@@ -5,7 +5,8 @@
 keep-alive connection per thread and (scheme, host, port), reused. A connection the peer closed
 while idle is noticed before reuse (as urllib3 does). The race left (the peer closes just as a
 request goes out) is retried once on a new connection, only for idempotent methods: a POST
-(an LLM generate, a sandbox exec) may already have reached the server, so it is never sent twice.
+(an LLM generate, a sandbox exec) may already have reached the server, so it is never sent twice;
+it does not reuse a connection idle longer than ``SAFE_IDLE_S`` either, so that race stays rare.
 
 ``on_socket`` lets another thread abort a call: it is given the socket before the request goes
 out and ``None`` after the answer was read; shutting that socket down ends the call at once.
@@ -18,11 +19,16 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+# A request that cannot be resent does not go out on a connection idle longer than this: uvicorn
+# (vLLM, SGLang) and llama.cpp close idle ones after 5 s, and one closing as the request goes out
+# would fail the request.
+SAFE_IDLE_S = 4.0
 # Raised by a reused connection the peer closed as the request went out.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
@@ -74,6 +80,27 @@ class Response:
         self.close()
 
 
+class _OneSend:
+    """Headers and a bytes body in one send (http.client makes two): a second segment wakes the
+    server a second time, and behind Nagle it would wait for the first's ACK."""
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        if not isinstance(message_body, bytes):
+            return super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+        self._buffer.extend((b"", message_body))  # type: ignore[attr-defined]
+        msg = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
+        del self._buffer[:]  # type: ignore[attr-defined]
+        self.send(msg)  # type: ignore[attr-defined]
+
+
+class _HTTP(_OneSend, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_OneSend, http.client.HTTPSConnection):
+    pass
+
+
 def _key(url: str) -> tuple[Key, str]:
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
@@ -101,18 +128,20 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
         return True
 
 
-def _checkout(key: Key, connect_timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-    """This thread's connection to ``key`` and whether it was reused."""
+def _checkout(key: Key, connect_timeout: float, max_idle: float) -> tuple[http.client.HTTPConnection, bool]:
+    """This thread's connection to ``key`` (a new one when it was idle over ``max_idle`` s) and
+    whether it was reused."""
     pool = _conns()
     conn = pool.get(key)
-    if conn is not None and not _dropped(conn):
+    if conn is not None and time.monotonic() - conn.last_used <= max_idle and not _dropped(conn):
         return conn, True
     if conn is not None:
         conn.close()
     scheme, host, port = key
-    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    cls = _HTTPS if scheme == "https" else _HTTP
     conn = cls(host, port, timeout=connect_timeout)
     conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as urllib3: no Nagle wait on a reused socket
     pool[key] = conn
     return conn, False
 
@@ -132,18 +161,21 @@ def _length(body: IO[bytes]) -> int:
 
 def _send(method: str, key: Key, path: str, headers: dict[str, str], data: Any, timeout: float,
           connect_timeout: float, stream: bool, on_socket: OnSocket | None) -> Response:
-    retried = False
+    retried, resendable = False, method in IDEMPOTENT and not hasattr(data, "read")
     while True:
-        conn, reused = _checkout(key, connect_timeout)
+        conn, reused = _checkout(key, connect_timeout, float("inf") if resendable else SAFE_IDLE_S)
+        conn.last_used = time.monotonic()
         conn.sock.settimeout(timeout)
         if on_socket is not None:
             on_socket(conn.sock)
         try:
             conn.request(method, path, body=data, headers=headers)
-            return Response(conn.getresponse(), conn, stream)
+            response = Response(conn.getresponse(), conn, stream)
+            conn.last_used = time.monotonic()
+            return response
         except _STALE:
             _discard(key)
-            if not reused or retried or method not in IDEMPOTENT or hasattr(data, "read"):
+            if not reused or retried or not resendable:
                 raise
             retried = True
 

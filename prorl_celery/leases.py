@@ -119,8 +119,10 @@ class Keeper(threading.Thread):
 
     def watch(self, call: Watched) -> None:
         with self.lock:
+            idle = not self.calls  # sleeping until the next stage lease is due, not ticking
             self.calls.add(call)
-        self.wake.set()
+        if idle:
+            self.wake.set()
 
     def unwatch(self, call: Watched) -> None:
         with self.lock:

@@ -5,6 +5,7 @@ only when the method is idempotent."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -100,7 +101,9 @@ def test_a_connection_closed_while_idle_is_replaced_before_reuse(server):
     server.mode = "close-after"
 
     def two_posts() -> list:
-        return [http.request_json("POST", server.url + "/gen", {"n": n}, timeout=5) for n in (1, 2)]
+        first = http.request_json("POST", server.url + "/gen", {"n": 1}, timeout=5)
+        time.sleep(0.3)  # idle: the server's close has arrived (the race with it is the next test's)
+        return [first, http.request_json("POST", server.url + "/gen", {"n": 2}, timeout=5)]
 
     assert _in_thread(two_posts) == [(200, {"ok": True})] * 2
     assert [body for _, _, body in server.seen] == [b'{"n": 1}', b'{"n": 2}']  # each sent once
@@ -134,3 +137,19 @@ def test_a_request_dropped_on_a_fresh_connection_is_not_retried(server):
     with pytest.raises(http.TransportError):
         _in_thread(lambda: http.request_json("GET", server.url + "/a", timeout=5))
     assert len(server.seen) == 1  # only a reused connection can have gone stale
+
+
+def test_a_post_does_not_reuse_a_connection_idle_past_the_servers_keepalive(server, monkeypatch):
+    monkeypatch.setattr(http, "SAFE_IDLE_S", 0.2)
+
+    def calls() -> None:
+        http.request_json("POST", server.url + "/gen", {"n": 1}, timeout=5)
+        http.request_json("POST", server.url + "/gen", {"n": 2}, timeout=5)  # at once: reused
+        time.sleep(0.4)
+        http.request_json("GET", server.url + "/models", timeout=5)  # resendable: reused
+        time.sleep(0.4)
+        http.request_json("POST", server.url + "/gen", {"n": 3}, timeout=5)  # idle 0.4 s: a new one
+
+    _in_thread(calls)
+    assert [port for _, port, _ in server.seen].count(server.seen[0][1]) == 3
+    assert len(server.ports()) == 2

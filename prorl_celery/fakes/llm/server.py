@@ -159,6 +159,7 @@ class FakeLLM:
 class Handler(BaseHTTPRequestHandler):
     server_version = "prorl-fake-llm"
     protocol_version = "HTTP/1.1"  # keep-alive, as vLLM, SGLang and llama.cpp serve
+    disable_nagle_algorithm = True  # as uvicorn: the body is not held back until the headers' ACK
     fake: FakeLLM  # set on the subclass made by make_server
 
     def log_message(self, fmt: str, *args: Any) -> None:
