@@ -8,8 +8,10 @@ from typing import Annotated, Any
 from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field
 
+from flask_api import schemas as s
 from flask_api.errors import parse_body
 from flask_api.jobs import check_handlers
+from flask_api.routes import route
 from prorl_celery.errors import UnknownGroup
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import Instance, JobRequest, SamplingParams
@@ -44,7 +46,8 @@ def _store() -> JobStore:
     return current_app.extensions["prorl_store"]
 
 
-@bp.post("/groups")
+@route(bp, "post", "/groups", "Submit n samples of one prompt", {202: s.GroupSubmitResponse, 400: s.ErrorBody},
+       body=GroupRequest, tag="groups")
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)
     jobs = body.jobs()
@@ -52,7 +55,8 @@ def submit_group():
     return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs)}), 202
 
 
-@bp.get("/groups/<group_id>")
+@route(bp, "get", "/groups/{group_id}", "Each sample's status; reward statistics once complete",
+       {200: s.GroupView, 404: s.ErrorBody}, tag="groups")
 def get_group(group_id: str):
     store = _store()
     records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
@@ -70,7 +74,8 @@ def get_group(group_id: str):
     return jsonify(body)
 
 
-@bp.delete("/groups/<group_id>")
+@route(bp, "delete", "/groups/{group_id}", "Cancel a group", {200: s.GroupCancelResponse, 404: s.ErrorBody},
+       tag="groups")
 def cancel_group(group_id: str):
     store = _store()
     records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
@@ -80,7 +85,8 @@ def cancel_group(group_id: str):
     return jsonify({"group_id": group_id, "cancelled": cancelled})
 
 
-@bp.post("/cancel_all")
+@route(bp, "post", "/cancel_all", "Cancel every active job (optionally of a group or data source)",
+       {200: s.CancelAllResponse, 400: s.ErrorBody}, body=CancelAllRequest, tag="groups")
 def cancel_all():
     body: CancelAllRequest = parse_body(CancelAllRequest)
     records = [r for r in active_jobs(_store())

@@ -7,27 +7,9 @@ from flask import Blueprint, current_app, jsonify
 from pydantic import BaseModel
 
 from flask_api import schemas as s
-from flask_api.groups import CancelAllRequest, GroupRequest
 from flask_api.routes import OPERATIONS, route
 
 bp = Blueprint("openapi", __name__)
-
-
-def operation(method: str, path: str, summary: str, responses: dict[int, type[BaseModel] | None],
-              body: Any = None, query: dict[str, dict] | None = None, tag: str = "jobs") -> None:
-    """Document a route served elsewhere (the groups' until they move to :func:`route`)."""
-    OPERATIONS.append({"method": method, "path": path, "summary": summary, "responses": responses,
-                       "body": body, "query": query or {}, "tag": tag})
-
-
-operation("post", "/groups", "Submit n samples of one prompt", {202: s.GroupSubmitResponse, 400: s.ErrorBody},
-          body=GroupRequest, tag="groups")
-operation("get", "/groups/{group_id}", "Each sample's status; reward statistics once complete",
-          {200: s.GroupView, 404: s.ErrorBody}, tag="groups")
-operation("delete", "/groups/{group_id}", "Cancel a group", {200: s.GroupCancelResponse, 404: s.ErrorBody},
-          tag="groups")
-operation("post", "/cancel_all", "Cancel every active job (optionally of a group or data source)",
-          {200: s.CancelAllResponse, 400: s.ErrorBody}, body=CancelAllRequest, tag="groups")
 
 
 def _ref(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str]:
