@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install and start a one-node Slurm cluster on this machine (tests/test_slurm.py uses it).
+# Install and start a one-node Slurm cluster on this machine (tests/slurm_scripts/test_slurm.py uses it).
 #
 # Idempotent: installs slurm-wlm and munge with apt-get only if they are missing, writes
 # /etc/slurm/slurm.conf for this host (its real hostname, CPUs and memory) unless a slurm.conf

@@ -1,4 +1,4 @@
-"""Handlers that meet real faults of the real sandbox host (tests/test_retries.py)."""
+"""Handlers that meet real faults of the real sandbox host (tests/tasks/test_retries.py)."""
 from __future__ import annotations
 
 from tasks.handlers.shell import ShellHandler

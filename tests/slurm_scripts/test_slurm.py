@@ -31,7 +31,7 @@ from tests.helpers import read_env_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "slurm_scripts"
 INSTALL = ROOT / "scripts" / "install-slurm.sh"
 STACK_MARKERS = ("redis-server", "celery", "prorl_celery", "sandbox-host", "fake-llm", "http.server")

@@ -61,7 +61,7 @@ def test_watchdog_revives_a_stalled_consumer(stack, api):
 
 def test_sandbox_host_killed_mid_run(stack, api):
     """kill -9 of the sandbox host: its sandboxes die with it, the job runs again from init on
-    the restarted host (tests/test_retries.py has the whole story), and that host serves the
+    the restarted host (tests/tasks/test_retries.py has the whole story), and that host serves the
     next job."""
     import signal as sig
 

@@ -12,7 +12,7 @@ from prorl_celery.fakes import swe
 from tasks.verify import test_log
 from tasks.verify.answers import choice_letter, last_boxed, math_equal
 
-RUNNER = Path(__file__).resolve().parent.parent / "tasks" / "verify" / "code_runner.py"
+RUNNER = Path(__file__).resolve().parents[2] / "tasks" / "verify" / "code_runner.py"
 
 
 @pytest.mark.parametrize("given,reference,equal", [
