@@ -70,10 +70,12 @@ def test_the_store_allows_every_move_the_service_makes(store):
         for _ in range(2):
             ok, status = store.transition(job_id, stage, expect={"attempt": 1}, stage_state=StageState.RUNNING)
             assert (ok, status) == (True, stage)
-        assert store.transition(job_id, None, sources=[stage], stage_state=StageState.DONE)[0]
         # the sweep re-sends a stage whose lease lapsed (narrowed: still this stage, still running)
-        assert not store.transition(job_id, None, sources=[stage], require_state=StageState.RUNNING,
-                                    stage_state=StageState.REDISPATCHED)[0]
+        redispatch = dict(sources=[stage], require_state=StageState.RUNNING, stage_state=StageState.REDISPATCHED)
+        assert store.transition(job_id, None, **redispatch) == (True, stage)
+        assert store.transition(job_id, stage, stage_state=StageState.RUNNING) == (True, stage)
+        assert store.transition(job_id, None, sources=[stage], stage_state=StageState.DONE)[0]
+        assert store.transition(job_id, None, **redispatch) == (False, stage)  # done: nothing to re-send
     assert store.transition(job_id, JobStatus.COMPLETED) == (True, JobStatus.COMPLETED)
     # a retry from init, from every stage: back to queued, attempt + 1
     for stage in STAGES:
