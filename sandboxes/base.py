@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from sandboxes.protocol import StatResult
 
 
 class Limits(BaseModel):
@@ -139,17 +142,9 @@ class Sandbox(Protocol):
     def write_file(self, path: str, data: bytes) -> None:
         """Create or replace a file inside the sandbox (parents created)."""
 
-    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
-        """Unpack an uncompressed tar stream at ``dest`` inside the sandbox; returns members."""
-
-    def get_archive(self, src: str, out: IO[bytes]) -> None:
-        """Write an uncompressed tar of ``src`` (a directory's contents, or a file) to ``out``."""
-
-    def copy_in(self, src_dir: str, dest: str) -> int:
-        """Copy a directory of the caller's machine into the sandbox at ``dest``."""
-
-    def copy_out(self, src: str, dest_dir: str) -> None:
-        """Copy ``src`` from the sandbox into a directory of the caller's machine."""
+    def stat(self, path: str) -> StatResult:
+        """Kind, size, mode and mtime of a path inside the sandbox, a symlink not followed;
+        the path rules of :meth:`read_file`."""
 
     def close(self) -> None:
         """Kill everything the sandbox started and remove its files. Idempotent."""

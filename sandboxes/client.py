@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
-import tempfile
 import time
-from typing import IO, Any
+from typing import Any
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from prorl_celery import keys
 from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
@@ -17,10 +15,9 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavai
 from prorl_celery.http import Response, TransportError
 from prorl_celery.http import request as http_request
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
-from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
-                                ExecRequest, HostRecord, RenewRequest, SandboxEntry)
+from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
+                                HostRecord, SandboxEntry, StatResult)
 from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
-from sandboxes.runtimes.archive import extract_archive, write_tree_archive
 # what a host may answer beside prorl_celery.errors: imported, so registered by their types
 from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
 from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
@@ -31,7 +28,6 @@ log = logging.getLogger(__name__)
 HTTP_MARGIN_S = 15.0  # exec's HTTP timeout beyond the command's: kill grace, shell restart, network
 CONTROL_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
-ARCHIVE_TIMEOUT_S = 600.0  # a repository going in or out
 
 
 def _raise_for(response: Response) -> None:
@@ -62,74 +58,61 @@ def request(method: str, address: str, token: str, path: str, timeout: float,
 
 
 class RemoteSandbox:
-    """The :class:`~sandboxes.base.Sandbox` protocol over HTTP to the host named in ``handle``."""
+    """The :class:`~sandboxes.base.Sandbox` protocol over HTTP to the host named in ``handle``:
+    every method is one :meth:`_call` of its row in :data:`sandboxes.protocol.METHODS`."""
 
     def __init__(self, handle: SandboxHandle, entry: SandboxEntry | None = None):
         self.handle = handle
         self.entry = entry  # the host's answer to the create (runtime, isolation, limits ...)
-        self._prefix = f"/sandboxes/{handle.sandbox_id}"
 
-    def _call(self, method: str, suffix: str = "", timeout: float = CONTROL_TIMEOUT_S,
-              **kwargs: Any) -> Response:
-        return request(method, self.handle.address, self.handle.token, self._prefix + suffix,
-                       timeout, **kwargs)
+    def _call(self, name: str, body: BaseModel) -> BaseModel:
+        """One protocol method on the host: its request model in, its response model out."""
+        method = METHODS[name]
+        path = f"/sandboxes/{self.handle.sandbox_id}/{name}"
+        fields = body.model_dump(exclude={"data"}, exclude_none=True) if method.raw_request else None
+        response = request("POST", self.handle.address, self.handle.token, path, _http_timeout(body),
+                           params=fields, data=body.data if method.raw_request  # type: ignore[attr-defined]
+                           else body.model_dump_json())
+        if method.raw_response:
+            return method.response(data=response.content)
+        return method.response.model_validate_json(response.content)
+
+    def _invoke(self, name: str, **args: Any) -> Any:
+        method = METHODS[name]
+        return method.result(self._call(name, method.request(**args)))
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        from config.settings import get_settings
+        from config.settings import get_settings  # this side's default, as the HTTP timeout's
 
-        timeout = timeout or get_settings().action_timeout_s
-        body = ExecRequest(command=command, timeout=timeout).model_dump_json()
-        response = self._call("POST", "/exec", timeout + HTTP_MARGIN_S, data=body)
-        return ExecResult.model_validate_json(response.content)
+        return self._invoke("exec", command=command, timeout=timeout or get_settings().action_timeout_s)
 
     def interrupt(self) -> None:
-        self._call("POST", "/interrupt")
+        self._invoke("interrupt")
 
     def renew(self, lease_s: float | None = None) -> SandboxEntry:
-        response = self._call("POST", "/renew", data=RenewRequest(lease_s=lease_s).model_dump_json())
-        return SandboxEntry.model_validate_json(response.content)
+        return self._invoke("renew", lease_s=lease_s)
 
     def read_file(self, path: str) -> bytes:
-        return self._call("GET", "/files", params={"path": path}).content
+        return self._invoke("read_file", path=path)
 
     def write_file(self, path: str, data: bytes) -> None:
-        self._call("PUT", "/files", params={"path": path}, data=data)
+        self._invoke("write_file", path=path, data=data)
 
-    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
-        response = self._call("PUT", "/tree", ARCHIVE_TIMEOUT_S, params={"path": dest}, data=archive)
-        return int(response.json()["members"])
-
-    def get_archive(self, src: str, out: IO[bytes]) -> None:
-        response = self._call("GET", "/tree", ARCHIVE_TIMEOUT_S, params={"path": src}, stream=True)
-        with response:
-            for chunk in response.iter_content(1 << 20):
-                out.write(chunk)
-
-    def copy_in(self, src_dir: str | os.PathLike, dest: str) -> int:
-        """Send a directory of this machine (a repository ...) into the sandbox at ``dest``."""
-        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
-            write_tree_archive(src_dir, buf)
-            buf.seek(0)
-            return self.put_archive(dest, buf)
-
-    def copy_out(self, src: str, dest_dir: str | os.PathLike) -> None:
-        """Fetch ``src`` (a directory's contents or one file) into a directory of this machine;
-        links that would point outside ``dest_dir`` are left out."""
-        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
-            self.get_archive(src, buf)
-            buf.seek(0)
-            extract_archive(buf, dest_dir)
+    def stat(self, path: str) -> StatResult:
+        return self._invoke("stat", path=path)
 
     def close(self) -> bool:
         """True if this call closed it, False if it was already gone. Idempotent."""
-        return CloseResponse.model_validate_json(self._call("DELETE").content).closed
+        return self._invoke("close")
 
     def info(self) -> dict[str, Any]:
-        for entry in list_sandboxes(self.handle.address, self.handle.token):
-            if entry.sandbox_id == self.handle.sandbox_id:
-                return {**entry.info, "host_id": self.handle.host_id,
-                        "address": self.handle.address, "expires_at": entry.expires_at}
-        raise SandboxGone(f"no sandbox {self.handle.sandbox_id!r} on {self.handle.address}")
+        return {**self._invoke("info"), "address": self.handle.address}
+
+
+def _http_timeout(body: BaseModel) -> float:
+    """A call's HTTP timeout: a command's own timeout and a margin, or the control timeout."""
+    timeout = getattr(body, "timeout", None)
+    return CONTROL_TIMEOUT_S if timeout is None else timeout + HTTP_MARGIN_S
 
 
 def list_sandboxes(address: str, token: str) -> list[SandboxEntry]:

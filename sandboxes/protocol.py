@@ -1,14 +1,24 @@
-"""Bodies of the sandbox host's HTTP protocol, shared by :mod:`sandboxes.host.app` and
-:mod:`sandboxes.client`, and the host's record in Redis. Error bodies are
-:class:`prorl_celery.errors.ErrorBody`, as on every server of the service."""
+"""The sandbox protocol's vocabulary: one request and one response model per method of
+:class:`~sandboxes.base.Sandbox` (:data:`METHODS`), used alike by the in-process runtimes, the
+host's one generic route (:mod:`sandboxes.host.app`) and :class:`sandboxes.client.RemoteSandbox`
+(as SWE-ReX's ``runtime/abstract.py``); the host's own bodies (create, list, bulk close, health)
+and its record in Redis. Error bodies are :class:`prorl_celery.errors.ErrorBody`, as on every
+server of the service.
+
+A new operation is one method on :class:`~sandboxes.base.Sandbox` (implemented once, e.g. in
+:class:`~sandboxes.runtimes.workspace.WorkspaceFiles`) plus its two models and its row here.
+"""
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+import stat as stat_mode
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes.base import SandboxSpec
+from sandboxes.base import ExecResult, SandboxSpec
 
 
 class _Body(BaseModel):
@@ -21,9 +31,62 @@ class CreateRequest(_Body):
     lease_s: float | None = Field(None, gt=0, description="Lease; default: settings.sandbox_lease_s.")
 
 
+# -- the protocol's methods: a request and a response each ---------------------------------
+# A request's fields are the method's arguments, by name. A model with a ``bytes`` field
+# ``data`` carries it as the raw HTTP body and its other fields in the query string.
+
 class ExecRequest(_Body):
     command: str
     timeout: float | None = Field(None, gt=0, description="Seconds; default: settings.action_timeout_s.")
+
+
+class Empty(_Body):
+    """The request of a method without arguments."""
+
+
+class InterruptResponse(BaseModel):
+    interrupted: bool = True
+
+
+class PathRequest(_Body):
+    path: str = Field(min_length=1, description="Relative to the workspace, or absolute inside it.")
+
+
+class ReadFileResponse(BaseModel):
+    data: bytes
+
+
+class WriteFileRequest(PathRequest):
+    data: bytes
+
+
+class WriteFileResponse(BaseModel):
+    written: bool = True
+
+
+class StatResult(BaseModel):
+    """What :meth:`~sandboxes.base.Sandbox.stat` says of a path (a symlink is not followed)."""
+
+    path: str
+    kind: Literal["file", "dir", "link", "other"]
+    size: int = Field(description="Bytes (a link: the length of its target).")
+    mode: int = Field(description="Permission bits, e.g. 0o644.")
+    mtime: float = Field(description="Last modification, unix time.")
+
+    @classmethod
+    def of(cls, path: str, st: os.stat_result) -> StatResult:
+        kind = ("file" if stat_mode.S_ISREG(st.st_mode) else "dir" if stat_mode.S_ISDIR(st.st_mode)
+                else "link" if stat_mode.S_ISLNK(st.st_mode) else "other")
+        return cls(path=path, kind=kind, size=st.st_size, mode=stat_mode.S_IMODE(st.st_mode),
+                   mtime=st.st_mtime)
+
+
+class InfoResponse(BaseModel):
+    info: dict[str, Any]
+
+
+class CloseResponse(BaseModel):
+    closed: bool = Field(description="False when the sandbox was already gone.")
 
 
 class RenewRequest(_Body):
@@ -46,10 +109,6 @@ class SandboxList(BaseModel):
     sandboxes: list[SandboxEntry]
 
 
-class CloseResponse(BaseModel):
-    closed: bool = Field(description="False when the sandbox was already gone.")
-
-
 class CloseManyRequest(_Body):
     sandbox_ids: list[str] = Field(max_length=10_000, description="Sandboxes of this host to close.")
 
@@ -68,6 +127,46 @@ class Health(BaseModel):
     isolation: dict[str, str] = Field(default_factory=dict, description="Runtime -> isolation.")
     limit_enforcement: dict[str, str] = Field(default_factory=dict,
                                               description="Limit -> how this node enforces it.")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One protocol method: what it takes, what it answers, and which field of the answer the
+    Python method returns (None: the whole model; ``""``: nothing)."""
+
+    request: type[BaseModel]
+    response: type[BaseModel]
+    returns: str | None = None
+
+    def result(self, response: BaseModel) -> Any:
+        return response if self.returns is None else getattr(response, self.returns, None)
+
+    def respond(self, value: Any) -> BaseModel:
+        """The response model of what the in-process method returned."""
+        if isinstance(value, self.response):
+            return value
+        return self.response(**({self.returns: value} if self.returns else {}))
+
+    @property
+    def raw_request(self) -> bool:
+        return "data" in self.request.model_fields
+
+    @property
+    def raw_response(self) -> bool:
+        return "data" in self.response.model_fields
+
+
+# method name (a method of Sandbox, except renew: the host's lease) -> its models
+METHODS: dict[str, Method] = {
+    "exec": Method(ExecRequest, ExecResult),
+    "interrupt": Method(Empty, InterruptResponse, ""),
+    "read_file": Method(PathRequest, ReadFileResponse, "data"),
+    "write_file": Method(WriteFileRequest, WriteFileResponse, ""),
+    "stat": Method(PathRequest, StatResult),
+    "info": Method(Empty, InfoResponse, "info"),
+    "close": Method(Empty, CloseResponse, "closed"),
+    "renew": Method(RenewRequest, SandboxEntry),
+}
 
 
 _JSON_FIELDS = {"runtimes": "[]", "isolation": "{}", "limit_enforcement": "{}"}

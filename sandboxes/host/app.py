@@ -9,18 +9,19 @@ the token does not carry the right to widen the policy.
 from __future__ import annotations
 
 import hmac
-import tempfile
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from flask import Flask, Response, request
 from pydantic import BaseModel, ValidationError
 
-from prorl_celery.errors import ErrorBody, ErrorDetail, FileError, InvalidRequest, ProrlError, SandboxGone
-from sandboxes.runtimes.workspace import stream_capped
+from prorl_celery.errors import (ErrorBody, ErrorDetail, FileError, InvalidRequest, NotFound,
+                                 ProrlError, SandboxGone)
+from sandboxes.base import ExecResult
 from sandboxes.host.pool import SandboxPool, limit_enforcement
-from sandboxes.protocol import (CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
-                                ExecRequest, Health, RenewRequest, SandboxList)
+from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Health,
+                                Method, SandboxList)
+from sandboxes.runtimes.workspace import stream_capped
 
 
 def error(type_: str, message: str, status: int) -> Response:
@@ -45,13 +46,6 @@ def parse(model: type[BaseModel]) -> BaseModel:
         return model.model_validate_json(request.get_data() or b"{}")
     except ValidationError as exc:
         raise InvalidRequest(str(exc)) from exc
-
-
-def file_path() -> str:
-    path = request.args.get("path")
-    if not path:
-        raise InvalidRequest("query parameter 'path' is required", field="path")
-    return path
 
 
 def _gone_with_predecessor(pool: SandboxPool) -> Response | None:
@@ -108,63 +102,21 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     def list_sandboxes() -> Response:
         return ok(SandboxList(sandboxes=pool.entries()))
 
-    @app.post("/sandboxes/<sandbox_id>/exec")
-    def exec_(sandbox_id: str) -> Response:
-        body = parse(ExecRequest)
-        # waitress tells (channel_request_lookahead > 0) when the caller hung up, e.g. its
-        # worker was killed: the command is interrupted and the sandbox's lease runs again.
-        gone = request.environ.get("waitress.client_disconnected")
-        return ok(pool.exec(sandbox_id, body.command, body.timeout, gone))
+    @app.post("/sandboxes/<sandbox_id>/<method>")
+    def call(sandbox_id: str, method: str) -> Response:  # one route for every protocol method
+        return _answer(method, _call(pool, sandbox_id, method, _request_of(method)))
 
-    @app.post("/sandboxes/<sandbox_id>/interrupt")
-    def interrupt(sandbox_id: str) -> Response:
-        with pool.using(sandbox_id) as sandbox:
-            sandbox.interrupt()
-        return Response(b'{"interrupted": true}', 200, mimetype="application/json")
-
-    @app.post("/sandboxes/<sandbox_id>/renew")
-    def renew(sandbox_id: str) -> Response:
-        body = parse(RenewRequest)
-        return ok(pool.renew(sandbox_id, body.lease_s))
+    @app.get("/sandboxes/<sandbox_id>/files")  # the read and write paths callers already use
+    def read_file(sandbox_id: str) -> Response:
+        return call(sandbox_id, "read_file")
 
     @app.put("/sandboxes/<sandbox_id>/files")
     def write_file(sandbox_id: str) -> Response:
-        path = file_path()
-        with pool.using(sandbox_id) as sandbox:
-            sandbox.write_file(path, request.get_data())
-        return Response(b'{"written": true}', 200, mimetype="application/json")
-
-    @app.get("/sandboxes/<sandbox_id>/files")
-    def read_file(sandbox_id: str) -> Response:
-        path = file_path()
-        with pool.using(sandbox_id) as sandbox:  # size-checked, then streamed (workspace.py)
-            opened = sandbox.open_file(path) if hasattr(sandbox, "open_file") else None
-            data = sandbox.read_file(path) if opened is None else stream_capped(opened)
-        return Response(data, 200, mimetype="application/octet-stream")
-
-    @app.put("/sandboxes/<sandbox_id>/tree")
-    def put_tree(sandbox_id: str) -> Response:
-        path = file_path()
-        with pool.using(sandbox_id) as sandbox:
-            members = sandbox.put_archive(path, request.stream)
-        return Response(f'{{"members": {members}}}', 200, mimetype="application/json")
-
-    @app.get("/sandboxes/<sandbox_id>/tree")
-    def get_tree(sandbox_id: str) -> Response:
-        path = file_path()
-        buf = tempfile.SpooledTemporaryFile(64 << 20)
-        try:
-            with pool.using(sandbox_id) as sandbox:
-                sandbox.get_archive(path, buf)
-        except BaseException:
-            buf.close()
-            raise
-        buf.seek(0)
-        return Response(_chunks(buf), 200, mimetype="application/x-tar")
+        return call(sandbox_id, "write_file")
 
     @app.delete("/sandboxes/<sandbox_id>")
     def close(sandbox_id: str) -> Response:
-        return ok(CloseResponse(closed=pool.close(sandbox_id)))
+        return call(sandbox_id, "close")
 
     @app.post("/sandboxes/close")
     def close_many() -> Response:  # a bulk cancel: one call instead of one per sandbox
@@ -174,7 +126,64 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     return app
 
 
-def _chunks(buf: IO[bytes]) -> Iterator[bytes]:
-    with buf:
-        while chunk := buf.read(1 << 20):
-            yield chunk
+def _method(name: str) -> Method:
+    method = METHODS.get(name)
+    if method is None:
+        raise NotFound(f"no protocol method {name!r}; the methods: {', '.join(METHODS)}")
+    return method
+
+
+def _request_of(name: str) -> BaseModel:
+    """The method's request model: from the JSON body, or from the query string and, for one
+    that carries ``data``, the raw body."""
+    method = _method(name)
+    if not method.raw_request and not request.args:
+        return parse(method.request)
+    fields: dict[str, Any] = request.args.to_dict()
+    if method.raw_request:
+        fields["data"] = request.get_data()
+    try:
+        return method.request.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidRequest(str(exc)) from exc
+
+
+def _call(pool: SandboxPool, sandbox_id: str, name: str, body: BaseModel) -> BaseModel | Iterator[bytes]:
+    """Run one protocol method on the pool's sandbox; what it returns, as its response model
+    (a file read: the file's chunks, streamed)."""
+    args = dict(body)
+    if name in _POOL_CALLS:
+        return _method(name).respond(_POOL_CALLS[name](pool, sandbox_id, args))
+    with pool.using(sandbox_id) as sandbox:
+        if name == "read_file" and hasattr(sandbox, "open_file"):  # size-checked, then streamed
+            return stream_capped(sandbox.open_file(args["path"]))
+        return _method(name).respond(getattr(sandbox, name)(**args))
+
+
+def _exec(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> ExecResult:
+    # waitress tells (channel_request_lookahead > 0) when the caller hung up, e.g. its
+    # worker was killed: the command is interrupted and the sandbox's lease runs again.
+    gone = request.environ.get("waitress.client_disconnected")
+    return pool.exec(sandbox_id, args["command"], args["timeout"], gone)
+
+
+def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    for entry in pool.entries():
+        if entry.sandbox_id == sandbox_id:
+            return {**entry.info, "host_id": entry.host_id, "expires_at": entry.expires_at}
+    raise SandboxGone(f"no sandbox {sandbox_id!r} on host {pool.host_id}")
+
+
+# methods the pool answers itself (its lease, its watch on the caller, its entry)
+_POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
+    "exec": _exec, "info": _info,
+    "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
+    "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
+}
+
+
+def _answer(name: str, response: BaseModel | Iterator[bytes]) -> Response:
+    if isinstance(response, BaseModel) and not _method(name).raw_response:
+        return ok(response)
+    data = response.data if isinstance(response, BaseModel) else response  # type: ignore[attr-defined]
+    return Response(data, 200, mimetype="application/octet-stream")

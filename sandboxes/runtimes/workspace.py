@@ -24,6 +24,7 @@ from typing import IO
 
 from prorl_celery.errors import SandboxError
 from sandboxes.runtimes import diskquota
+from sandboxes.protocol import StatResult
 from sandboxes.runtimes.archive import add_tree, extract_archive, file_info, write_tree_archive
 from sandboxes.safedirs import remove_tree
 
@@ -202,6 +203,20 @@ class Workspace:
         _check_size(path, len(data), cap)
         return data
 
+    def stat(self, path: str) -> StatResult:
+        """What is at ``path``; its last component is not followed (a link says ``link``)."""
+        parts = self.relative(path)
+        root = self._root_fd()
+        try:
+            parent = self._dir(root, parts[:-1], create=False)
+        finally:
+            os.close(root)
+        try:
+            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False) if parts else os.fstat(parent)
+        finally:
+            os.close(parent)
+        return StatResult.of(path, st)
+
     def write_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         parts = self.relative(path)
         if not parts:
@@ -371,6 +386,9 @@ class WorkspaceFiles:
 
     def write_file(self, path: str, data: bytes) -> None:
         self.workspace.write_bytes(path, data)
+
+    def stat(self, path: str) -> StatResult:
+        return self.workspace.stat(path)
 
     def put_archive(self, dest: str, archive: IO[bytes]) -> int:
         return self.workspace.put_archive(dest, archive)

@@ -86,16 +86,19 @@ def test_contract(box, tmp_path):
             box.read_file(path)
     with pytest.raises(PermissionError):
         box.write_file("sneaky", b"x")
-    # a directory in and out (a repository for a SWE task)
-    repo = tmp_path / "repo"
-    (repo / "src").mkdir(parents=True)
-    (repo / "src" / "main.py").write_text("print('hi')\n")
-    os.symlink("src/main.py", repo / "entry.py")
-    assert box.copy_in(str(repo), "repo") == 3
-    assert box.exec("cd ~/repo && cat entry.py && echo patched >> src/main.py").exit_code == 0
-    box.copy_out("repo", str(tmp_path / "back"))
-    assert (tmp_path / "back" / "src" / "main.py").read_text() == "print('hi')\npatched\n"
-    assert os.readlink(tmp_path / "back" / "entry.py") == "src/main.py"
+    # stat: kind, size, mode and mtime, a symlink not followed, never outside the workspace
+    box.exec("cd ~ && mkdir -p tree && chmod 750 tree && chmod 640 made.txt")
+    made = box.stat("made.txt")
+    assert (made.kind, made.size, made.mode) == ("file", len(b"made inside"), 0o640)
+    assert abs(made.mtime - time.time()) < 60
+    assert box.stat("tree").kind == "dir" and box.stat("tree").mode == 0o750
+    assert box.stat("sneaky").kind == "link" and box.stat("sneaky").size == len("/etc/passwd")
+    assert box.stat(".").kind == "dir" and box.stat(info_workdir(box)).kind == "dir"
+    with pytest.raises(FileNotFoundError):
+        box.stat("nope.txt")
+    for path in ("../outside.txt", "sneaky/x", "/etc/passwd"):
+        with pytest.raises(PermissionError):
+            box.stat(path)
     # closing is final and idempotent
     info = box.info()
     assert info["pid"]
@@ -105,6 +108,11 @@ def test_contract(box, tmp_path):
         box.exec("echo hi")
     if box.kind != "remote":
         assert not os.path.exists(info["workspace"])
+
+
+def info_workdir(box) -> str:
+    """The workspace as the sandbox sees it (an absolute path inside it)."""
+    return box.exec("cd ~ && pwd").output.strip()
 
 
 def test_contract_isolation(box):

@@ -13,7 +13,8 @@ import requests
 
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, SandboxGone
-from sandboxes.base import SandboxHandle, SandboxSpec
+from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
+from sandboxes.protocol import METHODS, StatResult
 from sandboxes.client import RemoteSandbox, close_handle, list_sandboxes, open_sandbox, request
 from tests.sandboxes.conftest import wait_until
 
@@ -85,6 +86,37 @@ def test_bad_requests_are_typed_errors(start_host):
     response = requests.post(f"{host.address}/sandboxes/deadbeef/exec", json={"command": "ls"},
                              headers={"Authorization": f"Bearer {host.token}"})
     assert response.status_code == 404 and response.json()["error"]["type"] == "sandbox_gone"
+
+
+def test_one_route_serves_every_protocol_method(start_host):
+    """``POST /sandboxes/<id>/<method>`` for each row of protocol.METHODS: the body is that
+    method's request model (extra fields refused), the answer its response model."""
+    host = start_host()
+    sandbox = create(host)
+    headers = {"Authorization": f"Bearer {host.token}"}
+    base = f"{host.address}/sandboxes/{sandbox.handle.sandbox_id}"
+    for name in METHODS:
+        reply = requests.post(f"{base}/{name}", json={"bogus": 1}, headers=headers, timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request", name
+    reply = requests.post(f"{base}/no_such_method", json={}, headers=headers, timeout=30)
+    assert reply.status_code == 404 and "stat" in reply.json()["error"]["message"]
+    reply = requests.post(f"{base}/exec", json={"command": "printf hi > f"}, headers=headers, timeout=30)
+    assert ExecResult.model_validate(reply.json()).exit_code == 0
+    reply = requests.post(f"{base}/stat", json={"path": "f"}, headers=headers, timeout=30)
+    assert StatResult.model_validate(reply.json()).size == 2
+    reply = requests.post(f"{base}/write_file", params={"path": "g"}, data=b"\x00\xff", headers=headers)
+    assert reply.json() == {"written": True}
+    reply = requests.post(f"{base}/read_file", json={"path": "g"}, headers=headers, timeout=30)
+    assert reply.content == b"\x00\xff" and reply.headers["Content-Type"] == "application/octet-stream"
+    # the paths callers already use still answer: GET/PUT .../files, DELETE the sandbox
+    reply = requests.get(f"{base}/files", params={"path": "f"}, headers=headers, timeout=30)
+    assert reply.content == b"hi"
+    assert requests.put(f"{base}/files", params={"path": "h"}, data=b"x", headers=headers).ok
+    assert sandbox.read_file("h") == b"x"
+    assert requests.delete(base, headers=headers, timeout=30).json() == {"closed": True}
+    assert requests.post(f"{base}/close", json={}, headers=headers, timeout=30).json() == {"closed": False}
+    reply = requests.post(f"{base}/stat", json={"path": "f"}, headers=headers, timeout=30)
+    assert reply.status_code == 404 and reply.json()["error"]["type"] == "sandbox_gone"
 
 
 def test_interrupt_over_http(start_host):
