@@ -61,7 +61,7 @@ import requests  # noqa: E402
 from prorl_celery.errors import LLMCallCancelled  # noqa: E402
 from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.llm import BackendSpec, LLMPool, LLMRequest, Protocol, SamplingParams  # noqa: E402
-from prorl_celery.llm.chat import ChatClient  # noqa: E402
+from prorl_celery.llm.clients.chat import ChatClient  # noqa: E402
 from prorl_celery.llm.routing import Slot  # noqa: E402
 from prorl_celery.llm.transport import Call, CallAborted  # noqa: E402
 

@@ -2,9 +2,9 @@
 fake LLM server's own code, without HTTP.
 
 Each call runs what the ``generate`` client and the fake server would do over the wire: the
-prompt is built by :func:`prorl_celery.llm.generate.build_prompt` (the previous turn's prompt and
+prompt is built by :func:`prorl_celery.llm.clients.generate.build_prompt` (the previous turn's prompt and
 response ids, the template's turn closing, the new messages' ids), clipped to the context window
-by :func:`~prorl_celery.llm.generate.max_new_tokens` (ContextWindowExceeded when no room is left),
+by :func:`~prorl_celery.llm.clients.generate.max_new_tokens` (ContextWindowExceeded when no room is left),
 answered by the fake server's ``fake`` dialect (the reply's text and Hermes ``<tool_call>``
 blocks encoded, its end-of-turn id appended, cut at ``max_tokens`` with finish ``length``, its
 deterministic logprobs), and read back into a :class:`Turn` as the client does (tool calls
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, Union
 
 from prorl_celery.errors import LLMCallCancelled
-from prorl_celery.llm.base import model_name
+from prorl_celery.llm.clients.base import model_name
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
 from prorl_celery.fakes.llm.policies import Reply
 from prorl_celery.fakes.llm.server import FakeLLM
 from prorl_celery.fakes.llm.token_api import fake_generate
-from prorl_celery.llm.generate import GenerateClient, build_prompt, max_new_tokens, wire_for
+from prorl_celery.llm.clients.generate import GenerateClient, build_prompt, max_new_tokens, wire_for
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import get_tokenizer

@@ -1,7 +1,7 @@
 """Serve a trainer's live model as a ``generate`` backend, for CPU and small runs (a real GPU run
 registers its vLLM instead): a small HTTP server in the trainer's process, speaking vLLM's
 ``/v1/completions`` with a token-id prompt — the ``vllm-completions`` dialect of
-:mod:`prorl_celery.llm.vllm` — and sampling with Hugging Face ``generate`` from the very weights
+:mod:`prorl_celery.llm.clients.vllm` — and sampling with Hugging Face ``generate`` from the very weights
 the trainer is updating.
 
 Why this dialect: its answer is exactly what ``generate`` gives honestly — the sampled ids and,

@@ -16,18 +16,15 @@ import redis
 
 from config.settings import get_settings
 from prorl_celery.errors import BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
-from prorl_celery.llm.base import Client
-from prorl_celery.llm.chat import ChatClient
-from prorl_celery.llm.generate import GenerateClient
+from prorl_celery.llm.clients import client_for
 from prorl_celery.llm.health import probe_quarantined, quarantine
-from prorl_celery.llm.models import LLMRequest, Protocol, Turn
+from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.llm.routing import Router, Slot
 from prorl_celery.llm.transport import Call, CallAborted
 
 log = logging.getLogger(__name__)
 
-CLIENTS: dict[Protocol, Client] = {Protocol.CHAT: ChatClient(), Protocol.GENERATE: GenerateClient()}
 WAIT_POLL_S = 0.1
 MAX_BACKOFF_S = 8.0
 
@@ -138,7 +135,7 @@ class LLMPool:
     def _call(self, slot: Slot, request: LLMRequest, stop: Callable[[], bool]) -> Turn:
         timeout = request.timeout_s or get_settings().llm_call_timeout_s
         with Call(timeout, should_stop=stop, lease=slot.lease) as call:
-            return CLIENTS[slot.protocol].generate(slot, request, call)
+            return client_for(slot.protocol).generate(slot, request, call)
 
     def _failed(self, slot: Slot, exc: BackendFailed, failures: int, stop: Callable[[], bool]) -> int:
         """Quarantine the backend (not for its own abort), and pause before the retry; raise once the

@@ -75,11 +75,11 @@ def _models(spec: BackendSpec, address: str) -> dict[str, Any]:
 
 
 def _one_token(slot: Slot, request: LLMRequest, spec: BackendSpec) -> Any:
-    from prorl_celery.llm.pool import CLIENTS
+    from prorl_celery.llm.clients import client_for
 
     try:
         with Call(PROBE_TIMEOUT_S) as call:
-            return CLIENTS[slot.protocol].generate(slot, request, call)
+            return client_for(slot.protocol).generate(slot, request, call)
     except ContextWindowExceeded as exc:
         raise InvalidRequest(f"max_model_len: the probe's 1-token request does not fit: {exc}",
                              field="max_model_len") from None

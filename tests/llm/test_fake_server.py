@@ -69,7 +69,7 @@ def test_sglang_quirks_context_check_prefix_and_abort(fake_llms):
     project's SGLang wire reads the prefixed ids back to the generated ones and the abort as a
     retryable BackendAborted."""
     from prorl_celery.errors import BackendAborted
-    from prorl_celery.llm.generate import SGLangWire
+    from prorl_celery.llm.clients.generate import SGLangWire
 
     (plain,) = fake_llms(1, extra=["--max-model-len", "64"])
     (prefixed,) = fake_llms(1, extra=["--max-model-len", "64", "--sglang-prompt-in-output"])
@@ -97,7 +97,7 @@ def test_vllm_defaults_and_tool_parser_flag(fake_llms):
     as a rejected request (not a backend failure)."""
     from prorl_celery.errors import LLMRequestRejected
     from prorl_celery.llm import LLMRequest
-    from prorl_celery.llm.chat import ChatClient
+    from prorl_celery.llm.clients.chat import ChatClient
     from prorl_celery.llm.models import Protocol
     from prorl_celery.llm.routing import Slot
     from prorl_celery.llm.transport import Call
@@ -122,7 +122,7 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     """An SGLang that predates ``sampling_seed`` refuses it with a 400; the generate client sends
     the same request again without the seed and gets its turn (the fake saw both)."""
     from prorl_celery.llm import LLMRequest, SamplingParams
-    from prorl_celery.llm.generate import GenerateClient
+    from prorl_celery.llm.clients.generate import GenerateClient
     from prorl_celery.llm.models import Dialect, Protocol
     from prorl_celery.llm.routing import Slot
     from prorl_celery.llm.transport import Call
@@ -136,7 +136,7 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     assert turn.response_ids and len(turn.logprobs) == len(turn.response_ids)
     sent = [r.get("sampling_params", {}) for r in proc.received()]
     assert len(sent) == 1 and "sampling_seed" not in sent[0]  # only the unseeded one reached generation
-    from prorl_celery.llm.generate import _no_seed
+    from prorl_celery.llm.clients.generate import _no_seed
 
     assert proc.url in _no_seed  # the seeded one was sent first and refused
     refused = _sglang(proc.url, [1, 2, 3], max_new_tokens=2, sampling_seed=1)

@@ -20,10 +20,10 @@ import pytest
 
 from prorl_celery.errors import BackendFailed, ProrlError
 from prorl_celery.llm import LLMRequest
-from prorl_celery.llm.base import post
-from prorl_celery.llm.chat import ChatClient
+from prorl_celery.llm.clients.base import post
+from prorl_celery.llm.clients.chat import ChatClient
 from prorl_celery.fakes.llm.server import FakeOptions, make_server
-from prorl_celery.llm.generate import wire_for
+from prorl_celery.llm.clients.generate import wire_for
 from prorl_celery.llm.models import Dialect, Protocol
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, request_json

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prorl_celery.llm import base
-from prorl_celery.llm.chat import chat_body
+from prorl_celery.llm.clients import base
+from prorl_celery.llm.clients.chat import chat_body
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 

@@ -9,7 +9,7 @@ import requests
 
 from prorl_celery.errors import ContextWindowExceeded
 from prorl_celery.llm import LLMRequest, SamplingParams
-from prorl_celery.llm.generate import WIRES, Generated
+from prorl_celery.llm.clients.generate import WIRES, Generated
 from prorl_celery.errors import BackendAborted
 from prorl_celery.llm.models import Dialect
 from prorl_celery.llm.tokenizer import ByteTokenizer

@@ -74,7 +74,7 @@ def main(jinja: str, no_jinja: str) -> None:
 def record_forced_calls(jinja: str) -> None:
     """tool_choice required as the llama.cpp chat dialect sends it (its grammar, tool_choice none),
     and the refusal that makes it send none: a grammar beside tools that the server would parse."""
-    from prorl_celery.llm.chat import chat_body
+    from prorl_celery.llm.clients.chat import chat_body
     from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
     from prorl_celery.llm.routing import Slot
 

@@ -15,7 +15,7 @@ import pytest
 
 from prorl_celery.fakes import DummySandbox, ScriptedPolicy
 from prorl_celery.fakes.llm.server import make_server
-from prorl_celery.llm.generate import GenerateClient, build_prompt
+from prorl_celery.llm.clients.generate import GenerateClient, build_prompt
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import get_tokenizer

@@ -15,7 +15,7 @@ from prorl_celery.errors import (BackendUnavailable, ContextWindowExceeded, JobC
                                  LLMTimeout, StageBudgetExceeded)
 from prorl_celery.fakes import DummySandbox, ScriptedPolicy
 from prorl_celery.fakes.sandbox import failed, timed_out
-from prorl_celery.llm.generate import build_prompt
+from prorl_celery.llm.clients.generate import build_prompt
 from prorl_celery.llm.models import Turn
 from tasks.agent import AgentConfig, DefaultAgent, FinishReason, Timeouts
 from tasks.agent.trajectory import flatten

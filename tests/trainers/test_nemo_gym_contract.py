@@ -238,7 +238,7 @@ def test_process_meets_nemo_gym_prorl_agent_contract(api, stack, only_the_standi
 def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
     """Gym's rule: the three token fields come together; a partial bundle or one that contradicts
     vLLM's own fields is a malformed completion (BackendFailed: retried on another backend)."""
-    from prorl_celery.llm.chat import ChatClient
+    from prorl_celery.llm.clients.chat import ChatClient
     from prorl_celery.llm.models import LLMRequest, Protocol
     from prorl_celery.llm.routing import Slot
 
@@ -262,7 +262,7 @@ def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
 def test_only_the_nemo_gym_dialect_sends_the_token_history():
     """The ids of the previous turn go back on its assistant message for Gym's model server
     (``nemo-gym``); the ``vllm`` dialect sends only what vLLM reads."""
-    from prorl_celery.llm.chat import GYM_FIELDS, chat_body
+    from prorl_celery.llm.clients.chat import GYM_FIELDS, chat_body
     from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
 
     previous = Turn(backend_id="b", address="http://gym", weight_version=None, protocol=Protocol.CHAT, model="m",

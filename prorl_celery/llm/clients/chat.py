@@ -34,8 +34,8 @@ from typing import Any
 
 from prorl_celery.errors import BackendFailed, LogprobMismatch
 from prorl_celery.llm import chatml
-from prorl_celery.llm.base import model_name, post, sampling_body
-from prorl_celery.llm.llamacpp_tools import forced_call
+from prorl_celery.llm.clients.base import model_name, post, sampling_body
+from prorl_celery.llm.clients.llamacpp_tools import forced_call
 from prorl_celery.llm.models import Dialect, LLMRequest, ToolCall, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call

@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.errors import BackendAborted, BackendFailed, LogprobMismatch
-from prorl_celery.llm.base import sampling_body
-from prorl_celery.llm.generate import Generated
+from prorl_celery.llm.clients.base import sampling_body
+from prorl_celery.llm.clients.generate import Generated
 from prorl_celery.llm.models import LLMRequest
 from prorl_celery.llm.tokenizer import Tokenizer
 
