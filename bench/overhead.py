@@ -36,7 +36,7 @@ from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 
 SHELL = {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}
-NO_SANDBOX = {"data_source": "tasks.diagnostics:NoopHandler"}
+NO_SANDBOX = {"data_source": "prorl_celery.fakes.noop:NoopHandler"}
 
 
 def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
@@ -96,7 +96,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
-                           redis_url=None, beat=False, persist=False)
+                           redis_url=None, beat=False, persist=False,
+                           env={"PRORL_PLUGIN_PACKAGES": "prorl_celery.fakes"})  # the no-op handler's package
     stack = Stack(options)
     os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
     stack.start_redis(REDIS_PORT)

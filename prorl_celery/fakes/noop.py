@@ -1,4 +1,6 @@
-"""Tasks for measuring the service against bare Celery (``bench/overhead.py``)."""
+"""Stand-ins for measuring the service against bare Celery (``bench/overhead.py``): a no-op task for
+the bare chain and a handler that opens no sandbox (loadable where ``PRORL_PLUGIN_PACKAGES``
+includes ``prorl_celery.fakes``)."""
 from __future__ import annotations
 
 from prorl_celery.celery_app import app
@@ -13,7 +15,7 @@ def noop(*args, **kwargs) -> None:
 
 class NoopHandler(AgentHandler):
     """A handler whose stages do nothing and open no sandbox: isolates the cost of the chain,
-    the job store and the API from the cost of sandboxes (``data_source: "tasks.diagnostics:NoopHandler"``)."""
+    the job store and the API from the cost of sandboxes (``data_source: "prorl_celery.fakes.noop:NoopHandler"``)."""
 
     name = "noop"
 
