@@ -7,4 +7,4 @@ app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep.beat", "prorl
 app.config_from_object("config.celeryconfig")
 
 from prorl_celery import watchdog  # noqa: E402,F401 - connects the worker's consumer watchdog
-from prorl_celery.ops import fdlimit  # noqa: E402,F401 - lifts a worker's open-file limit
+from prorl_celery import fdlimit  # noqa: E402,F401 - lifts a worker's open-file limit

@@ -307,7 +307,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     from config.settings import get_settings
-    from prorl_celery.ops.fdlimit import raise_open_files_limit
+    from prorl_celery.fdlimit import raise_open_files_limit
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
