@@ -127,7 +127,12 @@ class SandboxHandle(BaseModel):
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """A live sandbox with one persistent shell."""
+    """A live sandbox with one persistent shell.
+
+    A runtime class also has the optional hooks of :class:`SandboxRuntime` (``available``,
+    ``warm_spec``, ``claim``, ``kill``, ``isolation``), inheriting its defaults for those it does
+    not need; the host and the warm pool call them directly.
+    """
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run ``command`` in the persistent shell (cwd and environment carry over)."""
@@ -151,3 +156,33 @@ class Sandbox(Protocol):
 
     def info(self) -> dict[str, Any]:
         """Runtime, pid, workdir and whatever the runtime can tell about itself."""
+
+
+class SandboxRuntime:
+    """The optional hooks of a runtime class, with the defaults a runtime that needs none of
+    them inherits. The sandbox host, its warm pool and the registry call them directly, and
+    :func:`sandboxes.check.check_runtime_class` checks that every runtime has them."""
+
+    name: ClassVar[str] = ""
+    isolation: ClassVar[str] = "unknown"  # how its sandboxes are isolated, as /healthz shows
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether the runtime can start sandboxes on this machine. Default: yes."""
+        return True
+
+    @classmethod
+    def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
+        """The part of ``spec`` fixed when a sandbox starts (image, network), for the warm pool
+        to pre-start one (:mod:`sandboxes.host.warm`). Default: None, never pre-started."""
+        return None
+
+    def claim(self, job_id: str, spec: SandboxSpec) -> None:
+        """Hand a pre-started sandbox to ``job_id``, applying the rest of ``spec`` (env,
+        limits, workdir). Only called on runtimes whose :meth:`warm_spec` returns a spec."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be pre-started")
+
+    def kill(self) -> None:
+        """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,
+        in the background. Default: close now."""
+        self.close()  # type: ignore[attr-defined]  # every Sandbox has close()

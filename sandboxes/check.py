@@ -24,24 +24,42 @@ METHODS: dict[str, tuple[str, ...]] = {
     "exec": ("command",), "interrupt": (), "read_file": ("path",), "write_file": ("path", "data"),
     "put_archive": ("dest", "archive"), "get_archive": ("src", "out"), "copy_in": ("src_dir", "dest"),
     "copy_out": ("src", "dest_dir"), "close": (), "info": ()}
+# the optional hooks (:class:`~sandboxes.base.SandboxRuntime` has defaults for each); the first
+# two are called on the class
+HOOKS: dict[str, tuple[str, ...]] = {
+    "available": (), "warm_spec": ("spec",), "claim": ("job_id", "spec"), "kill": ()}
+_CLASS_HOOKS = ("available", "warm_spec")
+_conformant: set[type] = set()  # checked once per class: the registry loads one per create
 
 
 class NonConformant(AssertionError):
     """A sandbox that does not behave as the protocol says; the message lists each finding."""
 
 
+def _call_problem(cls: type, method: str, args: tuple[str, ...], on_class: bool) -> str | None:
+    """Why ``method`` of ``cls`` cannot be called with ``args`` (None: it can)."""
+    func = getattr(cls, method, None)
+    if not callable(func):
+        return f"no method {method}"
+    try:
+        inspect.signature(func).bind(*(() if on_class else (None,)), *args)
+    except TypeError as exc:
+        return f"{method}({', '.join(args)}) cannot be called: {exc}"
+    return None
+
+
 def check_runtime_class(cls: type) -> None:
-    """Raise :class:`UnknownPlugin` when ``cls`` cannot serve as a runtime."""
-    problems = []
-    for method, args in METHODS.items():
-        func = getattr(cls, method, None)
-        if not callable(func):
-            problems.append(f"no method {method}")
-            continue
-        try:
-            inspect.signature(func).bind(None, *args)
-        except TypeError as exc:
-            problems.append(f"{method}({', '.join(args)}) cannot be called: {exc}")
+    """Raise :class:`UnknownPlugin` when ``cls`` cannot serve as a runtime: the protocol's
+    methods, the hooks (a runtime inherits them from :class:`~sandboxes.base.SandboxRuntime`),
+    ``isolation`` and the constructor."""
+    if cls in _conformant:
+        return
+    problems = [problem for method, args in METHODS.items()
+                if (problem := _call_problem(cls, method, args, False))]
+    problems += [problem for method, args in HOOKS.items()
+                 if (problem := _call_problem(cls, method, args, method in _CLASS_HOOKS))]
+    if not isinstance(getattr(cls, "isolation", None), str):
+        problems.append("no isolation (a str such as 'namespaces')")
     try:
         inspect.signature(cls).bind("spec", "job_id", None)
     except TypeError as exc:
@@ -49,6 +67,7 @@ def check_runtime_class(cls: type) -> None:
     if problems:
         raise UnknownPlugin(f"sandbox runtime {cls.__module__}:{cls.__qualname__} does not conform: "
                             + "; ".join(problems))
+    _conformant.add(cls)
 
 
 def _raises(kind: type[BaseException], call: Callable[[], object]) -> bool:

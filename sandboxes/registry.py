@@ -28,12 +28,11 @@ def load_runtime(name: str) -> type:
     """The runtime class for a short name (``local``) or a dotted path (``pkg.mod:Class``).
 
     A runtime class takes ``(spec: SandboxSpec, job_id: str, config=None)``, implements
-    :class:`~sandboxes.base.Sandbox`, and may define ``available() -> bool``.
+    :class:`~sandboxes.base.Sandbox`, and has the hooks of :class:`~sandboxes.base.SandboxRuntime`.
     """
     return RUNTIMES.load(name)
 
 
-ISOLATION: dict[str, str] = {"bwrap": "namespaces", "local": "none", "singularity": "container"}
 AUTO_UNAVAILABLE = ("sandbox runtime 'auto' needs bubblewrap, which is missing or cannot create "
                     "namespaces on this host, and will not fall back to 'local' (no isolation): "
                     "install bubblewrap with scripts/install-system-deps.sh, or let the operator "
@@ -43,10 +42,8 @@ AUTO_UNAVAILABLE = ("sandbox runtime 'auto' needs bubblewrap, which is missing o
 
 def isolation_of(name: str) -> str:
     """How a runtime isolates its sandboxes (``namespaces``, ``none`` ...), as /healthz shows."""
-    if name in ISOLATION:
-        return ISOLATION[name]
     try:
-        return str(getattr(load_runtime(name), "isolation", "unknown"))
+        return str(load_runtime(name).isolation)
     except UnknownPlugin:
         return "unknown"
 
@@ -61,7 +58,7 @@ def runtime_works(name: str, config: dict[str, Any] | None = None) -> bool:
         cls = load_runtime(name)
     except UnknownPlugin:
         return False
-    return bool(getattr(cls, "available", lambda: True)())
+    return bool(cls.available())
 
 
 def _local_allowed() -> bool:

@@ -44,8 +44,9 @@ class SandboxPool:
     """Thread-safe table of live sandboxes. ``on_change`` is called after every create and close.
 
     ``create`` takes a pre-started sandbox from the warm pool when one fits. ``close`` kills the
-    sandbox's processes and moves its workspace aside before it returns (for runtimes that can,
-    i.e. have ``kill()``); reaping the processes and deleting the files finish in the background.
+    sandbox's processes and moves its workspace aside before it returns (its ``kill()`` hook; by
+    default that closes it at once); reaping the processes and deleting the files finish in the
+    background.
     """
 
     def __init__(self, host_id: str, capacity: int, default_lease_s: float,
@@ -158,40 +159,29 @@ class SandboxPool:
         return self.entry(slot)
 
     def close(self, sandbox_id: str, reason: str = "closed") -> bool:
+        return bool(self.close_many([sandbox_id], reason))
+
+    def close_many(self, sandbox_ids: list[str], reason: str = "closed") -> list[str]:
+        """Close several; returns those it closed. Every sandbox is killed (its ``kill()`` hook)
+        before any teardown is queued: killed and closed one by one, each kill's syscalls waited
+        for the GIL behind the exec threads the earlier kills had woken (bench/RESULTS.md, bulk
+        cancel)."""
         with self._lock:
-            slot = self._slots.pop(sandbox_id, None)
-        if slot is None:
-            return False
-        log.info("closing sandbox %s of job %s: %s", sandbox_id, slot.job_id, reason)
-        kill = getattr(slot.sandbox, "kill", None)
-        if kill is None:
-            _close(slot.sandbox, sandbox_id)
-        else:
+            slots = [slot for i in sandbox_ids if (slot := self._slots.pop(i, None)) is not None]
+        for slot in slots:
+            log.info("closing sandbox %s of job %s: %s", slot.sandbox_id, slot.job_id, reason)
             try:
-                kill()
+                slot.sandbox.kill()
             except Exception:
-                log.exception("killing sandbox %s failed", sandbox_id)
-            future = self._teardown.submit(_close, slot.sandbox, sandbox_id)
+                log.exception("killing sandbox %s failed", slot.sandbox_id)
+        for slot in slots:
+            future = self._teardown.submit(_close, slot.sandbox, slot.sandbox_id)
             with self._lock:
                 self._pending.add(future)
             future.add_done_callback(self._pending.discard)
-        self.on_change()
-        return True
-
-    def close_many(self, sandbox_ids: list[str], reason: str = "closed") -> list[str]:
-        """:meth:`close` of several; returns those it closed. Every shell is killed before any
-        other step: closed one by one, each kill's syscalls waited for the GIL behind the exec
-        threads the earlier kills had woken (bench/RESULTS.md, bulk cancel)."""
-        with self._lock:
-            slots = [self._slots[i] for i in sandbox_ids if i in self._slots]
-        for slot in slots:
-            shell = getattr(slot.sandbox, "shell", None)  # bwrap, local: a signal, nothing else
-            try:
-                if shell is not None:
-                    shell.kill()
-            except Exception:
-                log.exception("killing sandbox %s failed", slot.sandbox_id)
-        return [slot.sandbox_id for slot in slots if self.close(slot.sandbox_id, reason)]
+        if slots:
+            self.on_change()
+        return [slot.sandbox_id for slot in slots]
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait for background teardowns to finish."""
@@ -202,7 +192,7 @@ class SandboxPool:
     def close_all(self) -> int:
         with self._lock:
             ids = list(self._slots)
-        closed = sum(self.close(sandbox_id, "host shutting down") for sandbox_id in ids)
+        closed = len(self.close_many(ids, "host shutting down"))
         self.warm.close_all()
         self.drain()
         return closed
@@ -253,15 +243,12 @@ def start_concurrency() -> int:
 
 
 def limit_enforcement() -> dict[str, str]:
-    """Limit name -> how this node enforces it, from :mod:`sandboxes.runtimes.cgroups` where that module
-    exists (imported lazily: it probes the node); empty otherwise."""
+    """Limit name -> how this node enforces it (:func:`sandboxes.runtimes.cgroups.enforcement`,
+    imported lazily: it probes the node); empty when the probe fails."""
+    from sandboxes.runtimes.cgroups import enforcement
+
     try:
-        from sandboxes.runtimes import cgroups
-    except ImportError:
-        return {}
-    enforcement = getattr(cgroups, "enforcement", None)
-    try:
-        return dict(enforcement()) if callable(enforcement) else {}
+        return dict(enforcement())
     except Exception as exc:  # noqa: BLE001 - reported, not raised: a probe must not stop creates
         log.warning("could not tell how limits are enforced: %s", exc)
         return {}

@@ -1,8 +1,9 @@
 """Sandboxes started ahead of demand, so that ``create`` hands out one that is already running.
 
-A runtime takes part by defining ``warm_spec(spec) -> SandboxSpec | None`` (the part of a spec
-that must be fixed when the sandbox starts: image, network; None when it cannot be pre-started)
-and ``claim(job_id, spec)`` (applies the rest: environment, limits, working directory). Sandboxes
+A runtime takes part through two hooks of :class:`~sandboxes.base.SandboxRuntime`:
+``warm_spec(spec) -> SandboxSpec | None`` (the part of a spec that must be fixed when the sandbox
+starts: image, network; None, the default, when it cannot be pre-started) and ``claim(job_id,
+spec)`` (applies the rest: environment, limits, working directory). Sandboxes
 are kept per (runtime, warm spec) that has been asked for at least once, ``per_key`` of each,
 refilled by one background thread. They do not count against the host's capacity. The pool
 starts only what the host admitted (:meth:`sandboxes.host.pool.SandboxPool.admit`): the runtime by its
@@ -34,8 +35,7 @@ class WarmPool:
         self._thread: threading.Thread | None = None
 
     def _key(self, name: str, spec: SandboxSpec) -> tuple[tuple[str, str], SandboxSpec] | None:
-        warm_spec = getattr(load_runtime(name), "warm_spec", None)
-        template = warm_spec(spec) if warm_spec else None
+        template = load_runtime(name).warm_spec(spec)
         return None if template is None else ((name, template.model_dump_json()), template)
 
     def take(self, name: str, spec: SandboxSpec, job_id: str) -> Sandbox | None:

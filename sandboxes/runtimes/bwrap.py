@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.base import Limits, SandboxSpec
 from sandboxes.runtimes.cgroups import SandboxLimits, warm_limits
 from sandboxes.runtimes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.image_cache import ImageLease, open_image
@@ -35,8 +35,8 @@ from sandboxes.runtimes.images import is_reference
 from sandboxes.runtimes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
 from sandboxes.runtimes.shell import (DEFAULT_ARGV, NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
                              shell_warm_spec, trusted_argv)
-from sandboxes.runtimes.uids import UidLease, lease_uid
-from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
+from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.workspace import Workspace
 
 HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -256,10 +256,11 @@ def bwrap_works(binary: str = "bwrap") -> bool:
             return False
 
 
-class BwrapSandbox(WorkspaceFiles):
+class BwrapSandbox(ShellSandbox):
     """The :class:`~sandboxes.base.Sandbox` protocol in bubblewrap namespaces."""
 
     name = "bwrap"
+    isolation = "namespaces"
     config_class = BwrapConfig
 
     def __init__(self, spec: SandboxSpec, job_id: str, config: BwrapConfig | dict | None = None):
@@ -269,11 +270,7 @@ class BwrapSandbox(WorkspaceFiles):
         # a docker:// / oci: image: its cached rootfs, held until close (never evicted meanwhile)
         self._image: ImageLease | None = open_image(spec.image) if is_reference(spec.image) else None
         rootfs = self._image.rootfs if self._image else spec.image
-        self._uid: UidLease | None = None
-        if os.geteuid() == 0:
-            self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
-        uid = self._uid.uid if self._uid else None
-        self.shell: BwrapShell | None = None
+        uid = self._lease_uid(self.config)
         self._limits: SandboxLimits | None = None
         if uid is not None:
             check_traversable(self.config.root or tempfile.gettempdir())
@@ -334,46 +331,28 @@ class BwrapSandbox(WorkspaceFiles):
         warm = shell_warm_spec(spec)
         return warm and warm.model_copy(update={"limits": warm_limits(spec.limits)})
 
-    def claim(self, job_id: str, spec: SandboxSpec) -> None:
-        """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
-        workdir = self._workdir(spec.workdir)
-        self._limits.claim(spec.limits)
-        self.shell.adopt(spec.env, self._limits.rlimits(spec.limits), workdir if spec.workdir else None)
-        self.spec, self.job_id, self.workdir = spec, job_id, workdir
+    def _claim_limits(self, limits: Limits) -> Limits:
+        self._limits.claim(limits)
+        return self._limits.rlimits(limits)
 
-    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        return self.shell.run(command, timeout)
-
-    def interrupt(self) -> None:
-        self.shell.interrupt()
-
-    def kill(self) -> None:
-        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
-        if self.shell is not None:
-            self.shell.kill()
-        self.workspace.retire()
-
-    def close(self) -> None:
-        if self.shell is not None:
-            self.shell.close()
+    def _close_limits(self) -> None:
         if self._limits is not None:
             self._limits.close()  # whatever is still in the cgroup dies here
-        self.workspace.remove()
-        if self._uid is not None:
-            self._uid.release()  # only now: nothing of the sandbox runs as that uid any more
-            self._uid = None
+
+    def _release(self) -> None:
+        super()._release()
         if self._image is not None:
             self._image.release()  # nothing runs in its rootfs any more: it may be evicted
 
-    def info(self) -> dict[str, Any]:
+    def _info(self) -> dict[str, Any]:
         shell = self.shell
-        return {"runtime": self.name, "isolation": "namespaces",
-                "network": "isolated (slirp4netns)" if self.spec.network else "none",
-                "net_pid": shell.net.pid if shell.net else None, "pid": shell.pid,
-                "init_pid": shell._init_pid, "shell_pid": shell.shell_pid,
-                "uid": self.workspace.uid, "workspace": str(self.workspace.host_dir),
-                "mount": self.config.mount, "workdir": self.workdir, "cwd": shell.cwd,
-                "job_id": self.job_id, "restarts": shell.restarts, "image": self.spec.image,
-                **(self._image.info() if self._image else {}),
-                "limits": self.spec.limits.model_dump(exclude_none=True)}
+        return {"network": "isolated (slirp4netns)" if self.spec.network else "none",
+                "net_pid": shell.net.pid if shell.net else None, **tree_info(shell),
+                "uid": self.workspace.uid, "mount": self.config.mount, "image": self.spec.image,
+                **(self._image.info() if self._image else {})}
 
+
+def tree_info(shell: BwrapShell | None) -> dict[str, Any]:
+    """The pids of a :class:`BwrapShell`'s sandbox: its pid 1 and its bash."""
+    return {"init_pid": shell._init_pid if shell else None,
+            "shell_pid": shell.shell_pid if shell else None}

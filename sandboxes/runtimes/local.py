@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import get_settings
 from prorl_celery.errors import SandboxError
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.base import SandboxSpec
 from sandboxes.runtimes.netns import require_network
 from sandboxes.runtimes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
-from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, remove_tree
+from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.workspace import Workspace, remove_tree
 
 log = logging.getLogger(__name__)
 _warned = False
@@ -53,13 +54,14 @@ def _warn_once() -> None:
                     "machine. Use it for development only.")
 
 
-class LocalSandbox(WorkspaceFiles):
+class LocalSandbox(ShellSandbox):
     """The :class:`~sandboxes.base.Sandbox` protocol with a temp directory as the only boundary.
 
     Limits are best effort: ``ulimit`` in the shell, which root's processes ignore for nproc;
     ``wall_s`` is enforced by the sandbox host. File paths stay inside the workspace."""
 
     name = "local"
+    isolation = "none"
     config_class = LocalConfig
 
     def __init__(self, spec: SandboxSpec, job_id: str, config: LocalConfig | dict | None = None):
@@ -116,29 +118,5 @@ class LocalSandbox(WorkspaceFiles):
         """What must be fixed at start (see :mod:`sandboxes.host.warm`); the rest is claimed."""
         return shell_warm_spec(spec)
 
-    def claim(self, job_id: str, spec: SandboxSpec) -> None:
-        """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
-        workdir = self._workdir(spec.workdir)
-        self.shell.adopt(spec.env, spec.limits, str(workdir) if spec.workdir else None)
-        self.spec, self.job_id, self.workdir = spec, job_id, workdir
-
-    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        return self.shell.run(command, timeout)
-
-    def interrupt(self) -> None:
-        self.shell.interrupt()
-
-    def kill(self) -> None:
-        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
-        self.shell.kill()
-        self.workspace.retire()
-
-    def close(self) -> None:
-        self.shell.close()
-        self.workspace.remove()
-
-    def info(self) -> dict[str, Any]:
-        return {"runtime": self.name, "isolation": "none", "network": "host",
-                "pid": self.shell.pid, "workspace": str(self.host_dir), "workdir": str(self.workdir),
-                "cwd": self.shell.cwd, "job_id": self.job_id, "restarts": self.shell.restarts,
-                "limits": self.spec.limits.model_dump(exclude_none=True)}
+    def _info(self) -> dict[str, Any]:
+        return {"network": "host"}

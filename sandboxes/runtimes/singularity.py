@@ -47,13 +47,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import ExecResult, Limits, SandboxSpec
-from sandboxes.runtimes.bwrap import SANDBOX_PATH, BwrapShell
+from sandboxes.base import Limits, SandboxSpec
+from sandboxes.runtimes.bwrap import SANDBOX_PATH, BwrapShell, tree_info
 from sandboxes.runtimes.netns import HELPER_ENV
 from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
 from sandboxes.runtimes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
-from sandboxes.runtimes.uids import UidLease, lease_uid
-from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, quota_supported
+from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.workspace import Workspace, quota_supported
 
 PREFIX = "prorl"
 _NAME_RE = re.compile(rf"^{PREFIX}\.(?P<job>[A-Za-z0-9_.-]+)\.(?P<ms>\d+)\.(?P<nonce>[0-9a-f]+)$")
@@ -198,21 +198,18 @@ def enforcement(config: SingularityConfig | None = None) -> dict[str, str]:
     }
 
 
-class SingularitySandbox(WorkspaceFiles):
+class SingularitySandbox(ShellSandbox):
     """The :class:`~sandboxes.base.Sandbox` protocol in an Apptainer/Singularity container."""
 
     name = "singularity"
+    isolation = "container"
     config_class = SingularityConfig
 
     def __init__(self, spec: SandboxSpec, job_id: str, config: SingularityConfig | dict | None = None):
         self.spec, self.job_id = spec, job_id
         self.config = SingularityConfig.model_validate(config or {})
-        self.shell: BwrapShell | None = None
-        self._uid: UidLease | None = None
         self.binary = binary(self.config.binary)
-        if os.geteuid() == 0:
-            self._uid = lease_uid(self.config.uid_base, self.config.uid_count, self.config.uid_lock_dir)
-        uid = self._uid.uid if self._uid else None
+        uid = self._lease_uid(self.config)
         host_dir = tempfile.mkdtemp(prefix="sif-", dir=self.config.root)
         self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
         try:
@@ -267,34 +264,7 @@ class SingularitySandbox(WorkspaceFiles):
             self.workspace.makedirs(inside)
         return inside
 
-    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
-        return self.shell.run(command, timeout)
-
-    def interrupt(self) -> None:
-        self.shell.interrupt()
-
-    def kill(self) -> None:
-        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
-        if self.shell is not None:
-            self.shell.kill()
-        self.workspace.retire()
-
-    def close(self) -> None:
-        if self.shell is not None:
-            self.shell.close()  # pid 1 killed, the runtime parent reaped: nothing is left
-        self.workspace.remove()
-        if self._uid is not None:
-            self._uid.release()
-            self._uid = None
-
-    def info(self) -> dict[str, Any]:
-        shell = self.shell
-        return {"runtime": self.name, "isolation": "container", "network": "none",
-                "pid": shell.pid if shell else None, "init_pid": shell._init_pid if shell else None,
-                "shell_pid": shell.shell_pid if shell else None, "uid": self.workspace.uid,
-                "image": self.image, "binary": self.binary,
-                "workspace": str(self.workspace.host_dir), "mount": self.config.mount,
-                "workdir": self.workdir, "cwd": shell.cwd if shell else None,
-                "job_id": self.job_id, "restarts": shell.restarts if shell else 0,
-                "cgroups": use_cgroups(self.config),
-                "limits": self.spec.limits.model_dump(exclude_none=True)}
+    def _info(self) -> dict[str, Any]:
+        return {"network": "none", **tree_info(self.shell), "uid": self.workspace.uid,
+                "image": self.image, "binary": self.binary, "mount": self.config.mount,
+                "cgroups": use_cgroups(self.config)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prorl_celery.errors import UnknownPlugin
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.base import ExecResult, SandboxRuntime, SandboxSpec
 from sandboxes.check import NonConformant, check_runtime_class, check_sandbox
 from sandboxes.runtimes.local import LocalSandbox
 from sandboxes.registry import RUNTIMES, load_runtime
@@ -85,3 +85,20 @@ def test_runtime_classes_missing_a_method_or_the_constructor_are_refused():
         check_runtime_class(NoInterrupt)
     with pytest.raises(UnknownPlugin, match=r"cannot be created as cls\(spec, job_id, config\)"):
         check_runtime_class(WrongConstructor)
+
+
+class NoHooks(WrongConstructor):
+    def __init__(self, spec, job_id, config=None): ...
+
+
+class WithHooks(SandboxRuntime, NoHooks):
+    isolation = "none"
+
+
+def test_the_optional_hooks_are_part_of_the_contract_and_inherited_from_the_base():
+    with pytest.raises(UnknownPlugin, match="no method available.*no method kill.*no isolation"):
+        check_runtime_class(NoHooks)
+    check_runtime_class(WithHooks)
+    assert WithHooks.warm_spec(SandboxSpec()) is None and WithHooks.available()
+    with pytest.raises(NotImplementedError):
+        WithHooks(None, "j").claim("j", SandboxSpec())

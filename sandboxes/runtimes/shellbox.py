@@ -1,0 +1,87 @@
+"""``ShellSandbox``: what the three runtimes share. A sandbox is one persistent shell and one
+workspace on the host; commands go to the shell, files to the workspace. Each runtime states
+only what differs: how its shell starts, where the workspace appears (``_workdir``), what a claim
+does to its limits, what else it holds until close, and what its ``info()`` adds.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
+from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.uids import UidLease, lease_uid
+from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
+
+
+class ShellSandbox(WorkspaceFiles, SandboxRuntime):
+    """The :class:`~sandboxes.base.Sandbox` protocol on ``self.shell`` and ``self.workspace``."""
+
+    spec: SandboxSpec
+    job_id: str
+    workspace: Workspace
+    workdir: Any  # the shell's start directory, as the runtime names it (inside or on the host)
+    shell: PersistentShell | None = None
+    _uid: UidLease | None = None
+
+    def _workdir(self, workdir: str | None) -> Any:
+        """Where the shell starts for a spec's ``workdir`` (made in the workspace when inside)."""
+        raise NotImplementedError
+
+    def _claim_limits(self, limits: Limits) -> Limits:
+        """The rlimits the shell sets once a warm sandbox is claimed with ``limits``."""
+        return limits
+
+    def _lease_uid(self, config: Any) -> int | None:
+        """A host uid of the sandbox's own, where the host is root (released on close)."""
+        if os.geteuid() == 0:
+            self._uid = lease_uid(config.uid_base, config.uid_count, config.uid_lock_dir)
+        return self._uid.uid if self._uid else None
+
+    def exec(self, command: str, timeout: float | None = None) -> ExecResult:
+        return self.shell.run(command, timeout)
+
+    def interrupt(self) -> None:
+        self.shell.interrupt()
+
+    def claim(self, job_id: str, spec: SandboxSpec) -> None:
+        """Hand a pre-started sandbox to ``job_id``: its env, limits and workdir."""
+        workdir = self._workdir(spec.workdir)
+        limits = self._claim_limits(spec.limits)
+        self.shell.adopt(spec.env, limits, str(workdir) if spec.workdir else None)
+        self.spec, self.job_id, self.workdir = spec, job_id, workdir
+
+    def kill(self) -> None:
+        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
+        if self.shell is not None:
+            self.shell.kill()
+        self.workspace.retire()
+
+    def close(self) -> None:
+        """The shell first (nothing runs any more), then what confines it, the files, and
+        last what the sandbox held (its uid, its image): only once nothing uses them."""
+        if self.shell is not None:
+            self.shell.close()
+        self._close_limits()
+        self.workspace.remove()
+        self._release()
+
+    def _close_limits(self) -> None:
+        """Tear down what confines the sandbox beyond its shell (a cgroup)."""
+
+    def _release(self) -> None:
+        if self._uid is not None:
+            self._uid.release()  # only now: nothing of the sandbox runs as that uid any more
+            self._uid = None
+
+    def info(self) -> dict[str, Any]:
+        shell = self.shell
+        return {"runtime": self.name, "isolation": self.isolation,
+                "pid": shell.pid if shell else None, "workspace": str(self.workspace.host_dir),
+                "workdir": str(self.workdir), "cwd": shell.cwd if shell else None,
+                "job_id": self.job_id, "restarts": shell.restarts if shell else 0,
+                "limits": self.spec.limits.model_dump(exclude_none=True), **self._info()}
+
+    def _info(self) -> dict[str, Any]:
+        """What the runtime adds to :meth:`info`."""
+        return {}
