@@ -10,11 +10,9 @@ runtime.
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from prorl_celery.errors import SandboxGone, UnknownPlugin
 from sandboxes.base import Sandbox
@@ -22,8 +20,7 @@ from sandboxes.base import Sandbox
 # the protocol's methods and the arguments callers pass them (besides ``self``)
 METHODS: dict[str, tuple[str, ...]] = {
     "exec": ("command",), "interrupt": (), "read_file": ("path",), "write_file": ("path", "data"),
-    "put_archive": ("dest", "archive"), "get_archive": ("src", "out"), "copy_in": ("src_dir", "dest"),
-    "copy_out": ("src", "dest_dir"), "close": (), "info": ()}
+    "stat": ("path",), "close": (), "info": ()}
 # the optional hooks (:class:`~sandboxes.base.SandboxRuntime` has defaults for each); the first
 # two are called on the class
 HOOKS: dict[str, tuple[str, ...]] = {
@@ -118,9 +115,9 @@ def _timeouts(box: Sandbox) -> list[str]:
     return found
 
 
-def _files(box: Sandbox, scratch: Path) -> list[str]:
-    """Files are binary-safe, relative to the workspace and never outside it; directories go in
-    and out with their symlinks."""
+def _files(box: Sandbox) -> list[str]:
+    """Files are binary-safe, relative to the workspace and never outside it; ``stat`` tells a
+    file, a directory and a symlink apart without following it."""
     found = []
     data = bytes(range(256)) * 40 + b"\x00"
     box.write_file("sub/blob.bin", data)
@@ -134,19 +131,11 @@ def _files(box: Sandbox, scratch: Path) -> list[str]:
             found.append(f"read_file({path!r}) leaves the workspace")
     if not _raises(PermissionError, lambda: box.write_file("check-sneaky", b"x")):
         found.append("write_file follows a symlink out of the workspace")
-    repo = scratch / "check-repo"
-    (repo / "src").mkdir(parents=True, exist_ok=True)
-    (repo / "src" / "main.py").write_text("print('hi')\n")
-    if not os.path.islink(repo / "entry.py"):
-        os.symlink("src/main.py", repo / "entry.py")
-    if box.copy_in(str(repo), "check-repo") != 3:
-        found.append("copy_in does not count the members it copied")
-    box.exec("cd ~/check-repo && echo patched >> src/main.py")
-    back = scratch / "check-back"
-    box.copy_out("check-repo", str(back))
-    if (back / "src" / "main.py").read_text() != "print('hi')\npatched\n" \
-            or os.readlink(back / "entry.py") != "src/main.py":
-        found.append("copy_out does not return the directory as the sandbox changed it")
+    kinds = [(box.stat(path).kind, box.stat(path).size) for path in ("sub/blob.bin", "sub")]
+    if kinds[0] != ("file", len(data)) or kinds[1][0] != "dir" or box.stat("check-sneaky").kind != "link":
+        found.append(f"stat does not tell a file, a directory and a symlink apart ({kinds})")
+    if not _raises(PermissionError, lambda: box.stat("../outside.txt")):
+        found.append("stat leaves the workspace")
     return found
 
 
@@ -162,13 +151,12 @@ def _close(box: Sandbox) -> list[str]:
     return found
 
 
-def check_sandbox(box: Sandbox, scratch: Path, close: bool = True) -> None:
-    """Drive ``box`` through the protocol's behaviour (``scratch``: a directory of the caller's
-    machine for ``copy_in``/``copy_out``); raise :class:`NonConformant` with every finding.
+def check_sandbox(box: Sandbox, close: bool = True) -> None:
+    """Drive ``box`` through the protocol's behaviour; raise :class:`NonConformant` with every finding.
     With ``close`` the sandbox is closed last, checking that closing is final."""
     if not isinstance(box, Sandbox):
         raise NonConformant(f"{type(box).__name__} does not implement the Sandbox protocol")
-    found = _shell(box) + _timeouts(box) + _files(box, scratch)
+    found = _shell(box) + _timeouts(box) + _files(box)
     if close:
         found += _close(box)
     if found:

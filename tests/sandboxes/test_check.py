@@ -21,7 +21,7 @@ def test_registered_runtime_classes_conform(name):
 def test_live_runtimes_pass_the_check(kind, sandbox_root, tmp_path):
     box = load_runtime(kind)(SandboxSpec(), "check-job", {"root": str(sandbox_root)})
     try:
-        check_sandbox(box, tmp_path)
+        check_sandbox(box)
     finally:
         box.close()
 
@@ -47,7 +47,7 @@ def test_check_finds_a_sandbox_that_forgets_its_cwd(sandbox_root, tmp_path):
     box = ForgetsCwd(SandboxSpec(), "check-cwd", {"root": str(sandbox_root)})
     try:
         with pytest.raises(NonConformant, match="cwd or environment does not carry over"):
-            check_sandbox(box, tmp_path)
+            check_sandbox(box)
     finally:
         box.close()
 
@@ -56,7 +56,7 @@ def test_check_finds_a_timeout_that_leaves_processes(sandbox_root, tmp_path):
     box = LeavesZombieCommands(SandboxSpec(), "check-zombie", {"root": str(sandbox_root)})
     try:
         with pytest.raises(NonConformant, match="background processes survive"):
-            check_sandbox(box, tmp_path, close=False)
+            check_sandbox(box, close=False)
     finally:
         box.exec("pkill -f 'sleep 31' || true")
         box.close()
@@ -67,10 +67,7 @@ class NoInterrupt:
     def exec(self, command, timeout=None): ...
     def read_file(self, path): ...
     def write_file(self, path, data): ...
-    def put_archive(self, dest, archive): ...
-    def get_archive(self, src, out): ...
-    def copy_in(self, src_dir, dest): ...
-    def copy_out(self, src, dest_dir): ...
+    def stat(self, path): ...
     def close(self): ...
     def info(self): ...
 
