@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits, SandboxSpec
@@ -33,9 +33,9 @@ from sandboxes.runtimes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.image_cache import ImageLease, open_image
 from sandboxes.runtimes.images import is_reference
 from sandboxes.runtimes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
-from sandboxes.runtimes.shell import (DEFAULT_ARGV, NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
+from sandboxes.runtimes.shell import (NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
                              shell_warm_spec, trusted_argv)
-from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace
 
 HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -46,26 +46,14 @@ SETPRIV = shutil.which("setpriv")
 HOST_ENV = HELPER_ENV  # the host-side start's whole environment: nothing from a request
 
 
-class BwrapConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BwrapConfig(IsolatedConfig):
     bwrap: str = Field("bwrap", description="The bubblewrap binary.")
-    root: str | None = Field(None, description="Host directory under which workspaces are made; "
-                                                "default: the system temp directory.")
-    mount: str = Field("/workspace", description="Where the workspace appears in the sandbox.")
     host_paths: list[str] = Field(list(HOST_PATHS), description="Host paths bound read-only "
                                   "when the spec names no image (missing ones are skipped, "
                                   "symlinks such as /bin -> usr/bin stay symlinks).")
     ro_binds: dict[str, str] = Field({}, description="More read-only binds, host path -> "
                                      "sandbox path (datasets, package caches).")
-    hostname: str = Field("sandbox", description="Hostname inside the sandbox.")
     tmp_size_mb: int = Field(512, description="Size cap of the private /tmp (and /dev/shm).")
-    uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
-                                                 "host runs as root.")
-    uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
-    uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
-                                                       "<tmp>/prorl-sandbox-uids.")
-    shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
 
 
 def root_entries(image: str | None, host_paths: list[str]) -> list[tuple[str, str | None]]:

@@ -16,14 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from config.settings import get_settings
 from prorl_celery.errors import SandboxError
 from sandboxes.base import SandboxSpec
 from sandboxes.runtimes.netns import require_network
-from sandboxes.runtimes.shell import DEFAULT_ARGV, PersistentShell, shell_warm_spec
-from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.shell import PersistentShell, shell_warm_spec
+from sandboxes.runtimes.shellbox import ShellConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace, remove_tree
 
 log = logging.getLogger(__name__)
@@ -32,12 +30,8 @@ _warned = False
 _BASE_ENV_KEYS = ("PATH", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "SHELL")
 
 
-class LocalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    root: str | None = Field(None, description="Directory under which workspaces are created; "
-                                                "default: the system temp directory.")
-    shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
+class LocalConfig(ShellConfig):
+    """``root`` and ``shell`` only: the workspace is the shell's own directory on the host."""
 
 
 @functools.lru_cache(maxsize=8)

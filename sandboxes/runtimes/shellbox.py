@@ -8,10 +8,35 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
-from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.shell import DEFAULT_ARGV, PersistentShell
 from sandboxes.runtimes.uids import UidLease, lease_uid
 from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
+
+
+class ShellConfig(BaseModel):
+    """What the config of every shell-backed runtime has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str | None = Field(None, description="Host directory under which workspaces are made; "
+                                                "default: the system temp directory.")
+    shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
+
+
+class IsolatedConfig(ShellConfig):
+    """A runtime whose sandbox sees its workspace at ``mount`` and, where the host is root, runs
+    as a host uid of its own (bwrap and singularity lease from the same range: one lease)."""
+
+    mount: str = Field("/workspace", description="Where the workspace appears in the sandbox.")
+    hostname: str = Field("sandbox", description="Hostname inside the sandbox.")
+    uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
+                                                 "host runs as root.")
+    uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
+    uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
+                                                       "<tmp>/prorl-sandbox-uids.")
 
 
 class ShellSandbox(WorkspaceFiles, SandboxRuntime):
@@ -32,7 +57,7 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         """The rlimits the shell sets once a warm sandbox is claimed with ``limits``."""
         return limits
 
-    def _lease_uid(self, config: Any) -> int | None:
+    def _lease_uid(self, config: IsolatedConfig) -> int | None:
         """A host uid of the sandbox's own, where the host is root (released on close)."""
         if os.geteuid() == 0:
             self._uid = lease_uid(config.uid_base, config.uid_count, config.uid_lock_dir)

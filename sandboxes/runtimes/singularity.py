@@ -44,15 +44,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.runtimes.bwrap import SANDBOX_PATH, BwrapShell, tree_info
 from sandboxes.runtimes.netns import HELPER_ENV
 from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
-from sandboxes.runtimes.shell import DEFAULT_ARGV, NONINTERACTIVE_ENV
-from sandboxes.runtimes.shellbox import ShellSandbox
+from sandboxes.runtimes.shell import NONINTERACTIVE_ENV
+from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace, quota_supported
 
 PREFIX = "prorl"
@@ -61,18 +61,13 @@ _REMOTE = re.compile(r"^(docker|docker-daemon|docker-archive|oci-archive|oras|li
 _MB = 1 << 20
 
 
-class SingularityConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SingularityConfig(IsolatedConfig):
     binary: str | None = Field(None, description="The apptainer/singularity binary; default: "
                                "settings.apptainer_bin, else apptainer or singularity on PATH.")
     image: str | None = Field(None, description="Image when the spec names none (.sif, a "
                               "sandbox directory, or docker://...).")
     cache_dir: str | None = Field(None, description="Where pulled images are kept; default: "
                                                     "<tmp>/prorl-sif-cache.")
-    root: str | None = Field(None, description="Host directory under which workspaces are made.")
-    mount: str = Field("/workspace", description="Where the workspace appears in the container.")
-    hostname: str = Field("sandbox", description="Hostname inside the container.")
     cgroups: bool | None = Field(None, description="Apply memory/cpus/pids through apptainer's "
                                  "cgroup flags; default (None): when the host is root.")
     writable_tmpfs: bool = Field(False, description="A throw-away writable layer over the image "
@@ -80,12 +75,6 @@ class SingularityConfig(BaseModel):
     extra_options: list[str] = Field([], description="More `exec` options, e.g. --nv.")
     pull_timeout_s: float | None = Field(None, description="Longest image pull; default: "
                                          "settings.sandbox_image_pull_timeout_s.")
-    uid_base: int = Field(1_000_000, description="First host uid given to sandboxes when the "
-                                                 "host runs as root (bwrap's range: one lease).")
-    uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
-    uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
-                                                       "<tmp>/prorl-sandbox-uids.")
-    shell: list[str] = Field(list(DEFAULT_ARGV), description="argv of the persistent shell.")
 
 
 # -- the binary -------------------------------------------------------------------------------
