@@ -52,7 +52,7 @@ from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.models import JobResult  # noqa: E402
 from prorl_celery.status import JobStatus  # noqa: E402
 from sandboxes.client import list_sandboxes  # noqa: E402
-from sandboxes.runtimes.procs import alive  # noqa: E402
+from sandboxes.runtimes.procs import alive, proc_stats  # noqa: E402
 
 SLEEP_S = 1500  # longer than the bring-up of 1,000 rollouts on a loaded node
 
@@ -65,19 +65,7 @@ def percentile(values: list[float], q: float) -> float:
 # -- /proc -----------------------------------------------------------------------------------
 def proc_table() -> dict[int, tuple[int, bytes]]:
     """pid -> (parent pid, command line) of every process /proc shows now."""
-    table: dict[int, tuple[int, bytes]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        table[int(name)] = (int(stat[stat.rfind(b")") + 2:].split()[1]), cmdline)
-    return table
+    return {pid: (int(fields[1]), argv) for pid, fields, argv in proc_stats(cmdline=True)}
 
 
 def subtrees(table: dict[int, tuple[int, bytes]], roots: dict[str, list[int]]) -> dict[str, list[int]]:

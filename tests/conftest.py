@@ -149,3 +149,25 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def own_stack(state_dir: Path, **options):
+    """A whole stack with a Redis of its own (``options``: StackOptions fields, ``env`` added to
+    TEST_ENV), started; the caller stops it (``with own_stack(...) as stack``)."""
+    import contextlib
+
+    from prorl_celery.ops.launcher import StackOptions
+
+    @contextlib.contextmanager
+    def running():
+        opts = StackOptions(state_dir=state_dir, **{**options, "env": {**TEST_ENV, **options.get("env", {})}})
+        stack = Stack(opts)
+        stack.start_redis(free_port())
+        opts.env["PRORL_REDIS_URL"] = stack.redis_url
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.stop()
+    return running()
+

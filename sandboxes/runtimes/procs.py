@@ -12,7 +12,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import psutil
 
@@ -108,21 +108,27 @@ def kill_descendants(pid: int, spare: int | None = None) -> list[int]:
     return kill_pids(hit)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Processes in process group ``pgid`` (a scan of /proc: for timeouts, not the hot path)."""
-    members = []
+def proc_stats(cmdline: bool = False) -> Iterator[tuple[int, list[bytes], bytes]]:
+    """(pid, the fields of ``/proc/<pid>/stat`` after the command name, the command line or b"")
+    of every process /proc shows now (a scan: for timeouts and tools, not the hot path)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as fh:
                 stat = fh.read()
+            argv = b""
+            if cmdline:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    argv = fh.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            members.append(int(name))
-    return members
+        yield int(name), stat[stat.rfind(b")") + 2:].split(), argv
+
+
+def group_members(pgid: int) -> list[int]:
+    """Processes in process group ``pgid``."""
+    return [pid for pid, fields, _ in proc_stats() if len(fields) > 2 and int(fields[2]) == pgid]
 
 
 def alive(pid: int) -> bool:

@@ -15,12 +15,10 @@ import requests
 from prorl_celery.connections import get_store
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobResult
-from prorl_celery.ops.launcher import Stack, StackOptions
-from prorl_celery.ops.procs import free_port
 from sandboxes.base import SandboxHandle
 from sandboxes.client import RemoteSandbox, list_sandboxes
 from prorl_celery.fakes.problems import MATH
-from tests.conftest import TEST_ENV, submit, wait, wait_until
+from tests.conftest import own_stack, submit, wait, wait_until
 
 BULK = 30  # rollouts running at once for cancel_all
 
@@ -112,17 +110,10 @@ def test_cancel_while_a_command_runs(api):
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A stack of its own (own Redis) whose run worker holds BULK rollouts at once."""
-    options = StackOptions(state_dir=tmp_path_factory.mktemp("wide"), persist=False,
-                           concurrency={"init": 8, "run": BULK + 4, "eval": 2, "maint": 1},
-                           env={**TEST_ENV, "PRORL_SANDBOX_CAPACITY": str(BULK + 10)})
-    stack = Stack(options)
-    stack.start_redis(free_port())
-    options.env["PRORL_REDIS_URL"] = stack.redis_url
-    try:
-        stack.start()
+    with own_stack(tmp_path_factory.mktemp("wide"), persist=False,
+                   concurrency={"init": 8, "run": BULK + 4, "eval": 2, "maint": 1},
+                   env={"PRORL_SANDBOX_CAPACITY": str(BULK + 10)}) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _sleeping(marker: list[str]) -> list[psutil.Process]:

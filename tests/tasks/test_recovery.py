@@ -7,23 +7,14 @@ from collections import Counter
 import pytest
 import requests
 
-from prorl_celery.ops.launcher import Stack, StackOptions
-from prorl_celery.ops.procs import free_port
-from tests.conftest import TEST_ENV, wait_until
+from tests.conftest import own_stack, wait_until
 
 
 @pytest.fixture(scope="module")
 def durable(tmp_path_factory):
-    options = StackOptions(state_dir=tmp_path_factory.mktemp("durable"), persist=True,
-                           concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}, env=dict(TEST_ENV))
-    stack = Stack(options)
-    stack.start_redis(free_port())
-    options.env["PRORL_REDIS_URL"] = stack.redis_url
-    try:
-        stack.start()
+    with own_stack(tmp_path_factory.mktemp("durable"), persist=True,
+                   concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_redis_killed_mid_batch_loses_no_job(durable):
