@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -41,9 +40,10 @@ from prorl_celery.errors import SandboxError, SandboxGone
 from prorl_celery.spawn import spawn
 from sandboxes.base import ExecResult, Limits
 from sandboxes.runtimes.guardian import guardian
-from sandboxes.runtimes.output import Output, cut_middle
-from sandboxes.runtimes.procs import (group_members, kill_descendants, kill_pids, readable, ulimit_command,
-                             wait_dead)
+from sandboxes.runtimes.output import cut_middle
+from sandboxes.runtimes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
+from sandboxes.runtimes.shellio import ShellChannel
+from sandboxes.runtimes.shellscript import STATE_SUFFIXES, VALID_NAME, setup_script, shell_quote
 
 log = logging.getLogger(__name__)
 
@@ -63,85 +63,10 @@ NONINTERACTIVE_ENV = {
 
 KILL_GRACE_S = 1.5  # after killing a command's processes, how long the shell gets to print the marker
 START_TIMEOUT_S = 30.0
-_READ_CHUNK = 1 << 16
 _PR_SET_PDEATHSIG = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
-VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TRUSTED_BASH = "/usr/local/libexec/prorl/bash"  # under /usr: bound into every host-rooted sandbox
-PLACEHOLDER = "-" * 12  # where a state file's first line gets its command's token, written last
-_STATE_HEAD = 14  # len("#" + token + " ")
-
-
-# The EXIT trap of a command's subshell: its state for the next command, in builtins only.
-# It goes to the spare file ($__prorl_N), never over the one the next command would otherwise
-# source; the first line is "#<placeholder> <cwd>" and the command's token ($__prorl_t)
-# replaces the placeholder in place ("1<>": no truncation) after everything else was written,
-# so the parent takes a file whose first line carries this command's token as complete, and
-# keeps the previous state for a subshell killed before or while it dumps. What equals the
-# parent's own baseline (options, exported variables) is left out: the next subshell inherits
-# it by fork, which is cheaper than sourcing it. Safe under the agent's "set -eu"; options
-# last, so that a restored "set -e" applies only after the rest was sourced.
-_DUMP_TRAP = ("{ builtin printf '#%s %s\\nbuiltin cd -- %q\\n' " + PLACEHOLDER + " \"$PWD\" \"$PWD\"; "
-              "[[ ${OLDPWD+x} ]] && builtin printf 'OLDPWD=%q\\n' \"$OLDPWD\"; "
-              "builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
-              "IFS= builtin read -r -d '' __prorl_x <\"$__prorl_B.e\" || :; "
-              "[[ \"$__prorl_x\" == \"${__prorl_E-}\" ]] || "
-              "builtin printf 'builtin unset -v %s\\n%s' \"${__prorl_X-}\" \"$__prorl_x\"; "
-              "builtin declare -f; builtin alias -p; "
-              "[[ \"$SHELLOPTS $BASHOPTS\" == \"${__prorl_O-}\" ]] || { builtin shopt -p; builtin set +o; }; "
-              "} >|\"$__prorl_N\" 2>/dev/null; "
-              "builtin printf '#%s' \"${__prorl_t-}\" 1<>\"$__prorl_N\" 2>/dev/null")
-
-
-def _runner(status_fd: int) -> str:
-    """What the parent evals for each command ($__prorl_k, token $__prorl_t). It is sent once,
-    at start: bash reads its stdin pipe a byte at a time, so each command's line is kept to
-    the token and the command. The eval is the subshell's last command, so its status is the
-    subshell's: the state is dumped by an EXIT trap set before any of the agent's code exists
-    there. The parent swaps in the new state file only if it carries this command's token."""
-    return (f"{{ ( exec 0</dev/null 2>&1 {status_fd}>&-; builtin trap \"$__prorl_T\" EXIT; "
-            "builtin . \"$__prorl_S\" >/dev/null 2>&1; builtin eval \"$__prorl_k\" ); } 2>/dev/null; "
-            "__prorl_s=$?; if IFS= builtin read -r __prorl_p <\"$__prorl_N\" && "
-            f"[[ \"${{__prorl_p:0:{_STATE_HEAD}}}\" == \"#$__prorl_t \" ]]; then "
-            f"__prorl_c=${{__prorl_p:{_STATE_HEAD}}} __prorl_p=$__prorl_S; __prorl_S=$__prorl_N; "
-            "__prorl_N=$__prorl_p; fi 2>/dev/null; "
-            f"builtin printf '%s %d %s\\n' \"$__prorl_t\" \"$__prorl_s\" \"$__prorl_c\" >&{status_fd}")
-
-
-# After each of the host's own (raw) commands: the parent's state becomes the baseline the
-# commands' subshells inherit, and the carried state starts afresh from it (raw commands run
-# only before any agent command: start, limits, adopt, the cd of a restart). A subshell dumps
-# the exported variables with PWD and OLDPWD unexported, which leaves the parent's untouched.
-_BASELINE_DUMP = ("builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
-                  "builtin compgen -e >|\"$__prorl_B.x\"")
-_BASELINE_TAKE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\"; "
-                  "IFS= builtin read -r -d '' __prorl_E <\"$__prorl_B.e\"; "
-                  "builtin mapfile -t __prorl_a <\"$__prorl_B.x\"; __prorl_X=\"${__prorl_a[*]}\"; "
-                  "__prorl_O=\"$SHELLOPTS $BASHOPTS\"")
-_REBASE = f"( {_BASELINE_DUMP} ) 2>/dev/null; {_BASELINE_TAKE}"
-STATE_SUFFIXES = (".0", ".1", ".e", ".x")
-
-
-def _setup_script(state_name: str, status_fd: int) -> str:
-    """What the parent sources first: the dump trap, the runner, the rebase and the init
-    ($__prorl_I) as variables. The init runs last in the start's line, after the runtime's own
-    commands: one subshell makes the state files, dumps the baseline and finds out whether
-    another process of the sandbox's user can reach the parent's fds. Its status is nonzero if
-    the state files could not be made."""
-    init = ("(builtin umask 077; builtin set -C; "
-            "for f in \"$__prorl_B\"{.0,.1,.e,.x}; do : >\"$f\" || builtin exit 1; done; "
-            f"{{ {_BASELINE_DUMP}; }} 2>/dev/null; "
-            "{ builtin read -r -n0 </proc/$$/environ; } 2>/dev/null || builtin exit 2); "
-            "case $? in 0) __prorl_D=dumpable;; 2) __prorl_D=non-dumpable;; *) __prorl_D=;; esac; "
-            f"[[ -n $__prorl_D ]] && {{ {_BASELINE_TAKE}; }}")
-    return f"""__prorl_B=${{TMPDIR:-/tmp}}; [[ -d /dev/shm && -w /dev/shm ]] && __prorl_B=/dev/shm
-__prorl_B="$__prorl_B/{state_name}"; __prorl_S="$__prorl_B.0" __prorl_N="$__prorl_B.1"
-__prorl_T={shell_quote(_DUMP_TRAP)}
-__prorl_R={shell_quote(_runner(status_fd))}
-__prorl_Z={shell_quote(_REBASE)}
-__prorl_I={shell_quote(init)}
-"""
 
 
 def trusted_bash() -> str | None:
@@ -188,11 +113,7 @@ def die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
-
-
-class PersistentShell:
+class PersistentShell(ShellChannel):
     """A bash process that runs one command at a time, keeping cwd and environment between them."""
 
     def __init__(self, argv: Sequence[str] = DEFAULT_ARGV, cwd: str | None = None,
@@ -276,7 +197,7 @@ class PersistentShell:
 
     def _spawn(self, cwd: str) -> None:
         """Start the parent with its status pipe's write end and a pipe holding its setup
-        script (:func:`_setup_script`), which it sources in one read: bash reads commands from
+        script (:func:`~sandboxes.runtimes.shellscript.setup_script`), which it sources in one read: bash reads commands from
         its stdin a byte at a time."""
         # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
         # on a big host), so parent death is the guardian's business unless the caller brings one.
@@ -285,7 +206,7 @@ class PersistentShell:
         init_r, init_w = os.pipe()
         try:
             try:
-                os.write(init_w, _setup_script(self._state_name, status_w).encode())  # < 64 KiB
+                os.write(init_w, setup_script(self._state_name, status_w).encode())  # < 64 KiB
             finally:
                 os.close(init_w)
             os.fchmod(init_r, 0o444)  # bash reopens it by /dev/fd as the sandbox's user, not ours
@@ -470,88 +391,6 @@ class PersistentShell:
             output = f"{output}\n{note}" if output else note
         return ExecResult(output=output, exit_code=None if timed_out or interrupted else out.status,
                           timed_out=timed_out, interrupted=interrupted, truncated=truncated)
-
-    def _roundtrip(self, command: str, deadline: float, phase: str = "command", raw: bool = False,
-                   info: str = '"$PWD"', rebase: bool = True) -> tuple[Output, str]:
-        """Send ``command`` and read until its status arrives. ``raw``: the parent itself runs it
-        (the host's own setup commands only), then rebases unless ``rebase`` is False (the start,
-        whose init does it); otherwise a subshell runs it, as described above."""
-        out = Output(self.output_limit)
-        fd, token = self._status_w, secrets.token_hex(6)
-        self._token = token.encode()  # a line with another token is stale or injected: ignored
-        if raw:
-            then = 'builtin eval "$__prorl_Z"; ' if rebase else ""
-            line = (f"{command}\n__prorl_s=$?; {then}"
-                    f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" {info} >&{fd}\n")
-        else:
-            line = f"__prorl_t={token} __prorl_k={shell_quote(command)}; builtin eval \"$__prorl_R\"\n"
-        try:
-            self._write(line.encode("utf-8", errors="surrogateescape"))
-        except (OSError, ValueError):
-            return out, "eof"  # the shell is already gone
-        return out, self._read_until_marker(out, deadline, phase)
-
-    def _write(self, data: bytes) -> None:
-        fd = self._proc.stdin.fileno()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-
-    def _read_until_marker(self, out: Output, deadline: float, phase: str = "command") -> str:
-        """Read output into ``out`` until the status line arrives on the status pipe; returns
-        "marker", "eof" or "timeout" (also on close, and on interrupt while a command runs).
-        ``phase``: "command", "recover" (keep killing) or "start"."""
-        stop_on_interrupt, kill_each_poll = phase == "command", phase == "recover"
-        while True:
-            if self._status_line(out):
-                self._drain(out)  # all the subshell wrote before it exited is in the pipe now
-                if out.pwd:
-                    self.cwd = out.pwd
-                return "marker"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._closed or (stop_on_interrupt and self._interrupted.is_set()):
-                return "timeout"
-            if kill_each_poll:  # a fork loop may have spawned more since the last kill
-                self._kill_command()
-            try:
-                ready = readable((self._fd, self._status_fd), min(remaining, 0.05))
-                if self._status_fd in ready:
-                    status = os.read(self._status_fd, 4096)
-                    if status == b"":
-                        return "eof"
-                    self._status_buf += status
-                chunk = os.read(self._fd, _READ_CHUNK) if self._fd in ready else None
-            except (OSError, ValueError, TypeError):
-                chunk = b""
-            if chunk == b"":
-                return "eof"
-            if chunk:
-                out.add(chunk)
-
-    def _status_line(self, out: Output) -> bool:
-        while True:
-            line, found, rest = self._status_buf.partition(b"\n")
-            if not found:
-                return False
-            self._status_buf = rest
-            token, _, line = line.partition(b" ")
-            if token == self._token:
-                break
-        status, _, pwd = line.decode(errors="replace").partition(" ")
-        out.status, out.pwd = (int(status) if status.lstrip("-").isdigit() else None), pwd or None
-        return True
-
-    def _drain(self, out: Output) -> None:
-        while True:
-            try:
-                ready = readable((self._fd,), 0)
-                chunk = os.read(self._fd, _READ_CHUNK) if ready else b""
-            except (OSError, ValueError):
-                return
-            if not chunk:
-                return
-            out.add(chunk)
-
 
 def _remove_own_file(path: str) -> None:
     """Remove a local shell's state file: only a regular file this process owns."""
