@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     node_addr: str | None = Field(None, description="Address other nodes reach this node at: what a sandbox host bound to all interfaces publishes (and the Slurm scripts' PRORL_NODE_ADDR). Default: the source address of this node's route to Redis.")
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")
     output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
-    sandbox_read_max_mb: int = Field(64, description="Largest file the sandbox host reads out of a workspace in one file call (larger: HTTP 413 file_too_large; use the tree/archive calls).")
+    sandbox_read_max_mb: int = Field(64, description="Largest file the sandbox host reads out of a workspace in one file call (larger: HTTP 413 file_too_large; read a part with a command).")
     apptainer_bin: str | None = Field(None, description="The apptainer (or singularity) binary the singularity sandbox runtime runs, a path or a name on PATH; default: apptainer, else singularity, on PATH. scripts/install-apptainer.sh installs one into a private prefix and prints its path.")
     sandbox_cgroups: bool = Field(True, description="Give each bwrap sandbox its own cgroup (memory, pids, cpu) and, where the host is root, a size-capped workspace filesystem; False only to compare costs.")
 

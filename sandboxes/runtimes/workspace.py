@@ -1,7 +1,7 @@
 """A sandbox's writable directory, handled from the host without ever leaving it.
 
 The sandbox can put symlinks, FIFOs and odd modes in its workspace; the host (often root) reads
-and writes there for the file and archive calls. Every path is resolved relative to a descriptor
+and writes there for the file calls. Every path is resolved relative to a descriptor
 of the workspace with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (Linux >= 5.6), or, on
 older kernels, one ``O_NOFOLLOW`` component at a time, so no ``..``, absolute symlink or symlink
 race reaches outside it. Only regular files are read (a FIFO cannot block the host), and no
@@ -14,10 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import shutil
 import stat
-import tarfile
-import tempfile
 from pathlib import Path
 from collections.abc import Iterator
 from typing import IO
@@ -25,7 +22,6 @@ from typing import IO
 from prorl_celery.errors import SandboxError
 from sandboxes.runtimes import diskquota
 from sandboxes.protocol import StatResult
-from sandboxes.runtimes.archive import add_tree, extract_archive, file_info, write_tree_archive
 from sandboxes.safedirs import remove_tree
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (new-style syscall table)
@@ -237,97 +233,6 @@ class Workspace:
             self._chown(fd)
             fh.write(data)
 
-    # -- directory trees as tar streams -------------------------------------------------------
-    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
-        """Unpack an uncompressed tar stream at ``dest`` (made if missing); returns members.
-
-        Regular files, directories and symlinks are made (symlinks as links, never followed
-        here); hard links become copies; devices and FIFOs are skipped; set-id bits dropped."""
-        base = self.relative(dest)
-        root = self._root_fd()
-        count = 0
-        try:
-            with tarfile.open(fileobj=archive, mode="r|") as tar:
-                for member in tar:
-                    parts = base + split(member.name)
-                    if member.isdir():
-                        os.close(self._dir(root, parts, create=True))
-                    elif member.isreg():
-                        self._put_file(root, parts, tar.extractfile(member), member.mode)
-                    elif member.issym():
-                        self._put_symlink(root, parts, member.linkname)
-                    elif member.islnk():
-                        source = base + split(member.linkname)
-                        with os.fdopen(open_beneath(root, "/".join(source), os.O_RDONLY), "rb") as fh:
-                            self._put_file(root, parts, fh, member.mode)
-                    else:
-                        continue
-                    count += 1
-        finally:
-            os.close(root)
-        return count
-
-    def _put_file(self, root: int, parts: list[str], data: IO[bytes], mode: int) -> None:
-        if not parts:
-            raise IsADirectoryError(errno.EISDIR, "is a directory", "/")
-        parent = self._dir(root, parts[:-1], create=True)
-        try:
-            _unlink_nondir(parent, parts[-1])
-            fd = open_beneath(parent, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                              mode & 0o777)
-        finally:
-            os.close(parent)
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(data, out, _CHUNK)
-            os.fchmod(fd, mode & 0o777)
-            self._chown(fd)
-
-    def _put_symlink(self, root: int, parts: list[str], target: str) -> None:
-        parent = self._dir(root, parts[:-1], create=True)
-        try:
-            _unlink_nondir(parent, parts[-1])
-            os.symlink(target, parts[-1], dir_fd=parent)
-            if self.uid is not None:
-                os.chown(parts[-1], self.uid, self.gid if self.gid is not None else self.uid,
-                         dir_fd=parent, follow_symlinks=False)
-        finally:
-            os.close(parent)
-
-    def get_archive(self, src: str, out: IO[bytes]) -> None:
-        """Write an uncompressed tar of ``src`` (a directory's contents, or one file) to ``out``.
-        Symlinks are stored as links, not followed; FIFOs and devices are left out."""
-        parts = self.relative(src)
-        root = self._root_fd()
-        try:
-            fd = open_beneath(root, "/".join(parts), os.O_RDONLY | os.O_NONBLOCK) if parts \
-                else os.dup(root)
-        finally:
-            os.close(root)
-        try:
-            st = os.fstat(fd)
-            with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                if stat.S_ISDIR(st.st_mode):
-                    add_tree(tar, fd, "")
-                elif stat.S_ISREG(st.st_mode):
-                    with os.fdopen(os.dup(fd), "rb") as fh:
-                        tar.addfile(file_info(parts[-1], st), fh)
-        finally:
-            os.close(fd)
-
-    def copy_in(self, src_dir: str, dest: str) -> int:
-        """Copy the host directory ``src_dir`` into the workspace at ``dest``."""
-        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
-            write_tree_archive(src_dir, buf)
-            buf.seek(0)
-            return self.put_archive(dest, buf)
-
-    def copy_out(self, src: str, dest_dir: str) -> None:
-        """Copy ``src`` (directory contents or one file) from the workspace into ``dest_dir``."""
-        with tempfile.SpooledTemporaryFile(64 << 20) as buf:
-            self.get_archive(src, buf)
-            buf.seek(0)
-            extract_archive(buf, dest_dir)
-
     def retire(self) -> None:
         """Move the workspace aside (one rename) so its path is gone at once; :meth:`remove`
         deletes it later. Safe while the sandbox still has it mounted. A workspace filesystem
@@ -345,14 +250,6 @@ class Workspace:
 
     def remove(self) -> None:
         remove_tree(self.host_dir)
-
-
-def _unlink_nondir(dir_fd: int, name: str) -> None:
-    try:
-        if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def stream_capped(fh: IO[bytes], cap: int | None = None) -> Iterator[bytes]:
@@ -389,15 +286,3 @@ class WorkspaceFiles:
 
     def stat(self, path: str) -> StatResult:
         return self.workspace.stat(path)
-
-    def put_archive(self, dest: str, archive: IO[bytes]) -> int:
-        return self.workspace.put_archive(dest, archive)
-
-    def get_archive(self, src: str, out: IO[bytes]) -> None:
-        self.workspace.get_archive(src, out)
-
-    def copy_in(self, src_dir: str, dest: str) -> int:
-        return self.workspace.copy_in(src_dir, dest)
-
-    def copy_out(self, src: str, dest_dir: str) -> None:
-        self.workspace.copy_out(src, dest_dir)
