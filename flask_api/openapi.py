@@ -25,6 +25,8 @@ def _content(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_document(max_wait_s: float, token: bool) -> dict[str, Any]:
+    from flask_api import compat, groups, health, jobs, llm, metrics, stream  # noqa: F401 - their route()s fill OPERATIONS
+
     components: dict[str, Any] = {}
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
