@@ -17,8 +17,10 @@ TOTAL, PER_CLIENT = 300, 200
 
 
 def open_stream(port: int, token: str, source: str = "127.0.0.1",
-                path: str = "/events") -> tuple[socket.socket, int, bytes]:
-    """A raw HTTP request left open; returns the socket, the status and what came first."""
+                path: str = "/events?cursor=latest") -> tuple[socket.socket, int, bytes]:
+    """A raw HTTP request left open; returns the socket, the status and what came first. Streams
+    start at the newest completion, so that they are idle whatever the suite ran before (from the
+    start, each would replay the whole history: thousands of jobs after the API fuzz test)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
     head = b""
