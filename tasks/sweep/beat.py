@@ -94,7 +94,7 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
     return report
 
 
-@app.task(name="prorl.sweep")
+@app.task(name="prorl.sweep", ignore_result=True)  # nobody reads it; beat then never waits on the result backend
 def sweep() -> dict[str, Any]:
     """One sweep pass; returns what it did (also logged)."""
     store = get_store()
