@@ -98,7 +98,3 @@ class Registry:
         if self.check is not None:
             self.check(cls)
         return cls
-
-    def same(self, name: str, cls: type) -> bool:
-        """Whether ``name`` (short, alias or path) stands for ``cls``."""
-        return self.load(name) is cls

@@ -14,10 +14,11 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavai
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from prorl_celery.http import Response, TransportError
 from prorl_celery.http import request as http_request
+from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
                                 HostRecord, SandboxEntry, StatResult)
-from sandboxes.registry import AUTO, is_dotted_path, requested_runtime
+from sandboxes.registry import AUTO, requested_runtime
 # what a host may answer beside prorl_celery.errors: imported, so registered by their types
 from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
 from sandboxes.safedirs import UnsafeDirectory  # noqa: F401

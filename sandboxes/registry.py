@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError, UnknownPlugin
-from prorl_celery.plugins import Registry, is_dotted_path  # noqa: F401  (is_dotted_path: for the client)
+from prorl_celery.plugins import Registry
 from sandboxes.base import Sandbox, SandboxSpec
 from sandboxes.check import check_runtime_class
 
