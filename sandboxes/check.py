@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 from prorl_celery.errors import SandboxGone, UnknownPlugin
 from sandboxes.base import Sandbox
+from sandboxes.protocol import METHODS as PROTOCOL
 
-# the protocol's methods and the arguments callers pass them (besides ``self``)
+# the protocol's methods a runtime implements and the arguments the host passes them by name
+# (besides ``self``): the fields of each method's request model
 METHODS: dict[str, tuple[str, ...]] = {
-    "exec": ("command",), "interrupt": (), "read_file": ("path",), "write_file": ("path", "data"),
-    "stat": ("path",), "close": (), "info": ()}
+    name: method.arguments for name, method in PROTOCOL.items() if not method.host_only}
 # the optional hooks (:class:`~sandboxes.base.SandboxRuntime` has defaults for each); the first
 # two are called on the class
 HOOKS: dict[str, tuple[str, ...]] = {
@@ -33,13 +34,19 @@ class NonConformant(AssertionError):
     """A sandbox that does not behave as the protocol says; the message lists each finding."""
 
 
-def _call_problem(cls: type, method: str, args: tuple[str, ...], on_class: bool) -> str | None:
-    """Why ``method`` of ``cls`` cannot be called with ``args`` (None: it can)."""
+def _call_problem(cls: type, method: str, args: tuple[str, ...], on_class: bool = False,
+                  by_name: bool = True) -> str | None:
+    """Why ``method`` of ``cls`` cannot be called with ``args`` (None: it can): by name, as the
+    host's generic route calls a protocol method, or in order, as the host calls a hook."""
     func = getattr(cls, method, None)
     if not callable(func):
         return f"no method {method}"
+    bound = () if on_class else (None,)
     try:
-        inspect.signature(func).bind(*(() if on_class else (None,)), *args)
+        if by_name:
+            inspect.signature(func).bind(*bound, **dict.fromkeys(args))
+        else:
+            inspect.signature(func).bind(*bound, *args)
     except TypeError as exc:
         return f"{method}({', '.join(args)}) cannot be called: {exc}"
     return None
@@ -52,9 +59,9 @@ def check_runtime_class(cls: type) -> None:
     if cls in _conformant:
         return
     problems = [problem for method, args in METHODS.items()
-                if (problem := _call_problem(cls, method, args, False))]
+                if (problem := _call_problem(cls, method, args))]
     problems += [problem for method, args in HOOKS.items()
-                 if (problem := _call_problem(cls, method, args, method in _CLASS_HOOKS))]
+                 if (problem := _call_problem(cls, method, args, method in _CLASS_HOOKS, False))]
     if not isinstance(getattr(cls, "isolation", None), str):
         problems.append("no isolation (a str such as 'namespaces')")
     try:

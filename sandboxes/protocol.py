@@ -6,7 +6,8 @@ and its record in Redis. Error bodies are :class:`prorl_celery.errors.ErrorBody`
 server of the service.
 
 A new operation is one method on :class:`~sandboxes.base.Sandbox` (implemented once, e.g. in
-:class:`~sandboxes.runtimes.workspace.WorkspaceFiles`) plus its two models and its row here.
+:class:`~sandboxes.runtimes.workspace.WorkspaceFiles`) plus its two models and its row here; :mod:`sandboxes.check` derives what it asks of a runtime
+class from the rows.
 """
 from __future__ import annotations
 
@@ -132,11 +133,19 @@ class Health(BaseModel):
 @dataclass(frozen=True)
 class Method:
     """One protocol method: what it takes, what it answers, and which field of the answer the
-    Python method returns (None: the whole model; ``""``: nothing)."""
+    Python method returns (None: the whole model; ``""``: nothing). ``host_only``: an operation
+    of the host on its record of the sandbox (the lease), not a method a runtime implements."""
 
     request: type[BaseModel]
     response: type[BaseModel]
     returns: str | None = None
+    host_only: bool = False
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The Python method's parameters, by name: the request's fields, which the host passes
+        as keywords."""
+        return tuple(self.request.model_fields)
 
     def result(self, response: BaseModel) -> Any:
         return response if self.returns is None else getattr(response, self.returns, None)
@@ -156,7 +165,7 @@ class Method:
         return "data" in self.response.model_fields
 
 
-# method name (a method of Sandbox, except renew: the host's lease) -> its models
+# method name (a method of Sandbox, except the host-only renew: the lease) -> its models
 METHODS: dict[str, Method] = {
     "exec": Method(ExecRequest, ExecResult),
     "interrupt": Method(Empty, InterruptResponse, ""),
@@ -165,7 +174,7 @@ METHODS: dict[str, Method] = {
     "stat": Method(PathRequest, StatResult),
     "info": Method(Empty, InfoResponse, "info"),
     "close": Method(Empty, CloseResponse, "closed"),
-    "renew": Method(RenewRequest, SandboxEntry),
+    "renew": Method(RenewRequest, SandboxEntry, host_only=True),
 }
 
 

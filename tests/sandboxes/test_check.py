@@ -6,7 +6,9 @@ import pytest
 
 from prorl_celery.errors import UnknownPlugin
 from sandboxes.base import ExecResult, SandboxRuntime, SandboxSpec
+from sandboxes.check import METHODS as check_methods
 from sandboxes.check import NonConformant, check_runtime_class, check_sandbox
+from sandboxes.protocol import METHODS as PROTOCOL
 from sandboxes.runtimes.local import LocalSandbox
 from sandboxes.registry import RUNTIMES, load_runtime
 from tests.sandboxes.conftest import needs_bwrap
@@ -99,3 +101,30 @@ def test_the_optional_hooks_are_part_of_the_contract_and_inherited_from_the_base
     assert WithHooks.warm_spec(SandboxSpec()) is None and WithHooks.available()
     with pytest.raises(NotImplementedError):
         WithHooks(None, "j").claim("j", SandboxSpec())
+
+
+def test_the_class_check_asks_for_each_protocol_method_with_its_request_fields():
+    assert check_methods == {name: tuple(method.request.model_fields)
+                             for name, method in PROTOCOL.items() if name != "renew"}
+    assert "renew" not in check_methods  # the host's lease, not a runtime's method
+
+
+class NoStat(WithHooks):
+    stat = None  # type: ignore[assignment]
+
+
+class ReadsByAnotherName(WithHooks):
+    def read_file(self, filename): ...  # the host passes path=...
+
+
+class ExecWithoutTimeout(WithHooks):
+    def exec(self, command): ...  # the host passes timeout=... too
+
+
+def test_runtime_classes_lacking_a_protocol_method_or_taking_the_wrong_argument_are_refused():
+    with pytest.raises(UnknownPlugin, match="no method stat"):
+        check_runtime_class(NoStat)
+    with pytest.raises(UnknownPlugin, match=r"read_file\(path\) cannot be called"):
+        check_runtime_class(ReadsByAnotherName)
+    with pytest.raises(UnknownPlugin, match=r"exec\(command, timeout\) cannot be called"):
+        check_runtime_class(ExecWithoutTimeout)
