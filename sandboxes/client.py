@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 HTTP_MARGIN_S = 15.0  # exec's HTTP timeout beyond the command's: kill grace, shell restart, network
 CONTROL_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
+CLOSE_BATCH = 250  # sandboxes per bulk close: the host kills them all before any other step
+CLOSE_THREADS = 8  # bulk close calls at once (each mostly waits on its host)
 
 
 def _raise_for(response: Response) -> None:
@@ -129,12 +133,48 @@ def close_many(address: str, token: str, sandbox_ids: list[str]) -> list[str]:
     return CloseManyResponse.model_validate_json(response.content).closed
 
 
-def close_handle(handle: SandboxHandle | dict[str, Any]) -> bool:
-    """Close the sandbox a handle names; False when it was already gone (not an error)."""
+# -- closing by handle: the one way the service closes a job's sandbox -----------------------
+def close_handle(handle: SandboxHandle | dict[str, Any], *, raise_errors: bool = False) -> bool:
+    """Close the sandbox a handle (or the dict a job record stores) names. True if this call
+    closed it; False if it was already gone, which is not an error.
+
+    Any other failure (its host unreachable, a malformed handle) is logged and gives False:
+    a host kills a sandbox whose lease lapsed (or died with it), and a caller closing on its way
+    out must not have its own outcome hidden. ``raise_errors`` raises it instead, for a caller
+    that reports the host (the sweep)."""
     try:
         return RemoteSandbox(SandboxHandle.model_validate(handle)).close()
     except SandboxGone:
         return False
+    except Exception as exc:  # noqa: BLE001 - see above
+        if raise_errors:
+            raise
+        sandbox_id = handle.get("sandbox_id") if isinstance(handle, dict) else handle.sandbox_id
+        log.warning("could not close sandbox %s: %s", sandbox_id, exc)
+        return False
+
+
+def close_handles(handles: list[SandboxHandle | dict[str, Any]]) -> list[str]:
+    """:func:`close_handle` of many (a bulk cancel): CLOSE_BATCH sandboxes to a call to their
+    host, a few calls at once. Returns the ids this closed; a host's failure is logged, not raised."""
+    by_host: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for handle in (SandboxHandle.model_validate(h) for h in handles):
+        by_host[(handle.address, handle.token)].append(handle.sandbox_id)
+    calls = [(host, ids[i:i + CLOSE_BATCH]) for host, ids in by_host.items()
+             for i in range(0, len(ids), CLOSE_BATCH)]
+    if len(calls) <= 1:
+        return [sandbox_id for call in calls for sandbox_id in _close_batch(call)]
+    with ThreadPoolExecutor(max_workers=min(CLOSE_THREADS, len(calls))) as pool:
+        return [sandbox_id for closed in pool.map(_close_batch, calls) for sandbox_id in closed]
+
+
+def _close_batch(call: tuple[tuple[str, str], list[str]]) -> list[str]:
+    (address, token), ids = call
+    try:
+        return close_many(address, token, ids)
+    except Exception as exc:  # noqa: BLE001 - as in close_handle
+        log.warning("could not close %d sandboxes on %s: %s", len(ids), address, exc)
+        return []
 
 
 def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostRecord]:

@@ -1,11 +1,8 @@
 """Submitting jobs as chains and cancelling them."""
 from __future__ import annotations
 
-import logging
 import uuid
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, TypeVar
+from typing import Iterable
 
 from celery import chain
 
@@ -16,11 +13,7 @@ from prorl_celery.models import ErrorInfo, JobRequest
 from prorl_celery.status import STAGES, JobStatus
 from tasks.outcome import finish_many
 
-log = logging.getLogger(__name__)
 _TASK_NAMES = {stage: f"prorl.{stage.value}" for stage in STAGES}  # as tasks/stages.py names them
-CLOSE_BATCH = 250  # sandboxes per bulk close: the host kills them all before any other step
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 def task_id(job_id: str, stage: JobStatus) -> str:
@@ -80,8 +73,10 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     """Cancel every job of ``records`` that is still active; returns the ids it cancelled.
 
     The typed results are written first (one store round trip), so that a stage whose sandbox
-    dies under it finds its job ended; then one revoke broadcast covers all their chains and each
-    sandbox host gets bulk closes of CLOSE_BATCH sandboxes, a few at once."""
+    dies under it finds its job ended; then one revoke broadcast covers all their chains and their
+    sandboxes are closed in bulk (:func:`sandboxes.client.close_handles`)."""
+    from sandboxes.client import close_handles  # here: the API imports this module
+
     error = ErrorInfo(type="cancelled", message=reason)
     active = [r for r in records if not r.status.terminal]
     ends = [(r, {"critical_error": "cancelled", "error": error, "fields": {"stage": r.stage}}) for r in active]
@@ -90,51 +85,11 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     if not cancelled:
         return []
     app.control.revoke([task_id(job_id, stage) for job_id in cancelled for stage in STAGES])
-    close_sandboxes([r.sandbox for r in store.get_many(cancelled) if r and r.sandbox])
+    close_handles([r.sandbox for r in store.get_many(cancelled) if r and r.sandbox])
     return cancelled
-
-
-def close_sandboxes(handles: list[dict]) -> None:
-    """Close sandboxes by their stored handles: CLOSE_BATCH to a call to their host, a few calls
-    at once. Failures are logged (the host's lease reaper is the backstop)."""
-    by_host: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for handle in handles:
-        by_host[(handle["address"], handle["token"])].append(handle["sandbox_id"])
-    calls = [(host, ids[i:i + CLOSE_BATCH]) for host, ids in by_host.items()
-             for i in range(0, len(ids), CLOSE_BATCH)]
-    _each(_close_batch, calls, 8)
-
-
-def _close_batch(call: tuple[tuple[str, str], list[str]]) -> None:
-    from sandboxes.client import close_many
-
-    (address, token), ids = call
-    try:
-        close_many(address, token, ids)
-    except Exception as exc:  # noqa: BLE001 - the host's lease reaper is the backstop
-        log.warning("closing %d sandboxes on %s failed: %s", len(ids), address, exc)
-
-
-def _each(fn: Callable[[T], R], items: list[T], threads: int) -> list[R]:
-    """``[fn(x) for x in items]``, up to ``threads`` at a time (each mostly waits on a server)."""
-    if len(items) <= 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
-        return list(pool.map(fn, items))
 
 
 def active_jobs(store: JobStore) -> list[JobRecord]:
     """Every job not yet terminal."""
     ids = [job_id for status in JobStatus if not status.terminal for job_id in store.ids_in(status)]
     return [r for r in store.get_many(ids) if r is not None]
-
-
-def close_sandbox(handle: dict) -> None:
-    """Close a sandbox by its stored handle; failures are logged (the host's lease is the backstop)."""
-    from sandboxes.base import SandboxHandle
-    from sandboxes.client import close_handle
-
-    try:
-        close_handle(SandboxHandle.model_validate(handle))
-    except Exception as exc:  # noqa: BLE001 - the host's lease reaper is the backstop
-        log.warning("closing sandbox %s failed: %s", handle.get("sandbox_id"), exc)

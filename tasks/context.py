@@ -4,7 +4,6 @@ stack: a :class:`StageContext` is the loop's ``Control`` (check, remaining, stop
 sandbox client) its ``Sandbox``."""
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
     from prorl_celery.llm.pool import LLMPool
     from tasks.agent import AgentConfig, DefaultAgent
 
-log = logging.getLogger(__name__)
 SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
 INIT_WAIT_KEY = "_init_wait_s"  # in ctx.state: seconds init waited for a sandbox (timings.init_wait)
 
@@ -123,19 +121,14 @@ class StageContext:
             self.state[SANDBOX_KEY] = sandbox_block(box.entry)
         return box
 
-    def close_sandbox(self) -> None:
-        """Close the job's sandbox if it has one; closing twice is harmless. Never raises: a host
-        that cannot be reached now kills the sandbox itself when its lease lapses (or died with
-        it), and a failure here must not hide the job's own outcome."""
+    def close_sandbox(self) -> bool:
+        """Close the job's sandbox if it has one (:func:`sandboxes.client.close_handle`: never
+        raises, closing twice is harmless); True if this call closed it. The record keeps the
+        handle: the result and a retry name the attempt's host from it."""
         from sandboxes.client import close_handle
 
-        if not self.record.sandbox:
-            return
-        try:
-            close_handle(SandboxHandle.model_validate(self.record.sandbox))
-        except Exception as exc:  # noqa: BLE001 - see above
-            log.warning("job %s: could not close sandbox %s: %s", self.job_id,
-                        self.record.sandbox.get("sandbox_id"), exc)
+        self._sandbox = None
+        return bool(self.record.sandbox) and close_handle(self.record.sandbox)
 
     @property
     def sandbox(self):

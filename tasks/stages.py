@@ -26,6 +26,7 @@ from prorl_celery.llm.pool import end_rollout
 from prorl_celery.metrics import observe_stage
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
+from sandboxes.client import close_handle
 from tasks.context import StageContext
 from tasks.handlers import get_handler
 from tasks.outcome import finish
@@ -89,7 +90,8 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
     try:
         limit = get_settings().stage_max_attempts
         if resumed and record.attempts[stage.value] > limit:
-            StageContext(store, record, stage, 0).close_sandbox()
+            if record.sandbox:
+                close_handle(record.sandbox)
             out = retry_from_init(store, record, WORKER_LOST,
                                   f"{stage} was started {limit} times and never finished", stage.value)
         else:

@@ -26,7 +26,8 @@ from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus, StageState
-from tasks.chain import close_sandbox, send_chain
+from sandboxes.client import close_handle
+from tasks.chain import send_chain
 from tasks.outcome import finish
 from tasks.sweep.requeue import requeue_lost
 from tasks.sweep.sandboxes import sweep_sandboxes
@@ -59,7 +60,7 @@ def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
                     error=ErrorInfo(type="timeout", message=message), fields={"stage": stage.value},
                     sources=[stage], expect_attempt=record.attempt)
     if result is not None and record.sandbox:
-        close_sandbox(record.sandbox)
+        close_handle(record.sandbox)  # logged, never raised: the host's lease is the backstop
     return result is not None
 
 

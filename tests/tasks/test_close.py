@@ -1,0 +1,79 @@
+"""Closing sandboxes: ``sandboxes.client.close_handle`` (and its bulk form) against the stack's real
+sandbox host, and ``StageContext.close_sandbox`` on a real job store."""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import pytest
+
+from prorl_celery.connections import get_store
+from prorl_celery.errors import SandboxError, SandboxGone
+from prorl_celery.models import JobRequest
+from prorl_celery.ops.procs import free_port
+from prorl_celery.status import JobStatus, StageState
+from sandboxes.base import SandboxHandle, SandboxSpec
+from sandboxes.client import close_handle, close_handles, open_sandbox
+from tasks.chain import cancel_many
+from tasks.context import StageContext
+
+LOCAL = SandboxSpec(runtime="local")
+
+
+def _unreachable(sandbox_id: str = "sb-nowhere") -> SandboxHandle:
+    return SandboxHandle(host_id="gone-host", address=f"http://127.0.0.1:{free_port()}", token="t",
+                         sandbox_id=sandbox_id, runtime="local")
+
+
+def test_close_handle_closes_a_stored_handle_once_then_finds_it_gone(stack, redis_client):
+    box = open_sandbox(redis_client, LOCAL, f"close-{uuid.uuid4().hex[:8]}")
+    assert close_handle(box.handle.model_dump()) is True  # the dict a job record stores
+    assert close_handle(box.handle) is False  # already gone: not an error
+    with pytest.raises(SandboxGone):
+        box.exec("true")
+
+
+def test_close_handle_logs_an_unreachable_host_and_raises_only_when_asked(caplog):
+    with caplog.at_level(logging.WARNING, logger="sandboxes.client"):
+        assert close_handle(_unreachable("sb-unreached").model_dump()) is False
+    assert "could not close sandbox sb-unreached" in caplog.text
+    with pytest.raises(SandboxError, match="unreachable"):
+        close_handle(_unreachable(), raise_errors=True)
+
+
+def test_close_handles_closes_in_bulk_and_logs_a_host_it_cannot_reach(stack, redis_client, caplog):
+    boxes = [open_sandbox(redis_client, LOCAL, f"bulk-{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="sandboxes.client"):
+        closed = close_handles([b.handle.model_dump() for b in boxes] + [_unreachable()])
+    assert sorted(closed) == sorted(b.handle.sandbox_id for b in boxes)
+    assert "could not close 1 sandboxes" in caplog.text
+    assert [close_handle(b.handle) for b in boxes] == [False, False, False]
+
+
+def _job_running_init(store) -> str:
+    job_id = f"ctx-close-{uuid.uuid4().hex[:8]}"
+    request = JobRequest(instance={"data_source": "shell", "commands": ["true"]})
+    assert store.create_many([(job_id, request)]) == [True]  # stored, never sent: no worker runs it
+    ok, _ = store.transition(job_id, JobStatus.INIT, stage_state=StageState.RUNNING, t_stage_start=time.time())
+    assert ok
+    return job_id
+
+
+def test_a_redelivered_init_closes_the_first_attempts_sandbox(stack):
+    store = get_store()
+    job_id = _job_running_init(store)
+    try:
+        first = StageContext(store, store.get(job_id), JobStatus.INIT, 30).open_sandbox(LOCAL)
+        again = StageContext(store, store.get(job_id), JobStatus.INIT, 30, resumed=True)
+        second = again.open_sandbox(LOCAL)
+        with pytest.raises(SandboxGone):
+            first.exec("true")
+        assert second.exec("echo second").output == "second\n"
+        assert again.close_sandbox() is True and again.close_sandbox() is False
+        # the record keeps the handle: the result and a retry name the attempt's host from it
+        assert again.record.sandbox["sandbox_id"] == second.handle.sandbox_id
+        with pytest.raises(SandboxGone):
+            again.sandbox.exec("true")
+    finally:
+        cancel_many(store, [store.get(job_id)], "test over")
