@@ -33,8 +33,9 @@ from sandboxes.runtimes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.image_cache import ImageLease, open_image
 from sandboxes.runtimes.images import is_reference
 from sandboxes.runtimes.netns import HELPER_ENV, UserNet, attach, require_network, resolv_conf, tool
-from sandboxes.runtimes.shell import (NONINTERACTIVE_ENV, TRUSTED_BASH, PersistentShell, shell_quote,
-                             shell_warm_spec, trusted_argv)
+from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.shellscript import shell_quote
+from sandboxes.runtimes.shellspawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace
 

@@ -8,13 +8,9 @@ command left (cwd, exported variables, functions, aliases, shell options), runs 
 agent never touched, writes ``$?`` and the cwd to the status pipe, which only this process reads;
 the output is everything on stdout until then. So a redefined ``printf``/``builtin``/``command``,
 ``enable -n``, traps, ``PROMPT_COMMAND``, ``exec`` of another shell or a printed fake marker
-change only the subshell. What is left is reaching the parent from outside: ``/proc/<ppid>/fd``,
-``/proc/<ppid>/mem`` or ptrace, all of which need the parent to be dumpable. Where the host can
-make one (:func:`trusted_bash`), a runtime that runs its sandbox as another user starts the
-parent from an execute-only copy of bash owned by root (:func:`trusted_argv`), which makes it
-non-dumpable for a sandbox without ``CAP_SYS_PTRACE``; a ``local`` shell (the host's own user),
-or a bwrap image without that copy, stays dumpable (``status_channel`` says which).
-Killing the parent yields no status (``exit_code`` None), never a forged one.
+change only the subshell. What is left is reaching the parent from outside (its fds, its
+memory), which :mod:`sandboxes.runtimes.shellspawn` closes where the host can: ``status_channel``
+says whether it did. Killing the parent yields no status (``exit_code`` None), never a forged one.
 
 Starting costs one round trip: the parent sources its setup script from a pipe in one read
 (bash reads its stdin a byte at a time) and runs the runtime's own commands (exports, limits).
@@ -24,12 +20,9 @@ bash``), so the shell never knows how it is isolated.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import secrets
-import shutil
-import stat
 import signal
 import subprocess
 import threading
@@ -37,80 +30,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from prorl_celery.errors import SandboxError, SandboxGone
-from prorl_celery.spawn import spawn
 from sandboxes.base import ExecResult, Limits
 from sandboxes.runtimes.guardian import guardian
 from sandboxes.runtimes.output import cut_middle
 from sandboxes.runtimes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
 from sandboxes.runtimes.shellio import ShellChannel
-from sandboxes.runtimes.shellscript import STATE_SUFFIXES, VALID_NAME, setup_script, shell_quote
+from sandboxes.runtimes.shellscript import STATE_SUFFIXES, VALID_NAME, shell_quote
+from sandboxes.runtimes.shellspawn import (DEFAULT_ARGV, NONINTERACTIVE_ENV, die_with_parent, remove_own_file,
+                                           spawn_parent)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ARGV = ("bash", "--noprofile", "--norc")
-
-# Tools must never wait for a pager or emit colour codes into the agent's observation.
-NONINTERACTIVE_ENV = {
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "MANPAGER": "cat",
-    "TERM": "dumb",
-    "NO_COLOR": "1",
-    "LC_ALL": "C.UTF-8",
-    "DEBIAN_FRONTEND": "noninteractive",
-    "PIP_NO_INPUT": "1",
-}
-
 KILL_GRACE_S = 1.5  # after killing a command's processes, how long the shell gets to print the marker
 START_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
-
-_libc = ctypes.CDLL(None, use_errno=True)  # resolved before any fork; preexec only calls it
-TRUSTED_BASH = "/usr/local/libexec/prorl/bash"  # under /usr: bound into every host-rooted sandbox
-
-
-def trusted_bash() -> str | None:
-    """An execute-only copy of bash owned by this (root) process: a bash exec'd from a file its
-    user cannot read is not dumpable, so nothing in the sandbox can open its fds or memory."""
-    if os.geteuid() != 0:
-        return None
-    if os.path.exists(TRUSTED_BASH):
-        return TRUSTED_BASH
-    source = shutil.which("bash")
-    if not source:
-        return None
-    try:
-        os.makedirs(os.path.dirname(TRUSTED_BASH), mode=0o755, exist_ok=True)
-        staging = f"{TRUSTED_BASH}.{os.getpid()}.tmp"
-        shutil.copyfile(source, staging)
-        os.chmod(staging, stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        os.replace(staging, TRUSTED_BASH)
-    except OSError as exc:
-        log.warning("no execute-only bash at %s (%s): shell parents stay dumpable", TRUSTED_BASH, exc)
-        return None
-    return TRUSTED_BASH
-
-
-def trusted_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``bash`` replaced by :func:`trusted_bash` where the host has that copy."""
-    trusted = os.path.basename(argv[0]) == "bash" and trusted_bash()
-    return [trusted, *argv[1:]] if trusted else list(argv)
-
-
-def shell_warm_spec(spec):
-    """For a runtime built on this shell: the part of ``spec`` a pre-started sandbox must already
-    match (image, network); env, limits and workdir are applied when it is claimed. None when the
-    env cannot be applied later (a name the shell cannot export)."""
-    from sandboxes.base import SandboxSpec
-
-    if not all(VALID_NAME.match(name) for name in spec.env):
-        return None
-    return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
-
-
-def die_with_parent() -> None:
-    """preexec: SIGKILL this child when the thread that spawned it dies (a kill -9 of the host)."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class PersistentShell(ShellChannel):
@@ -196,32 +128,13 @@ class PersistentShell(ShellChannel):
         raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
 
     def _spawn(self, cwd: str) -> None:
-        """Start the parent with its status pipe's write end and a pipe holding its setup
-        script (:func:`~sandboxes.runtimes.shellscript.setup_script`), which it sources in one read: bash reads commands from
-        its stdin a byte at a time."""
+        """Start the parent (:func:`~sandboxes.runtimes.shellspawn.spawn_parent`) and take its pipes."""
         # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
         # on a big host), so parent death is the guardian's business unless the caller brings one.
         preexec = self._preexec if self._preexec_fn is not None else None
-        status_r, status_w = os.pipe()
-        init_r, init_w = os.pipe()
-        try:
-            try:
-                os.write(init_w, setup_script(self._state_name, status_w).encode())  # < 64 KiB
-            finally:
-                os.close(init_w)
-            os.fchmod(init_r, 0o444)  # bash reopens it by /dev/fd as the sandbox's user, not ours
-            self._proc = spawn(
-                self.argv, cwd=cwd, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0,
-                pass_fds=(status_w, init_r))
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
-            os.close(init_r)
-        self._status_fd, self._status_w, self._status_buf, self._token = status_r, status_w, b"", b""
-        self._setup_fd = init_r
+        self._proc, status_r, self._status_w, self._setup_fd = spawn_parent(
+            self.argv, cwd, self.env, self._state_name, preexec)
+        self._status_fd, self._status_buf, self._token = status_r, b"", b""
         if self._guarded and preexec is None:
             guardian().hold(self._proc.pid)
         self._fd = self._proc.stdout.fileno()
@@ -277,7 +190,7 @@ class PersistentShell(ShellChannel):
             os.close(self._status_fd)
             self._status_fd = None
         for suffix in STATE_SUFFIXES if self._state_base else ():
-            _remove_own_file(self._state_base + suffix)
+            remove_own_file(self._state_base + suffix)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -391,12 +304,3 @@ class PersistentShell(ShellChannel):
             output = f"{output}\n{note}" if output else note
         return ExecResult(output=output, exit_code=None if timed_out or interrupted else out.status,
                           timed_out=timed_out, interrupted=interrupted, truncated=truncated)
-
-def _remove_own_file(path: str) -> None:
-    """Remove a local shell's state file: only a regular file this process owns."""
-    try:
-        info = os.lstat(path)
-        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-            os.unlink(path)
-    except OSError:
-        pass

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
-from sandboxes.runtimes.shell import DEFAULT_ARGV, PersistentShell
+from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.shellspawn import DEFAULT_ARGV
 from sandboxes.runtimes.uids import UidLease, lease_uid
 from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
 

@@ -51,7 +51,7 @@ from sandboxes.base import Limits, SandboxSpec
 from sandboxes.runtimes.bwrap import SANDBOX_PATH, BwrapShell, tree_info
 from sandboxes.runtimes.netns import HELPER_ENV
 from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
-from sandboxes.runtimes.shell import NONINTERACTIVE_ENV
+from sandboxes.runtimes.shellspawn import NONINTERACTIVE_ENV
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace, quota_supported
 
