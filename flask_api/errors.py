@@ -35,14 +35,10 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
         raise InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field) from None
 
 
-def http_status(exc: ProrlError) -> int:
-    """The class's status; but a refused request is 400 here, whatever refused it (policy, image):
-    the API's contract, while the sandbox host says 403 policy_denied, 404 image_not_found ..."""
-    return 400 if isinstance(exc, InvalidRequest) else exc.http_status
-
-
 def _handle_prorl(exc: ProrlError):
-    return jsonify({"error": exc.to_dict()}), http_status(exc)
+    """The class's own status, as on the sandbox host: one type, one status on every server
+    (a request the operator's policy refuses is 403 ``policy_denied`` here too)."""
+    return jsonify({"error": exc.to_dict()}), exc.http_status
 
 
 def _handle_http(exc: HTTPException):

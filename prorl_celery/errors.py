@@ -37,7 +37,8 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
         └── LLMCallCancelled(JobCancelled)         cancelled  the caller's should_stop() fired
 
 A class defining a ``type`` registers it (:func:`error_class`); a subclass may share its parent's
-type (and then its status). A server answers ``{"error": exc.to_dict()}`` with ``exc.http_status``
+type (and then its status). One type has one status on every server (the API, the sandbox host,
+the LLM pool): a server answers ``{"error": exc.to_dict()}`` with ``exc.http_status``
 (:class:`ErrorBody`); a client raises :func:`from_wire` of that body: the same class, or its
 fallback for a type it does not know.
 """
@@ -131,7 +132,7 @@ class PolicyDenied(InvalidRequest):
     not serve, an unregistered image, a repository source outside the allowed ones."""
 
     type = "policy_denied"
-    http_status = 403  # the API answers 400, as for every refused submission (flask_api/errors.py)
+    http_status = 403  # forbidden, on the API as on the sandbox host: the caller may not widen it
 
 
 class ImageError(InvalidRequest):

@@ -15,7 +15,7 @@ import flask_api.limits  # noqa: F401 - register their errors, as in the process
 import prorl_celery.integrations.rollouts  # noqa: F401
 from flask_api import errors as api_errors
 from prorl_celery import errors
-from prorl_celery.errors import (FileDenied, FileError, FileMissing, InvalidRequest, JobAlreadyTerminal,
+from prorl_celery.errors import (FileDenied, FileError, FileMissing, JobAlreadyTerminal,
                                  ProrlError, SandboxError)
 from sandboxes.client import request
 from sandboxes.host.app import create_app
@@ -122,9 +122,7 @@ def test_round_trip_host_to_client_is_the_same_class(host, type_):
 @pytest.mark.parametrize("type_", sorted(WIRE))
 def test_api_answers_the_class_status(api, type_):
     reply = requests.get(f"{api}/raise/{type_}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-    cls = errors.error_class(type_)
-    # the API's contract: a refused request is 400 whatever refused it (the host says 403, 404 ...)
-    assert reply.status_code == (400 if issubclass(cls, InvalidRequest) else WIRE[type_])
+    assert reply.status_code == WIRE[type_]  # as the sandbox host answers: one status per type
     body = reply.json()["error"]
     assert body["type"] == type_ and body["message"] == f"boom {type_}" and body["field"] == "spec.x"
 
@@ -191,3 +189,13 @@ def test_openapi_lists_the_error_schema_once():
     assert shaped == {"ErrorDetail", "ErrorInfo"}  # ErrorInfo: a job result's error, not an answer's
     assert "ErrorResponse" not in schemas
     assert schemas["ErrorBody"]["properties"]["error"] == {"$ref": "#/components/schemas/ErrorDetail"}
+
+
+def test_the_running_api_answers_a_policy_refusal_403_like_the_host(stack):
+    """The same type, the same status, on the real API: a sandbox image outside the operator's
+    image directories is forbidden, not malformed."""
+    instance = {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "bwrap", "image": "/etc"}}
+    reply = requests.post(f"{stack.api_url}/jobs", json={"instance": instance}, timeout=10)
+    assert reply.status_code == 403, reply.text
+    assert reply.json()["error"]["type"] == "policy_denied"
+    assert reply.json()["error"]["field"] == "instance.sandbox.image"

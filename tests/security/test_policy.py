@@ -118,7 +118,7 @@ def _shell(*commands: str, **sandbox) -> dict:
 def test_image_must_be_a_registered_one(api, image_dir, redis_client):
     for image in ("/", "/etc", f"{image_dir}/../../etc", "..", "mini/../../etc"):
         response = requests.post(f"{api}/jobs", json={"instance": _shell("ls /home", image=image)}, timeout=10)
-        assert response.status_code == 400, (image, response.text)
+        assert response.status_code == 403, (image, response.text)  # as the host says it
         assert response.json()["error"]["field"] == "instance.sandbox.image", response.json()
     # a link out of the image directory passes the API (it cannot resolve another node's links)
     # and is refused by the host, which does: the job fails with the reason, nothing listed
@@ -189,7 +189,7 @@ def test_repo_source_outside_the_allowed_dirs_is_refused(api, tmp_path, secret_r
                    "ext::sh -c touch% /tmp/pwned", "git@github.com:a/b.git", "--upload-pack=touch /tmp/x",
                    "ssh://example.com/x.git"):
         response = requests.post(f"{api}/jobs", json={"instance": {**instance, "repo_source": source}}, timeout=10)
-        assert response.status_code == 400, (source, response.text)
+        assert response.status_code == 403, (source, response.text)
         assert response.json()["error"]["field"] == "instance.repo_source"
     # a link beneath an allowed directory that points at the secret passes the API's lexical
     # check; the worker resolves it and refuses: the secret never reaches a sandbox
