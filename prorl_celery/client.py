@@ -21,6 +21,7 @@ from typing import Any
 
 import requests
 
+from prorl_celery.errors import ProrlError, error_class
 from prorl_celery.statedir import lookup
 from prorl_celery.status import TERMINAL
 
@@ -29,11 +30,54 @@ _TERMINAL = frozenset(status.value for status in TERMINAL)
 
 
 class ProrlClientError(RuntimeError):
-    """The service answered with an error; ``status`` and ``error`` hold its JSON error."""
+    """The service answered with an error; ``status`` (the HTTP status) and ``error`` hold its
+    JSON error. An answer of a type in :mod:`prorl_celery.errors` is raised as that class too
+    (:func:`raised_for`), so ``except errors.InvalidRequest`` (or ``errors.NotFound`` ...) works
+    beside ``except ProrlClientError``; ``field`` names the offending field, if any."""
+
+    field: str | None = None
 
     def __init__(self, status: int, error: dict[str, Any]):
-        super().__init__(f"HTTP {status}: {error.get('type')}: {error.get('message')}")
-        self.status, self.error = status, error
+        super().__init__(_message(status, error))
+        self.status, self.error, self.field = status, error, error.get("field")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a trainer's worker to its driver) as the answer
+        return raised_for, (self.status, self.error)
+
+
+def _message(status: int, error: dict[str, Any]) -> str:
+    return f"HTTP {status}: {error.get('type')}: {error.get('message')}"
+
+
+_TYPED: dict[type[ProrlError], type[ProrlClientError]] = {}
+
+
+def _typed(kind: type[ProrlError]) -> type[ProrlClientError]:
+    """The registered class ``kind`` as the client raises it: also a ProrlClientError. Made once
+    per class from the registry, so a new error type needs nothing here."""
+    if kind not in _TYPED:
+        _TYPED[kind] = type(kind.__name__, (kind, ProrlClientError),
+                            {"__module__": __name__, "__qualname__": kind.__qualname__})
+    return _TYPED[kind]
+
+
+def raised_for(status: int, error: dict[str, Any]) -> ProrlClientError:
+    """The exception for an error answer: its type's registered class (no constructor runs:
+    some take an id, not a message), else a plain ProrlClientError."""
+    kind = error_class(str(error.get("type")))
+    if kind is None:
+        return ProrlClientError(status, error)
+    exc = _typed(kind).rebuild(_message(status, error), error.get("field"))
+    exc.status, exc.error = status, error  # the HTTP status; a conflict's job status is in error
+    return exc  # type: ignore[return-value]
+
+
+def _error_of(resp: requests.Response) -> dict[str, Any]:
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        error = None
+    return error if isinstance(error, dict) else {"type": "http", "message": resp.text[:500]}
 
 
 class ProrlClient:
@@ -63,11 +107,7 @@ class ProrlClient:
                 if resp.status_code in ok:
                     return resp
                 if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    try:
-                        error = resp.json().get("error", {})
-                    except ValueError:
-                        error = {"type": "http", "message": resp.text[:500]}
-                    raise ProrlClientError(resp.status_code, error)
+                    raise raised_for(resp.status_code, _error_of(resp))
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
         raise AssertionError("unreachable")

@@ -1,10 +1,12 @@
 """The Python client against the running service."""
 from __future__ import annotations
 
+import pickle
 import uuid
 
 import pytest
 
+from prorl_celery import errors
 from prorl_celery.client import ProrlClient, ProrlClientError
 
 LOCAL = {"runtime": "local"}
@@ -52,3 +54,31 @@ def test_errors_are_typed_and_not_retried(api):
     with pytest.raises(ProrlClientError) as info:
         client.submit({"data_source": "nope"})
     assert info.value.status == 400 and info.value.error["field"] == "instance.data_source"
+
+
+def test_errors_are_raised_as_their_registered_class(api):
+    """Each answer's type is its class in prorl_celery.errors, and still a ProrlClientError."""
+    client = ProrlClient(api, retries=0)
+    with pytest.raises(errors.NotFound) as missing:
+        client.get("no-such-job")
+    assert isinstance(missing.value, ProrlClientError) and isinstance(missing.value, KeyError)
+    assert "no-such-job" in str(missing.value) and missing.value.status == 404
+    with pytest.raises(errors.InvalidRequest) as bad:
+        client.submit({"data_source": "nope"})
+    assert type(bad.value).__mro__[1] is errors.InvalidRequest  # exactly invalid_request
+    assert bad.value.field == "instance.data_source" and bad.value.status == 400
+    refused = {**shell("true"), "sandbox": {"runtime": "bwrap", "image": "/etc"}}
+    with pytest.raises(errors.PolicyDenied) as denied:  # an InvalidRequest too
+        client.submit(refused)
+    assert isinstance(denied.value, errors.InvalidRequest) and denied.value.status == 403
+    done = client.submit(shell("true"))
+    client.wait(done, timeout=30)
+    with pytest.raises(errors.JobAlreadyTerminal) as late:
+        client.cancel(done)
+    assert late.value.status == 409 and late.value.error["status"] == "completed"
+    with pytest.raises(ProrlClientError) as anonymous:  # not the service's own error: no class
+        ProrlClient(api, token="wrong", retries=0).get(done)
+    assert type(anonymous.value) is ProrlClientError and not isinstance(anonymous.value, errors.ProrlError)
+    assert anonymous.value.status == 401 and anonymous.value.error["type"] == "unauthorized"
+    again = pickle.loads(pickle.dumps(late.value))  # e.g. from a trainer's worker to its driver
+    assert type(again) is type(late.value) and again.error == late.value.error
