@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
@@ -11,19 +11,20 @@ from prorl_celery.models import ErrorInfo, JobResult
 from prorl_celery.status import JobStatus
 from tasks.context import SANDBOX_KEY
 
+if TYPE_CHECKING:
+    from tasks.handlers.base import AgentHandler
+
 log = logging.getLogger(__name__)
 
 
-def build_result(record: JobRecord, status: JobStatus, *, state: dict[str, Any] | None = None,
-                 critical_error: str | None = None, error: ErrorInfo | None = None,
-                 fields: dict[str, Any] | None = None, now: float | None = None) -> JobResult:
-    from tasks.handlers import get_handler
-
+def build_result(record: JobRecord, status: JobStatus, *, handler: AgentHandler | None = None,
+                 state: dict[str, Any] | None = None, critical_error: str | None = None,
+                 error: ErrorInfo | None = None, fields: dict[str, Any] | None = None,
+                 now: float | None = None) -> JobResult:
+    """The job's typed result: the handler's ``result_fields`` of the state, then ``fields``.
+    A stage passes the ``handler`` it runs; without one (a cancel, the sweep) it is looked up."""
     state = record.state if state is None else state
-    try:
-        partial = get_handler(record.data_source).result_fields(state)
-    except UnknownPlugin:
-        partial = {}
+    partial = (_handler_of(record) if handler is None else handler).result_fields(state)
     record.t_finished = now or time.time()
     instance = record.instance
     data = {**partial, **(fields or {})}
@@ -69,6 +70,17 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
 
 def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:
     return {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **record.stage_times()}
+
+
+def _handler_of(record: JobRecord) -> AgentHandler:
+    """The job's handler; the base one (no partial fields) if its data source names none now."""
+    from tasks.handlers import get_handler
+    from tasks.handlers.base import AgentHandler
+
+    try:
+        return get_handler(record.data_source)
+    except UnknownPlugin:
+        return AgentHandler()
 
 
 def _maybe_str(value: Any) -> str | None:

@@ -79,11 +79,11 @@ class Requeued:
 
 
 def retry_from_init(store: JobStore, record: JobRecord, fault: str, message: str,
-                    stage: str | None = None) -> Requeued | dict[str, Any] | None:
+                    stage: str | None = None, handler: Any = None) -> Requeued | dict[str, Any] | None:
     """Record ``fault`` as the end of the record's attempt; send the job back to ``queued`` if
     attempts remain (returns :class:`Requeued`; the caller sends it), else end it ``failed``
     (returns its result). None when the job had moved on meanwhile (another attempt, or ended).
-    The attempt's sandbox is the caller's to close."""
+    The attempt's sandbox is the caller's to close; a stage passes its ``handler`` for the result."""
     faults = [*record.faults, attempt_entry(record, fault, message, stage)]
     limit = get_settings().job_max_attempts
     if record.attempt >= limit:
@@ -92,7 +92,7 @@ def retry_from_init(store: JobStore, record: JobRecord, fault: str, message: str
         result = finish(store, record, JobStatus.FAILED, critical_error=critical_for(fault, stage or record.stage),
                         error=ErrorInfo(type=fault, message=message[:2000]),
                         fields={"stage": stage or record.stage, "attempts": faults},
-                        expect_attempt=record.attempt)
+                        expect_attempt=record.attempt, handler=handler)
         return result.model_dump(mode="json") if result else None
     ok, _ = store.transition(record.job_id, JobStatus.QUEUED, expect={"attempt": record.attempt},
                              stage_state=StageState.NONE, sandbox=None,

@@ -29,10 +29,12 @@ from prorl_celery.status import JobStatus, StageState, previous_stage, stage_ind
 from sandboxes.client import close_handle
 from tasks.context import StageContext
 from tasks.handlers import get_handler
+from tasks.handlers.base import AgentHandler
 from tasks.outcome import finish
 from tasks.retry import WORKER_LOST, Requeued, infrastructure_fault, retry_from_init
 
 log = logging.getLogger(__name__)
+FALLBACK = AgentHandler()  # the hooks for a job whose handler cannot be loaded: close, no fields
 
 
 def stage_budget(record: JobRecord, stage: JobStatus) -> float:
@@ -107,12 +109,13 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
 def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
              resumed: bool) -> dict[str, Any] | Requeued | None:
     ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
+    handler = FALLBACK  # until the job's own is loaded: its failure is recorded by the base hooks
     try:
-        handler = get_handler(record.data_source)
+        handler = get_handler(record.data_source)  # the one look-up of this stage
         outcome = getattr(handler, stage.value)(ctx)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
         record.add_stage_time(stage, time.monotonic() - ctx.started)
-        return _fail(store, record, stage, ctx, exc)
+        return _fail(store, record, stage, ctx, handler, exc)
     finally:
         if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
             end_rollout(store.redis, record.job_id)
@@ -120,8 +123,8 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
     observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
     if stage is JobStatus.EVAL:
         handler.finish(ctx)
-        result = finish(store, record, JobStatus.COMPLETED, state=ctx.state, fields=outcome or {},
-                        expect_attempt=record.attempt)
+        result = finish(store, record, JobStatus.COMPLETED, handler=handler, state=ctx.state,
+                        fields=outcome or {}, expect_attempt=record.attempt)
         return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
     # Narrowed to this stage: the status stays, and only while it is still this stage.
     ok, status = store.transition(record.job_id, None, sources=[stage], stage_state=StageState.DONE,
@@ -133,7 +136,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
     return {"job_id": record.job_id, "status": status.value, "stage_done": stage.value}
 
 
-def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContext,
+def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContext, handler: AgentHandler,
           exc: BaseException) -> dict[str, Any] | Requeued | None:
     if isinstance(exc, redis.RedisError):
         # The job store itself is unreachable: nothing can be recorded now. Leave the sandbox
@@ -141,32 +144,32 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
         log.warning("job %s: %s stage lost the job store (%s); it will be resumed", record.job_id, stage, exc)
         raise exc
     try:
-        get_handler(record.data_source).on_exception(ctx, exc)
+        handler.on_exception(ctx, exc)
     except Exception:  # noqa: BLE001 - cleanup must not hide the original failure
         log.exception("on_exception of %s failed", record.data_source)
         ctx.close_sandbox()
     if isinstance(exc, JobCancelled):
         return _current_result(store, record.job_id)
     if isinstance(exc, StageBudgetExceeded):
-        return _end(store, record, JobStatus.TIMEOUT, stage, ctx.state, "timeout", str(exc),
+        return _end(store, record, handler, JobStatus.TIMEOUT, stage, ctx.state, "timeout", str(exc),
                     critical="timeout")
     if not isinstance(exc, Exception):
         raise exc  # SystemExit / KeyboardInterrupt: let the worker shut down; the lease lapses
     fault = infrastructure_fault(exc)
     if fault is not None:
-        out = retry_from_init(store, record, fault, str(exc), stage.value)
+        out = retry_from_init(store, record, fault, str(exc), stage.value, handler=handler)
         return _current_result(store, record.job_id) if out is None else out
     critical = "sandbox" if isinstance(exc, SandboxError) else "llm" if isinstance(exc, LLMError) else stage.value
     etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
     log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
-    return _end(store, record, JobStatus.FAILED, stage, ctx.state, etype, str(exc), critical=critical)
+    return _end(store, record, handler, JobStatus.FAILED, stage, ctx.state, etype, str(exc), critical=critical)
 
 
-def _end(store: JobStore, record: JobRecord, status: JobStatus, stage: JobStatus,
+def _end(store: JobStore, record: JobRecord, handler: AgentHandler, status: JobStatus, stage: JobStatus,
          state: dict[str, Any] | None, etype: str, message: str, critical: str | None = None):
     # Narrowed to the stage that failed: the table would let any active status end, but only
     # this stage's own failure may end the job (never a later stage of the same attempt).
-    result = finish(store, record, status, state=state, critical_error=critical or stage.value,
+    result = finish(store, record, status, handler=handler, state=state, critical_error=critical or stage.value,
                     error=ErrorInfo(type=etype, message=message[:2000]), fields={"stage": stage.value},
                     sources=[stage], expect_attempt=record.attempt)
     return result.model_dump(mode="json") if result else _current_result(store, record.job_id)

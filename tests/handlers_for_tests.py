@@ -87,3 +87,21 @@ class UserHandler:
 
     def finish(self, ctx) -> None:
         ctx.close_sandbox()
+
+
+class FailingInitHandler:
+    """A class of the user's own (no sandbox) whose init keeps a field in its state, then raises:
+    the failed job's result still carries that field."""
+
+    def init(self, ctx) -> None:
+        ctx.state["seen"] = "before the crash"
+        raise RuntimeError("init crashed on purpose")
+
+    def run(self, ctx) -> None:
+        pass
+
+    def eval(self, ctx) -> dict:
+        return {"reward": 0.0}
+
+    def result_fields(self, state: dict) -> dict:
+        return {"seen": state.get("seen")}

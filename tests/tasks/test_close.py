@@ -3,20 +3,19 @@ sandbox host, and ``StageContext.close_sandbox`` on a real job store."""
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 import pytest
 
 from prorl_celery.connections import get_store
 from prorl_celery.errors import SandboxError, SandboxGone
-from prorl_celery.models import JobRequest
 from prorl_celery.ops.procs import free_port
-from prorl_celery.status import JobStatus, StageState
+from prorl_celery.status import JobStatus
 from sandboxes.base import SandboxHandle, SandboxSpec
 from sandboxes.client import close_handle, close_handles, open_sandbox
 from tasks.chain import cancel_many
 from tasks.context import StageContext
+from tests.tasks.test_stage_handler import job_running_init
 
 LOCAL = SandboxSpec(runtime="local")
 
@@ -51,18 +50,9 @@ def test_close_handles_closes_in_bulk_and_logs_a_host_it_cannot_reach(stack, red
     assert [close_handle(b.handle) for b in boxes] == [False, False, False]
 
 
-def _job_running_init(store) -> str:
-    job_id = f"ctx-close-{uuid.uuid4().hex[:8]}"
-    request = JobRequest(instance={"data_source": "shell", "commands": ["true"]})
-    assert store.create_many([(job_id, request)]) == [True]  # stored, never sent: no worker runs it
-    ok, _ = store.transition(job_id, JobStatus.INIT, stage_state=StageState.RUNNING, t_stage_start=time.time())
-    assert ok
-    return job_id
-
-
 def test_a_redelivered_init_closes_the_first_attempts_sandbox(stack):
     store = get_store()
-    job_id = _job_running_init(store)
+    job_id = job_running_init(store)
     try:
         first = StageContext(store, store.get(job_id), JobStatus.INIT, 30).open_sandbox(LOCAL)
         again = StageContext(store, store.get(job_id), JobStatus.INIT, 30, resumed=True)
