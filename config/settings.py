@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     sandbox_warm: int = Field(2, description="Ready sandboxes a host keeps started per runtime and network setting, handed out on create.")
     sandbox_lease_s: float = Field(120.0, description="A sandbox unused this long is killed by its host.")
     sandbox_capacity: int = Field(64, description="Sandboxes one host serves at once.")
+    host_token: str | None = Field(None, description="Bearer token a sandbox host started without --token requires on every call (and registers in Redis for the workers); default: a random one per start.")
     sandbox_host_bind: str = Field("127.0.0.1", description="Interface a sandbox host listens on when started without --host: loopback for one node; a cluster sets 0.0.0.0 or the node's address (the host's token is still required on every call).")
     node_addr: str | None = Field(None, description="Address other nodes reach this node at: what a sandbox host bound to all interfaces publishes (and the Slurm scripts' PRORL_NODE_ADDR). Default: the source address of this node's route to Redis.")
     host_heartbeat_s: float = Field(5.0, description="Sandbox host heartbeat period; dead after 3 missed.")

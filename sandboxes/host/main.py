@@ -17,18 +17,17 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import redis
 import waitress
 
-from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.host.advertise import advertised_url
 from sandboxes.host.app import create_app
 from sandboxes.host.pool import SandboxPool, limit_enforcement
+from sandboxes.host.registration import Registration
 from sandboxes.host.reap import reap_leftovers
 from sandboxes.protocol import HostRecord
 from sandboxes.registry import ServedRuntimes
@@ -38,78 +37,6 @@ from sandboxes.runtimes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
 _ROOTED_RUNTIMES = ("local", "bwrap", "singularity")  # runtimes that take a workspace "root"
-
-
-class Registration:
-    """The host's hash in Redis and its heartbeat in the ``keys.hosts()`` sorted set."""
-
-    def __init__(self, client: redis.Redis, record: HostRecord, pool: SandboxPool, interval_s: float):
-        self.client = client
-        self.record = record
-        self.pool = pool
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._changed = threading.Event()
-        self._publisher: threading.Thread | None = None
-
-    def beat(self) -> None:
-        now = time.time()
-        self.record.live, self.record.heartbeat_at = self.pool.live, now
-        key = keys.host(self.record.host_id)
-        pipe = self.client.pipeline()
-        pipe.hset(key, mapping=self.record.to_redis())
-        pipe.expire(key, int(max(60, 10 * self.interval_s)))
-        pipe.zadd(keys.hosts(), {self.record.host_id: now})
-        pipe.execute()
-
-    def update_live(self) -> None:
-        """Placement reads ``live``: publish it after every change, not only every heartbeat;
-        by a thread of its own, so creates and closes do not wait for Redis, and a burst of
-        changes becomes one write."""
-        self._changed.set()
-
-    def _publish_live(self) -> None:
-        while True:
-            self._changed.wait()
-            self._changed.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
-            except redis.RedisError as exc:
-                log.warning("could not publish live count: %s", exc)
-
-    def _beat_logged(self) -> None:
-        try:
-            self.beat()
-        except redis.RedisError as exc:
-            log.warning("heartbeat to redis failed: %s", exc)
-
-    def start(self) -> threading.Thread:
-        """Register now (so the host is placeable once it says ready), then keep beating."""
-        self._beat_logged()
-
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                self._beat_logged()
-
-        thread = threading.Thread(target=loop, name="sandbox-host-heartbeat", daemon=True)
-        thread.start()
-        self._publisher = threading.Thread(target=self._publish_live, name="sandbox-host-live",
-                                           daemon=True)
-        self._publisher.start()
-        return thread
-
-    def remove(self) -> None:
-        self._stop.set()
-        self._changed.set()
-        if self._publisher is not None:
-            self._publisher.join(timeout=5)  # its last write must not re-create the hash
-        try:
-            self.client.zrem(keys.hosts(), self.record.host_id)
-            self.client.delete(keys.host(self.record.host_id))
-        except redis.RedisError as exc:
-            log.warning("could not remove registration: %s", exc)
 
 
 class HostDirs:
@@ -290,8 +217,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-register", action="store_true", help="Do not register in Redis.")
     parser.add_argument("--capacity", type=int, default=None, help="Sandboxes served at once.")
     parser.add_argument("--lease-s", type=float, default=None, help="Default sandbox lease.")
-    parser.add_argument("--token", default=os.environ.get("PRORL_HOST_TOKEN"),
-                        help="Bearer token (default: $PRORL_HOST_TOKEN or random).")
+    parser.add_argument("--token", default=None,
+                        help="Bearer token (default: settings.host_token, $PRORL_HOST_TOKEN, or random).")
     parser.add_argument("--host-id", default=None, help="Default: <hostname>-<port>.")
     parser.add_argument("--advertise", default=None, help="Base URL clients use to reach this host.")
     parser.add_argument("--ready-file", default=None, help="Write address, token, pid here (JSON).")
@@ -319,7 +246,7 @@ def main(args: argparse.Namespace) -> None:
     if mountns.separate():  # first, while single-threaded: see sandboxes/runtimes/mountns.py
         log.info("workspace filesystems are mounted in the host's own mount namespace")
     serve(args.host or get_settings().sandbox_host_bind, args.port, args.redis_url, args.capacity,
-          args.token, args.host_id,
+          args.token or get_settings().host_token, args.host_id,
           args.advertise, args.ready_file, lease_s=args.lease_s,
           runtimes=args.runtimes.split(",") if args.runtimes else None,
           runtime_config=json.loads(args.runtime_config) if args.runtime_config else None,

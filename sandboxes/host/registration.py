@@ -1,0 +1,88 @@
+"""A sandbox host's registration in Redis: the hash placement reads (address, token, runtimes,
+capacity, ``live``) under ``keys.host(host_id)``, and its heartbeat in the ``keys.hosts()``
+sorted set; placement takes a host that missed three heartbeats (``host_heartbeat_s``) for dead."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from prorl_celery import keys
+from sandboxes.host.pool import SandboxPool
+from sandboxes.protocol import HostRecord
+
+log = logging.getLogger(__name__)
+
+
+class Registration:
+    """The host's hash in Redis and its heartbeat in the ``keys.hosts()`` sorted set."""
+
+    def __init__(self, client: redis.Redis, record: HostRecord, pool: SandboxPool, interval_s: float):
+        self.client = client
+        self.record = record
+        self.pool = pool
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._changed = threading.Event()
+        self._publisher: threading.Thread | None = None
+
+    def beat(self) -> None:
+        now = time.time()
+        self.record.live, self.record.heartbeat_at = self.pool.live, now
+        key = keys.host(self.record.host_id)
+        pipe = self.client.pipeline()
+        pipe.hset(key, mapping=self.record.to_redis())
+        pipe.expire(key, int(max(60, 10 * self.interval_s)))
+        pipe.zadd(keys.hosts(), {self.record.host_id: now})
+        pipe.execute()
+
+    def update_live(self) -> None:
+        """Placement reads ``live``: publish it after every change, not only every heartbeat;
+        by a thread of its own, so creates and closes do not wait for Redis, and a burst of
+        changes becomes one write."""
+        self._changed.set()
+
+    def _publish_live(self) -> None:
+        while True:
+            self._changed.wait()
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
+            except redis.RedisError as exc:
+                log.warning("could not publish live count: %s", exc)
+
+    def _beat_logged(self) -> None:
+        try:
+            self.beat()
+        except redis.RedisError as exc:
+            log.warning("heartbeat to redis failed: %s", exc)
+
+    def start(self) -> threading.Thread:
+        """Register now (so the host is placeable once it says ready), then keep beating."""
+        self._beat_logged()
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                self._beat_logged()
+
+        thread = threading.Thread(target=loop, name="sandbox-host-heartbeat", daemon=True)
+        thread.start()
+        self._publisher = threading.Thread(target=self._publish_live, name="sandbox-host-live",
+                                           daemon=True)
+        self._publisher.start()
+        return thread
+
+    def remove(self) -> None:
+        self._stop.set()
+        self._changed.set()
+        if self._publisher is not None:
+            self._publisher.join(timeout=5)  # its last write must not re-create the hash
+        try:
+            self.client.zrem(keys.hosts(), self.record.host_id)
+            self.client.delete(keys.host(self.record.host_id))
+        except redis.RedisError as exc:
+            log.warning("could not remove registration: %s", exc)
