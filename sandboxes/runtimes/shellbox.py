@@ -78,17 +78,21 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         self.spec, self.job_id, self.workdir = spec, job_id, workdir
 
     def kill(self) -> None:
-        """Stop everything at once and move the workspace aside; :meth:`close` finishes."""
+        """SIGKILL everything at once (a signal per process, no wait); :meth:`close` finishes.
+        Only signals: a bulk close kills every sandbox before any teardown, and the workspace's
+        detach here (~2 ms of kernel time each, serialised) made the last of 1,000 kills wait
+        seconds for the others' (bench/RESULTS.md, bulk cancel)."""
         if self.shell is not None:
             self.shell.kill()
-        self.workspace.retire()
 
     def close(self) -> None:
-        """The shell first (nothing runs any more), then what confines it, the files, and
-        last what the sandbox held (its uid, its image): only once nothing uses them."""
+        """The shell first (nothing runs any more), then what confines it, the files (moved
+        aside, then deleted), and last what the sandbox held (its uid, its image): only once
+        nothing uses them."""
         if self.shell is not None:
             self.shell.close()
         self._close_limits()
+        self.workspace.retire()
         self.workspace.remove()
         self._release()
 

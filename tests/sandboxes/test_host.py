@@ -62,8 +62,8 @@ def test_create_exec_files_close(start_host):
     assert info["runtime"] == "bwrap"  # "auto" picks bwrap where it works
     assert info["isolation"] == "namespaces" and info["host_id"] == host.host_id
     assert sandbox.close() is True
-    assert not os.path.exists(info["workspace"])  # moved aside before DELETE answers
     assert wait_until(lambda: not psutil.pid_exists(info["pid"]), timeout=2)
+    assert wait_until(lambda: not os.path.exists(info["workspace"]), timeout=5)  # torn down after DELETE
     assert sandbox.close() is False  # idempotent
     assert close_handle(sandbox.handle) is False
     with pytest.raises(SandboxGone):
