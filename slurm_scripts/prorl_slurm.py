@@ -3,8 +3,8 @@
 file, and registering LLM servers with the API.
 
 Standard library only, so that it runs with any ``python3`` (GPU nodes that host vLLM or SGLang need
-not have prorl-celery installed). Every command exits 0 on success and 1 with a message on stderr
-otherwise.
+not have prorl-celery installed); the address file's code is ``head_file.py`` beside it. Every
+command exits 0 on success and 1 with a message on stderr otherwise.
 
     prorl_slurm.py secret
     prorl_slurm.py free-port
@@ -25,14 +25,15 @@ import json
 import os
 import secrets
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import NoReturn
+
+from head_file import head_ready, job_running, read_env, redis_ping, write_env
 
 POLL_S = 0.5
 
@@ -41,7 +42,7 @@ def log(message: str) -> None:
     print(f"prorl_slurm: {message}", file=sys.stderr, flush=True)
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821 - annotation only
+def fail(message: str) -> NoReturn:
     log(message)
     raise SystemExit(1)
 
@@ -51,36 +52,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
-
-
-def redis_ping(url: str, timeout: float = 3.0) -> bool:
-    """PING (after AUTH when the URL has a password) over a raw socket: no redis package needed."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379),
-                                      timeout=timeout) as sock:
-            commands = []
-            if parts.password:
-                password = urllib.parse.unquote(parts.password)
-                user = urllib.parse.unquote(parts.username) if parts.username else None
-                commands.append(["AUTH", user, password] if user else ["AUTH", password])
-            commands.append(["PING"])
-            payload = b""
-            for command in commands:
-                payload += f"*{len(command)}\r\n".encode()
-                for arg in command:
-                    data = arg.encode()
-                    payload += b"$%d\r\n%s\r\n" % (len(data), data)
-            sock.sendall(payload)
-            reply = b""
-            while reply.count(b"\r\n") < len(commands):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-    except OSError:
-        return False
-    return reply.split(b"\r\n")[len(commands) - 1] == b"+PONG"
 
 
 def http(method: str, url: str, body: dict | None = None, token: str | None = None,
@@ -111,62 +82,6 @@ def wait_until(predicate, timeout: float, what: str):
         if deadline is not None and time.monotonic() > deadline:
             fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(POLL_S)
-
-
-def read_env(path: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            for word in shlex.split(line):
-                key, sep, value = word.partition("=")
-                if sep:
-                    values[key] = value
-    return values
-
-
-def write_env(path: str, pairs: dict[str, str]) -> None:
-    """Write KEY='value' lines atomically, readable by the owner only (the file holds tokens)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    lines = ["# prorl-celery head address: written by slurm_scripts/head.sbatch once the head is up,",
-             "# removed when it stops. Shell syntax: `source` it, or read it with prorl_slurm.py."]
-    lines += [f"{key}={shlex.quote(value)}" for key, value in pairs.items()]
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def job_running(job_id: str) -> bool | None:
-    """Whether Slurm says the job runs; None when that cannot be asked (no squeue here)."""
-    if not job_id or not shutil.which("squeue"):
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        # squeue fails for a job id it has forgotten: that job is long gone.
-        return False if "Invalid job id" in out.stderr else None
-    return out.stdout.strip().startswith("RUNNING")
-
-
-def head_ready(path: str) -> dict[str, str] | None:
-    """The head file's values once it exists, names a running head job and its Redis answers."""
-    try:
-        values = read_env(path)
-    except (OSError, ValueError):
-        return None
-    if job_running(values.get("PRORL_HEAD_JOB_ID", "")) is False:
-        return None  # a stale file left by a head that was killed outright
-    url = values.get("PRORL_REDIS_URL")
-    return values if url and redis_ping(url) else None
 
 
 # -- LLM server registration ----------------------------------------------------------------------
