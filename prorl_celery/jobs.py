@@ -1,4 +1,5 @@
-"""The job store: one Redis hash per job, changed only through compare-and-set scripts.
+"""The job store: one Redis hash per job, changed only through compare-and-set scripts
+(:mod:`prorl_celery.jobscripts`).
 
 Fields of the hash: ``job_id status stage_state data_source group_id instance sampling_params
 sandbox state result workers attempts faults attempt error`` (JSON where structured) and the
@@ -24,6 +25,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from prorl_celery import keys
+from prorl_celery.jobscripts import CREATE, STATUSES, TRANSITION
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
@@ -35,69 +37,6 @@ _LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "
                  "queue_s", "init_s", "run_s", "eval_s")
 _STAGE_TIME_FIELDS = {JobStatus.INIT: "init_s", JobStatus.RUN: "run_s", JobStatus.EVAL: "eval_s"}
 assert set(_STAGE_TIME_FIELDS) == set(STAGES)
-
-# KEYS: job, queued set, group set ('' = none), counts hash. ARGV: job id, counts field, fields...
-_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
-if KEYS[3] ~= '' then
-  redis.call('SADD', KEYS[3], ARGV[1])
-  redis.call('EXPIRE', KEYS[3], %(ttl)d)
-end
-return 1
-"""
-
-# ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
-#       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
-#       8 group completion stream prefix, 9 number k of expected field/values pairs, then those
-#       k pairs (each field must hold one of the csv values; a missing field counts as ''), then
-#       the field/value pairs to set.
-# Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
-# A job reaching a terminal status is appended to the completion streams in the same step.
-_TRANSITION = """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return {0, ''} end
-local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. ',', 1, true) end
-if member('%(terminal)s', cur) then return {0, cur} end
-if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 10 + 2 * tonumber(ARGV[9])
-for i = 10, first - 1, 2 do
-  if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
-end
-local target = ARGV[2]
-if target == '' then target = cur end
-for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-if target ~= cur then
-  local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id')
-  local id, ds, group = meta[1], meta[2], meta[3]
-  redis.call('HSET', KEYS[1], 'status', target)
-  redis.call('SREM', ARGV[4] .. cur, id)
-  redis.call('HINCRBY', ARGV[5], cur .. '|' .. ds, -1)
-  redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
-  if member('%(terminal)s', target) then
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
-    local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds}
-    redis.call('XADD', ARGV[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
-    if group ~= '' then
-      redis.call('XADD', ARGV[8] .. group, '*', unpack(entry))
-      redis.call('EXPIRE', ARGV[8] .. group, tonumber(ARGV[6]))
-    end
-  else
-    redis.call('SADD', ARGV[4] .. target, id)
-  end
-end
-return {1, target}
-"""
-
-# KEYS: job hashes. The status of each ('' for a job that is gone).
-_STATUSES = """
-local out = {}
-for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'status') or '' end
-return out
-"""
 
 
 def _dump(value: Any) -> str:
@@ -161,9 +100,9 @@ class JobStore:
     def __init__(self, client: redis.Redis, job_ttl_s: int = 7 * 86400):
         self.redis = client
         self.job_ttl_s = job_ttl_s
-        self._create = client.register_script(_CREATE % {"ttl": job_ttl_s})
-        self._transition = client.register_script(_TRANSITION % {"terminal": _TERMINAL_CSV})
-        self._statuses = client.register_script(_STATUSES)
+        self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
+        self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV})
+        self._statuses = client.register_script(STATUSES)
 
     # -- creation -------------------------------------------------------------------------
     def create_many(self, requests: Iterable[tuple[str, JobRequest]]) -> list[bool]:
