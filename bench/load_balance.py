@@ -141,7 +141,7 @@ class Strategy:
     def turn(self, job_id: str, request: LLMRequest, stop) -> tuple[str, str]:
         """The server (or router) that answered, and the reply's text."""
         url = self.pick(job_id)
-        slot = Slot(backend_id=url, address=url, protocol=Protocol.CHAT, model="prorl-fake-byte")
+        slot = Slot.direct(backend_id=url, address=url, protocol=Protocol.CHAT, model="prorl-fake-byte")
         with Call(600, should_stop=stop) as call:
             turn = self.client.generate(slot, request, call)
         return url, turn.content or ""

@@ -66,9 +66,9 @@ class ScriptedPolicy:
         self.steps = [_step(entry) for entry in script]
         self.tok = get_tokenizer(tokenizer)
         self.fake = FakeLLM(self, _instant_engine(), model, max_model_len, self.tok)
-        self.slot = Slot(backend_id="scripted", address="inprocess://scripted", protocol=Protocol.GENERATE,
-                         model=model, weight_version=weight_version, max_model_len=max_model_len,
-                         tokenizer=tokenizer, dialect=Dialect.FAKE)
+        self.slot = Slot.direct(backend_id="scripted", address="inprocess://scripted", protocol=Protocol.GENERATE,
+                                model=model, weight_version=weight_version, max_model_len=max_model_len,
+                                tokenizer=tokenizer, dialect=Dialect.FAKE)
         self.requests: list[LLMRequest] = []
         self._reply = Reply()
 

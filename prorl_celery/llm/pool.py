@@ -106,13 +106,13 @@ class LLMPool:
                 if exc.reason == "cancelled":
                     raise LLMCallCancelled(f"LLM call of job {job_id} cancelled") from None
                 if exc.reason == "lost":  # drained with abort, removed, or lease lapsed: go again
-                    log.info("job %s: lease on %s withdrawn; retrying", job_id, slot.backend_id)
+                    log.info("job %s: lease on %s withdrawn; retrying", job_id, slot.backend.id)
                     continue
                 timeout = request.timeout_s or settings.llm_call_timeout_s
                 if timeout < settings.llm_call_timeout_s:  # the caller's deadline, not the backend's fault
                     raise LLMTimeout(f"LLM call of job {job_id} timed out after {timeout:.1f}s") from None
-                failures = self._failed(slot, BackendFailed(f"{slot.address}: timed out after {timeout:.1f}s"),
-                                        failures, stop)
+                late = BackendFailed(f"{slot.backend.address}: timed out after {timeout:.1f}s")
+                failures = self._failed(slot, late, failures, stop)
             except BackendAborted as exc:  # the server's own abort (weight update): go again, no quarantine
                 self.router.release(slot, "aborted")
                 failures = self._failed(slot, exc, failures, stop)
@@ -135,14 +135,14 @@ class LLMPool:
     def _call(self, slot: Slot, request: LLMRequest, stop: Callable[[], bool]) -> Turn:
         timeout = request.timeout_s or get_settings().llm_call_timeout_s
         with Call(timeout, should_stop=stop, lease=slot.lease) as call:
-            return client_for(slot.protocol).generate(slot, request, call)
+            return client_for(slot.backend.protocol).generate(slot, request, call)
 
     def _failed(self, slot: Slot, exc: BackendFailed, failures: int, stop: Callable[[], bool]) -> int:
         """Quarantine the backend (not for its own abort), and pause before the retry; raise once the
         budget is spent."""
         settings = get_settings()
         if not isinstance(exc, BackendAborted):
-            quarantine(self.registry, slot.backend_id, str(exc))
+            quarantine(self.registry, slot.backend.id, str(exc))
         failures += 1
         if failures > settings.llm_retry_budget:
             raise BackendUnavailable(f"{failures} failed LLM calls (retry budget "

@@ -45,9 +45,9 @@ def probe_backend(spec: BackendSpec, address: str) -> dict[str, Any]:
         found["model"] = listed["id"]
     if spec.max_model_len is None and listed.get("max_model_len"):
         found["max_model_len"] = listed["max_model_len"]
-    slot = Slot("probe", address, spec.protocol, spec.model or found.get("model"), None,
-                spec.max_model_len or found.get("max_model_len"), spec.tokenizer, spec.api_key,
-                None, spec.dialect, spec.logprobs_mode)
+    slot = Slot.direct("probe", address, spec.protocol, spec.api_key, model=spec.model or found.get("model"),
+                       max_model_len=spec.max_model_len or found.get("max_model_len"),
+                       tokenizer=spec.tokenizer, dialect=spec.dialect, logprobs_mode=spec.logprobs_mode)
     tools = [PROBE_TOOL] if spec.tools and spec.protocol is Protocol.CHAT else None
     request = LLMRequest(messages=[{"role": "user", "content": "Say ok."}], tools=tools,
                          sampling=SamplingParams(max_tokens=1, temperature=0.0))
@@ -79,7 +79,7 @@ def _one_token(slot: Slot, request: LLMRequest, spec: BackendSpec) -> Any:
 
     try:
         with Call(PROBE_TIMEOUT_S) as call:
-            return client_for(slot.protocol).generate(slot, request, call)
+            return client_for(slot.backend.protocol).generate(slot, request, call)
     except ContextWindowExceeded as exc:
         raise InvalidRequest(f"max_model_len: the probe's 1-token request does not fit: {exc}",
                              field="max_model_len") from None

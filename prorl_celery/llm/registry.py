@@ -130,7 +130,7 @@ class BackendRegistry:
         out = []
         for raw, in_flight in zip(replies[0::2], replies[1::2]):
             if raw:
-                out.append(_parse(raw, in_flight))
+                out.append(parse_backend(raw, in_flight))
         return out
 
     def list(self) -> list[Backend]:
@@ -168,7 +168,8 @@ class BackendRegistry:
         return pipe.execute()[0]
 
 
-def _parse(raw: dict[bytes, bytes], in_flight: int) -> Backend:
+def parse_backend(raw: dict[bytes, bytes], in_flight: int) -> Backend:
+    """The record of a backend's hash (``keys.llm_backend``); its ``api_key`` is left out."""
     data: dict[str, object] = {k.decode(): v.decode() for k, v in raw.items()}
     data.pop("api_key", None)
     for name in _INT_FIELDS:

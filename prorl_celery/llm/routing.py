@@ -24,12 +24,14 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from config.settings import get_settings
 from prorl_celery import keys
-from prorl_celery.llm.models import Dialect, Protocol
+from prorl_celery.llm.models import Backend, BackendStatus, Protocol
+from prorl_celery.llm.registry import parse_backend
 from prorl_celery.llm.transport import HeldLease
 
 STICKY_TTL_S = 6 * 3600
@@ -95,9 +97,8 @@ if job ~= '' then
   redis.call('ZADD', sprefix .. chosen, now, job)
   redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
 end
-local h = redis.call('HMGET', bprefix .. chosen, 'address', 'protocol', 'model', 'weight_version',
-                     'max_model_len', 'tokenizer', 'api_key', 'dialect', 'logprobs_mode')
-return {'ok', chosen, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], tostring(load[chosen])}
+return {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1),
+        redis.call('HGETALL', bprefix .. chosen)}
 """
 
 _RELEASE = """
@@ -127,21 +128,23 @@ return backend
 
 @dataclass
 class Slot:
-    """A backend chosen for one request, with the request's in-flight lease."""
+    """A backend chosen for one request: its record as the router read it when choosing, the
+    key the record keeps out of its public view, and the request's in-flight lease."""
 
-    backend_id: str
-    address: str
-    protocol: Protocol
-    model: str | None = None
-    weight_version: str | None = None
-    max_model_len: int | None = None
-    tokenizer: str | None = None
+    backend: Backend
     api_key: str | None = None
     lease: HeldLease | None = None
-    dialect: Dialect | None = None
-    logprobs_mode: str | None = None
     load: int = 0  # sessions (or requests in flight) the backend had besides this one when chosen
     acquired_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def direct(cls, backend_id: str, address: str, protocol: Protocol, api_key: str | None = None,
+               **record: Any) -> Slot:
+        """A slot on a server the router did not choose (a probe before registering, a fake, a
+        test): ``record`` holds the other fields of :class:`Backend`; no lease."""
+        backend = Backend(id=backend_id, address=address, protocol=protocol, capacity=1,
+                          status=BackendStatus.ACTIVE, **record)
+        return cls(backend, api_key)
 
 
 class Router:
@@ -165,19 +168,18 @@ class Router:
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-")], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
-        bid, address, proto, model, version, max_len, tokenizer, api_key, dialect, lp_mode, load = (
-            None if v is None else v.decode() for v in reply[1:12])
-        return Slot(bid, address, Protocol(proto or "chat"), model, version,
-                    int(max_len) if max_len else None, tokenizer, api_key,
-                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s),
-                    Dialect(dialect) if dialect else None, lp_mode, int(load or 0))
+        bid, load, in_flight, flat = reply[1].decode(), int(reply[2]), int(reply[3]), reply[4]
+        record = dict(zip(flat[0::2], flat[1::2]))
+        api_key = record.get(b"api_key")
+        return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
+                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s), load)
 
     def release(self, slot: Slot, outcome: str) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the
         backend's measured speed), failed (counts as a failure) or aborted."""
         assert slot.lease is not None
         per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
-        self._release(keys=[slot.lease.key, keys.llm_backend(slot.backend_id)],
+        self._release(keys=[slot.lease.key, keys.llm_backend(slot.backend.id)],
                       args=[slot.lease.token, outcome, per_turn, TURN_EWMA])
 
     def end_session(self, job_id: str) -> str | None:

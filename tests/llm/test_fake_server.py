@@ -113,7 +113,7 @@ def test_vllm_defaults_and_tool_parser_flag(fake_llms):
     assert "--enable-auto-tool-choice and --tool-call-parser" in refused.json()["error"]["message"]
     forced = requests.post(f"{proc.url}/v1/chat/completions", json={**chat, "tool_choice": "none"}, timeout=10)
     assert forced.status_code == 200
-    slot = Slot(backend_id="b", address=proc.url, protocol=Protocol.CHAT, model="m")
+    slot = Slot.direct(backend_id="b", address=proc.url, protocol=Protocol.CHAT, model="m")
     with pytest.raises(LLMRequestRejected, match="--tool-call-parser"), Call(10) as call:
         ChatClient().generate(slot, LLMRequest(messages=chat["messages"], tools=TOOLS), call)
 
@@ -128,8 +128,8 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     from prorl_celery.llm.transport import Call
 
     (proc,) = fake_llms(1, extra=["--sglang-no-seed"])
-    slot = Slot(backend_id="old-sglang", address=proc.url, protocol=Protocol.GENERATE, dialect=Dialect.SGLANG,
-                model="m", tokenizer="byte", max_model_len=4096)
+    slot = Slot.direct("old-sglang", proc.url, Protocol.GENERATE, dialect=Dialect.SGLANG, model="m",
+                       tokenizer="byte", max_model_len=4096)
     request = LLMRequest(messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(seed=3, max_tokens=8))
     with Call(10) as call:
         turn = GenerateClient().generate(slot, request, call)

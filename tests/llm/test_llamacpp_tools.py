@@ -12,7 +12,7 @@ TOOLS = [BASH, EDITOR, SUBMIT]
 
 
 def _body(dialect: Dialect, tool_choice) -> dict:
-    slot = Slot(backend_id="b", address="http://x", protocol=Protocol.CHAT, dialect=dialect)
+    slot = Slot.direct(backend_id="b", address="http://x", protocol=Protocol.CHAT, dialect=dialect)
     request = LLMRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                          sampling=SamplingParams(tool_choice=tool_choice))
     return chat_body(slot, request, "m")

@@ -8,7 +8,6 @@ replay server, the fake runs in-process, so ``base.post`` classifies errors for 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -150,8 +149,8 @@ def reading(url: str, server: str, request: dict[str, Any]) -> tuple:
     path, body = request["path"], request["body"] or {}
     chat = path.endswith("/chat/completions")
     dialect = CHAT_DIALECTS[server] if chat else TOKEN_DIALECTS[path]
-    slot = Slot(backend_id="b", address=url, protocol=Protocol.CHAT if chat else Protocol.GENERATE,
-                dialect=dialect, model="m")
+    slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.CHAT if chat else Protocol.GENERATE,
+                       dialect=dialect, model="m")
     try:
         with Call(30) as call:
             data = post(slot, path, body, call)
@@ -219,10 +218,11 @@ def test_seeded_engine_death_as_recorded(replay):
     with Call(5) as call:
         assert request_json(call, "GET", url + "/health")[0] == 503
     replay.status, replay.body = record["status"], record["response"]
-    slot = Slot(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=Dialect.VLLM_COMPLETIONS)
+    slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=Dialect.VLLM_COMPLETIONS)
     for address in (replay.url, url):
         with pytest.raises(BackendFailed), Call(5) as call:
-            post(dataclasses.replace(slot, address=address), "/v1/completions", {"prompt": [1]}, call)
+            elsewhere = Slot(slot.backend.model_copy(update={"address": address}))
+            post(elsewhere, "/v1/completions", {"prompt": [1]}, call)
     time.sleep(1.5)
     with pytest.raises(OSError), Call(5) as call:
         request_json(call, "GET", url + "/health")
@@ -236,7 +236,7 @@ def test_each_wire_reads_the_fake_answering_its_own_request(dialect: Dialect, fa
     from prorl_celery.llm.tokenizer import ByteTokenizer
 
     url = fakes("llamacpp" if dialect is Dialect.LLAMACPP else "vllm", 4096, True)
-    slot = Slot(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=dialect, model="m")
+    slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=dialect, model="m")
     wire, tok = wire_for(slot), ByteTokenizer()
     request = LLMRequest(messages=[{"role": "user", "content": "hello"}])
     prompt = tok.apply_chat_template(request.messages)

@@ -34,11 +34,23 @@ def test_same_address_is_one_backend(pool):
         pool.registry.remove("llm-nope")
 
 
+def test_a_slot_holds_the_backend_record_as_the_registry_reads_it(pool):
+    spec = BackendSpec(address="http://10.0.0.9:1", capacity=3, model="m", weight_version="v7",
+                       max_model_len=4096, tokenizer="byte", api_key="sekret", logprobs_mode="raw_logprobs",
+                       protocol="generate", dialect="sglang", probe=False)
+    backend, _ = pool.registry.add(spec)
+    slot = pool.router.acquire("job-record")
+    assert slot.backend == pool.registry.get(backend.id)  # every field, in flight counting this one
+    assert slot.backend.in_flight == 1 and slot.load == 0
+    assert slot.api_key == "sekret" and "sekret" not in str(slot.backend.public())
+    pool.router.release(slot, "aborted")
+
+
 def test_least_in_flight_relative_to_capacity(pool):
     small = add(pool, "http://10.0.0.1:1", capacity=2)
     big = add(pool, "http://10.0.0.2:1", capacity=8)
     slots = [pool.router.acquire(f"job-{i}") for i in range(10)]
-    counts = collections.Counter(s.backend_id for s in slots)
+    counts = collections.Counter(s.backend.id for s in slots)
     assert counts == {small: 2, big: 8}
     assert pool.registry.get(small).in_flight == 2 and pool.registry.get(big).in_flight == 8
     for slot in slots:
@@ -50,13 +62,13 @@ def test_least_in_flight_relative_to_capacity(pool):
 def test_ties_spread_over_backends(pool):
     ids = {add(pool, f"http://10.0.0.{i}:1", capacity=4) for i in range(4)}
     held = [pool.router.acquire(None) for _ in range(4)]
-    assert {s.backend_id for s in held} == ids  # least loaded: one each
+    assert {s.backend.id for s in held} == ids  # least loaded: one each
     for slot in held:
         pool.router.release(slot, "aborted")  # not "ok": no latency measured, so still alike
     used = collections.Counter()
     for _ in range(80):  # all idle and unmeasured: a random one of the tied backends each time
         slot = pool.router.acquire(None)
-        used[slot.backend_id] += 1
+        used[slot.backend.id] += 1
         pool.router.release(slot, "aborted")
     assert set(used) == ids and min(used.values()) >= 5
 
@@ -67,7 +79,7 @@ def test_measured_faster_backend_gets_the_new_rollouts(pool):
     pool.registry.set_fields(fast, turn_s=0.1)
     pool.registry.set_fields(slow, turn_s=0.4)  # seconds per turn per session, as releases measure
     slots = [pool.router.acquire(f"new-{uuid.uuid4().hex}") for _ in range(10)]
-    counts = collections.Counter(s.backend_id for s in slots)
+    counts = collections.Counter(s.backend.id for s in slots)
     # (n + 1) x 0.1 <= 0.4 while n <= 3, then the slow one takes one per four of the fast one's
     assert counts == {fast: 8, slow: 2}, counts
     for slot in slots:
@@ -98,16 +110,16 @@ def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     pool.router.release(first, "aborted")
     for _ in range(20):  # equal loads: always back to the backend of the previous turn
         slot = pool.router.acquire(job)
-        assert slot.backend_id == first.backend_id
+        assert slot.backend.id == first.backend.id
         pool.router.release(slot, "aborted")
-    sticky, other = (a, b) if first.backend_id == a else (b, a)
+    sticky, other = (a, b) if first.backend.id == a else (b, a)
 
     def load(n: int) -> list[Slot]:
         """n more leases on the sticky backend (the other one drains meanwhile)."""
         pool.registry.set_status(other, BackendStatus.DRAINING, [BackendStatus.ACTIVE])
         slots = [pool.router.acquire(None) for _ in range(n)]
         pool.registry.set_status(other, BackendStatus.ACTIVE, [BackendStatus.DRAINING])
-        assert {s.backend_id for s in slots} == {sticky}
+        assert {s.backend.id for s in slots} == {sticky}
         return slots
 
     # a turn queued behind q requests waits about q turns; re-prefilling elsewhere costs
@@ -116,21 +128,21 @@ def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     full = int(4 + reprefill - 1)  # in flight at which the job's turn queues exactly `reprefill` deep
     held = load(3)  # 3/4 against an idle 0/4: its batch still has a slot, so it stays
     slot = pool.router.acquire(job)
-    assert slot.backend_id == sticky
+    assert slot.backend.id == sticky
     pool.router.release(slot, "aborted")
     held += load(full - 3)
     slot = pool.router.acquire(job)  # queued as deep as a re-prefill costs: still not worth moving
-    assert slot.backend_id == sticky
+    assert slot.backend.id == sticky
     pool.router.release(slot, "aborted")
     held += load(1)
     moved = pool.router.acquire(job)  # one deeper: it moves, and leaves its session behind
-    assert moved.backend_id == other
+    assert moved.backend.id == other
     assert pool.redis.zscore(keys.llm_sessions(sticky), job) is None
     pool.router.release(moved, "aborted")
     for slot in held:
         pool.router.release(slot, "aborted")
     again = pool.router.acquire(job)  # and sticks to where it moved
-    assert again.backend_id == other
+    assert again.backend.id == other
 
 
 def test_ended_rollout_frees_its_session(pool):
@@ -140,13 +152,13 @@ def test_ended_rollout_frees_its_session(pool):
     first = pool.router.acquire(one)
     pool.router.release(first, "aborted")
     second = pool.router.acquire(two)  # "one" is a session of the first backend: the other is free
-    assert {first.backend_id, second.backend_id} == {a, b}
+    assert {first.backend.id, second.backend.id} == {a, b}
     pool.router.release(second, "aborted")
     pool.end_rollout(one)
-    assert pool.redis.zcard(keys.llm_sessions(first.backend_id)) == 0
+    assert pool.redis.zcard(keys.llm_sessions(first.backend.id)) == 0
     assert pool.redis.get(keys.llm_sticky(one)) is None
     third = pool.router.acquire(three)  # the room "one" held is free again
-    assert third.backend_id == first.backend_id
+    assert third.backend.id == first.backend.id
 
 
 def test_expired_lease_stops_counting(pool):
@@ -154,7 +166,7 @@ def test_expired_lease_stops_counting(pool):
     slot = pool.router.acquire("crashed", lease_s=0.3)  # never released, never renewed
     assert isinstance(slot, Slot) and pool.registry.get(bid).in_flight == 1
     eventually(lambda: pool.registry.get(bid).in_flight == 0, 3, "the lease to lapse")
-    assert pool.router.acquire("next").backend_id == bid
+    assert pool.router.acquire("next").backend.id == bid
 
 
 def test_killed_worker_requests_stop_counting(pool, fake_llms, redis_url):

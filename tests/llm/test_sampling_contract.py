@@ -15,7 +15,7 @@ RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded"
 
 
 def _slot(dialect: Dialect) -> Slot:
-    return Slot(backend_id="b", address="http://127.0.0.1:1", protocol=Protocol.CHAT, dialect=dialect)
+    return Slot.direct(backend_id="b", address="http://127.0.0.1:1", protocol=Protocol.CHAT, dialect=dialect)
 
 
 def _request() -> LLMRequest:

@@ -19,7 +19,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "x" * 20}], "max_
 def _call(slot: Slot, out: dict) -> None:
     try:
         with Call(30, lease=slot.lease) as call:
-            out["status"] = request_json(call, "POST", slot.address + "/v1/chat/completions", BODY)[0]
+            out["status"] = request_json(call, "POST", slot.backend.address + "/v1/chat/completions", BODY)[0]
     except CallAborted as exc:
         out["aborted"] = exc.reason
 

@@ -78,7 +78,7 @@ def record_forced_calls(jinja: str) -> None:
     from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
     from prorl_celery.llm.routing import Slot
 
-    slot = Slot(backend_id="r", address=jinja, protocol=Protocol.CHAT, dialect=Dialect.LLAMACPP)
+    slot = Slot.direct(backend_id="r", address=jinja, protocol=Protocol.CHAT, dialect=Dialect.LLAMACPP)
     ask = [{"role": "system", "content": "You are a shell agent."}, {"role": "user", "content": "Print the date."}]
     body = chat_body(slot, LLMRequest(messages=ask, tools=TOOLS, sampling=SamplingParams(
         tool_choice="required", max_tokens=48, seed=1)), "smollm2")

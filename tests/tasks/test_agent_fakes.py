@@ -58,8 +58,8 @@ def served(tmp_path: Path):
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         host, port = server.server_address[:2]
-        slot = Slot(backend_id="fake", address=f"http://{host}:{port}", protocol=Protocol.GENERATE,
-                    model="prorl-fake-byte", tokenizer="byte", max_model_len=max_model_len, dialect=Dialect.FAKE)
+        slot = Slot.direct(backend_id="fake", address=f"http://{host}:{port}", protocol=Protocol.GENERATE,
+                           model="prorl-fake-byte", tokenizer="byte", max_model_len=max_model_len, dialect=Dialect.FAKE)
         return HTTPPolicy(slot), script
 
     yield serve

@@ -242,7 +242,7 @@ def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
     from prorl_celery.llm.models import LLMRequest, Protocol
     from prorl_celery.llm.routing import Slot
 
-    slot = Slot("b1", "http://gym", Protocol.CHAT, "policy", None, None, None, None, None, None, None)
+    slot = Slot.direct("b1", "http://gym", Protocol.CHAT, model="policy")
     request = LLMRequest(messages=[{"role": "user", "content": "hi"}])
     bundle = {"prompt_token_ids": [1, 4, 20], "generation_token_ids": [30, 2], "generation_log_probs": [-0.1, -0.2]}
 
@@ -273,7 +273,7 @@ def test_only_the_nemo_gym_dialect_sends_the_token_history():
     bodies = {}
     for dialect in (Dialect.VLLM, Dialect.NEMO_GYM):
         from prorl_celery.llm.routing import Slot
-        slot = Slot("b", "http://gym", Protocol.CHAT, "m", None, None, None, None, None, dialect, None)
+        slot = Slot.direct("b", "http://gym", Protocol.CHAT, model="m", dialect=dialect)
         bodies[dialect] = chat_body(slot, request, "m")
         assert bodies[dialect]["return_token_ids"] is True
     assert not any(field in m for m in bodies[Dialect.VLLM]["messages"] for field in GYM_FIELDS)

@@ -38,21 +38,22 @@ def headers(slot: Slot) -> dict[str, str]:
 def post(slot: Slot, path: str, body: dict[str, Any], call: Call) -> dict[str, Any]:
     """POST ``body`` to the backend; the JSON answer, or BackendFailed (connection, 5xx, 429),
     ContextWindowExceeded, LLMRequestRejected (other 4xx). Aborts raise CallAborted."""
+    url = slot.backend.address + path
     try:
-        status, data = request_json(call, "POST", slot.address + path, body, headers(slot))
+        status, data = request_json(call, "POST", url, body, headers(slot))
     except OSError as exc:
-        raise BackendFailed(f"{slot.address}{path}: {type(exc).__name__}: {exc}") from None
+        raise BackendFailed(f"{url}: {type(exc).__name__}: {exc}") from None
     if status == 200 and isinstance(data, dict):
         return data
     message = _error_message(data)
     if status != 200 and _MISSING_FLAG_RE.search(message):
-        raise LLMRequestRejected(f"{slot.address}{path} -> {status}: {message} (restart the server with the "
+        raise LLMRequestRejected(f"{url} -> {status}: {message} (restart the server with the "
                                  "flag it names, or register it without tools)")
     if status >= 500 or status == 429 or status == 200:
-        raise BackendFailed(f"{slot.address}{path} -> {status}: {message}")
+        raise BackendFailed(f"{url} -> {status}: {message}")
     if _CONTEXT_RE.search(message):
         raise ContextWindowExceeded(message)
-    raise LLMRequestRejected(f"{slot.address}{path} -> {status}: {message}")
+    raise LLMRequestRejected(f"{url} -> {status}: {message}")
 
 
 def _error_message(data: Any) -> str:
@@ -74,13 +75,13 @@ UNLISTED_MODEL = "default"
 
 def model_name(slot: Slot, request: LLMRequest) -> str:
     """The request's model, else the backend's registered one, else the first of its /v1/models."""
-    if request.model or slot.model:
-        return request.model or slot.model  # type: ignore[return-value]
+    if request.model or slot.backend.model:
+        return request.model or slot.backend.model  # type: ignore[return-value]
     with _models_lock:
-        if slot.address in _models:
-            return _models[slot.address]
+        if slot.backend.address in _models:
+            return _models[slot.backend.address]
     try:
-        status, data = http.request_json("GET", f"{slot.address}/v1/models", headers=headers(slot), timeout=10)
+        status, data = http.request_json("GET", f"{slot.backend.address}/v1/models", headers=headers(slot), timeout=10)
         if status == 404:  # lists no models (NeMo Gym's model servers pick their own)
             name = UNLISTED_MODEL
         elif status != 200:
@@ -88,9 +89,9 @@ def model_name(slot: Slot, request: LLMRequest) -> str:
         else:
             name = data["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise BackendFailed(f"{slot.address}/v1/models: {type(exc).__name__}: {exc}") from None
+        raise BackendFailed(f"{slot.backend.address}/v1/models: {type(exc).__name__}: {exc}") from None
     with _models_lock:
-        _models[slot.address] = name
+        _models[slot.backend.address] = name
     return name
 
 

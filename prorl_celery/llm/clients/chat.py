@@ -48,7 +48,7 @@ LLAMACPP_SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 
 def chat_body(slot: Slot, request: LLMRequest, model: str, max_tokens: int | None = None) -> dict[str, Any]:
     """The request body in the backend's dialect (also used by the registration probe)."""
-    dialect = slot.dialect or Dialect.VLLM
+    dialect = slot.backend.dialect or Dialect.VLLM
     names = {Dialect.OPENAI: "openai", Dialect.LLAMACPP: "llama.cpp", Dialect.SGLANG: "sglang-chat"}.get(dialect, "vllm")
     messages = request.messages
     if dialect is Dialect.NEMO_GYM:
@@ -111,10 +111,11 @@ class ChatClient:
         try:
             return self._turn(slot, request, body["model"], data)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise BackendFailed(f"{slot.address}: malformed chat completion: {exc!r}") from None
+            raise BackendFailed(f"{slot.backend.address}: malformed chat completion: {exc!r}") from None
 
     @staticmethod
     def _turn(slot: Slot, request: LLMRequest, model: str, data: dict[str, Any]) -> Turn:
+        backend = slot.backend
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content")
@@ -138,11 +139,11 @@ class ChatClient:
             prompt_ids, response_ids, logprobs = bundle[0], bundle[1], bundle[2] or None
         _check_counts(slot, logprobs, response_ids, (data.get("usage") or {}).get("completion_tokens"))
         finish = choice.get("finish_reason")
-        return Turn(backend_id=slot.backend_id, address=slot.address, weight_version=slot.weight_version,
-                    protocol=slot.protocol, model=model, content=content, tool_calls=calls,
+        return Turn(backend_id=backend.id, address=backend.address, weight_version=backend.weight_version,
+                    protocol=backend.protocol, model=model, content=content, tool_calls=calls,
                     finish_reason=finish, prompt_ids=prompt_ids, response_ids=response_ids,
-                    logprobs=logprobs, logprobs_mode=slot.logprobs_mode or DEFAULT_LOGPROBS_MODE.get(
-                        slot.dialect or Dialect.VLLM) if logprobs else None,
+                    logprobs=logprobs, logprobs_mode=backend.logprobs_mode or DEFAULT_LOGPROBS_MODE.get(
+                        backend.dialect or Dialect.VLLM) if logprobs else None,
                     token_source="server" if response_ids is not None else "none",
                     message_count=len(request.messages),
                     format_error="tool_call" if malformed else ("length" if finish == "length" else None))
@@ -154,4 +155,4 @@ def _check_counts(slot: Slot, logprobs: list[float] | None, ids: list[int] | Non
         return
     tokens = len(ids) if ids is not None else (int(completion) if isinstance(completion, int) else None)
     if tokens is not None and tokens != len(logprobs):
-        raise LogprobMismatch(f"{slot.address}: {len(logprobs)} logprobs for {tokens} generated tokens")
+        raise LogprobMismatch(f"{slot.backend.address}: {len(logprobs)} logprobs for {tokens} generated tokens")

@@ -55,7 +55,7 @@ def max_new_tokens(slot: Slot, request: LLMRequest, prompt: list[int], margin: i
     """The request's ``max_tokens`` clipped to the room the context window leaves the prompt, less
     ``margin`` (SGLang refuses a request that would fill it exactly); without a ``max_tokens`` the
     room, and DEFAULT_MAX_TOKENS where no window is known: always a number, never a server's default."""
-    limit = min(filter(None, [slot.max_model_len, request.max_model_len]), default=None)
+    limit = min(filter(None, [slot.backend.max_model_len, request.max_model_len]), default=None)
     if limit is None:
         return request.sampling.max_tokens or DEFAULT_MAX_TOKENS
     room = limit - len(prompt) - margin
@@ -181,11 +181,11 @@ _wires_lock = threading.Lock()
 
 def wire_for(slot: Slot) -> Wire:
     """The backend's wire; vLLM's live in :mod:`prorl_celery.llm.clients.vllm`, imported on first use."""
-    dialect = slot.dialect
+    dialect = slot.backend.dialect
     if dialect is None:
-        raise LLMRequestRejected(f"backend {slot.backend_id} has no dialect: register it with the server's "
+        raise LLMRequestRejected(f"backend {slot.backend.id} has no dialect: register it with the server's "
                                  "token API (llama.cpp, sglang, vllm-completions, vllm-generate)")
-    if dialect is Dialect.SGLANG and slot.address in _no_seed:
+    if dialect is Dialect.SGLANG and slot.backend.address in _no_seed:
         return _SGLANG_NO_SEED
     with _wires_lock:
         if dialect in (Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE) and dialect not in WIRES:
@@ -202,28 +202,28 @@ def wire_for(slot: Slot) -> Wire:
 
 class GenerateClient:
     def generate(self, slot: Slot, request: LLMRequest, call: Call) -> Turn:
-        model = model_name(slot, request)
-        tok = get_tokenizer(request.tokenizer or slot.tokenizer or model)
+        backend, model = slot.backend, model_name(slot, request)
+        tok = get_tokenizer(request.tokenizer or backend.tokenizer or model)
         prompt = build_prompt(tok, request)
         wire = wire_for(slot)
         max_tokens = max_new_tokens(slot, request, prompt, getattr(wire, "context_margin", 0))
         try:
             data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
         except LLMRequestRejected as exc:
-            if slot.dialect is not Dialect.SGLANG or "sampling_seed" not in str(exc) or wire is _SGLANG_NO_SEED:
+            if backend.dialect is not Dialect.SGLANG or "sampling_seed" not in str(exc) or wire is _SGLANG_NO_SEED:
                 raise
-            _no_seed.add(slot.address)  # an SGLang without seeded sampling: the same request, unseeded
+            _no_seed.add(backend.address)  # an SGLang without seeded sampling: the same request, unseeded
             wire = _SGLANG_NO_SEED
             data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
         try:
             out = wire.answer(data)
         except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise BackendFailed(f"{slot.address}{wire.path}: unusable answer: {exc}") from None
+            raise BackendFailed(f"{backend.address}{wire.path}: unusable answer: {exc}") from None
         if out.logprobs is None or len(out.logprobs) != len(out.response_ids):
             got = "no" if out.logprobs is None else len(out.logprobs)
-            raise LogprobMismatch(f"{slot.address}{wire.path}: {got} logprobs for {len(out.response_ids)} tokens")
+            raise LogprobMismatch(f"{backend.address}{wire.path}: {got} logprobs for {len(out.response_ids)} tokens")
         return self._turn(slot, request, model, tok, prompt, out, max_tokens,
-                          slot.logprobs_mode or getattr(wire, "logprobs_mode", None))
+                          backend.logprobs_mode or getattr(wire, "logprobs_mode", None))
 
     @staticmethod
     def _turn(slot: Slot, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
@@ -236,8 +236,8 @@ class GenerateClient:
         cut = not stopped and max_tokens is not None and len(response_ids) >= max_tokens
         finish = out.finish_reason or ("length" if cut else "stop")
         content, calls, malformed = chatml.split_tool_calls(tok.decode(body))
-        return Turn(backend_id=slot.backend_id, address=slot.address,
-                    weight_version=out.weight_version or slot.weight_version,
+        return Turn(backend_id=slot.backend.id, address=slot.backend.address,
+                    weight_version=out.weight_version or slot.backend.weight_version,
                     protocol=Protocol.GENERATE, model=model, content=content, tool_calls=calls,
                     finish_reason=finish, prompt_ids=prompt, response_ids=response_ids, logprobs=out.logprobs,
                     logprobs_mode=logprobs_mode, token_source="local", message_count=len(request.messages),
