@@ -11,10 +11,9 @@ import logging
 import time
 
 import redis
-import requests
 
 from config.settings import get_settings
-from prorl_celery import keys
+from prorl_celery import http, keys
 from prorl_celery.errors import UnknownBackend
 from prorl_celery.llm.models import Backend, BackendStatus
 from prorl_celery.llm.registry import BackendRegistry
@@ -37,17 +36,18 @@ def quarantine(registry: BackendRegistry, backend_id: str, error: str) -> bool:
 
 
 def probe(address: str, api_key: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """None if the server answers ``/health`` or ``/v1/models`` with 200, else what went wrong."""
+    """None if the server answers ``/health`` or ``/v1/models`` with 200, else what went wrong.
+    On the service's one HTTP stack: the probing thread keeps its connection to the server."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     error = "no answer"
     for path in ("/health", "/v1/models"):
         try:
-            resp = requests.get(f"{address}{path}", timeout=timeout, headers=headers)
-        except requests.RequestException as exc:
+            status = http.request("GET", f"{address}{path}", timeout=timeout, headers=headers).status_code
+        except (http.TransportError, ValueError) as exc:  # ValueError: an address with a bad port
             return f"{type(exc).__name__}: {exc}"  # the server is not there; no point in a 2nd path
-        if resp.status_code == 200:
+        if status == 200:
             return None
-        error = f"GET {path} -> {resp.status_code}"
+        error = f"GET {path} -> {status}"
     return error
 
 

@@ -11,7 +11,7 @@ from prorl_celery import keys
 from prorl_celery.errors import BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
 from prorl_celery.llm.control import drain, resume
-from prorl_celery.llm.health import probe_quarantined
+from prorl_celery.llm.health import probe, probe_quarantined
 from tests.llm.conftest import add, eventually
 
 SLOW = "step_s=0.01,capacity=4"
@@ -126,6 +126,15 @@ def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):
     assert late and all(t.backend_id == b for t in late)
     assert procs[0].stats()["aborted"] >= 1  # its in-flight requests were aborted and retried
     assert pool.registry.get(b).in_flight == 0
+
+
+def test_probe_tells_up_unhealthy_and_gone_apart(fake_llms):
+    (server,) = fake_llms(1)
+    assert probe(server.url, api_key="k") is None
+    server.faults(healthy=False)
+    assert probe(server.url) == "GET /v1/models -> 503"  # /health first, then /v1/models
+    server.child.stop(grace_s=2)
+    assert probe(server.url).startswith("TransportError: ")
 
 
 def test_failing_backend_is_quarantined_and_probed_back(pool, fake_llms):
