@@ -3,8 +3,8 @@
 Every route but ``GET /health`` needs ``Authorization: Bearer <token>``. Errors are
 ``{"error": {"type", "message", "field"?}}`` with the status of their class in
 :mod:`prorl_celery.errors`; the client re-raises them by type. A create the operator's policy
-refuses (a runtime not served, an unregistered image) is 403 ``policy_denied`` naming the field:
-the token does not carry the right to widen the policy.
+refuses (a runtime not served, an unregistered image) is 403 ``policy_denied`` naming the field,
+as on the API: the token does not carry the right to widen the policy.
 """
 from __future__ import annotations
 
