@@ -103,12 +103,15 @@ def test_token_mode_ids_and_logprobs_are_vllms_own(api, vllm: VllmServer, clean,
     token APIs; the service's ids and logprobs are checked against vLLM's tokenizer and scoring."""
     register(api, vllm.url, protocol="generate", dialect=dialect, model=SERVED_NAME, tokenizer=str(MODEL),
              max_model_len=MAX_MODEL_LEN, weight_version="w0")
-    views = rollouts(api, 2, {"token_level_generation": True, "max_tokens": 8, "max_turns": 3})
+    views = rollouts(api, 4, {"token_level_generation": True, "max_tokens": 8, "max_turns": 3})
     assert_terminal_typed(views)
+    # the model may answer in one short turn and stop (seen: "11", finish "stop"): every job is
+    # checked, and at least one must have gone on past its first turn
+    assert any(len(assistant(view["result"])) >= 2 for view in views), "no job had a second turn"
     for view in views:
         result = view["result"]
         turns = assistant(result)
-        assert len(turns) >= 2 and result["token_mode"] == "exact"
+        assert turns and result["token_mode"] == "exact"
         for m in turns:
             assert len(m["logprobs"]) == len(m["token_ids"]) > 0
             assert m["weight_version"] == "w0"  # vLLM says "default": the registered version holds
