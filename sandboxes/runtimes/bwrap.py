@@ -194,7 +194,7 @@ class BwrapSandbox(ShellSandbox):
 
     def _shell_config(self, rootfs: str | None) -> BwrapConfig:
         """The config with the execute-only bash as the shell where the sandbox sees the host's
-        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.runtimes.shell`)."""
+        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.runtimes.shellspawn`)."""
         top = "/" + TRUSTED_BASH.split("/")[1]
         if rootfs or top not in self.config.host_paths:
             return self.config

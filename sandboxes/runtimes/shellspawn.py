@@ -1,6 +1,7 @@
 """How the parent bash of :class:`sandboxes.runtimes.shell.PersistentShell` comes to life: its
-default argv and environment, its two extra pipes, its parent-death signal, and the
-execute-only copy of bash that keeps it out of the sandbox's reach.
+default argv and environment, its two extra pipes, its parent-death signal, the execute-only
+copy of bash that keeps it out of the sandbox's reach, and what a shell started ahead of demand
+must already match (:func:`shell_warm_spec`).
 
 The status pipe is safe only while nothing in the sandbox can open the parent's fds or memory
 (``/proc/<ppid>/fd``, ``/proc/<ppid>/mem``, ptrace), which needs the parent to be dumpable.
