@@ -11,7 +11,7 @@ from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest, JobView
 from tasks.chain import cancel, submit
-from tasks.handlers import get_handler
+from tasks.handlers import instance_check
 
 bp = Blueprint("jobs", __name__)
 _JOB = {200: JobView, 404: s.ErrorBody}
@@ -29,14 +29,18 @@ def _view(job_id: str) -> dict:
 
 
 def check_handlers(requests: list[JobRequest]) -> None:
-    """Refuse, before anything is stored, a job whose data source names no handler."""
+    """Refuse, before anything is stored, a job whose data source names no handler, or whose
+    instance its handler refuses (the operator's policy on runtime, image, repository source;
+    a malformed field). A built-in handler is checked without importing it
+    (:func:`tasks.handlers.instance_check`)."""
+    checks = {}
     for source in {req.instance["data_source"] for req in requests}:
         try:
-            get_handler(source)
+            checks[source] = instance_check(source)
         except UnknownPlugin as exc:
             raise InvalidRequest(str(exc), field="instance.data_source") from None
-    for req in requests:  # and what the operator's policy refuses (runtime, image, repo source)
-        get_handler(req.instance["data_source"]).check_instance(req.instance)
+    for req in requests:
+        checks[req.instance["data_source"]](req.instance)
 
 
 @route(bp, "post", "/jobs", "Submit one job or a batch", {202: s.SubmitResponse, 400: s.ErrorBody},

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from prorl_celery.plugins import Registry
+from tasks.handlers import instances
 from tasks.handlers.base import AgentHandler
 from tasks.handlers.check import check_handler, conform
 
@@ -19,6 +22,9 @@ HANDLERS = Registry("handler", {
     "swebench": "swe", "swe-gym": "swe", "r2e": "swe",
     "deepcoder": "code", "codecontests": "code", "apps": "code", "codeforces": "code", "taco": "code",
 }, check=check_handler)
+# Each built-in handler's submission check (its check_instance calls the same function); a
+# handler not listed checks what every handler does. The API uses these without the handlers.
+INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe}
 
 
 @functools.cache
@@ -26,3 +32,14 @@ def get_handler(data_source: str) -> AgentHandler:
     """The handler for a data source (checked by :func:`check_handler`); an unknown name lists
     the known ones."""
     return conform(HANDLERS.load(data_source))()
+
+
+def instance_check(data_source: str) -> Callable[[dict[str, Any]], None]:
+    """What checks a job's instance at submission: a built-in handler's function of
+    :mod:`tasks.handlers.instances`, without importing the handler; for a dotted path, the
+    class's own ``check_instance`` (the class is loaded and checked as by :func:`get_handler`).
+    Raises :class:`~prorl_celery.errors.UnknownPlugin` for a data source that names no handler."""
+    short = HANDLERS.canonical(data_source)
+    if short in HANDLERS.entries:
+        return INSTANCE_CHECKS.get(short, instances.check_sandbox)
+    return get_handler(data_source).check_instance

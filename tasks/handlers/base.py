@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.context import StageContext
+from tasks.handlers.instances import check_sandbox
 
 
 class AgentHandler:
@@ -19,12 +20,12 @@ class AgentHandler:
 
     def check_instance(self, instance: dict[str, Any]) -> None:
         """Refuse, at submission (before anything is stored), what the operator's policy does
-        not allow and the API can tell: by default the ``sandbox`` block's runtime and image.
-        Raises :class:`~prorl_celery.errors.PolicyDenied` naming the field. The sandbox host
-        and the worker check again, with the facts of their own node."""
-        from sandboxes.policy import check_request_sandbox
-
-        check_request_sandbox(instance.get("sandbox"))
+        not allow and the API can tell: by default the ``sandbox`` block's runtime and image
+        (:func:`tasks.handlers.instances.check_sandbox`). Raises
+        :class:`~prorl_celery.errors.PolicyDenied` naming the field. The API calls this for a
+        handler named by dotted path; a built-in handler's check is registered in
+        ``tasks/handlers/__init__.py`` too, so the API checks it without importing the handler."""
+        check_sandbox(instance)
 
     def init(self, ctx: StageContext) -> None:
         """Prepare the job: open its sandbox, put the task's files in place."""

@@ -17,20 +17,17 @@ FAIL_TO_PASS tests that pass, and 0 if any PASS_TO_PASS test broke (doing nothin
 """
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Any
 
-from prorl_celery.errors import InvalidRequest
 from sandboxes.base import SandboxSpec
-from sandboxes.policy import check_image, check_repo_source
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
+from tasks.handlers.instances import check_swe
 from tasks.handlers.repo import checkout_into
-from tasks.verify import swe_eval, test_log
+from tasks.verify import swe_eval
 
 REPO_DIR = "repo"
-_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 SYSTEM = ("You are a software engineer fixing an issue in a repository. The repository is checked out in "
           "the shell's current directory. Explore it with bash, edit files with str_replace_editor, run "
           "the tests, and call submit (with no answer) when the issue is fixed. Do not modify the tests.")
@@ -45,18 +42,9 @@ class SweHandler(AgentTaskHandler):
     default_sandbox = {"limits": {"memory_mb": 4096, "nproc": 256, "fsize_mb": 512}}
 
     def check_instance(self, instance: dict[str, Any]) -> None:
-        """Also the instance's ``image`` and ``repo_source`` (https, or an allowed directory)."""
-        super().check_instance(instance)
-        if isinstance(instance.get("image"), str) and not (instance.get("sandbox") or {}).get("image"):
-            check_image(instance["image"], "instance.image", lexical=True)
-        if instance.get("repo_source") is not None:
-            check_repo_source(instance["repo_source"], "instance.repo_source", lexical=True)
-        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-            test_log.test_list(instance.get(key), f"instance.{key}")
-        commit = instance.get("base_commit")
-        if not isinstance(commit, str) or not _COMMIT.match(commit):
-            raise InvalidRequest("base_commit must be a full commit id (40 hex digits)",
-                                 field="instance.base_commit")
+        """Also the instance's ``image``, ``repo_source``, test lists and ``base_commit``
+        (:func:`tasks.handlers.instances.check_swe`, which the API calls without this class)."""
+        check_swe(instance)
 
     def sandbox_spec(self, instance: dict[str, Any]) -> SandboxSpec:
         spec = super().sandbox_spec(instance)

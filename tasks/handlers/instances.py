@@ -1,0 +1,43 @@
+"""What the built-in handlers refuse in an instance at submission, before anything is stored.
+
+A module of its own and light (no handler, agent or verifier behind it), so that the API process
+checks a request without importing the handlers: ``tasks/handlers/__init__.py`` registers each
+built-in handler's check here next to the handler's dotted path, and each handler's own
+``check_instance`` calls the same function. Each check raises
+:class:`~prorl_celery.errors.PolicyDenied` or :class:`~prorl_celery.errors.InvalidRequest`
+naming the field. The sandbox host and the worker check again, with the facts of their node.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from prorl_celery.errors import InvalidRequest
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+def check_sandbox(instance: dict[str, Any]) -> None:
+    """Every handler's: the ``sandbox`` block's runtime and image under the operator's policy."""
+    from sandboxes.policy import check_request_sandbox
+
+    check_request_sandbox(instance.get("sandbox"))
+
+
+def check_swe(instance: dict[str, Any]) -> None:
+    """``swe``'s: also the instance's ``image`` and ``repo_source`` (https, or an allowed
+    directory), the test lists, and a full ``base_commit``."""
+    from sandboxes.policy import check_image, check_repo_source
+    from tasks.verify import test_log
+
+    check_sandbox(instance)
+    if isinstance(instance.get("image"), str) and not (instance.get("sandbox") or {}).get("image"):
+        check_image(instance["image"], "instance.image", lexical=True)
+    if instance.get("repo_source") is not None:
+        check_repo_source(instance["repo_source"], "instance.repo_source", lexical=True)
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        test_log.test_list(instance.get(key), f"instance.{key}")
+    commit = instance.get("base_commit")
+    if not isinstance(commit, str) or not _COMMIT.match(commit):
+        raise InvalidRequest("base_commit must be a full commit id (40 hex digits)",
+                             field="instance.base_commit")
