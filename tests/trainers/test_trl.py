@@ -16,7 +16,9 @@ import requests
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.trainer
+# The module's fixture trains for all 3 steps before its first test; ~150 s on a quiet node, several
+# times that when other runs share the 2 cores (the default 300 s cut it off mid-step 3).
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1200)]
 STEPS = 3
 
 
