@@ -140,7 +140,7 @@ def test_lapsed_lease_is_reaped(start_host):
     workspace, pid = entry.info["workspace"], entry.pid
     assert os.path.isdir(workspace) and psutil.pid_exists(pid)
     assert wait_until(lambda: not psutil.pid_exists(pid), timeout=5)
-    assert not os.path.exists(workspace)
+    assert wait_until(lambda: not os.path.exists(workspace), timeout=5)  # deleted by the teardown
     with pytest.raises(SandboxGone):
         sandbox.exec("echo hi")
 
