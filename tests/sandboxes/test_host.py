@@ -119,19 +119,6 @@ def test_one_route_serves_every_protocol_method(start_host):
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "sandbox_gone"
 
 
-def test_interrupt_over_http(start_host):
-    host = start_host()
-    sandbox = create(host)
-    results = []
-    worker = threading.Thread(target=lambda: results.append(sandbox.exec("sleep 30", timeout=60)))
-    worker.start()
-    time.sleep(0.3)
-    sandbox.interrupt()
-    worker.join(5)
-    assert results and results[0].interrupted and results[0].duration_s < 5
-    assert sandbox.exec("echo ok").output == "ok\n"
-
-
 def test_lapsed_lease_is_reaped(start_host):
     host = start_host()
     sandbox = create(host, lease_s=1)
