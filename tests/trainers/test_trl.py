@@ -8,8 +8,10 @@ steps, and the ids and masks TRL built its loss from are, id for id, the service
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import subprocess
+import sys
 
 import pytest
 import requests
@@ -22,9 +24,22 @@ pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1200)]
 STEPS = 3
 
 
+def _forget_torchless_transformers() -> None:
+    """Drop a transformers imported before torch was installed: it decides once, at import, which
+    backends exist, and collection imports it (tests/llm/test_hf_tokenizer.py) before this module's
+    fixture installs torch on a fresh node; kept, it refuses to load any model for the session."""
+    found = sys.modules.get("transformers.utils.import_utils")
+    if found is None or found.is_torch_available():
+        return
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
 @pytest.fixture(scope="module")
 def trl_installed():
     subprocess.run(["bash", str(ROOT / "scripts" / "install-trainers.sh"), "trl"], check=False, timeout=1800)
+    _forget_torchless_transformers()
     from examples.trl_grpo import MODEL_DIR
 
     missing = [m for m in ("torch", "trl", "datasets") if importlib.util.find_spec(m) is None]
