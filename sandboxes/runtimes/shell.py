@@ -77,6 +77,7 @@ class PersistentShell(ShellChannel):
         self.status_channel = "unknown"
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
+        self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._running = False
         self._closed = False
         self._reaped = False
@@ -231,7 +232,8 @@ class PersistentShell(ShellChannel):
     def kill(self) -> None:
         """SIGKILL everything now without waiting; :meth:`close` reaps it later."""
         self._closed = True
-        self._killed += self._kill_all()
+        self._killed += self._kill_all()  # no wake: each thread's end of file comes soon enough,
+        # and a thousand woken at once would take the GIL from the rest of a bulk kill
 
     def close(self) -> None:
         """Kill the shell's whole process group and reap it. Idempotent, safe from any thread."""
@@ -240,12 +242,15 @@ class PersistentShell(ShellChannel):
                 return
             self._closed = True
             killed = self._killed + self._kill_all()
-            # A running command notices _closed within one poll and releases the lock; the fds
-            # are closed only under the lock so that no reader ever selects on a recycled fd.
+            self._wake()
+            # A running command notices _closed at the wake and releases the lock; the fds are
+            # closed only under the lock so that no reader ever polls a recycled fd.
             if self._lock.acquire(timeout=10):
                 try:
                     killed += self._kill_all()  # again: a restart may have started a new shell
                     self._reap()
+                    os.close(self._wake_fd)
+                    self._wake_fd = -1
                 finally:
                     self._lock.release()
             wait_dead(killed, timeout=2)
@@ -258,6 +263,7 @@ class PersistentShell(ShellChannel):
         if self._running and self._proc:
             self._interrupted.set()
             self._kill_command()
+            self._wake()
 
     def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run ``command``; output is stdout and stderr interleaved, cut in the middle if too long."""

@@ -31,6 +31,15 @@ class ShellChannel:
     _token: bytes
     _closed: bool
     _interrupted: threading.Event
+    _wake_fd: int  # an eventfd: kill, close and interrupt write it, so a waiting read returns
+
+    def _wake(self) -> None:
+        """Make a thread waiting in :meth:`_read_until_marker` look at ``_closed`` and
+        ``_interrupted`` now (it sleeps until output, its status, its deadline or this)."""
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except (OSError, ValueError):
+            pass  # closed: nobody waits any more
 
     def _kill_command(self) -> list[int]:
         raise NotImplementedError
@@ -78,7 +87,12 @@ class ShellChannel:
             if kill_each_poll:  # a fork loop may have spawned more since the last kill
                 self._kill_command()
             try:
-                ready = readable((self._fd, self._status_fd), min(remaining, 0.05))
+                # no periodic wake-up: a thousand waiting commands would cost the host CPU and
+                # GIL hand-offs 20 times a second each (a kill loop then waits behind them)
+                ready = readable((self._fd, self._status_fd, self._wake_fd),
+                                 min(remaining, 0.05) if kill_each_poll else remaining)
+                if self._wake_fd in ready:
+                    _drain_eventfd(self._wake_fd)
                 if self._status_fd in ready:
                     status = os.read(self._status_fd, 4096)
                     if status == b"":
@@ -115,3 +129,10 @@ class ShellChannel:
             if not chunk:
                 return
             out.add(chunk)
+
+
+def _drain_eventfd(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass  # another waiter (a restart's recover read) took it first

@@ -19,6 +19,7 @@ from sandboxes.base import SandboxSpec
 from sandboxes.safedirs import UnsafeDirectory, remove_tree
 from tests.sandboxes.conftest import (REPO, needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401
                                       start_host)
+from tests.conftest import wait_until
 from tests.sandboxes.test_host import create, entry_of
 
 pytestmark = [needs_bwrap(), pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play "
@@ -80,7 +81,8 @@ def test_symlinks_in_a_workspace_are_not_followed_when_it_is_removed(start_host,
                        f"chmod 000 locked && echo planted")
     assert planted.output == "planted\n"
     box.close()
-    assert not workspace.exists()
+    trash = workspace.with_name(f".trash-{workspace.name}")  # moved aside, then deleted, after the kill
+    assert wait_until(lambda: not workspace.exists() and not os.path.lexists(trash), timeout=10)
     assert_intact(victim)
     # an orphan a killed host left (here: a symlink in the host's directory) at restart
     host.stop()
