@@ -69,15 +69,20 @@ class RemoteSandbox:
     def __init__(self, handle: SandboxHandle, entry: SandboxEntry | None = None):
         self.handle = handle
         self.entry = entry  # the host's answer to the create (runtime, isolation, limits ...)
+        self.gone = False  # the host said so: closing it again is no call (a bulk cancel's 1,000)
 
     def _call(self, name: str, body: BaseModel) -> BaseModel:
         """One protocol method on the host: its request model in, its response model out."""
         method = METHODS[name]
         path = f"/sandboxes/{self.handle.sandbox_id}/{name}"
         fields = body.model_dump(exclude={"data"}, exclude_none=True) if method.raw_request else None
-        response = request("POST", self.handle.address, self.handle.token, path, _http_timeout(body),
-                           params=fields, data=body.data if method.raw_request  # type: ignore[attr-defined]
-                           else body.model_dump_json())
+        try:
+            response = request("POST", self.handle.address, self.handle.token, path, _http_timeout(body),
+                               params=fields, data=body.data if method.raw_request  # type: ignore[attr-defined]
+                               else body.model_dump_json())
+        except SandboxGone:
+            self.gone = True
+            raise
         if method.raw_response:
             return method.response(data=response.content)
         return method.response.model_validate_json(response.content)
@@ -108,7 +113,7 @@ class RemoteSandbox:
 
     def close(self) -> bool:
         """True if this call closed it, False if it was already gone. Idempotent."""
-        return self._invoke("close")
+        return False if self.gone else self._invoke("close")
 
     def info(self) -> dict[str, Any]:
         return {**self._invoke("info"), "address": self.handle.address}

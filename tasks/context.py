@@ -127,8 +127,8 @@ class StageContext:
         handle: the result and a retry name the attempt's host from it."""
         from sandboxes.client import close_handle
 
-        self._sandbox = None
-        return bool(self.record.sandbox) and close_handle(self.record.sandbox)
+        known_gone, self._sandbox = self._sandbox is not None and self._sandbox.gone, None
+        return bool(self.record.sandbox) and not known_gone and close_handle(self.record.sandbox)
 
     @property
     def sandbox(self):

@@ -33,6 +33,17 @@ def test_close_handle_closes_a_stored_handle_once_then_finds_it_gone(stack, redi
         box.exec("true")
 
 
+def test_a_sandbox_the_host_called_gone_is_not_closed_again(stack, redis_client, monkeypatch):
+    box = open_sandbox(redis_client, LOCAL, f"gone-{uuid.uuid4().hex[:8]}")
+    assert close_handle(box.handle) is True  # as a bulk cancel does, behind the stage's back
+    with pytest.raises(SandboxGone):
+        box.exec("true")
+    assert box.gone
+    calls = []
+    monkeypatch.setattr("sandboxes.client.request", lambda *a, **k: calls.append(a))
+    assert box.close() is False and calls == []  # no second round trip to the host
+
+
 def test_close_handle_logs_an_unreachable_host_and_raises_only_when_asked(caplog):
     with caplog.at_level(logging.WARNING, logger="sandboxes.client"):
         assert close_handle(_unreachable("sb-unreached").model_dump()) is False
