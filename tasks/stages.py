@@ -86,8 +86,8 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
     if record is None:
         log.warning("%s: unknown job %s (expired?); nothing to do", stage, job_id)
         return None
-    if record.status.terminal:
-        return record.result
+    if record.status.terminal:  # cancelled before this stage began: end the chain
+        raise _skip(record, stage, "the job has ended")
     lease, resumed = _admit(store, task, record, stage)
     try:
         limit = get_settings().stage_max_attempts
@@ -148,8 +148,8 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
     except Exception:  # noqa: BLE001 - cleanup must not hide the original failure
         log.exception("on_exception of %s failed", record.data_source)
         ctx.close_sandbox()
-    if isinstance(exc, JobCancelled):
-        return _current_result(store, record.job_id)
+    if isinstance(exc, JobCancelled):  # ended by someone else: nothing for the later stages
+        raise _skip(record, stage, "the job ended while the stage ran")
     if isinstance(exc, StageBudgetExceeded):
         return _end(store, record, handler, JobStatus.TIMEOUT, stage, ctx.state, "timeout", str(exc),
                     critical="timeout")
@@ -158,7 +158,9 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
     fault = infrastructure_fault(exc)
     if fault is not None:
         out = retry_from_init(store, record, fault, str(exc), stage.value, handler=handler)
-        return _current_result(store, record.job_id) if out is None else out
+        if out is None:  # the job had ended (a cancel kills its sandbox): end the chain here
+            raise _skip(record, stage, f"the job ended meanwhile ({fault})")
+        return out
     critical = "sandbox" if isinstance(exc, SandboxError) else "llm" if isinstance(exc, LLMError) else stage.value
     etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
     log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
