@@ -5,6 +5,7 @@ import hmac
 import logging
 from typing import Any
 
+import redis
 from flask import Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
@@ -13,6 +14,14 @@ from prorl_celery.errors import InvalidRequest, ProrlError
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
+
+
+class StoreUnavailable(ProrlError):
+    """The job store (Redis) cannot answer now: down, restarting, or loading its AOF. Nothing
+    was done; the client retries (``Retry-After``), as it does any 503."""
+
+    type = "store_unavailable"
+    http_status = 503
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
@@ -45,6 +54,15 @@ def _handle_http(exc: HTTPException):
     return error_response(exc.code or 500, exc.name.lower().replace(" ", "_"), exc.description or "")
 
 
+def _handle_store(exc: redis.RedisError):
+    """A Redis outage is the service's, not the request's: 503, never a 500 ``internal``
+    (seen under the chaos run: BusyLoadingError while a restarted Redis loads its AOF)."""
+    log.warning("%s %s: job store unavailable: %s", request.method, request.path, exc)
+    body, status = _handle_prorl(StoreUnavailable(f"the job store is unavailable ({type(exc).__name__}); retry"))
+    body.headers["Retry-After"] = "1"
+    return body, status
+
+
 def _handle_other(exc: Exception):
     log.exception("unhandled error in %s %s", request.method, request.path)
     return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
@@ -74,5 +92,6 @@ def _check_token():
 def init_app(app: Flask) -> None:
     app.register_error_handler(ProrlError, _handle_prorl)
     app.register_error_handler(HTTPException, _handle_http)
+    app.register_error_handler(redis.RedisError, _handle_store)
     app.register_error_handler(Exception, _handle_other)
     app.before_request(_check_token)

@@ -46,8 +46,8 @@ def _store() -> JobStore:
     return current_app.extensions["prorl_store"]
 
 
-@route(bp, "post", "/groups", "Submit n samples of one prompt", {202: s.GroupSubmitResponse, 400: s.ErrorBody},
-       body=GroupRequest, tag="groups")
+@route(bp, "post", "/groups", "Submit n samples of one prompt",
+       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody}, body=GroupRequest, tag="groups")
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)
     jobs = body.jobs()

@@ -43,8 +43,8 @@ def check_handlers(requests: list[JobRequest]) -> None:
         checks[req.instance["data_source"]](req.instance)
 
 
-@route(bp, "post", "/jobs", "Submit one job or a batch", {202: s.SubmitResponse, 400: s.ErrorBody},
-       body=[JobRequest, BatchRequest])
+@route(bp, "post", "/jobs", "Submit one job or a batch",
+       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody}, body=[JobRequest, BatchRequest])
 def submit_jobs():
     body = request.get_json(silent=True)
     model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest

@@ -25,6 +25,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── SandboxGone                            sandbox_gone 404     lease lapsed, host died
     │   └── FileTooLarge(OSError), EnvBuildFailed, UnsafeDirectory   (in sandboxes/)
     ├── TooManyStreams                             too_many_requests 429  (flask_api/limits.py)
+    ├── StoreUnavailable                           store_unavailable 503  the job store is down (flask_api/errors.py)
     ├── RolloutFailed                              rollout_failed       (prorl_celery/integrations/)
     └── LLMError                                   llm                  a backend or the LLM pool failed
         ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
