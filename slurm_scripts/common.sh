@@ -110,7 +110,10 @@ prorl_supervise() {
         sleeper=$!
         wait -n  # returns when any child exits, or at once when a trapped signal arrives
         kill "$sleeper" 2>/dev/null
-        wait "$sleeper" 2>/dev/null
+        # no `wait "$sleeper"`: after scancel's SIGTERM (the trap ran during `wait -n`, the
+        # sleeper and the components died) bash 5.2 sat in it for good, and celery beat, which
+        # Slurm's linuxproc never signals (it cannot parse the name "[celery beat] -"),
+        # outlived the job; bash reaps the sleeper by itself
         ((PRORL_STOPPING)) && break
         prorl_check_children
         if ((PRORL_STOPPING == 0 && $# > 0)) && ! "$@"; then
