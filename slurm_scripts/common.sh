@@ -111,9 +111,10 @@ prorl_supervise() {
         wait -n  # returns when any child exits, or at once when a trapped signal arrives
         kill "$sleeper" 2>/dev/null
         # no `wait "$sleeper"`: after scancel's SIGTERM (the trap ran during `wait -n`, the
-        # sleeper and the components died) bash 5.2 sat in it for good, and celery beat, which
-        # Slurm's linuxproc never signals (it cannot parse the name "[celery beat] -"),
-        # outlived the job; bash reaps the sleeper by itself
+        # sleeper and the components died) bash 5.2 sat in a wait4(-1) there for good, and celery
+        # beat, to which Slurm's linuxproc delivered no SIGTERM (seen: nothing pending, still
+        # looping; its process name "[celery beat] -" has spaces, likely why), outlived the job;
+        # bash reaps the sleeper by itself
         ((PRORL_STOPPING)) && break
         prorl_check_children
         if ((PRORL_STOPPING == 0 && $# > 0)) && ! "$@"; then
