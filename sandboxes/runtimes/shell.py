@@ -85,7 +85,11 @@ class PersistentShell(ShellChannel):
         self._close_lock = threading.Lock()
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
-        self._start(self.initial_cwd)
+        try:
+            self._start(self.initial_cwd)
+        except BaseException:
+            os.close(self._wake_fd)  # no close() follows a shell that never started
+            raise
 
     # -- process lifecycle -------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ class ShellChannel:
     _token: bytes
     _closed: bool
     _interrupted: threading.Event
-    _wake_fd: int  # an eventfd: kill, close and interrupt write it, so a waiting read returns
+    _wake_fd: int  # an eventfd: close and interrupt write it, so a waiting read returns
 
     def _wake(self) -> None:
         """Make a thread waiting in :meth:`_read_until_marker` look at ``_closed`` and

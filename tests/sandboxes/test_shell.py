@@ -226,3 +226,19 @@ def test_kills_at_any_moment_never_lose_the_state(shell, tmp_path):
     assert sum(result.interrupted for result in results) > 10  # the kills did land
     assert shell.run('pwd; f; echo "$K"; [[ -o pipefail ]] && echo pipefail').output == (
         f"{tmp_path / 'd'}\nkept\n1\npipefail\n")
+
+
+def test_a_shell_that_does_not_start_leaves_no_descriptor(tmp_path):
+    import os
+
+    from prorl_celery.errors import SandboxError
+
+    def fail_to_start() -> None:
+        with pytest.raises(SandboxError, match="did not start"):
+            PersistentShell(argv=["true"], cwd=str(tmp_path))  # exits before it answers
+
+    fail_to_start()  # once first: what the process opens once (the guardian's pipe) is not a leak
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        fail_to_start()
+    assert len(os.listdir("/proc/self/fd")) == before
