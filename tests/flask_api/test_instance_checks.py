@@ -3,19 +3,15 @@ fresh API process answers bad instances with the 400 naming the field over real 
 loaded no handler module afterwards; the registry's checks refuse what the handlers' own do."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
 
 from prorl_celery.errors import ProrlError
 from tasks.handlers import HANDLERS, get_handler, instance_check
+from tests.flask_api.api_process import api_process
 
-ROOT = Path(__file__).resolve().parents[2]
 SWE = {"data_source": "swe", "instance_id": "x", "repo": "o/r", "problem_statement": "p",
        "base_commit": "0" * 40, "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]"}
 BAD = [  # (instance, the status and field of its refusal: 400 malformed, 403 policy)
@@ -28,19 +24,6 @@ BAD = [  # (instance, the status and field of its refusal: 400 malformed, 403 po
      400, "instance.sandbox.env"),
     ({"data_source": "no-such-domain"}, 400, "instance.data_source"),
 ]
-# An API process serving on a free port: prints the port, serves until a line on stdin, then
-# prints the modules of tasks.handlers and tasks.verify it has loaded.
-SERVE = """
-import json, logging, sys, threading
-from werkzeug.serving import make_server
-from flask_api import create_app
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = make_server("127.0.0.1", 0, create_app(), threaded=True)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-print(server.server_port, flush=True)
-sys.stdin.readline()
-print(json.dumps(sorted(m for m in sys.modules if m.startswith(("tasks.handlers", "tasks.verify")))))
-"""
 
 
 def _post(url: str, instance: dict) -> requests.Response:
@@ -55,17 +38,9 @@ def _refusal(response: requests.Response) -> tuple[int, str]:
 
 
 def test_a_fresh_api_refuses_bad_instances_without_importing_a_handler(redis_url):
-    child = subprocess.Popen([sys.executable, "-c", SERVE], cwd=ROOT, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{int(child.stdout.readline())}"
-        assert [_refusal(_post(url, instance)) for instance, *_ in BAD] == [tuple(why) for _, *why in BAD]
-        child.stdin.write("report\n")
-        child.stdin.flush()
-        loaded = json.loads(child.stdout.readline())
-    finally:
-        child.kill()
-        child.wait(10)
+    with api_process() as api:
+        assert [_refusal(_post(api.url, instance)) for instance, *_ in BAD] == [tuple(why) for _, *why in BAD]
+        loaded = api.loaded_modules()
     assert "tasks.handlers.instances" in loaded  # the checks ran, from the light module
     assert set(loaded) <= {"tasks.handlers", "tasks.handlers.base", "tasks.handlers.check",
                            "tasks.handlers.instances", "tasks.verify", "tasks.verify.test_log"}, loaded

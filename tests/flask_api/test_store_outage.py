@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,19 +13,9 @@ import requests
 
 from prorl_celery.ops.procs import free_port
 from prorl_celery.ops.redis_server import redis_server_binary
+from tests.flask_api.api_process import api_process
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "outage-test-token"
-SERVE = """
-import logging, sys, threading
-from werkzeug.serving import make_server
-from flask_api import create_app
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = make_server("127.0.0.1", 0, create_app(), threaded=True)
-threading.Thread(target=server.serve_forever, daemon=True).start()
-print(server.server_port, flush=True)
-sys.stdin.readline()
-"""
 
 
 def _redis(port: int, tmp_path: Path) -> subprocess.Popen:
@@ -49,24 +38,20 @@ def test_a_redis_outage_is_a_503_the_client_retries_and_the_api_recovers(tmp_pat
     store = _redis(port, tmp_path)
     env = {**os.environ, "PRORL_REDIS_URL": f"redis://127.0.0.1:{port}/0", "PRORL_API_TOKEN": TOKEN}
     env.pop("PRORL_RESULT_URL", None)
-    api = subprocess.Popen([sys.executable, "-c", SERVE], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        url = f"http://127.0.0.1:{int(api.stdout.readline())}"
-        assert requests.get(f"{url}/jobs/nope", headers=headers, timeout=30).status_code == 404
-        store.kill()
-        store.wait(10)
-        down = requests.get(f"{url}/jobs/nope", headers=headers, timeout=60)
-        assert down.status_code == 503, down.text
-        assert down.json()["error"]["type"] == "store_unavailable" and down.headers["Retry-After"] == "1"
-        submit = requests.post(f"{url}/jobs", json={"instance": {"data_source": "gsm8k", "problem": "1+1",
-                                                                 "answer": "2"}}, headers=headers, timeout=60)
-        assert submit.status_code == 503 and submit.json()["error"]["type"] == "store_unavailable"
-        store = _redis(port, tmp_path)  # back, empty: the same process answers again
-        assert requests.get(f"{url}/jobs/nope", headers=headers, timeout=30).status_code == 404
+        with api_process(env) as api:
+            assert requests.get(f"{api.url}/jobs/nope", headers=headers, timeout=30).status_code == 404
+            store.kill()
+            store.wait(10)
+            down = requests.get(f"{api.url}/jobs/nope", headers=headers, timeout=60)
+            assert down.status_code == 503, down.text
+            assert down.json()["error"]["type"] == "store_unavailable" and down.headers["Retry-After"] == "1"
+            job = {"instance": {"data_source": "gsm8k", "problem": "1+1", "answer": "2"}}
+            submit = requests.post(f"{api.url}/jobs", json=job, headers=headers, timeout=60)
+            assert submit.status_code == 503 and submit.json()["error"]["type"] == "store_unavailable"
+            store = _redis(port, tmp_path)  # back, empty: the same process answers again
+            assert requests.get(f"{api.url}/jobs/nope", headers=headers, timeout=30).status_code == 404
     finally:
-        api.kill()
-        api.wait(10)
         store.kill()
         store.wait(10)
