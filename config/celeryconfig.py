@@ -45,6 +45,11 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 task_track_started = False  # nothing reads STARTED (Flower has the events): a backend write per stage saved
 result_extended = True
+# One result backend (one connection pool) for all of a worker's threads, not one each: a run
+# worker of a thousand threads otherwise built a backend per thread at its first result (a
+# thousand pools, a connection each, all at once when a bulk cancel ended every stage).
+result_backend_thread_safe = True
+redis_max_connections = 4096  # that shared pool's cap (made as needed): redis-py would fail past 100
 result_expires = _s.result_expires_s
 worker_deduplicate_successful_tasks = True
 worker_prefetch_multiplier = 1

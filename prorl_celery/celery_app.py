@@ -8,3 +8,4 @@ app.config_from_object("config.celeryconfig")
 
 from prorl_celery import watchdog  # noqa: E402,F401 - connects the worker's consumer watchdog
 from prorl_celery import fdlimit  # noqa: E402,F401 - lifts a worker's open-file limit
+from prorl_celery import connections  # noqa: E402,F401 - gives a stage worker its smaller Redis pool

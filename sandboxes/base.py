@@ -186,3 +186,8 @@ class SandboxRuntime:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,
         in the background. Default: close now."""
         self.close()  # type: ignore[attr-defined]  # every Sandbox has close()
+
+    def hasten_exit(self) -> None:
+        """Just before :meth:`kill`: once killed, let this sandbox's processes have the CPU
+        before the living until they are gone (a bulk close calls it for each sandbox before
+        killing any). Default: nothing."""

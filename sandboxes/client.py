@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 HTTP_MARGIN_S = 15.0  # exec's HTTP timeout beyond the command's: kill grace, shell restart, network
 CONTROL_TIMEOUT_S = 30.0
 CREATE_TIMEOUT_S = 300.0  # starting a container may pull or unpack an image
-CLOSE_BATCH = 250  # sandboxes per bulk close: the host kills them all before any other step
-CLOSE_THREADS = 8  # bulk close calls at once (each mostly waits on its host)
+CLOSE_BATCH = 10_000  # sandboxes per bulk close (as many as the protocol takes): one call, so one
+# kill loop on the host; four calls of 250 at once left one loop starved by the others' teardowns
+CLOSE_THREADS = 8  # bulk close calls at once, to different hosts (each mostly waits on its host)
 
 
 def _raise_for(response: Response) -> None:

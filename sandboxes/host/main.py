@@ -32,7 +32,7 @@ from sandboxes.host.reap import reap_leftovers
 from sandboxes.protocol import HostRecord
 from sandboxes.registry import ServedRuntimes
 from sandboxes import safedirs
-from sandboxes.runtimes import cgroups
+from sandboxes.runtimes import cgroups, exitboost
 from sandboxes.runtimes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,8 @@ class SandboxHost:
     def start(self) -> None:
         for path in self.dirs.dirs:  # what a killed earlier run of this host id left
             cgroups.sweep(cgroups.host_key(str(path)))
+        if cgroups.controllers():
+            exitboost.reset()  # a host killed during a bulk close leaves its boost behind
         reap_leftovers([p.parent for p in self.dirs.dirs], self.host_id, self.pool.runtime_config)  # dead hosts' too
         self.pool.start_reaper()
         self.pool.warm.start()

@@ -103,6 +103,17 @@ class PersistentShell(ShellChannel):
         """The bash process itself; its descendants are the running command's processes."""
         return self.pid
 
+    def exit_fd(self) -> int | None:
+        """A new pidfd of the process started (the caller closes it): it turns readable when
+        that process exits. None once it was reaped (its pid may be another's by then)."""
+        with self._close_lock:
+            if self._proc is None or self._reaped or self._proc.returncode is not None:
+                return None
+            try:
+                return os.pidfd_open(self._proc.pid)
+            except OSError:
+                return None
+
     @property
     def closed(self) -> bool:
         return self._closed

@@ -10,10 +10,11 @@ import pytest
 from prorl_celery.connections import get_store
 from prorl_celery.errors import SandboxError, SandboxGone
 from prorl_celery.ops.procs import free_port
-from prorl_celery.status import JobStatus
+from prorl_celery.jobs import JobRecord
+from prorl_celery.status import JobStatus, StageState
 from sandboxes.base import SandboxHandle, SandboxSpec
 from sandboxes.client import close_handle, close_handles, open_sandbox
-from tasks.chain import cancel_many
+from tasks.chain import cancel_many, queued_links
 from tasks.context import StageContext
 from tests.tasks.test_stage_handler import job_running_init
 
@@ -78,3 +79,24 @@ def test_a_redelivered_init_closes_the_first_attempts_sandbox(stack):
             again.sandbox.exec("true")
     finally:
         cancel_many(store, [store.get(job_id)], "test over")
+
+
+def _record(status: JobStatus, state: StageState) -> JobRecord:
+    return JobRecord(job_id=f"j-{status.value}-{state.value or 'none'}", status=status, stage_state=state,
+                     data_source="shell", instance={}, t_created=0.0)
+
+
+def test_a_cancel_revokes_only_the_links_that_may_wait_in_a_queue():
+    cases = {  # (status, stage state) -> the link a worker could still take, or none
+        (JobStatus.QUEUED, StageState.NONE): "init",
+        (JobStatus.INIT, StageState.NONE): "init",  # sent again after a fault, not yet taken
+        (JobStatus.INIT, StageState.RUNNING): None,  # runs: ends itself at the store's word
+        (JobStatus.INIT, StageState.DONE): "run",  # the chain sent run
+        (JobStatus.RUN, StageState.REDISPATCHED): "run",  # the sweep sent it again
+        (JobStatus.RUN, StageState.RUNNING): None,
+        (JobStatus.EVAL, StageState.RUNNING): None,
+        (JobStatus.EVAL, StageState.DONE): None,  # nothing follows eval
+    }
+    for (status, state), link in cases.items():
+        record = _record(status, state)
+        assert queued_links([record]) == ([f"{record.job_id}:{link}"] if link else []), (status, state)
