@@ -85,10 +85,20 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     cancelled = {r.job_id: r for r, result in zip(active, results) if result is not None}
     if not cancelled:
         return []
-    close_handles([r.sandbox for r in store.get_many(list(cancelled)) if r and r.sandbox])
+    close_handles(_sandboxes_of(store, list(cancelled.values())))
     if links := queued_links(cancelled.values()):
         app.control.revoke(links)
     return list(cancelled)
+
+
+def _sandboxes_of(store: JobStore, records: list[JobRecord]) -> list[dict]:
+    """The sandboxes of jobs just ended. A job past init keeps the one its init opened, as read;
+    a queued or initialising one is read again: its init may have stored a sandbox since (a
+    sandbox started after the end is closed by the init that started it)."""
+    early = {JobStatus.QUEUED, JobStatus.INIT}
+    again = [r.job_id for r in records if r.status in early]
+    return [r.sandbox for r in records if r.status not in early and r.sandbox] + \
+        [r.sandbox for r in store.get_many(again) if r and r.sandbox]
 
 
 def queued_links(records: Iterable[JobRecord]) -> list[str]:
