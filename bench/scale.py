@@ -46,19 +46,29 @@ PARTS = ("worker-init", "worker-run", "worker-eval", "worker-maint", "api", "bea
 
 def rss_mb(stack: Stack) -> dict[str, float]:
     """Resident MiB of each part; Redis with its server child, the sandbox host without its
-    sandboxes (their own processes are not the service's cost)."""
+    sandboxes (their own processes are not the service's cost). Reads only these processes:
+    a walk of /proc for Redis's children, every sample, cost this bench 2.7 s of CPU in the
+    25 s of the creates, beside 5,000 sandbox processes (py-spy)."""
     out: dict[str, float] = {}
     for name in PARTS:
-        child = stack.children.get(name)
         try:
-            proc = psutil.Process(child.pid)
-            rss = proc.memory_info().rss
-            if name == "redis":
-                rss += sum(p.memory_info().rss for p in proc.children(recursive=True))
+            out[name] = sum(p.memory_info().rss for p in _processes(stack, name)) / 2**20
         except (psutil.Error, AttributeError):
             continue
-        out[name] = rss / 2**20
     return out
+
+
+_PROCESSES: dict[tuple[int, str], list[psutil.Process]] = {}
+
+
+def _processes(stack: Stack, name: str) -> list[psutil.Process]:
+    """The part's process (Redis: with its server child), looked up once."""
+    child = stack.children.get(name)
+    key = (child.pid, name)
+    if key not in _PROCESSES:
+        proc = psutil.Process(child.pid)
+        _PROCESSES[key] = [proc, *(proc.children(recursive=True) if name == "redis" else [])]
+    return _PROCESSES[key]
 
 
 def cpu_s(stack: Stack) -> dict[str, float]:
