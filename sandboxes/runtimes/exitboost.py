@@ -16,7 +16,10 @@ raised only while killed sandboxes are dying:
 - the weight is lowered as they exit (a pidfd each turns readable) and set back to 1024 once
   the last exited, or :data:`LONGEST_S` after the last kill, whichever comes first.
 
-Sandboxes keep their own CFS quota throughout. A host that starts resets ``prorl``'s weight
+Sandboxes keep their own CFS quota throughout. What a living sandbox can get from it: while
+killed ones are runnable, little (they hold the largest weight among the sandboxes); between
+the last exit and the watcher's next look (0.15 s, more when the host itself waits for CPU),
+the raised weight, within its own quota. A host that starts resets ``prorl``'s weight
 (:func:`reset`), so a host killed during a boost leaves none behind. Hosts sharing a node share
 ``prorl``: the first to see its own dying sandboxes gone sets it back.
 """
