@@ -107,7 +107,7 @@ def queued_links(records: Iterable[JobRecord]) -> list[str]:
 
     A running stage is not revoked: a thread pool cannot terminate it, and it ends itself at the
     store's next word (the result is terminal). A later link is never sent: its stage before
-    ends the chain (``Ignore``) when it finds the job ended. So the revoke names only messages a
+    ends the chain when it finds the job ended (tasks/stages.py ``_ended``). So the revoke names only messages a
     worker would otherwise take, and stays small: Celery's workers each look up the backend
     state of every revoked id (and write one for an unsent link), which for a bulk cancel of
     1,000 running rollouts was 3,000 round trips per worker while their sandboxes were dying."""

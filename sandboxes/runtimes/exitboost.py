@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from sandboxes.runtimes.cgroups import PREFIX, V1_ROOT, _write as _write_or_raise
+
 log = logging.getLogger(__name__)
 
 BASE_SHARES = 1024  # the kernel's default weight, one thread's
@@ -41,8 +43,7 @@ LONGEST_S = 10.0  # a boost ends this long after the last kill even if some proc
 
 def _write(path: Path, value: int) -> bool:
     try:
-        with open(path, "w") as fh:
-            fh.write(str(value))
+        _write_or_raise(path, value)
         return True
     except OSError:  # the cgroup went meanwhile (a teardown), or the node has none
         return False
@@ -69,10 +70,6 @@ class ExitBoost:
     def dying(self) -> int:
         with self._lock:
             return len(self._fds)
-
-    @property
-    def shares(self) -> int:
-        return self._shares
 
     def add(self, cpu_dir: Path, pidfd: int) -> None:
         """A sandbox about to be killed: its cpu cgroup gets the largest weight now, before the
@@ -115,47 +112,32 @@ class ExitBoost:
             watched -= exited
             with self._lock:
                 self._fds = [fd for fd in self._fds if fd not in exited]
-                if exited or expired:
-                    self._set(level(len(self._fds)) if self._fds else BASE_SHARES)
+                self._set(level(len(self._fds)))  # level(0) is the default weight
                 if not self._fds:
-                    self._set(BASE_SHARES)
                     self._watcher = None
                     return
             time.sleep(0.05)
 
 
-_boost: ExitBoost | None = None
-_boost_lock = threading.Lock()
-
-
 def parent() -> Path:
-    from sandboxes.runtimes.cgroups import PREFIX, V1_ROOT
-
     return V1_ROOT / "cpu" / PREFIX
 
 
-def _the_boost() -> ExitBoost:
-    global _boost
-    with _boost_lock:
-        if _boost is None:
-            _boost = ExitBoost(parent())
-        return _boost
+_boost = ExitBoost(parent())  # this process's (no I/O until a sandbox is added)
 
 
 def hasten(cpu_dir: Path, pidfd: int) -> None:
     """A sandbox about to be killed (its cpu cgroup, a pidfd of its process that exits last,
     which this module closes) runs before the living from :func:`commit` until it is gone."""
-    _the_boost().add(cpu_dir, pidfd)
+    _boost.add(cpu_dir, pidfd)
 
 
 def commit() -> None:
     """After the kills of a close: raise the weight for the sandboxes :func:`hasten` named."""
-    if _boost is not None:
-        _boost.commit()
+    _boost.commit()
 
 
 def reset() -> None:
     """Set the sandboxes' weight back to the default (a host's start: an earlier host may have
     died during a boost)."""
-    if (parent() / "cpu.shares").exists():
-        _write(parent() / "cpu.shares", BASE_SHARES)
+    _write(parent() / "cpu.shares", BASE_SHARES)

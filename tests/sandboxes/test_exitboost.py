@@ -111,7 +111,7 @@ def test_a_bulk_close_of_bwrap_sandboxes_boosts_them_until_they_are_gone(sandbox
         return real_write(path, value)
 
     monkeypatch.setattr(exitboost, "_write", recording)
-    monkeypatch.setattr(exitboost, "_boost", None)
+    monkeypatch.setattr(exitboost, "_boost", ExitBoost(exitboost.parent()))
     pool = SandboxPool("boost-test", 8, 60, runtime_config={"bwrap": {"root": str(sandbox_root)}})
     ids = [pool.create(f"j{i}", SandboxSpec(runtime="bwrap")).sandbox_id for i in range(4)]
     for sandbox_id in ids:
