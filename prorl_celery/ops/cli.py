@@ -71,16 +71,20 @@ def _cmd_fake_llm(args: argparse.Namespace) -> int:
     return fake_server.main(args)
 
 
-def _up_env(args: argparse.Namespace) -> dict[str, str]:
+def _up_env(args: argparse.Namespace, demo_dir: Path) -> dict[str, str]:
     """Extra environment of the stack: ``--dev`` allows the ``local`` runtime (no isolation); so
-    does ``--demo`` on a machine where bubblewrap does not work, behind a banner."""
+    does ``--demo`` on a machine where bubblewrap does not work, behind a banner. ``--demo`` also
+    allows its own fixture directory as a repository source (the operator who asked for the demo
+    asked for its SWE job), beside whatever ``PRORL_REPO_SOURCE_DIRS`` already allows."""
     env = {}
     if args.dev:
         env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
-    elif args.demo:
+    if args.demo:
+        allowed = os.environ.get("PRORL_REPO_SOURCE_DIRS", "")
+        env["PRORL_REPO_SOURCE_DIRS"] = ",".join(filter(None, [allowed, str(demo_dir)]))
         from sandboxes.runtimes.bwrap import bwrap_works
 
-        if not bwrap_works():
+        if not args.dev and not bwrap_works():
             env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
             print(_DEMO_BANNER, flush=True)
     return env
@@ -96,10 +100,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
     except SizingError as exc:
         print(f"--concurrency {exc}", file=sys.stderr)
         return 2
-    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-"))
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="prorl-up-")).absolute()
     try:
         stack = Stack(StackOptions(state_dir=state_dir, redis_url=args.redis_url, host=args.host,
-                                   port=args.port, env=_up_env(args), redis_bind=args.redis_bind,
+                                   port=args.port, env=_up_env(args, state_dir / "demo"),
+                                   redis_bind=args.redis_bind,
                                    api_token=os.environ.get("PRORL_API_TOKEN") or None,
                                    concurrency_overrides=overrides))
     except UnsafeStateDir as exc:
@@ -111,7 +116,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"starting prorl-celery (state and logs in {state_dir}) ...", flush=True)
     try:
-        stack.start()
+        try:
+            stack.start()
+        except RuntimeError as exc:  # a part exited or never answered: its own words say why
+            print(f"prorl-celery up: could not start: {exc}", file=sys.stderr, flush=True)
+            return 1
         print(f"redis   {masked(stack.redis_url)}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
         print(f"secrets {stack.secrets_path}   (0600: PRORL_API_TOKEN, PRORL_REDIS_URL with the "
@@ -126,7 +135,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
         if args.demo:
             from prorl_celery.ops.demo import run_demo
 
-            run_demo(stack.api_url, stop, token=stack.api_token, work_dir=state_dir / "demo")
+            from prorl_celery.ops.demo import DemoFailed
+
+            try:
+                run_demo(stack.api_url, stop, token=stack.api_token, work_dir=state_dir / "demo")
+            except DemoFailed as exc:
+                print(f"demo failed: {exc} (logs in {stack.log_dir})", file=sys.stderr, flush=True)
+                return 1
             if not args.stay:
                 return 0
         stop.wait()

@@ -38,16 +38,45 @@ def _line(views: list[dict]) -> str:
     return "  ".join(f"{status}={n}" for status, n in sorted(counts.items()))
 
 
+class DemoFailed(RuntimeError):
+    """The demo could not run or a job of it did not complete: one line says why."""
+
+
+def _refusal(resp: requests.Response) -> str:
+    try:
+        error = resp.json()["error"]
+        return f"{resp.status_code} {error['type']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{resp.status_code} {resp.text[:200]}"
+
+
 def run_demo(api: str, stop: threading.Event, timeout: float = 300.0, token: str | None = None,
              work_dir: Path | None = None) -> list[dict]:
+    """Submit the demo batch, print its progress and the table; raise :class:`DemoFailed` when
+    the API refuses it, a job does not end within ``timeout`` or ends other than ``completed``."""
     http = requests.Session()
     if token:
         http.headers["Authorization"] = f"Bearer {token}"
     work_dir = Path(work_dir or Path.cwd() / "prorl-demo")
-    resp = http.post(f"{api}/jobs", json={"jobs": demo_jobs(work_dir)}, timeout=60)
-    resp.raise_for_status()
-    ids = resp.json()["job_ids"]
-    print(f"demo: submitted {len(ids)} jobs (swe, humaneval, math, stem, shell)", flush=True)
+    try:
+        resp = http.post(f"{api}/jobs", json={"jobs": demo_jobs(work_dir)}, timeout=60)
+        if resp.status_code != 202:
+            raise DemoFailed(f"the API refused the demo batch: {_refusal(resp)}")
+        ids = resp.json()["job_ids"]
+        print(f"demo: submitted {len(ids)} jobs (swe, humaneval, math, stem, shell)", flush=True)
+        views = _follow(http, api, ids, stop, timeout)
+    except requests.RequestException as exc:
+        raise DemoFailed(f"the API did not answer: {type(exc).__name__}: {exc}") from None
+    print(table(views), flush=True)
+    unfinished = [v for v in views if v.get("status") != "completed"]
+    if unfinished and not stop.is_set():
+        raise DemoFailed(f"{len(unfinished)} of {len(views)} jobs did not complete: " + ", ".join(
+            f"{v['data_source']} {v.get('status')}" for v in unfinished))
+    return views
+
+
+def _follow(http: requests.Session, api: str, ids: list[str], stop: threading.Event,
+            timeout: float) -> list[dict]:
     deadline, last, views = time.monotonic() + timeout, "", []
     while not stop.is_set() and time.monotonic() < deadline:
         views = [http.get(f"{api}/jobs/{job_id}", timeout=10).json() for job_id in ids]
@@ -58,7 +87,6 @@ def run_demo(api: str, stop: threading.Event, timeout: float = 300.0, token: str
         if all(view.get("result") for view in views):
             break
         time.sleep(0.2)
-    print(table(views), flush=True)
     return views
 
 

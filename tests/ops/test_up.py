@@ -28,7 +28,8 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str
 
 
 def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PRORL_REDIS_URL", "PRORL_API_TOKEN")}
+    # nothing of the test session's operator settings: the demo must work as a user runs it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRORL_")}
     proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.ops.cli", "up", "--port", "0", "--demo",
                              "--stay", "--state-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
