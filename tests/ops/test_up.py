@@ -27,11 +27,12 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str
     raise AssertionError(f"no {needle!r} within {timeout}s:\n" + "".join(lines))
 
 
-def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
-    # nothing of the test session's operator settings: the demo must work as a user runs it
+def test_up_then_sigterm_leaves_no_process(tmp_path):
+    """(The demo itself runs in tests/docs/test_readme.py, as the README's first command.)"""
+    # nothing of the test session's operator settings: up must work as a user runs it
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRORL_")}
-    proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.ops.cli", "up", "--port", "0", "--demo",
-                             "--stay", "--state-dir", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "prorl_celery.ops.cli", "up", "--port", "0",
+                             "--state-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         lines = _read_until(proc, "ready", 90)
@@ -52,12 +53,6 @@ def test_up_demo_then_sigterm_leaves_no_process(tmp_path):
         assert requests.get(f"{api}/jobs/x", headers=auth, timeout=10).status_code == 404
         family = psutil.Process(proc.pid).children(recursive=True)
         assert len(family) >= 8  # redis, sandbox host, 4 workers, beat, api, fake LLM
-        table = _read_until(proc, "job ", 180)
-        rows = [proc.stdout.readline().split() for _ in range(8)]
-        assert all(row[2] == "completed" for row in rows), table + rows
-        rewards = {row[1]: float(row[3]) for row in rows if row[1] != "shell"}
-        assert rewards == {"swe": 1.0, "humaneval": 1.0, "math": 1.0, "stem": 1.0}, rows
-        assert sorted(float(row[3]) for row in rows if row[1] == "shell") == [0.0, 1.0]
         assert requests.get(f"{api}/healthz", timeout=10).json()["ok"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
