@@ -230,3 +230,25 @@ for creds in (None, ("user", "pass")):
 print(json.dumps({"job": job, "flower": flower,
                   "host_address": json.dumps(hosts) if hosts else job["result"].get("sandbox", {}).get("host", "")}))
 '''
+
+
+@pytest.mark.swebench
+def test_the_swebench_environment_command_builds_as_written(tmp_path):
+    """The SWE-bench section's build command, verbatim but for its two placeholders: ``row.json``
+    (a real row, written where the user runs it) and ``<clone of the repository>`` (its base
+    tree). The printed directory is an environment a sandbox can use as its image."""
+    from tests.real.swebench_data import materialize, rows
+
+    section = sections()["SWE-bench rows and their environments"]
+    line = next(b for b in blocks("SWE-bench rows and their environments") if "--swebench" in b)
+    command = line.splitlines()[0].split("  #")[0].strip()
+    assert "<clone of the repository>" in command and "row.json" in command and "--swebench" in section
+    row = rows()["marshmallow-code__marshmallow-1359"]
+    (tmp_path / "row.json").write_text(json.dumps(row))
+    repo = materialize(row, tmp_path / "marshmallow")
+    command = command.replace("<clone of the repository>", shlex.quote(str(repo)))
+    built = subprocess.run(["bash", "-c", command], env=user_env(tmp_path / "home"), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stdout + built.stderr
+    env_dir = Path(built.stdout.strip().splitlines()[-1])
+    assert env_dir.is_dir() and any((env_dir / p).exists() for p in ("usr/bin/python3", "bin/python3"))
