@@ -58,6 +58,8 @@ def read_patch(box, repo_dir: str, base: str, cap: int) -> tuple[str | None, int
         if size > cap:
             return None, size
         return box.read_file(out).decode("utf-8", "replace"), size  # as the shell's output was
+    except (FileNotFoundError, PermissionError):  # the agent moved or replaced what holds it
+        return "", 0
     finally:
         box.exec(f"rm -f {_q(out)}", timeout=30)
 

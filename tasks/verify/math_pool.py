@@ -40,6 +40,7 @@ class Limits:
     timeout_s: float = 20.0
     memory_mb: int = 1024
     cpu_s: int = 20
+    library_timeout_s: int = 5  # math-verify's own alarm inside a check (0: off, the caps alone)
 
 
 @dataclass
@@ -55,9 +56,13 @@ class _Worker:
 
     def __init__(self, limits: Limits) -> None:
         flags = ["-P"] if sys.version_info >= (3, 11) else []  # not tasks/verify on its sys.path
-        self.proc = subprocess.Popen([sys.executable, *flags, str(WORKER), str(limits.memory_mb), str(limits.cpu_s)],
+        # hostile text goes through sympy (whose parser evaluates): the worker gets none of the
+        # service's variables (Redis password, API token), only what finds Python and its packages
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        self.proc = subprocess.Popen([sys.executable, *flags, str(WORKER), str(limits.memory_mb), str(limits.cpu_s),
+                                      str(limits.library_timeout_s)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.buffer = b""
         if self.reply(START_TIMEOUT_S) is None:
             self.kill()
@@ -66,9 +71,11 @@ class _Worker:
     def reply(self, timeout: float) -> dict | None:
         """The next line the worker writes, or None if it ends or ``timeout`` passes first."""
         deadline = time.monotonic() + timeout
+        poller = select.poll()  # not select(): a busy worker's descriptors pass 1024
+        poller.register(self.proc.stdout, select.POLLIN)
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+            if left <= 0 or not poller.poll(left * 1000):
                 return None
             chunk = os.read(self.proc.stdout.fileno(), 65536)
             if not chunk:
