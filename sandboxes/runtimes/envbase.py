@@ -4,10 +4,11 @@ An environment (:mod:`sandboxes.runtimes.envbuild`) needs a root with the node's
 patch, ``/bin/sh`` (dash: ``subprocess.run(..., shell=True)`` and every ``pip install -e .`` that
 calls a shell need it) and bash, and nothing of the host's state. When the node has a C toolchain
 (``build-essential``) and Python's headers (``python3-dev``), they come too, as in SWE-bench's
-own images: requirements that PyPI has only as source (``pywatchman``) are compiled at build time. This module copies the files of a fixed set
-of installed packages and of everything they depend on (``dpkg-query``, alternatives resolved to
-what is installed) into a directory, without documentation and locales, and adds the few files a
-root needs (``/etc/passwd``, ``/etc/group``, the CA bundle pip verifies PyPI with at build time).
+own images: requirements that PyPI has only as source (``pywatchman``) are compiled at build
+time. This module copies the files of a fixed set of installed packages and of everything they
+depend on (``dpkg-query``, alternatives resolved to what is installed) into a directory, without
+documentation and locales, and adds the few files a root needs (``/etc/passwd``, ``/etc/group``,
+the CA bundle pip verifies PyPI with at build time).
 
 Its fingerprint is the list of ``package=version`` it was made from, so an upgrade of the node's
 Python or git makes a new base (and new environments), never a silent change of an old one.
