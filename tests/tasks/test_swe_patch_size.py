@@ -49,22 +49,37 @@ def test_read_patch_is_whole_past_the_output_view_and_refused_past_the_cap(tmp_p
     assert finish["eval"]["error"]["type"] == "patch_too_large" and finish["eval"]["patch_bytes"] == size
 
 
+def _played(stack, api, tmp_path, instance: dict, command: str, name: str) -> dict:
+    """The result of ``instance`` for an agent that runs ``command`` and submits."""
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+                                  {"tool_calls": [{"name": "submit", "arguments": {}}]}]))
+    requests.post(f"{api}/clear_llm_server", timeout=10)
+    url = stack.start_fake_llm(name=name, extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
+    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"}, timeout=10).ok
+    try:
+        view = wait(api, submit(api, instance), timeout=180)
+    finally:
+        requests.post(f"{api}/clear_llm_server", timeout=10)
+    assert view["status"] == "completed", view["result"]
+    return view["result"]
+
+
 def test_a_40kb_honest_patch_resolves(stack, api, tmp_path):
     instance = swe.build("statkit", tmp_path / "repos")
     fixed = (swe.HERE / "statkit" / "fixed" / "statkit" / "central.py").read_text()
-    fix = f"cat > statkit/central.py <<'PRORL_EOF'\n{fixed}PRORL_EOF\n{TABLE}"
-    script = tmp_path / "large-fix.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": fix}}]},
-                                  {"tool_calls": [{"name": "submit", "arguments": {}}]}]))
-    requests.post(f"{api}/clear_llm_server", timeout=10)
-    url = stack.start_fake_llm(name="fake-large-fix", extra_args=["--policy", f"scripted:{script}", "--latency-model", "none"])
-    assert requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake"}, timeout=10).ok
-    try:
-        view = wait(api, submit(api, instance), timeout=120)
-    finally:
-        requests.post(f"{api}/clear_llm_server", timeout=10)
-    result = view["result"]
-    assert view["status"] == "completed", result
+    result = _played(stack, api, tmp_path, instance, f"cat > statkit/central.py <<'PRORL_EOF'\n{fixed}PRORL_EOF\n{TABLE}",
+                     "fake-large-fix")
     assert len(result["git_patch"]) > 40_000 and result["git_patch"].count("\n+ROW_") == ROWS
     assert result["resolved"] is True and result["reward"] == 1.0, result["eval"]
     assert result["eval"]["applied"] == {"model_patch": True, "test_patch": True}
+
+
+def test_a_patch_past_the_operator_limit_is_a_typed_filtered_finish(stack, api, tmp_path):
+    """9 MB of new data against the default swe_patch_max_mb of 8: not graded, not cut."""
+    instance = swe.build("statkit", tmp_path / "repos")
+    big = "head -c 9437184 /dev/zero | tr '\\0' 'a' | fold -w 100 > statkit/blob.txt && wc -c statkit/blob.txt"
+    result = _played(stack, api, tmp_path, instance, big, "fake-huge-patch")
+    assert result["reward"] == 0.0 and result["resolved"] is False and result["filter"] is True
+    assert result["git_patch"] == "" and result["eval"]["error"]["type"] == "patch_too_large", result["eval"]
+    assert result["eval"]["patch_bytes"] > result["eval"]["limit_bytes"] == 8 << 20
