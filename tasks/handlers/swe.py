@@ -8,7 +8,9 @@ store them), optional ``version``, ``eval_script`` and ``log_parser`` (SWE-bench
 ``https://github.com/<repo>``) and ``test_cmd``.
 
 init puts the repository at ``base_commit`` in the sandbox and starts the shell in its root; the
-patch is ``git diff`` at the end of run; eval starts a fresh sandbox at a clean ``base_commit``,
+patch is ``git diff`` at the end of run, read whole through a file (not the agent's cut view of
+command output); one past ``swe_patch_max_mb`` is not graded (reward 0, ``filter``,
+``eval.error.type`` ``patch_too_large``); eval starts a fresh sandbox at a clean ``base_commit``,
 applies the model patch and the test patch, runs the tests and reads each listed test's outcome.
 A model patch that touches tests or test infrastructure is ``eval.tampered`` and earns nothing;
 the tests run reset to base + test patch (see :mod:`tasks.verify.swe_eval`, also for the residual
