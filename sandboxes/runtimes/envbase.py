@@ -1,10 +1,14 @@
 """The base layer of built environments: a rootfs made of this node's own Debian packages.
 
 An environment (:mod:`sandboxes.runtimes.envbuild`) needs a root with the node's Python, git,
-patch and a shell, and nothing of the host's state. This module copies the files of a fixed set
-of installed packages and of everything they depend on (``dpkg-query``, alternatives resolved to
-what is installed) into a directory, without documentation and locales, and adds the few files a
-root needs (``/etc/passwd``, ``/etc/group``, the CA bundle pip verifies PyPI with at build time).
+patch, ``/bin/sh`` (dash: ``subprocess.run(..., shell=True)`` and every ``pip install -e .`` that
+calls a shell need it) and bash, and nothing of the host's state. When the node has a C toolchain
+(``build-essential``) and Python's headers (``python3-dev``), they come too, as in SWE-bench's
+own images: requirements that PyPI has only as source (``pywatchman``) are compiled at build
+time. This module copies the files of a fixed set of installed packages and of everything they
+depend on (``dpkg-query``, alternatives resolved to what is installed) into a directory, without
+documentation and locales, and adds the few files a root needs (``/etc/passwd``, ``/etc/group``,
+the CA bundle pip verifies PyPI with at build time).
 
 Its fingerprint is the list of ``package=version`` it was made from, so an upgrade of the node's
 Python or git makes a new base (and new environments), never a silent change of an old one.
@@ -20,9 +24,10 @@ from pathlib import Path
 
 from prorl_celery.errors import SandboxError
 
-BASE_PACKAGES = ("bash", "coreutils", "git", "patch", "sed", "grep", "gawk", "findutils", "tar",
+BASE_PACKAGES = ("bash", "dash", "coreutils", "git", "patch", "sed", "grep", "gawk", "findutils", "tar",
                  "gzip", "xz-utils", "bzip2", "diffutils", "python3", "python3-distutils",
                  "python3-lib2to3", "libc-bin")
+BUILD_PACKAGES = ("build-essential", "python3-dev")  # taken when installed: a node may have no compiler
 SKIP_PREFIXES = ("/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/locale",
                  "/usr/share/lintian", "/usr/share/bug")
 SKIP_FILES = {"EXTERNALLY-MANAGED"}  # the image's Python is ours to install into
@@ -63,15 +68,16 @@ def _pick(alternatives: str, versions: dict[str, str], provides: dict[str, str])
     return None
 
 
-def closure(roots: tuple[str, ...] = BASE_PACKAGES) -> dict[str, str]:
-    """Every installed package ``roots`` need (Pre-Depends and Depends), name -> version."""
+def closure(roots: tuple[str, ...] = BASE_PACKAGES, optional: tuple[str, ...] = BUILD_PACKAGES) -> dict[str, str]:
+    """Every installed package ``roots`` and the installed ones of ``optional`` need (Pre-Depends
+    and Depends), name -> version."""
     versions, provides = installed()
     missing = [name for name in roots if name not in versions]
     if missing:
         raise SandboxError(f"the environment base needs these packages on the node: {', '.join(missing)} "
                            "(apt-get install them)")
     seen: set[str] = set()
-    todo = list(roots)
+    todo = [*roots, *(name for name in optional if name in versions)]
     while todo:
         name = todo.pop()
         if name in seen:

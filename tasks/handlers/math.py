@@ -9,7 +9,8 @@ from typing import Any
 
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler, final_answer
-from tasks.verify.answers import last_boxed, math_equal
+from tasks.verify.answers import check_math, last_boxed
+from tasks.verify.math_pool import Verdict
 
 SYSTEM = ("You are solving a math problem. You can run Python with the bash tool (python3 -c ...) to "
           "check your work. When you are sure, call submit with the final answer only, e.g. 42 or "
@@ -27,6 +28,8 @@ class MathHandler(AgentTaskHandler):
         submitted, text = final_answer(ctx.state)
         given = submitted if submitted else last_boxed(text)
         expected = str(ctx.instance["answer"])
-        correct = math_equal(given, expected)
+        check = check_math(given, expected)
+        correct = check is not None and check.verdict is Verdict.EQUAL
+        facts = {"check": check.verdict.value, "check_s": round(check.seconds, 3)} if check else {}
         return {"reward": 1.0 if correct else 0.0, "resolved": correct,
-                "eval": {"given": given, "expected": expected, "correct": correct}}
+                "eval": {"given": given, "expected": expected, "correct": correct, **facts}}

@@ -8,7 +8,9 @@ store them), optional ``version``, ``eval_script`` and ``log_parser`` (SWE-bench
 ``https://github.com/<repo>``) and ``test_cmd``.
 
 init puts the repository at ``base_commit`` in the sandbox and starts the shell in its root; the
-patch is ``git diff`` at the end of run; eval starts a fresh sandbox at a clean ``base_commit``,
+patch is ``git diff`` at the end of run, read whole through a file (not the agent's cut view of
+command output); one past ``swe_patch_max_mb`` is not graded (reward 0, ``filter``,
+``eval.error.type`` ``patch_too_large``); eval starts a fresh sandbox at a clean ``base_commit``,
 applies the model patch and the test patch, runs the tests and reads each listed test's outcome.
 A model patch that touches tests or test infrastructure is ``eval.tampered`` and earns nothing;
 the tests run reset to base + test patch (see :mod:`tasks.verify.swe_eval`, also for the residual
@@ -17,6 +19,7 @@ FAIL_TO_PASS tests that pass, and 0 if any PASS_TO_PASS test broke (doing nothin
 """
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -35,6 +38,40 @@ SYSTEM = ("You are a software engineer fixing an issue in a repository. The repo
 
 def _q(text: str) -> str:
     return shlex.quote(text)
+
+
+def _patch_cap() -> int:
+    from config.settings import get_settings
+
+    return get_settings().swe_patch_max_mb * 1024 * 1024
+
+
+def read_patch(box, repo_dir: str, base: str, cap: int) -> tuple[str | None, int]:
+    """(the patch of the tree at ``repo_dir`` against ``base``, its size in bytes), read whole
+    through a file beside the repository, not the command output (which the agent's output
+    limit cuts); (None, size) when it is larger than ``cap`` bytes, ("", 0) when git fails."""
+    out = f"{os.path.dirname(repo_dir.rstrip('/'))}/.prorl-patch"
+    diff = box.exec(f"rm -f {_q(out)}; cd {_q(repo_dir)} && git add -A >/dev/null 2>&1; "
+                    f"git diff --cached {_q(base)} --binary > {_q(out)} 2>/dev/null", timeout=120)
+    try:
+        if diff.exit_code != 0:
+            return "", 0
+        size = box.stat(out).size
+        if size > cap:
+            return None, size
+        return box.read_file(out).decode("utf-8", "replace"), size  # as the shell's output was
+    except (FileNotFoundError, PermissionError):  # the agent moved or replaced what holds it
+        return "", 0
+    finally:
+        box.exec(f"rm -f {_q(out)}", timeout=30)
+
+
+def too_large(size: int, cap: int) -> dict[str, Any]:
+    """The eval of a patch past the operator's limit: not graded, so the trainer drops it."""
+    return {"reward": 0.0, "resolved": False, "filter": True, "eval": {
+        "skipped": "patch too large", "patch_bytes": size, "limit_bytes": cap,
+        "error": {"type": "patch_too_large", "message": f"the model patch is {size} bytes; "
+                  f"this service grades patches up to {cap} bytes (swe_patch_max_mb)"}}}
 
 
 class SweHandler(AgentTaskHandler):
@@ -61,15 +98,17 @@ class SweHandler(AgentTaskHandler):
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
     def after_run(self, ctx: StageContext, outcome) -> None:
-        root = _q(ctx.state["repo_dir"])
-        diff = ctx.sandbox.exec(f"cd {root} && git add -A >/dev/null 2>&1; git diff --cached "
-                                f"{_q(ctx.instance['base_commit'])} --binary", timeout=120)
-        ctx.state["git_patch"] = diff.output if diff.exit_code == 0 else ""
+        patch, size = read_patch(ctx.sandbox, ctx.state["repo_dir"], ctx.instance["base_commit"], _patch_cap())
+        ctx.state["git_patch"] = patch
+        if patch is None:
+            ctx.state["git_patch"], ctx.state["git_patch_bytes"] = "", size
 
     def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
         return {**super().result_fields(state), "git_patch": state.get("git_patch", "")}
 
     def score(self, ctx: StageContext) -> dict[str, Any]:
+        if ctx.state.get("git_patch_bytes") is not None:
+            return too_large(ctx.state["git_patch_bytes"], _patch_cap())
         patch = ctx.state.get("git_patch", "")
         if not patch.strip():
             return {"reward": 0.0, "resolved": False, "eval": {"skipped": "empty patch"}}

@@ -1,14 +1,14 @@
 """Final answers: where to find them in a reply, and whether they match the reference.
 
-Equivalent forms (``0.5``, ``1/2``, ``\\frac{1}{2}``) are matched with ``math-verify``.
+Equivalent forms (``0.5``, ``1/2``, ``\\frac{1}{2}``) are matched with ``math-verify``, in the
+verifier pool's worker processes (:mod:`tasks.verify.math_pool`).
 """
 from __future__ import annotations
 
-import multiprocessing
 import re
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
+
+from tasks.verify import math_pool
+from tasks.verify.math_pool import Check, Verdict
 
 _ALONE = re.compile(r"^\s*\(?([A-Ja-j])\)?[.)]?\s*$")
 _STATED = re.compile(r"answer\s*(?:is|:)\s*\(?([A-J])\b", re.I)
@@ -33,60 +33,19 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _as_math(text: str) -> str:
-    text = text.strip()
-    return text if text.startswith("$") or "\\boxed" in text else f"${text}$"
-
-
-def _verify(given: str, reference: str) -> bool:
-    from math_verify import parse, verify
-
-    try:
-        gold = parse(_as_math(reference))
-        answer = parse(_as_math(given))
-        return bool(gold) and bool(answer) and bool(verify(gold, answer))
-    except Exception:  # noqa: BLE001 - a parser failure is a wrong answer, not a crash
-        return given.strip() == reference.strip()
-
-
-_pool: ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _verifier() -> ProcessPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
-        return _pool
-
-
-def _reset_verifier(pool: ProcessPoolExecutor) -> None:
-    global _pool
-    with _pool_lock:
-        if _pool is pool:
-            _pool = None
-    for process in list(getattr(pool, "_processes", {}).values()):
-        process.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
-def math_equal(given: str | None, reference: str, timeout_s: float = 20.0) -> bool:
-    """True when ``given`` and ``reference`` are the same mathematical answer.
-
-    math-verify bounds its own work with SIGALRM, which only works in a main thread; off the
-    main thread (a Celery thread-pool worker) the check runs in a small process pool instead,
-    and a check that hangs past ``timeout_s`` counts as wrong."""
+def check_math(given: str | None, reference: str) -> Check | None:
+    """How ``given`` compares with ``reference`` (None: no answer given). Every check runs in
+    this process's verifier pool (:mod:`tasks.verify.math_pool`): a process of its own, capped
+    in memory and CPU, with its own deadline, so a hostile answer costs only its own score."""
     if given is None or not given.strip():
-        return False
-    if threading.current_thread() is threading.main_thread():
-        return _verify(given, str(reference))
-    pool = _verifier()
-    try:
-        return pool.submit(_verify, given, str(reference)).result(timeout=timeout_s)
-    except FuturesTimeout:
-        _reset_verifier(pool)
-        return False
+        return None
+    return math_pool.shared().check(given, str(reference))
+
+
+def math_equal(given: str | None, reference: str) -> bool:
+    """True when ``given`` and ``reference`` are the same mathematical answer."""
+    found = check_math(given, reference)
+    return found is not None and found.verdict is Verdict.EQUAL
 
 
 def choice_letter(text: str | None, letters: str = "ABCDEFGHIJ") -> str | None:

@@ -16,8 +16,11 @@ from sandboxes.runtimes.envbuild import EnvBuildFailed, EnvRecipe, RepoAt
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("dpkg-query") is None,
                                 reason="needs bubblewrap and a Debian node (dpkg)")
-SMALL = EnvRecipe(name="small", python="3", pip_packages=["iniconfig==2.0.0"],
-                  install=["echo built > /usr/local/built-by-recipe"])
+# pywatchman has no wheel (as in Django's test requirements): it builds only with a C compiler
+# and Python's headers; the install step's shell=True needs /bin/sh
+SMALL = EnvRecipe(name="small", python="3", pip_packages=["iniconfig==2.0.0", "pywatchman==1.4.1"],
+                  install=["python3 -c \"import subprocess; subprocess.run('echo built > /usr/local/built-by-recipe', "
+                           "shell=True, check=True)\""])
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,11 @@ def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, sm
                        "touch /usr/local/x 2>&1; cat /etc/prorl-env.json | head -c 60", timeout=60)
         assert out.exit_code == 0 and "/usr/local/lib/python3" in out.output, out.output
         assert "Read-only file system" in out.output, out.output
+        out = box.exec("python3 -c 'import subprocess, pywatchman.bser as b; "
+                       "print(b.__file__, subprocess.run(\"echo $0\", shell=True, capture_output=True, text=True).stdout)'; "
+                       "printf 'int main(void) { return 7; }' > /tmp/t.c && cc /tmp/t.c -o /tmp/t && /tmp/t; echo \"cc $?\"",
+                       timeout=120)
+        assert ".so" in out.output and "/bin/sh" in out.output and "cc 7" in out.output, out.output
     finally:
         box.close()
 

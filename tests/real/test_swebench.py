@@ -8,7 +8,9 @@ server, HTTP submissions, bwrap sandboxes in the instance's environment. For eve
 gold patch resolves with every listed test PASSED, the empty patch and a no-op patch do not.
 
 marshmallow-1359 runs in the default suite; pytest-11143 (ids with spaces, a ~70,000-character
-test log, ~1 minute of tests) and sqlfluff-2386 (an id with a newline) under ``-m swebench``.
+test log, ~1 minute of tests), sqlfluff-2386 (an id with a newline) and django-16255 (Django's
+``tests/runtests.py``, ids that are docstrings, an environment that needs ``/bin/sh`` and a C
+compiler: ``pywatchman`` has no wheel) under ``-m swebench``.
 The first run builds each environment (a minute or two, pip from PyPI) into the environment
 cache; later runs find it there.
 """
@@ -30,7 +32,8 @@ RECIPES = swebench_data.HERE / "recipes"
 SLOW = [pytest.mark.swebench, pytest.mark.timeout(1500)]
 INSTANCES = [pytest.param("marshmallow-code__marshmallow-1359", marks=pytest.mark.timeout(900)),
              pytest.param("pytest-dev__pytest-11143", marks=SLOW),
-             pytest.param("sqlfluff__sqlfluff-2386", marks=SLOW)]
+             pytest.param("sqlfluff__sqlfluff-2386", marks=SLOW),
+             pytest.param("django__django-16255", marks=SLOW)]
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

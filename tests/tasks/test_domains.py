@@ -48,7 +48,8 @@ def test_math_wrong_answer_scores_zero(api, llm):
     task = MATH[1]
     result = _run(api, {"data_source": "gsm8k", "problem": task["problem"], "answer": "5051"})
     assert result["reward"] == 0.0 and result["resolved"] is False
-    assert result["eval"] == {"given": "5050", "expected": "5051", "correct": False}
+    assert {k: result["eval"][k] for k in ("given", "expected", "correct", "check")} == {
+        "given": "5050", "expected": "5051", "correct": False, "check": "different"}
 
 
 def test_stem_choice_and_short_answer(api, llm):
