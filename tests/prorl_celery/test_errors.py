@@ -160,7 +160,7 @@ def test_unknown_type_becomes_the_generic_sandbox_error(host):
 def test_framework_errors_keep_their_shape(host, api):
     """Not the service's own errors, but the same body: no token (401), no route (404, 405)."""
     for base, message in ((host, "missing or wrong bearer token"),
-                          (api, "a valid 'Authorization: Bearer <token>' is required")):
+                          (api, api_errors.NO_TOKEN)):
         reply = requests.get(f"{base}/raise/sandbox", timeout=10)
         assert reply.status_code == 401 and reply.json() == {"error": {"type": "unauthorized",
                                                                         "message": message}}
