@@ -44,13 +44,14 @@ def class_members(module: str, attr: str, what: str) -> set[str]:
     :class:`UnknownPlugin` when the source shows no such class (nothing is imported)."""
     parts = module.split(".")
     if "__main__" in parts or not all(p.isidentifier() for p in parts) or not attr.isidentifier():
-        raise UnknownPlugin(f"{what} {module}:{attr}: a plug-in is a class of an importable module "
-                            "(never a __main__ module, which runs a program when imported)")
+        raise UnknownPlugin(f"cannot load {what} '{module}:{attr}': a plug-in is a class of an importable "
+                            "module (never a __main__ module, which runs a program when imported)")
     if _source(module) is None:
-        raise UnknownPlugin(f"{what} {module}:{attr}: no Python source module {module!r} found")
+        raise UnknownPlugin(f"cannot load {what} '{module}:{attr}': no Python source module {module!r} found")
     found = _resolve(module, attr, 0)
     if found is None:
-        raise UnknownPlugin(f"{what} {module}:{attr}: {module!r} defines no class {attr!r} at its top level")
+        raise UnknownPlugin(f"cannot load {what} '{module}:{attr}': {module!r} defines no class {attr!r} "
+                            "at its top level")
     return _members(*found, depth=0)
 
 
