@@ -44,7 +44,7 @@ def check_handlers(requests: list[JobRequest]) -> None:
 
 
 @route(bp, "post", "/jobs", "Submit one job or a batch",
-       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody}, body=[JobRequest, BatchRequest])
+       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody}, body=[JobRequest, BatchRequest])
 def submit_jobs():
     body = json_body()
     model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest
