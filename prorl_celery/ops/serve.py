@@ -73,11 +73,11 @@ class GuardedChannel(HTTPChannel):
         super().__init__(server, sock, addr, adj, map)
 
     def received(self, data: bytes) -> bool:
-        if self.head_since is None and self.request is None and data:
-            self.head_since = time.time()  # the first byte of a new request's head
         done = super().received(data)
         if self.request is None or self.request.headers_finished:
-            self.head_since = None  # the head is in: what follows is a body or the response
+            self.head_since = None  # no head pending: a request is served, its body comes, or none
+        elif self.head_since is None:
+            self.head_since = time.time()  # the first bytes of a new request's head
         return done
 
     def del_channel(self, map=None) -> None:

@@ -92,8 +92,27 @@ def test_healthz_answers_while_one_client_holds_2000_idle_connections(guarded_ap
             sock.close()
 
 
-def test_a_head_dripped_byte_by_byte_is_cut_at_the_deadline(guarded_api):
+def _served(sock: socket.socket) -> bytes:
+    """One whole request on a kept-alive connection, and its answer."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: api\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+@pytest.mark.parametrize("after_a_request", [False, True])
+def test_a_head_dripped_byte_by_byte_is_cut_at_the_deadline(guarded_api, after_a_request):
     with socket.create_connection(_address(guarded_api), timeout=5) as sock:
+        if after_a_request:  # the deadline runs from the next head's first byte
+            assert _served(sock).startswith(b"HTTP/1.1 ")
+            time.sleep(HEAD_S + 1)  # an idle kept-alive connection is not cut by it ...
+            assert not _closed_by_server([sock])
+            assert _served(sock).startswith(b"HTTP/1.1 ")  # ... and serves the next request
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         started = time.monotonic()
         closed = False
