@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     api_max_wait_s: float = Field(600.0, description="Longest long poll (wait, completions) the API allows.")
     api_max_streams: int = Field(512, description="Long-lived requests (GET /events, long polls of /completions and /jobs/<id>/wait, /process) served at once; past it 429. Each holds a thread of its own, on top of api_threads, so they never starve /healthz or submissions.")
     api_max_streams_per_client: int = Field(256, description="Long-lived requests one client (remote address) may hold at once; past it 429.")
+    api_max_connections: int = Field(4096, description="Connections the API holds open at once (an idle one costs a socket, not a thread); lowered to fit the open files limit. Past it, new connections wait in the listen backlog.")
+    api_max_connections_per_client: int = Field(512, description="Connections one client (remote address) may hold open; past it a new one is closed as soon as it is accepted. Leave room for api_max_streams_per_client long-lived requests plus ordinary ones; behind a reverse proxy every client is the proxy's address.")
+    api_header_timeout_s: float = Field(10.0, description="Seconds a connection has to send a request's head (from its opening, or from the first byte of a later request on it); else it is closed. A request being served (long poll, stream, /process) is never cut by it.")
+    api_idle_timeout_s: float = Field(60.0, description="Seconds a kept-alive connection may sit idle between requests before the API closes it.")
     redis_user: str = Field("redis", description="User (name or uid) the service's own redis-server runs as when started by root; nobody when that user does not exist.")
 
     @classmethod

@@ -23,6 +23,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.extensions["prorl_finishes"] = FinishWatcher(app.extensions["prorl_store"])
     errors.init_app(app)
     limits.init_app(app)
+    health.init_app(app)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(groups.bp)

@@ -1,8 +1,12 @@
 """The reference system's endpoints, for trainers written against it (veRL, NeMo RL recipes).
 
-``/process`` blocks until the rollout ends, like the reference, but the job lives in the job store:
-if the HTTP connection drops, the result is still there under its job id (``GET /jobs/<id>``).
-Past ``2 x budget + 10 s`` the job is cancelled and the answer is 504, as in the reference.
+``/process`` runs a new job on every call, as the reference does: its ``job_id`` is a label, not
+an idempotency key (NeMo Gym sends the instance id for every sample of a GRPO group and again at
+every step), and ``/cancel {job_id}`` reaches every job running under it. Each job's own id is the
+label, a dot and 16 hex digits (the answer's ``job_id``). It blocks until the rollout ends, like
+the reference, but the job lives in the job store: if the HTTP connection drops, the result is
+still there under its own id (``GET /jobs/<id>``). Past ``2 x budget + 10 s`` the job is cancelled
+and the answer is 504, as in the reference.
 
 Its answer is our result plus the reference system's fields, in the shape NeMo Gym's
 ``prorl_agent`` (NeMo RL's way in) converts for training: ``messages`` whose assistant turns carry
@@ -43,7 +47,8 @@ class ProcessRequest(BaseModel):
 
     instance: Instance
     sampling_params: SamplingParams = Field(default_factory=dict)
-    job_id: JobId | None = None
+    job_id: JobId | None = Field(None, description="A label for the new job (every call runs one), "
+                                 "which /cancel takes; the job's own id starts with it.")
 
 
 class CancelRequest(BaseModel):
@@ -95,46 +100,63 @@ def _budget_s(params: dict[str, Any]) -> float:
                for s in ("init", "run", "eval"))
 
 
-@route(bp, "post", "/process", "Reference API: run one rollout and answer with its result",
+def _run_id(label: str | None) -> str:
+    """A new job id for one ``/process``: the client's ``job_id`` is a label (NeMo Gym sends the
+    instance id for every sample of a group and every step), so each call runs a job of its own,
+    whose id starts with the label."""
+    return f"{label[:100]}.{uuid.uuid4().hex[:16]}" if label else uuid.uuid4().hex
+
+
+@route(bp, "post", "/process", "Reference API: run one new rollout and answer with its result",
        {200: s.CompatResult, 400: s.ErrorBody, 504: s.ErrorBody}, body=ProcessRequest, tag="reference")
 def process():
+    """Every call runs a new job, as the reference does: ``job_id`` labels it (``/cancel`` with the
+    label reaches every job running under it); the answer's ``job_id`` is the job's own."""
     body: ProcessRequest = parse_body(ProcessRequest)
     if not _state().running():
         raise InvalidRequest("the service is stopped; POST /start first")
-    request = JobRequest(instance=body.instance, sampling_params=body.sampling_params,
-                         job_id=body.job_id or uuid.uuid4().hex)
+    request = JobRequest(instance=body.instance, sampling_params=body.sampling_params, job_id=_run_id(body.job_id))
     check_handlers([request])
     release = acquire_stream()  # before submitting: a refused /process runs nothing
+    store, state = _store(), _state()
     try:
-        store = _store()
         (job_id,) = submit(store, [request])
-        _state().track(job_id)
+        state.track(job_id, body.job_id)
         status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
     finally:
         release()
     record = store.get(job_id) if status and status.terminal else None
+    if record is None:
+        try:
+            cancel(store, job_id, reason="/process timed out")
+        except JobAlreadyTerminal:
+            pass
+    state.untrack(job_id, body.job_id)
     if record is not None:
-        _state().untrack(job_id)
         return jsonify(reference_result(record.result or {}, record))
-    try:
-        cancel(store, job_id, reason="/process timed out")
-    except JobAlreadyTerminal:
-        pass
     return error_response(504, "timeout", f"job {job_id} did not finish in time and was cancelled",
                           job_id=job_id)
 
 
-@route(bp, "post", "/cancel", "Reference API: cancel one job",
+@route(bp, "post", "/cancel", "Reference API: cancel every job running under a job_id",
        {200: s.CompatCancelResponse, 400: s.ErrorBody, 404: s.ErrorBody}, body=CancelRequest, tag="reference")
 def cancel_one():
+    """Cancel the jobs ``/process`` runs under the label ``job_id``, and the job of that id
+    itself (one submitted to ``/jobs``, or one of /process by its own id). Once none is left
+    running, the answer says how the last one ended (``cancelled: false``)."""
     body: CancelRequest = parse_body(CancelRequest)
-    try:
-        record = cancel(_store(), body.job_id, reason="cancelled by /cancel")
-    except JobAlreadyTerminal as exc:  # early termination races completion: not an error here
-        return jsonify({"job_id": body.job_id, "cancelled": False, "status": exc.status})
-    except UnknownJob:
-        raise
-    return jsonify({"job_id": body.job_id, "cancelled": True, "status": record.status.value})
+    store = _store()
+    live, last = _state().runs(body.job_id)
+    records = [r for r in store.get_many([*live, body.job_id]) if r is not None]
+    if not records and last is not None:
+        records = [r for r in store.get_many([last]) if r is not None]
+    if not records:
+        raise UnknownJob(body.job_id)
+    cancelled = cancel_many(store, records, reason="cancelled by /cancel")
+    if cancelled:
+        return jsonify({"job_id": body.job_id, "cancelled": True, "status": "cancelled", "job_ids": cancelled})
+    latest = max(records, key=lambda r: r.t_created)  # early termination races completion: not an error
+    return jsonify({"job_id": body.job_id, "cancelled": False, "status": latest.status.value, "job_ids": []})
 
 
 def _agent_turns(record: JobRecord | None) -> list[Turn] | None:

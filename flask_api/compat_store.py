@@ -1,11 +1,14 @@
 """What the reference-compatible endpoints remember between requests: whether ``/start`` was
-called, and which jobs ``/process`` started (so that ``/stop`` can cancel them). Shared by every
-API process through Redis."""
+called, which jobs ``/process`` started (so that ``/stop`` can cancel them), and which of them run
+under each ``job_id`` label (so that ``/cancel {job_id}`` reaches every one, and says how the last
+one ended once none runs). Shared by every API process through Redis."""
 from __future__ import annotations
 
 import redis
 
 from prorl_celery import keys
+
+LABEL_TTL_S = 7 * 86400  # as long as a job record is kept
 
 
 class CompatState:
@@ -19,12 +22,31 @@ class CompatState:
     def running(self) -> bool:
         return bool(self.redis.get(keys.compat_running()))
 
-    def track(self, job_id: str) -> None:
-        """A job ``/process`` started and is waiting for."""
-        self.redis.sadd(keys.compat_jobs(), job_id)
+    def track(self, job_id: str, label: str | None = None) -> None:
+        """A job ``/process`` started (under the client's ``label``, if it gave one) and waits for."""
+        pipe = self.redis.pipeline()
+        pipe.sadd(keys.compat_jobs(), job_id)
+        if label:
+            pipe.sadd(keys.compat_label(label), job_id)
+            pipe.expire(keys.compat_label(label), LABEL_TTL_S)
+            pipe.set(keys.compat_label_last(label), job_id, ex=LABEL_TTL_S)
+        pipe.execute()
 
-    def untrack(self, job_id: str) -> None:
-        self.redis.srem(keys.compat_jobs(), job_id)
+    def untrack(self, job_id: str, label: str | None = None) -> None:
+        pipe = self.redis.pipeline()
+        pipe.srem(keys.compat_jobs(), job_id)
+        if label:
+            pipe.srem(keys.compat_label(label), job_id)
+        pipe.execute()
+
+    def runs(self, label: str) -> tuple[list[str], str | None]:
+        """The jobs running under ``label`` and the one last started under it (None: never, or
+        longer ago than the label is remembered)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.smembers(keys.compat_label(label))
+        pipe.get(keys.compat_label_last(label))
+        live, last = pipe.execute()
+        return sorted(_text(x) for x in live), _text(last) if last else None
 
     def stop(self) -> list[str]:
         """Stop accepting ``/process``; the ids of the jobs it started that are not yet answered,
@@ -34,4 +56,8 @@ class CompatState:
         pipe.smembers(keys.compat_jobs())
         pipe.delete(keys.compat_jobs())
         _, ids, _ = pipe.execute()
-        return sorted(x.decode() if isinstance(x, bytes) else x for x in ids)
+        return sorted(_text(x) for x in ids)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -14,6 +14,13 @@ from prorl_celery.errors import InvalidRequest, ProrlError
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
+# What a refused caller needs to know to succeed; NeMo Gym's prorl_agent sends no header at all.
+NO_TOKEN = ("no 'Authorization: Bearer <token>' header: every route but /healthz needs the API's token "
+            "(the operator's PRORL_API_TOKEN; `prorl-celery up` writes it to secrets.env in its state "
+            "directory). NeMo Gym's prorl_agent sends none: call "
+            "prorl_celery.integrations.nemo_gym.patch_prorl_agent() in its agent server's process first "
+            "(README, 'NeMo RL')")
+WRONG_TOKEN = "the bearer token is not the API's (PRORL_API_TOKEN): send 'Authorization: Bearer <token>' with it"
 
 
 class StoreUnavailable(ProrlError):
@@ -30,9 +37,40 @@ def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple
     return jsonify({"error": {"type": type_, "message": message, **extra}}), status
 
 
+MAX_JSON_DEPTH = 100  # far beyond any instance; far below where parsing or validating recurses too deep
+
+
+def json_body() -> Any:
+    """The request's JSON body, None when it is not JSON. One nested deeper than
+    :data:`MAX_JSON_DEPTH` is refused naming the body (the parser itself recurses: ~990 levels
+    raised ``RecursionError``, a 500)."""
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:
+        data = None
+    else:
+        if not _too_deep(data, MAX_JSON_DEPTH):
+            return data
+    raise InvalidRequest(f"body: the JSON document nests deeper than {MAX_JSON_DEPTH} levels", field="body")
+
+
+def _too_deep(data: Any, limit: int) -> bool:
+    """Whether ``data`` nests objects and arrays more than ``limit`` deep (without recursing)."""
+    pending = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def parse_body(model: type[BaseModel]) -> BaseModel:
     """The request's JSON body validated against ``model``; InvalidRequest names the field."""
-    data = request.get_json(silent=True)
+    data = json_body()
     if data is None:
         raise InvalidRequest("the body must be a JSON document (Content-Type: application/json)")
     try:
@@ -84,8 +122,10 @@ def _check_token():
         return None
     token = current_app.config.get("API_TOKEN")
     given = _bearer(request.headers.get("Authorization", ""))
-    if not token or given is None or not hmac.compare_digest(given, token.encode("utf-8")):
-        return error_response(401, "unauthorized", "a valid 'Authorization: Bearer <token>' is required")
+    if given is None:
+        return error_response(401, "unauthorized", NO_TOKEN)
+    if not token or not hmac.compare_digest(given, token.encode("utf-8")):
+        return error_response(401, "unauthorized", WRONG_TOKEN)
     return None
 
 

@@ -27,7 +27,7 @@ class GroupRequest(BaseModel):
     sampling_params: SamplingParams = Field(default_factory=dict)
     n: int = Field(ge=1, le=1024, description="Number of samples; each gets trajectory_id 0..n-1 (at most 1,024: one request writes them all).")
     group_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")] | None = Field(
-        None, description="Client-chosen id; resubmitting it runs nothing new.")
+        None, description="Client-chosen id; resubmitting it with the same request runs nothing new; another instance or sampling set under it is 409.")
 
     def jobs(self) -> list[JobRequest]:
         gid = self.group_id = self.group_id or uuid.uuid4().hex
@@ -47,7 +47,8 @@ def _store() -> JobStore:
 
 
 @route(bp, "post", "/groups", "Submit n samples of one prompt",
-       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody}, body=GroupRequest, tag="groups")
+       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody}, body=GroupRequest,
+       tag="groups")
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)
     jobs = body.jobs()

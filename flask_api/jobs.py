@@ -4,7 +4,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, request
 
 from flask_api import schemas as s
-from flask_api.errors import parse_body
+from flask_api.errors import json_body, parse_body
 from flask_api.limits import acquire_stream
 from flask_api.routes import WAIT_SECONDS, route
 from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
@@ -44,9 +44,9 @@ def check_handlers(requests: list[JobRequest]) -> None:
 
 
 @route(bp, "post", "/jobs", "Submit one job or a batch",
-       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody}, body=[JobRequest, BatchRequest])
+       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody}, body=[JobRequest, BatchRequest])
 def submit_jobs():
-    body = request.get_json(silent=True)
+    body = json_body()
     model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest
     parsed = parse_body(model)
     requests = parsed.jobs if isinstance(parsed, BatchRequest) else [parsed]

@@ -113,6 +113,7 @@ class CompatCancelResponse(BaseModel):
     job_id: str
     cancelled: bool
     status: str
+    job_ids: list[str] = Field(default_factory=list, description="The jobs this call cancelled.")
 
 
 class CompatResult(BaseModel):

@@ -7,6 +7,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     ProrlError                                     error 500
     ├── InvalidRequest(ValueError)                 invalid_request 400  bad input; carries the field
     │   ├── PolicyDenied                           policy_denied 403    beyond the operator's policy
+    │   ├── JobIdConflict                          job_id_conflict 409  a known job id, another request
     │   └── ImageError                             image_error 400      a sandbox image could not be had
     │       ├── ImageNotFound                      image_not_found 404  no such image, tag or digest
     │       ├── ImageUnavailable                   image_unavailable 424  registry down, pull timed out
@@ -134,6 +135,20 @@ class PolicyDenied(InvalidRequest):
 
     type = "policy_denied"
     http_status = 403  # forbidden, on the API as on the sandbox host: the caller may not widen it
+
+
+class JobIdConflict(InvalidRequest):
+    """A submission names a job id that is already stored for a different request (instance or
+    sampling parameters): it is never answered with that job's result."""
+
+    type = "job_id_conflict"
+    http_status = 409
+
+    def __init__(self, job_id: str):
+        super().__init__(f"job id {job_id!r} is already taken by a different request (instance or "
+                         "sampling_params); resubmit the same request to get that job, or choose a new job id",
+                         field="job_id")
+        self.job_id = job_id
 
 
 class ImageError(InvalidRequest):

@@ -2,7 +2,8 @@
 (:mod:`prorl_celery.jobscripts`).
 
 Fields of the hash: ``job_id status stage_state data_source group_id instance sampling_params
-sandbox state result workers attempts faults attempt error`` (JSON where structured) and the
+sandbox state result workers attempts faults attempt error digest`` (JSON where structured; ``digest``
+tells a retried submission from another request under its id, :func:`request_digest`) and the
 timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
 (seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
 sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
@@ -16,6 +17,7 @@ while a stage executes, ``status`` names it and ``stage_state`` is ``running``; 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from enum import Enum
@@ -41,6 +43,14 @@ assert set(_STAGE_TIME_FIELDS) == set(STAGES)
 
 def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def request_digest(req: JobRequest) -> str:
+    """What tells a retry of a submission (same instance and sampling parameters, in any key order)
+    from a different request under the same job id."""
+    canonical = json.dumps({"instance": req.instance, "sampling_params": req.sampling_params},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class JobRecord(BaseModel):
@@ -113,13 +123,20 @@ class JobStore:
             fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": StageState.NONE.value,
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
-                      "t_created": now, "t_enqueued": now, "attempt": 1}
+                      "t_created": now, "t_enqueued": now, "attempt": 1, "digest": request_digest(req)}
             counts_field = f"queued|{fields['data_source']}"
             flat = [job_id, counts_field] + [x for kv in fields.items() for x in kv]
             group_key = keys.group(req.group_id) if req.group_id else ""
             self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key,
                                keys.job_counts()], args=flat, client=pipe)
         return [bool(x) for x in pipe.execute()]
+
+    def digests(self, job_ids: list[str]) -> list[str | None]:
+        """Each job's :func:`request_digest` as stored (None: no such job, or one stored without it)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "digest")
+        return [_text(d) if d else None for d in pipe.execute()]
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord | None:

@@ -93,6 +93,16 @@ def compat_jobs() -> str:
     return f"{PREFIX}:compat:jobs"
 
 
+def compat_label(label: str) -> str:
+    """Set of the job ids /process started under the ``job_id`` label ``label``, not yet answered."""
+    return f"{PREFIX}:compat:label:{label}"
+
+
+def compat_label_last(label: str) -> str:
+    """String with a TTL: the id of the job /process last started under the label ``label``."""
+    return f"{PREFIX}:compat:label-last:{label}"
+
+
 def stage_histogram(stage: str) -> str:
     """Hash: histogram of finished stage durations: "b:<bound>" counts the stages that took at
     most <bound> and more than the bound below it; "count", "sum"."""

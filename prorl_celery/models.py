@@ -44,7 +44,7 @@ class JobRequest(BaseModel):
 
     instance: Instance
     sampling_params: SamplingParams = Field(default_factory=dict)
-    job_id: JobId | None = Field(None, description="Client-chosen id; a known id is not run again.")
+    job_id: JobId | None = Field(None, description="Client-chosen id, an idempotency key: the same request under a known id is not run again; a different one is refused (409 job_id_conflict).")
     group_id: JobId | None = Field(None, description="Jobs sharing a group id can be cancelled together.")
 
 

@@ -14,12 +14,15 @@ def workers_per_queue(timeout: float = 1.0) -> dict[str, list[str]]:
     return {name: sorted(workers) for name, workers in out.items()}
 
 
-def worker_threads(timeout: float = 1.0) -> dict[str, dict[str, int]]:
+def worker_threads(timeout: float = 1.0, workers: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Queue -> worker -> threads its pool holds (Celery's ``stats``: ``pool.max-concurrency``),
-    asked in parallel with the queues each consumes, so both cost one timeout."""
+    asked in parallel with the queues each consumes, so both cost one timeout. Celery waits the
+    whole timeout for replies, unless only the named ``workers`` are asked: then it returns once
+    they all replied."""
     from concurrent.futures import ThreadPoolExecutor
 
-    inspect = celery_app.control.inspect(timeout=timeout)
+    inspect = celery_app.control.inspect(timeout=timeout, destination=workers or None,
+                                         limit=len(workers) if workers else None)
     with ThreadPoolExecutor(2) as pool:
         queues_f, stats_f = pool.submit(inspect.active_queues), pool.submit(inspect.stats)
         queues, stats = queues_f.result() or {}, stats_f.result() or {}

@@ -8,7 +8,7 @@ from typing import Any
 from prorl_celery.errors import PolicyDenied, SandboxError, UnknownPlugin
 from prorl_celery.plugins import Registry
 from sandboxes.base import Sandbox, SandboxSpec
-from sandboxes.check import check_runtime_class
+from sandboxes.check import METHODS, check_runtime_class
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +16,7 @@ RUNTIMES = Registry("sandbox runtime", {
     "bwrap": "sandboxes.runtimes.bwrap:BwrapSandbox",
     "local": "sandboxes.runtimes.local:LocalSandbox",
     "singularity": "sandboxes.runtimes.singularity:SingularitySandbox",
-}, check=check_runtime_class)
+}, check=check_runtime_class, required=tuple(METHODS))
 AUTO = "auto"  # bwrap where it works; local only where the operator allows it
 
 

@@ -7,8 +7,8 @@ from typing import Iterable
 from celery import chain
 
 from prorl_celery.celery_app import app
-from prorl_celery.errors import JobAlreadyTerminal, UnknownJob
-from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.errors import JobAlreadyTerminal, JobIdConflict, UnknownJob
+from prorl_celery.jobs import JobRecord, JobStore, request_digest
 from prorl_celery.models import ErrorInfo, JobRequest
 from prorl_celery.status import STAGES, JobStatus, StageState, next_stage
 from tasks.outcome import finish_many
@@ -45,14 +45,28 @@ def send_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT,
 
 
 def submit(store: JobStore, requests: Iterable[JobRequest]) -> list[str]:
-    """Store and enqueue jobs; a job id that is already known is returned but not run again."""
+    """Store and enqueue jobs. A job id already known for the same request (a retry) is returned
+    but not run again; one known for a different request raises :class:`JobIdConflict`, and then
+    nothing of the batch is stored (unless another submission took the id meanwhile: the jobs new
+    here still run, and the conflict is still raised)."""
     named = [(req.job_id or uuid.uuid4().hex, req) for req in requests]
+    _refuse_conflicts(store, [(job_id, req) for job_id, req in named if req.job_id])
     created = store.create_many(named)
     with app.producer_or_acquire() as producer:
         for (job_id, req), new in zip(named, created):
             if new:
                 send_chain(job_id, req.instance["data_source"], producer=producer)
+    _refuse_conflicts(store, [(job_id, req) for (job_id, req), new in zip(named, created) if not new])
     return [job_id for job_id, _ in named]
+
+
+def _refuse_conflicts(store: JobStore, named: list[tuple[str, JobRequest]]) -> None:
+    """Raise :class:`JobIdConflict` for the first job id stored for another request than its own."""
+    if not named:
+        return
+    for (job_id, req), stored in zip(named, store.digests([job_id for job_id, _ in named])):
+        if stored is not None and stored != request_digest(req):
+            raise JobIdConflict(job_id)
 
 
 def cancel(store: JobStore, job_id: str, reason: str = "cancelled by request") -> JobRecord:

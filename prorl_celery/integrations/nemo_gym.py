@@ -5,8 +5,11 @@ Gym's agent server (``responses_api_agents/prorl_agent``, NeMo Gym PR 1290) make
 with its model server's ``http://host:port/v1``; the replacement here registers it in the
 ``nemo-gym`` chat dialect instead) and ``call_prorl_process(prorl_url, instance,
 sampling_params, job_id, timeout_seconds)`` (``POST /process``). Neither sends an ``Authorization``
-header, which this service requires on every route, and the first only prints a warning when a
-call fails, so a refused registration shows up later as every rollout failing.
+header, which this service requires on every route (unpatched, each gets a 401 whose message
+names :func:`patch_prorl_agent`), and the first only prints a warning when a call fails, so a
+refused registration shows up later as every rollout failing. Its ``job_id`` is the row's instance
+id, the same for every sample of a group and at every step: ``/process`` takes it as a label and
+runs a new rollout on every call.
 
 :func:`patch_prorl_agent` replaces both in Gym's modules with the versions here, which send the
 token (``PRORL_API_TOKEN`` by default) and raise on a refusal. Call it in the Gym agent server's

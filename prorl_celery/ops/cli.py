@@ -23,30 +23,38 @@ _DEMO_BANNER = """
 
 
 def _serve_options(threads: int | None) -> dict:
-    """waitress options: ``api_threads`` for ordinary requests plus one thread per long-lived
-    request the stream limiter lets in, so streams and long polls never take the threads that
-    /healthz and submissions need."""
+    """The API server's options (:func:`prorl_celery.ops.serve.make_server`): ``api_threads`` for
+    ordinary requests plus one thread per long-lived request the stream limiter lets in, so
+    streams and long polls never take the threads that /healthz and submissions need; connections
+    capped in total (within the open files limit) and per client, and a deadline for a request's
+    head, so that idle connections cannot keep /healthz from answering."""
+    import resource
+
     from config.settings import get_settings
 
     settings = get_settings()
     total = (threads or settings.api_threads) + settings.api_max_streams
-    return {"threads": total, "connection_limit": total + 256, "asyncore_use_poll": True,
-            "channel_timeout": 900, "ident": "prorl-celery"}
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    spare = files - total - 256 if files != resource.RLIM_INFINITY else settings.api_max_connections
+    return {"threads": total, "connection_limit": max(64, min(settings.api_max_connections, spare)),
+            "max_per_client": settings.api_max_connections_per_client,
+            "header_timeout_s": settings.api_header_timeout_s, "channel_timeout": settings.api_idle_timeout_s,
+            "asyncore_use_poll": True, "ident": "prorl-celery"}
 
 
 def _cmd_api(args: argparse.Namespace) -> int:
-    import waitress
-
     from config.settings import get_settings
     from flask_api import create_app
+    from prorl_celery.ops.serve import make_server
 
     if not get_settings().api_token:
         print(_NO_TOKEN, file=sys.stderr)
         return 2
-    _raise_open_files_limit()
+    _raise_open_files_limit()  # before the options: the connection limit fits what it allows
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = make_server(create_app(), host=args.host, port=args.port, **_serve_options(args.threads))
     print(f"api listening on http://{args.host}:{args.port}", flush=True)
-    waitress.serve(create_app(), host=args.host, port=args.port, **_serve_options(args.threads))
+    server.run()
     return 0
 
 

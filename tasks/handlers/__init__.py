@@ -8,7 +8,7 @@ from typing import Any
 from prorl_celery.plugins import Registry
 from tasks.handlers import instances
 from tasks.handlers.base import AgentHandler
-from tasks.handlers.check import check_handler, conform
+from tasks.handlers.check import STAGES, check_handler, conform
 
 HANDLERS = Registry("handler", {
     "shell": "tasks.handlers.shell:ShellHandler",
@@ -21,7 +21,7 @@ HANDLERS = Registry("handler", {
     "deepscaler": "math", "gsm8k": "math", "aime": "math", "amc": "math",
     "swebench": "swe", "swe-gym": "swe", "r2e": "swe",
     "deepcoder": "code", "codecontests": "code", "apps": "code", "codeforces": "code", "taco": "code",
-}, check=check_handler)
+}, check=check_handler, required=STAGES)
 # Each built-in handler's submission check (its check_instance calls the same function); a
 # handler not listed checks what every handler does. The API uses these without the handlers.
 INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe}

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Serves on a free port and prints it; on a line on stdin prints the modules of tasks.handlers
-# and tasks.verify it has loaded.
+# Serves on a free port and prints it; on each line on stdin ("report [prefix ...]") prints the
+# modules it has loaded under those prefixes (tasks.handlers and tasks.verify by default).
 SERVE = """
 import json, logging, sys, threading
 from werkzeug.serving import make_server
@@ -21,8 +21,9 @@ logging.getLogger("werkzeug").setLevel(logging.ERROR)
 server = make_server("127.0.0.1", 0, create_app(), threaded=True)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 print(server.server_port, flush=True)
-sys.stdin.readline()
-print(json.dumps(sorted(m for m in sys.modules if m.startswith(("tasks.handlers", "tasks.verify")))))
+for line in sys.stdin:
+    prefixes = tuple(line.split()[1:]) or ("tasks.handlers", "tasks.verify")
+    print(json.dumps(sorted(m for m in sys.modules if m.startswith(prefixes))), flush=True)
 """
 
 
@@ -31,9 +32,9 @@ class ApiProcess:
         self.child = child
         self.url = f"http://127.0.0.1:{int(child.stdout.readline())}"
 
-    def loaded_modules(self) -> list[str]:
-        """The handler and grader modules the process has imported so far."""
-        self.child.stdin.write("report\n")
+    def loaded_modules(self, *prefixes: str) -> list[str]:
+        """The modules under ``prefixes`` (default: handlers and graders) imported so far."""
+        self.child.stdin.write(" ".join(["report", *prefixes]) + "\n")
         self.child.stdin.flush()
         return json.loads(self.child.stdout.readline())
 

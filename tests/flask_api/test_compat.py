@@ -17,7 +17,14 @@ def _process(api: str, instance: dict, **extra) -> requests.Response:
                          timeout=120)
 
 
-def test_trainer_call_sequence(api, stack):
+def _runs(redis_client, label: str) -> list[str]:
+    """The jobs /process runs under the label ``label`` (each call runs one of its own)."""
+    from prorl_celery import keys
+
+    return sorted(x.decode() for x in redis_client.smembers(keys.compat_label(label)))
+
+
+def test_trainer_call_sequence(api, stack, redis_client):
     """A reference trainer's step: clear and add the LLM servers, start, many concurrent /process
     calls with trajectory ids, an early /cancel, stop."""
     from prorl_celery.fakes.problems import MATH
@@ -46,14 +53,15 @@ def test_trainer_call_sequence(api, stack):
             "resp", _process(api, {"data_source": "shell", "sandbox": LOCAL, "commands": ["sleep 30"]},
                              job_id=job_id)))
         worker.start()
-        wait_until(lambda: requests.get(f"{api}/jobs/{job_id}", timeout=5).status_code == 200, 10, "the job")
+        (run,) = wait_until(lambda: _runs(redis_client, job_id), 10, "the job")
+        assert run.startswith(f"{job_id}.")  # its own id, labelled
         status = requests.get(f"{api}/status", timeout=10).json()
         assert status["status"] == "running" and status["jobs"] >= 1
         cancel = requests.post(f"{api}/cancel", json={"job_id": job_id}, timeout=10).json()
-        assert cancel == {"job_id": job_id, "cancelled": True, "status": "cancelled"}
+        assert cancel == {"job_id": job_id, "cancelled": True, "status": "cancelled", "job_ids": [run]}
         worker.join(30)
         answer = box["resp"].json()
-        assert answer["critical_error"] == "cancelled" and answer["resolved"] is False
+        assert answer["critical_error"] == "cancelled" and answer["resolved"] is False and answer["job_id"] == run
         again = requests.post(f"{api}/cancel", json={"job_id": job_id}, timeout=10).json()
         assert again["cancelled"] is False and again["status"] == "cancelled"
         assert requests.post(f"{api}/cancel", json={"job_id": "never-was"}, timeout=10).status_code == 404
@@ -66,15 +74,15 @@ def test_trainer_call_sequence(api, stack):
     assert refused.status_code == 400
 
 
-def test_stop_cancels_in_flight_process_calls(api):
+def test_stop_cancels_in_flight_process_calls(api, redis_client):
     requests.post(f"{api}/start", timeout=10)
     job_id = f"stopme-{uuid.uuid4().hex[:6]}"
     box: dict = {}
     worker = threading.Thread(target=lambda: box.setdefault("resp", _process(
         api, {"data_source": "shell", "sandbox": LOCAL, "commands": ["sleep 30"]}, job_id=job_id)))
     worker.start()
-    wait_until(lambda: requests.get(f"{api}/jobs/{job_id}", timeout=5).json().get("status") == "run"
-               if requests.get(f"{api}/jobs/{job_id}", timeout=5).status_code == 200 else False, 20, "run")
+    (run,) = wait_until(lambda: _runs(redis_client, job_id), 20, "the job")
+    wait_until(lambda: requests.get(f"{api}/jobs/{run}", timeout=5).json().get("status") == "run", 20, "run")
     assert requests.post(f"{api}/stop", timeout=30).json()["cancelled"] == 1
     worker.join(30)
     assert box["resp"].json()["status"] == "cancelled"
@@ -87,8 +95,9 @@ def test_process_times_out_with_504_and_cancels(api):
         # timeout 1 s -> the answer comes after 2 * 1 + 10 s at the latest; the stage budget is longer
         resp = _process(api, {"data_source": "tests.handlers_for_tests:StuckRunHandler", "sandbox": LOCAL},
                         job_id=job_id, sampling_params={"timeout": 1})
-        assert resp.status_code == 504 and resp.json()["error"]["job_id"] == job_id
-        assert requests.get(f"{api}/jobs/{job_id}", timeout=10).json()["status"] == "cancelled"
+        run = resp.json()["error"]["job_id"]
+        assert resp.status_code == 504 and run.startswith(f"{job_id}.")
+        assert requests.get(f"{api}/jobs/{run}", timeout=10).json()["status"] == "cancelled"
     finally:
         requests.post(f"{api}/stop", timeout=30)
 
@@ -110,7 +119,7 @@ def test_more_concurrent_process_calls_than_a_small_server_would_hold(api, redis
             def submitted() -> bool:
                 pipe = redis_client.pipeline(transaction=False)
                 for job_id in ids:
-                    pipe.exists(keys.job(job_id))
+                    pipe.scard(keys.compat_label(job_id))
                 return all(pipe.execute())
 
             wait_until(submitted, 60, "every /process call to have submitted its job")

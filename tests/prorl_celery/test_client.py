@@ -20,7 +20,10 @@ def test_submit_wait_and_idempotent_retry(api):
     client = ProrlClient(api)
     job_id = f"c-{uuid.uuid4().hex[:8]}"
     assert client.submit(shell("echo hi"), job_id=job_id) == job_id
-    assert client.submit(shell("echo other"), job_id=job_id) == job_id  # a retry runs nothing new
+    assert client.submit(shell("echo hi"), job_id=job_id) == job_id  # a retry runs nothing new
+    with pytest.raises(errors.JobIdConflict) as taken:  # another request under that id: never the old job
+        client.submit(shell("echo other"), job_id=job_id)
+    assert taken.value.field == "job_id" and job_id in str(taken.value)
     view = client.wait(job_id, timeout=30)
     assert view["result"]["steps"][0]["output"] == "hi\n"
 

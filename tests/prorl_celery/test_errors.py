@@ -26,7 +26,7 @@ TOKEN = "test-token"
 # (host_app.STATUS_BY_TYPE, flask_api/errors._STATUS, compat's 504 "timeout"); the other types
 # were 500. A new error class is a new row here: a decision, not an accident.
 WIRE = {
-    "error": 500, "invalid_request": 400, "policy_denied": 403, "image_error": 400,
+    "error": 500, "invalid_request": 400, "policy_denied": 403, "job_id_conflict": 409, "image_error": 400,
     "image_not_found": 404, "image_unavailable": 424, "image_too_large": 413, "not_found": 404,
     "conflict": 409, "cancelled": 500, "timeout": 504, "unknown_plugin": 400, "file_error": 400,
     "file_not_found": 404, "permission_denied": 403, "file_too_large": 413, "sandbox": 500,
@@ -160,7 +160,7 @@ def test_unknown_type_becomes_the_generic_sandbox_error(host):
 def test_framework_errors_keep_their_shape(host, api):
     """Not the service's own errors, but the same body: no token (401), no route (404, 405)."""
     for base, message in ((host, "missing or wrong bearer token"),
-                          (api, "a valid 'Authorization: Bearer <token>' is required")):
+                          (api, api_errors.NO_TOKEN)):
         reply = requests.get(f"{base}/raise/sandbox", timeout=10)
         assert reply.status_code == 401 and reply.json() == {"error": {"type": "unauthorized",
                                                                         "message": message}}

@@ -114,8 +114,10 @@ def test_a_request_cannot_name_arbitrary_code(api):
 
     for source, reason in [("os:abort", "none of the allowed packages"),
                            ("subprocess.Popen", "none of the allowed packages"),
-                           ("tests.handlers_for_tests:annotations", "is not a class"),
-                           ("tests.handlers_for_tests:Nope", "cannot load handler")]:
+                           ("tests.handlers_for_tests:annotations", "defines no class"),
+                           ("tests.handlers_for_tests:Nope", "cannot load handler"),
+                           ("sandboxes.host.__main__:SandboxHost", "never a __main__ module"),
+                           ("sandboxes.host.main:SandboxHost", "its source shows no eval, init")]:
         resp = requests.post(f"{api}/jobs", json={"instance": {"data_source": source}}, timeout=10)
         assert resp.status_code == 400, (source, resp.text)
         error = resp.json()["error"]

@@ -230,7 +230,8 @@ def test_process_meets_nemo_gym_prorl_agent_contract(api, stack, only_the_standi
     assert result["token_mode"] == "exact"
 
     # the native result keeps its own shape
-    native = requests.get(f"{api}/jobs/gym-{tmp_path.name}", timeout=10).json()["result"]
+    assert result["job_id"].startswith(f"gym-{tmp_path.name}.")  # Gym's job_id labels a job of its own
+    native = requests.get(f"{api}/jobs/{result['job_id']}", timeout=10).json()["result"]
     native_calls = [m for m in native["messages"] if m["role"] == "assistant"][0]["tool_calls"]
     assert native_calls[0]["function"]["name"] == "bash" and "input_ids" not in native["messages"][2]
 
