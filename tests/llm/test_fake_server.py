@@ -29,9 +29,11 @@ def test_time_per_token_grows_with_concurrency_up_to_capacity(fake_llms):
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda _: _generate(proc.url, 20), range(8)))  # two batches of four
     eight = time.monotonic() - started
-    assert 0.18 < alone < 0.35
-    assert 0.33 < min(four) and max(four) < 0.6
-    assert 0.68 < eight < 1.1
+    # lower bounds only: a busy machine can make a request slower than the model, never faster,
+    # and these are what the latency model promises (the batch cap shows in peak_running below)
+    assert alone > 0.18
+    assert min(four) > 0.33  # four at once: each step 17.5 ms instead of 10
+    assert eight > 0.68  # eight through a capacity of four: two batches one after the other
     stats = proc.stats()
     assert stats["peak_running"] == 4 and stats["completed"] == 13 and stats["aborted"] == 0
     assert 0 < stats["occupancy"] <= stats["busy_fraction"] <= 1

@@ -120,19 +120,19 @@ def test_many_token_mode_rollouts_at_once_on_a_fresh_worker(stack, api, hf_dir, 
     threads): every one completes, exact."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"tool_calls": [{"name": "submit", "arguments": {"answer": "7"}}]}]))
-    requests.post(f"{api}/clear_llm_server", timeout=10)
+    requests.post(f"{api}/clear_llm_server", timeout=120)
     url = stack.start_fake_llm(name="fake-race", extra_args=["--policy", f"scripted:{script}",
                                                              "--latency-model", "none", "--tokenizer", str(hf_dir)])
     resp = requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake",
-                                                     "tokenizer": str(hf_dir)}, timeout=10)
+                                                     "tokenizer": str(hf_dir)}, timeout=120)
     assert resp.status_code == 201, resp.text
     try:
         _fresh_run_worker(stack)
         jobs = [submit(api, {"data_source": "math", "problem": f"Answer 7 ({i}).", "answer": "7"},
                        sampling_params={"token_level_generation": True}) for i in range(8)]
-        results = [wait(api, job, timeout=180) for job in jobs]
+        results = [wait(api, job, timeout=600) for job in jobs]
         assert [r["status"] for r in results] == ["completed"] * 8, [r["result"].get("error") for r in results]
         assert all(r["result"]["token_mode"] == "exact" for r in results)
     finally:
-        requests.post(f"{api}/clear_llm_server", timeout=10)
+        requests.post(f"{api}/clear_llm_server", timeout=120)
         stack.children["fake-race"].stop(grace_s=5.0)

@@ -211,7 +211,7 @@ def test_chat_mode_code_domain_with_required_tools(api, llamacpp, recorder):
     before = len(recorder.posts("/v1/chat/completions"))
     jobs = [submit(api, CODE, sampling_params={"token_level_generation": False, "max_turns": 3, "max_tokens": 96,
                                                "tool_choice": "required", "seed": i}) for i in range(2)]
-    views = [wait(api, job, timeout=180) for job in jobs]
+    views = [wait(api, job, timeout=600) for job in jobs]
     for view in views:
         assert view["status"] in TERMINAL and isinstance(view["result"], dict), view
         assert view["status"] == "completed", view["result"]
