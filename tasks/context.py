@@ -93,9 +93,11 @@ class StageContext:
         job ended (or left this stage or attempt) meanwhile: then nothing is written."""
         calls, messages = self._transcript.pending() if self._transcript is not None else ([], [])
         if calls or messages:
-            self.state[ROLLOUT_KEY] = self._transcript.counts()
-            ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, self.state,
+            state = {**self.state, ROLLOUT_KEY: self._transcript.counts()}  # kept only once stored
+            ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state,
                                        self._transcript.saved_counts(), calls, messages)
+            if ok:
+                self.state[ROLLOUT_KEY] = state[ROLLOUT_KEY]
         else:
             ok, _ = self.store.transition(self.job_id, None, sources=[self.stage], require_state="running",
                                           expect={"attempt": self.record.attempt}, state=self.state)
