@@ -10,7 +10,8 @@ and then: all three links SUCCESS in the backend, the client subscribed to the l
 channel, ``get`` waiting until its timeout (the bench "hung"). Celery's Redis result consumer
 sends SUBSCRIBE without waiting for its confirmation and then reads the stored result on another
 connection; nothing orders the two in Redis, so a SET and PUBLISH that land between the GET and
-the SUBSCRIBE reach no one. Polling the stored results cannot miss one.
+the SUBSCRIBE would reach no one (the likely cause, read in the code; not traced on the server).
+Polling the stored results cannot miss one.
 
     python bench/overhead.py [--jobs 200] [--rounds 2]
 
