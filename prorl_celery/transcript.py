@@ -82,6 +82,9 @@ class Transcript:
         calls, messages = self._saved
         return self.records[calls:], [json.dumps(m, separators=(",", ":")) for m in self.messages[messages:]]
 
+    def has_pending(self) -> bool:
+        return self._saved != (len(self.records), len(self.messages))
+
     def mark_saved(self) -> None:
         self._saved = (len(self.records), len(self.messages))
 

@@ -109,7 +109,7 @@ class StageContext:
     def flush(self) -> None:
         """:meth:`save` if the transcript holds anything unsaved (a stage's end, a failure's
         result: the turns that came before it belong in the trajectory)."""
-        if self._transcript is not None and any(self._transcript.pending()):
+        if self._transcript is not None and self._transcript.has_pending():
             self.save()
 
     @property
