@@ -4,7 +4,14 @@ Ours: no-op rollouts (the shell handler running one ``true``: sandbox open, one 
 result) submitted through the API in one batch and read back through it as a trainer does, from
 the batch's completion stream (``/completions?group_id=``, through ``prorl_celery.client``). Bare:
 a chain of three no-op tasks on the init, run and eval queues, sent with ``apply_async`` and read
-with ``get``.
+back by polling the result backend (``backend.get_many``: one MGET of the chains still out every
+10 ms), not with ``AsyncResult.get``, which waits on Redis pub/sub and here lost a result now
+and then: all three links SUCCESS in the backend, the client subscribed to the last one's
+channel, ``get`` waiting until its timeout (the bench "hung"). Celery's Redis result consumer
+sends SUBSCRIBE without waiting for its confirmation and then reads the stored result on another
+connection; nothing orders the two in Redis, so a SET and PUBLISH that land between the GET and
+the SUBSCRIBE would reach no one (the likely cause, read in the code; not traced on the server).
+Polling the stored results cannot miss one.
 
     python bench/overhead.py [--jobs 200] [--rounds 2]
 
@@ -57,10 +64,10 @@ def bare(n: int) -> tuple[float, list[float]]:
         for _ in range(n):
             links = [noop.clone().set(queue=q, routing_key=q) for q in ("init", "run", "eval")]
             sent.append((time.time(), chain(*links).apply_async(producer=producer)))
-    for _, result in sent:
-        result.get(timeout=300)
+    metas = dict(app.backend.get_many([result.id for _, result in sent], timeout=300, interval=0.01))
     elapsed = time.perf_counter() - start
-    latencies = [(_utc(result.date_done) - t0) * 1000 for t0, result in sent]
+    assert all(m["status"] == "SUCCESS" for m in metas.values()), [m["status"] for m in metas.values()][:3]
+    latencies = [(_utc(metas[result.id]["date_done"]) - t0) * 1000 for t0, result in sent]
     return n / elapsed, latencies
 
 
@@ -86,7 +93,8 @@ def measured(stack: Stack, n: int, run) -> tuple[float, list[float], dict[str, f
     return rate, latencies, {k: (after[k] - before.get(k, 0.0)) * 1000 / n for k in after}
 
 
-def _utc(moment: datetime) -> float:
+def _utc(moment: datetime | str) -> float:
+    moment = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
     return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 

@@ -59,11 +59,13 @@ def breakdown(stack: Stack, t_submit: float, jobs: list[str]) -> dict[str, float
     import redis
 
     from prorl_celery.jobs import JobStore
+    from prorl_celery.rollouts import RolloutStore
 
     store = JobStore(redis.Redis.from_url(stack.redis_url))
+    rollouts = RolloutStore(store.redis)
     rows = []
     for record in store.get_many(jobs):
-        turns = record.state["agent"]["turns"]
+        turns = [call.meta for call in rollouts.read(record.job_id, record.state["_rollout"]["calls"])]
         starts = [t["started_at"] for t in turns]
         ends = [t["started_at"] + t["latency_s"] for t in turns]
         rows.append({"before_first_call": starts[0] - t_submit, "llm": sum(t["latency_s"] for t in turns),

@@ -10,8 +10,17 @@ API, beat, sandbox host without its sandboxes, Redis); ``mb_per_rollout`` is the
 sum from idle to the peak, divided by the rollouts in flight then.
 
     python bench/scale.py 1000 [--turn-s 20] [--run-threads 1050]
+    python bench/scale.py 200 --turns 40 --context 16k [--turn-s 3]   # the realistic profile
 
-Last line: ``scale n= peak_in_run= completed= wall_s= rollouts_per_s= mb_per_rollout=``.
+The realistic profile (``--turns``): ``turns - 1`` ``bash`` calls whose observations (a listing
+of /usr/bin, cut to size) make the prompt grow to about ``--context`` tokens by the last turn
+(the fake's byte tokenizer counts a byte as a token), then ``submit``. Redis is read with
+``INFO`` too: the bytes it received per rollout (``total_net_input_bytes``), its memory at the
+peak (``used_memory``), each against the size of a finished job's record as the trainer reads
+it (``GET /jobs/<id>``: the trajectory with its messages, ids and logprobs).
+
+Last line: ``scale n= peak_in_run= completed= wall_s= rollouts_per_s= mb_per_rollout=`` (and with
+``--turns``: ``redis_in_per_traj= redis_peak_per_traj=``).
 """
 from __future__ import annotations
 
@@ -84,7 +93,8 @@ def cpu_s(stack: Stack) -> dict[str, float]:
 
 
 class Sampler(threading.Thread):
-    """Jobs in ``run`` and the stack's memory, every ``period_s``; keeps the sample at the peak."""
+    """Jobs in ``run`` and the stack's memory, every ``period_s``; keeps the sample at the peak,
+    and Redis's own peak of ``used_memory`` with the jobs in ``run`` then."""
 
     def __init__(self, stack: Stack, period_s: float = 0.25):
         super().__init__(daemon=True)
@@ -92,11 +102,15 @@ class Sampler(threading.Thread):
 
         self.stack, self.period_s, self.store = stack, period_s, get_store()
         self.peak, self.at_peak = 0, {}
+        self.redis_peak, self.in_run_at_redis_peak = 0, 0
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(self.period_s):
             in_run = self.store.counts().get("run", 0)
+            used = int(self.store.redis.info("memory")["used_memory"])
+            if used >= self.redis_peak:
+                self.redis_peak, self.in_run_at_redis_peak = used, in_run
             if in_run >= self.peak:
                 self.peak, self.at_peak = in_run, rss_mb(self.stack)
 
@@ -115,27 +129,39 @@ def print_redis(commands: dict[str, tuple[int, int]], n: int) -> None:
           + ", ".join(f"{k} {c / n:.1f}x {u / n / 1000:.2f}ms" for k, (c, u) in top))
 
 
-def script_file(turn_s: float) -> tuple[Path, str]:
+def realistic_turns(turns: int, context: int) -> list[dict]:
+    """``turns - 1`` bash calls, each observation sized so the prompt nears ``context`` tokens by
+    the last turn (~2.5 kB of system prompt, tools and problem; ~155 of call and template glue
+    per turn), then submit."""
+    observation = max(64, (context - 2500) // max(1, turns - 1) - 155)
+    calls = [{"content": f"Step {k}: look at the tools available.",
+              "tool_calls": [{"name": "bash", "arguments": {
+                  "command": f"ls -la /usr/bin | tail -n +{k + 1} | head -c {observation}"}}]}
+             for k in range(turns - 1)]
+    return calls + [{"content": "The sum is 1.5.", "tool_calls": [{"name": "submit", "arguments": {"answer": "1.5"}}]}]
+
+
+def script_file(turn_s: float, turns: list[dict]) -> tuple[Path, str]:
     """The scripted policy, and a latency model whose replies take about ``turn_s`` each."""
     path = Path(tempfile.mkdtemp(prefix="bench-scale-")) / "turns.json"
-    path.write_text(json.dumps(TURNS))
-    tokens = max(len(json.dumps(t)) for t in TURNS)  # byte tokenizer: about a token per byte
+    path.write_text(json.dumps(turns))
+    tokens = max(len(json.dumps(t)) for t in turns)  # byte tokenizer: about a token per byte
     return path, f"step_s={turn_s / tokens:.5f},capacity=100000,slowdown=0"
 
 
-def one(client: ProrlClient) -> float:
+def one(client: ProrlClient, params: dict) -> tuple[float, dict]:
     start = time.perf_counter()
-    view = client.wait(client.submit(PROBLEM), timeout=600)
+    view = client.wait(client.submit(PROBLEM, sampling_params=params), timeout=3600)
     assert view["status"] == "completed" and view["result"]["reward"] == 1.0, view
-    return time.perf_counter() - start
+    return time.perf_counter() - start, view
 
 
-def batch(client: ProrlClient, n: int) -> tuple[float, float, list[dict]]:
+def batch(client: ProrlClient, n: int, params: dict) -> tuple[float, float, list[dict]]:
     group = uuid.uuid4().hex
     start = time.perf_counter()
     ids: list[str] = []
     for first in range(0, n, 250):  # a few large requests, as a trainer's batch would be
-        ids += client.submit_many({"instance": PROBLEM, "group_id": group}
+        ids += client.submit_many({"instance": PROBLEM, "group_id": group, "sampling_params": params}
                                   for _ in range(first, min(n, first + 250)))
     submitted = time.perf_counter() - start
     views = list(client.as_completed(ids, group_id=group, timeout=3600))
@@ -147,7 +173,12 @@ def main() -> None:
     parser.add_argument("n", type=int)
     parser.add_argument("--turn-s", type=float, default=20.0, help="seconds per LLM turn (the slow server)")
     parser.add_argument("--run-threads", type=int, default=1050, help="threads of the run worker (-c)")
+    parser.add_argument("--turns", type=int, default=0, help="the realistic profile: turns per rollout")
+    parser.add_argument("--context", default="16k", help="with --turns: prompt tokens by the last turn (16k, 64k)")
     args = parser.parse_args()
+    context = int(args.context.lower().removesuffix("k")) * (1000 if args.context.lower().endswith("k") else 1)
+    turns = realistic_turns(args.turns, context) if args.turns else TURNS
+    params = {"max_turns": len(turns) + 1} if args.turns else {}
     capacity = max(args.n, args.run_threads) + 64
     options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-scale-")), redis_password=REDIS_PASSWORD,
                            concurrency={"init": 64, "run": args.run_threads, "eval": 32, "maint": 2},
@@ -155,19 +186,21 @@ def main() -> None:
     stack = Stack(options)
     os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
     stack.start_redis(REDIS_PORT)
-    script, latency = script_file(args.turn_s)
+    script, latency = script_file(args.turn_s, turns)
     with stack:
         url = stack.start_fake_llm(extra_args=["--policy", f"scripted:{script}", "--latency-model", latency])
         stack.register_llm(url, capacity=capacity)
         client = ProrlClient(stack.api_url, timeout=300)
-        alone = one(client)
+        alone, alone_view = one(client, params)
         idle = rss_mb(stack)
         sampler = Sampler(stack)
+        redis_before = sampler.store.redis.info()
         sampler.start()
         commands_before = redis_commands(sampler.store.redis)
         cpu_before = cpu_s(stack)
-        submitted, wall, views = batch(client, args.n)
+        submitted, wall, views = batch(client, args.n, params)
         cpu_after = cpu_s(stack)
+        redis_after = sampler.store.redis.info()
         commands = {k: (c - commands_before.get(k, (0, 0))[0], u - commands_before.get(k, (0, 0))[1])
                     for k, (c, u) in redis_commands(sampler.store.redis).items()}
         sampler.stop.set()
@@ -192,8 +225,29 @@ def main() -> None:
     print_redis(commands, args.n)
     print("memory MiB idle -> at peak: " + ", ".join(
         f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
+    tail = ""
+    if args.turns:
+        tail = print_redis_bytes(redis_before, redis_after, sampler, views, alone_view, args.n)
     print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "
-          f"rollouts_per_s={completed / wall:.2f} mb_per_rollout={per:.2f}")
+          f"rollouts_per_s={completed / wall:.2f} mb_per_rollout={per:.2f}{tail}")
+
+
+def print_redis_bytes(before: dict, after: dict, sampler: Sampler, views: list[dict], alone: dict,
+                      n: int) -> str:
+    """What Redis took in and held, against the finished records' size; the last line's tail."""
+    record = sum(len(json.dumps(v)) for v in views) / max(1, len(views))
+    tokens = alone["result"].get("tokens") or {}
+    final = len(tokens.get("prompt_ids") or []) + len(tokens.get("response_ids") or [])
+    received = (after["total_net_input_bytes"] - before["total_net_input_bytes"]) / n
+    peak = sampler.redis_peak - before["used_memory"]
+    in_flight = n * record  # the batch's records: in flight at once when the run keeps up, held after
+    print(f"realistic profile: final sequence {final} tokens, {alone['result'].get('turns')} turns; finished "
+          f"record (GET /jobs/<id>) {record / 1e3:.1f} kB; Redis received {received / 1e6:.2f} MB per rollout "
+          f"({received / record:.2f}x the record, goal <= 2); Redis memory {before['used_memory'] / 1e6:.1f} -> "
+          f"peak {sampler.redis_peak / 1e6:.1f} MB with {sampler.in_run_at_redis_peak} in run "
+          f"(growth {peak / in_flight:.2f}x the batch's finished records, goal <= 1.5); held after: "
+          f"{(after['used_memory'] - before['used_memory']) / n / 1e3:.1f} kB per rollout")
+    return f" redis_in_per_traj={received / record:.2f} redis_peak_per_traj={peak / in_flight:.2f}"
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.llm import Turn
 from prorl_celery.models import Instance, JobId, JobRequest, SamplingParams
+from prorl_celery.rollouts import Call, RolloutStore
+from prorl_celery.trajectory import TRAJECTORY_KEY, expand_result
+from prorl_celery.transcript import turns_of
 from tasks.agent import tools as agent_tools
 from tasks.agent.trajectory import reference_messages
 from tasks.chain import cancel, cancel_many, submit
@@ -133,7 +136,7 @@ def process():
             pass
     state.untrack(job_id, body.job_id)
     if record is not None:
-        return jsonify(reference_result(record.result or {}, record))
+        return jsonify(reference_result(record.result or {}, record, RolloutStore(store.redis)))
     return error_response(504, "timeout", f"job {job_id} did not finish in time and was cancelled",
                           job_id=job_id)
 
@@ -159,12 +162,15 @@ def cancel_one():
     return jsonify({"job_id": body.job_id, "cancelled": False, "status": latest.status.value, "job_ids": []})
 
 
-def _agent_turns(record: JobRecord | None) -> list[Turn] | None:
-    """The built-in agent's turns (each with its exact prompt ids); None for a handler without it."""
-    agent = (record.state or {}).get("agent") if record is not None else None
-    if not isinstance(agent, dict):
+def _agent_turns(result: dict[str, Any], rollouts: RolloutStore | None
+                 ) -> tuple[list[Turn], list[dict[str, Any]]] | None:
+    """The built-in agent's turns (each with its exact prompt ids, rebuilt from the job's
+    rollout) and conversation; None for a handler without them."""
+    ref = result.get(TRAJECTORY_KEY)
+    if not isinstance(ref, dict) or rollouts is None:
         return None
-    return [Turn.model_validate(t) for t in agent.get("turns") or []]
+    records, messages = rollouts.snapshot(result["job_id"], int(ref.get("calls", 0)), int(ref.get("messages", 0)))
+    return turns_of([Call.unpack(blob) for blob in records]), messages
 
 
 def _error_text(error: Any) -> str | None:
@@ -175,15 +181,16 @@ def _error_text(error: Any) -> str | None:
     return str(error)
 
 
-def reference_result(result: dict[str, Any], record: JobRecord | None = None) -> dict[str, Any]:
-    """Our result plus the reference system's field names and message shape."""
+def reference_result(result: dict[str, Any], record: JobRecord | None = None,
+                     rollouts: RolloutStore | None = None) -> dict[str, Any]:
+    """Our result plus the reference system's field names and message shape; the built-in
+    agent's trajectory built from the job's rollout (``rollouts``)."""
     timing = result.get("timing") or {}
     counted = sum(timing.get(k, 0.0) for k in ("init", "run", "eval"))
-    out = dict(result)
-    turns = _agent_turns(record)
-    agent = (record.state or {}).get("agent") if record is not None else None
-    history = agent.get("messages") if isinstance(agent, dict) and agent.get("messages") else None
-    out["messages"] = reference_messages(history if history is not None else result.get("messages") or [], turns)
+    agent = _agent_turns(result, rollouts)
+    turns, history = agent if agent is not None else (None, None)
+    out = dict(expand_result(rollouts.redis, result) if rollouts is not None else result)
+    out["messages"] = reference_messages(history if history else result.get("messages") or [], turns)
     out["tools"] = result.get("tools") or (agent_tools.ALL if turns is not None else [])
     out["git_patch"] = result.get("git_patch") or ""
     out["resolved"] = bool(result.get("resolved"))

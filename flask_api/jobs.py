@@ -25,7 +25,7 @@ def _view(job_id: str) -> dict:
     record = _store().get(job_id)
     if record is None:
         raise UnknownJob(job_id)
-    return record.view().model_dump(mode="json")
+    return _store().views([record])[0].model_dump(mode="json")
 
 
 def check_handlers(requests: list[JobRequest]) -> None:
@@ -85,4 +85,4 @@ def wait_job(job_id: str):
 @route(bp, "delete", "/jobs/{job_id}", "Cancel a job", {**_JOB, 409: s.ErrorBody})
 def cancel_job(job_id: str):
     record = cancel(_store(), job_id)
-    return jsonify(record.view().model_dump(mode="json"))
+    return jsonify(_store().views([record])[0].model_dump(mode="json"))

@@ -49,13 +49,13 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
             break
     if not entries:
         return [], cursor
-    records = store.get_many([_text(fields[b"job_id"]) for _, fields in entries])
+    views = store.views(store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
     out = []
-    for (entry_id, fields), record in zip(entries, records):
+    for (entry_id, fields), view in zip(entries, views):
         item = {_text(k): _text(v) for k, v in fields.items()}
         item["group_id"] = item.get("group_id") or None
         item["cursor"] = _text(entry_id)
-        item["job"] = record.view().model_dump(mode="json") if record else None
+        item["job"] = view.model_dump(mode="json") if view else None
         out.append(item)
     return out, out[-1]["cursor"]
 

@@ -27,8 +27,9 @@ import redis
 from pydantic import BaseModel, Field
 
 from prorl_celery import keys
-from prorl_celery.jobscripts import CREATE, STATUSES, TRANSITION
+from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
+from prorl_celery.trajectory import expand_results
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
@@ -37,6 +38,7 @@ _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 _LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "sampling_params", "sandbox",
                  "workers", "attempts", "attempt", "t_created", "t_enqueued", "t_finished", "t_stage_start",
                  "queue_s", "init_s", "run_s", "eval_s")
+_VIEW_FIELDS = (*_LIGHT_FIELDS, "result")  # a finished job as the API shows it: not its state or instance
 _STAGE_TIME_FIELDS = {JobStatus.INIT: "init_s", JobStatus.RUN: "run_s", JobStatus.EVAL: "eval_s"}
 assert set(_STAGE_TIME_FIELDS) == set(STAGES)
 
@@ -95,15 +97,19 @@ class JobRecord(BaseModel):
 
     def timings(self) -> Timings:
         end = self.t_finished or time.time()
+        waited = self.state.get("_init_wait_s")  # tasks.context; a record read without its state: the result's
+        if waited is None:
+            waited = ((self.result or {}).get("timing") or {}).get("init_wait")
         return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,
-                       total=round(end - self.t_created, 6),
-                       init_wait=float(self.state.get("_init_wait_s") or 0.0))  # tasks.context
+                       total=round(end - self.t_created, 6), init_wait=float(waited or 0.0))
 
-    def view(self) -> JobView:
+    def view(self, result: dict[str, Any] | None = None) -> JobView:
+        """The job as the API shows it; ``result``: the stored one as the trainer reads it
+        (:meth:`JobStore.views` builds it: the trajectory from the job's rollout)."""
+        result = self.result if result is None else result
         return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,
                        data_source=self.data_source, timings=self.timings(), workers=self.workers,
-                       attempts=self.attempts,
-                       result=JobResult.model_validate(self.result) if self.result else None)
+                       attempts=self.attempts, result=JobResult.model_validate(result) if result else None)
 
 
 class JobStore:
@@ -113,6 +119,7 @@ class JobStore:
         self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
         self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV})
         self._statuses = client.register_script(STATUSES)
+        self._save = client.register_script(SAVE)
 
     # -- creation -------------------------------------------------------------------------
     def create_many(self, requests: Iterable[tuple[str, JobRequest]]) -> list[bool]:
@@ -143,20 +150,28 @@ class JobStore:
         raw = self.redis.hgetall(keys.job(job_id))
         return _decode(raw) if raw else None
 
-    def get_many(self, job_ids: list[str], light: bool = False) -> list[JobRecord | None]:
+    def get_many(self, job_ids: list[str], light: bool = False, view: bool = False) -> list[JobRecord | None]:
         """The records of ``job_ids``, in one round trip. ``light``: without the fields that grow
         with the job (``instance``, ``state``, ``result``, ``faults`` come back empty), for scans
-        over every active job that look only at status, stage, timings and sandbox."""
+        over every active job that look only at status, stage, timings and sandbox; ``view``:
+        the light fields and the result (what :meth:`views` needs of a finished job)."""
+        fields = _LIGHT_FIELDS if light else _VIEW_FIELDS if view else None
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            if light:
-                pipe.hmget(keys.job(job_id), _LIGHT_FIELDS)
+            if fields:
+                pipe.hmget(keys.job(job_id), fields)
             else:
                 pipe.hgetall(keys.job(job_id))
-        if not light:
+        if not fields:
             return [_decode(raw) if raw else None for raw in pipe.execute()]
-        return [_decode({k: v for k, v in zip(_LIGHT_FIELDS, values) if v is not None}) if values[1] else None
+        return [_decode({k: v for k, v in zip(fields, values) if v is not None}) if values[1] else None
                 for values in pipe.execute()]
+
+    def views(self, records: list[JobRecord | None]) -> list[JobView | None]:
+        """Each record as the API shows it, its result's trajectory built from the job's rollout
+        (all of them in one more round trip)."""
+        results = expand_results(self.redis, [r.result if r else None for r in records])
+        return [r.view(result) if r else None for r, result in zip(records, results)]
 
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
@@ -215,7 +230,7 @@ class JobStore:
         state = StageState(require_state).value if require_state is not None else ""
         args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
-                keys.group_completions(""), len(expect)]
+                keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages("")]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
@@ -225,6 +240,18 @@ class JobStore:
                 value = _dump(value)
             args += [name, value.value if isinstance(value, Enum) else value]
         return args
+
+    def save_state(self, job_id: str, stage: JobStatus, attempt: int, state: dict[str, Any],
+                   saved: dict[str, int], calls: list[bytes], messages: list[str]) -> bool:
+        """Save a running stage's ``state`` and append to the job's rollout (its lists past the
+        ``saved`` counts of calls and messages: a stray write of a delivery that lost the job
+        is trimmed first), in one step, only while the job is in ``stage``, running, and in
+        ``attempt``. False when it is not (cancelled, ended, moved on)."""
+        accepted = f"{attempt}," if attempt == 1 else str(attempt)  # a record from before attempts were counted
+        args = [stage.value, accepted, saved.get("calls", 0), saved.get("messages", 0), len(calls), _dump(state),
+                *calls, *messages]
+        return bool(self._save(keys=[keys.job(job_id), keys.rollout_calls(job_id), keys.rollout_messages(job_id)],
+                               args=args))
 
     def update(self, job_id: str, **fields: Any) -> bool:
         """Set fields on a job that is still active; False once it is terminal (or unknown)."""

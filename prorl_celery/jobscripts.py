@@ -20,7 +20,8 @@ return 1
 
 # ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
-#       8 group completion stream prefix, 9 number k of expected field/values pairs, then those
+#       8 group completion stream prefix, 9 number k of expected field/values pairs, 10 and 11
+#       the key prefixes of a rollout's lists (a terminal job's expire with it), then those
 #       k pairs (each field must hold one of the csv values; a missing field counts as ''), then
 #       the field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
@@ -32,8 +33,8 @@ local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. 
 if member('%(terminal)s', cur) then return {0, cur} end
 if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 10 + 2 * tonumber(ARGV[9])
-for i = 10, first - 1, 2 do
+local first = 12 + 2 * tonumber(ARGV[9])
+for i = 12, first - 1, 2 do
   if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
 end
 local target = ARGV[2]
@@ -48,6 +49,8 @@ if target ~= cur then
   redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
   if member('%(terminal)s', target) then
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
+    redis.call('EXPIRE', ARGV[10] .. id, tonumber(ARGV[6]))
+    redis.call('EXPIRE', ARGV[11] .. id, tonumber(ARGV[6]))
     local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds}
     redis.call('XADD', ARGV[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
     if group ~= '' then
@@ -59,6 +62,28 @@ if target ~= cur then
   end
 end
 return {1, target}
+"""
+
+# KEYS: job, its rollout's calls list, its messages list. ARGV: 1 the stage (the status it must
+# have, running), 2 accepted values of ``attempt`` (csv; a missing field counts as ''), 3 and 4
+# the calls and messages saved so far, 5 number n of new calls, 6 the state (JSON), then the n
+# packed calls, then the new messages. Whatever lies past the saved counts (a write of a delivery
+# that lost the job) is trimmed before the append, so a list holds exactly what the state counts.
+SAVE = """
+if redis.call('HGET', KEYS[1], 'status') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'stage_state') ~= 'running' then return 0 end
+local attempt = redis.call('HGET', KEYS[1], 'attempt') or ''
+if not string.find(',' .. ARGV[2] .. ',', ',' .. attempt .. ',', 1, true) then return 0 end
+local function extend(key, base, first, last)
+  if base == 0 then redis.call('DEL', key)
+  elseif redis.call('LLEN', key) > base then redis.call('LTRIM', key, 0, base - 1) end
+  for i = first, last, 4000 do redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 3999, last))) end
+end
+local n = tonumber(ARGV[5])
+extend(KEYS[2], tonumber(ARGV[3]), 7, 6 + n)
+extend(KEYS[3], tonumber(ARGV[4]), 7 + n, #ARGV)
+redis.call('HSET', KEYS[1], 'state', ARGV[6])
+return 1
 """
 
 # KEYS: job hashes. The status of each ('' for a job that is gone).

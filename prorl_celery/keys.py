@@ -112,3 +112,13 @@ def stage_histogram(stage: str) -> str:
 def sweep_counts() -> str:
     """Hash: sweep action -> how many times the sweep took it."""
     return f"{PREFIX}:metrics:sweep"
+
+
+def rollout_calls(rollout_id: str) -> str:
+    """List: a rollout's LLM calls, one packed record each (:mod:`prorl_celery.rollouts`)."""
+    return f"{PREFIX}:rollout:calls:{rollout_id}"
+
+
+def rollout_messages(rollout_id: str) -> str:
+    """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollouts`)."""
+    return f"{PREFIX}:rollout:messages:{rollout_id}"

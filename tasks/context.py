@@ -13,6 +13,8 @@ from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import JobStatus
 from prorl_celery.watch import watch
 from prorl_celery.llm.models import LLMRequest, Turn
+from prorl_celery.rollouts import RolloutStore
+from prorl_celery.transcript import Transcript
 from sandboxes.base import SandboxHandle, SandboxSpec
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
 INIT_WAIT_KEY = "_init_wait_s"  # in ctx.state: seconds init waited for a sandbox (timings.init_wait)
+ROLLOUT_KEY = "_rollout"  # in ctx.state: {"calls", "messages"} of the job's rollout saved so far
 
 
 class PoolPolicy:
@@ -37,8 +40,9 @@ class PoolPolicy:
 class StageContext:
     """One stage of one job: its record, its budget, its sandbox, and a place to keep state.
 
-    ``state`` is saved to the job store by :meth:`save`, so a stage that is delivered again after
-    its worker died starts from the last saved state.
+    ``state`` is saved to the job store by :meth:`save`, with what the :attr:`transcript` (the
+    agent's conversation and turns) gained appended to the job's rollout in the same step, so a
+    stage that is delivered again after its worker died starts from the last saved state.
     """
 
     def __init__(self, store: JobStore, record: JobRecord, stage: JobStatus, budget_s: float,
@@ -51,6 +55,7 @@ class StageContext:
         self.deadline = self.started + budget_s
         self.state: dict[str, Any] = dict(record.state)
         self._sandbox = None
+        self._transcript: Transcript | None = None
 
     @property
     def job_id(self) -> str:
@@ -84,11 +89,37 @@ class StageContext:
         return status is None or status is not self.stage
 
     def save(self) -> None:
-        """Persist ``state``; raises :class:`JobCancelled` if the job ended meanwhile."""
-        ok, _ = self.store.transition(self.job_id, None, sources=[self.stage], require_state="running",
-                                      expect={"attempt": self.record.attempt}, state=self.state)
+        """Persist ``state`` and what the transcript gained; raises :class:`JobCancelled` if the
+        job ended (or left this stage or attempt) meanwhile: then nothing is written."""
+        calls, messages = self._transcript.pending() if self._transcript is not None else ([], [])
+        if calls or messages:
+            state = {**self.state, ROLLOUT_KEY: self._transcript.counts()}  # kept only once stored
+            ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state,
+                                       self._transcript.saved_counts(), calls, messages)
+            if ok:
+                self.state[ROLLOUT_KEY] = state[ROLLOUT_KEY]
+        else:
+            ok, _ = self.store.transition(self.job_id, None, sources=[self.stage], require_state="running",
+                                          expect={"attempt": self.record.attempt}, state=self.state)
         if not ok:
             raise JobCancelled(f"job {self.job_id} ended or left {self.stage} while in it")
+        if self._transcript is not None:
+            self._transcript.mark_saved()
+
+    def flush(self) -> None:
+        """:meth:`save` if the transcript holds anything unsaved (a stage's end, a failure's
+        result: the turns that came before it belong in the trajectory)."""
+        if self._transcript is not None and self._transcript.has_pending():
+            self.save()
+
+    @property
+    def transcript(self) -> Transcript:
+        """The job's conversation and turns as saved (read from its rollout once), plus what
+        this delivery added since."""
+        if self._transcript is None:
+            self._transcript = Transcript.load(RolloutStore(self.store.redis), self.job_id,
+                                               self.state.get(ROLLOUT_KEY))
+        return self._transcript
 
     # -- sandbox --------------------------------------------------------------------------
     def open_sandbox(self, spec: SandboxSpec):
@@ -144,10 +175,10 @@ class StageContext:
     # -- the agent -------------------------------------------------------------------------
     def agent(self, config: AgentConfig, pool: LLMPool | None = None) -> DefaultAgent:
         """The built-in agent on this job: the pool as its policy, the job's sandbox, this
-        stage's budget and cancellation, and ``state["agent"]`` saved after each turn."""
+        stage's budget and cancellation, ``state["agent"]`` and the transcript saved after each turn."""
         from prorl_celery.llm.pool import LLMPool
         from tasks.agent import DefaultAgent
 
         policy = PoolPolicy(pool or LLMPool(self.store.redis), self.job_id)
         return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
-                            state=self.state.setdefault("agent", {}))
+                            state=self.state.setdefault("agent", {}), transcript=self.transcript)

@@ -135,6 +135,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
     try:
         handler = get_handler(record.data_source)  # the one look-up of this stage
         outcome = getattr(handler, stage.value)(ctx)
+        ctx.flush()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
         record.add_stage_time(stage, time.monotonic() - ctx.started)
         return _fail(store, record, stage, ctx, handler, exc)
@@ -165,6 +166,8 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
         # alone; the lease lapses and the sweep sends the stage again, which resumes.
         log.warning("job %s: %s stage lost the job store (%s); it will be resumed", record.job_id, stage, exc)
         raise exc
+    if isinstance(exc, Exception) and not isinstance(exc, JobCancelled):
+        _flush(ctx)
     try:
         handler.on_exception(ctx, exc)
     except Exception:  # noqa: BLE001 - cleanup must not hide the original failure
@@ -187,6 +190,14 @@ def _fail(store: JobStore, record: JobRecord, stage: JobStatus, ctx: StageContex
     etype = exc.type if isinstance(exc, ProrlError) else type(exc).__name__
     log.warning("job %s failed in %s: %s: %s", record.job_id, stage, etype, exc)
     return _end(store, record, handler, JobStatus.FAILED, stage, ctx.state, etype, str(exc), critical=critical)
+
+
+def _flush(ctx: StageContext) -> None:
+    """Store the turns the failed stage had not saved yet, for the failure's partial trajectory."""
+    try:
+        ctx.flush()
+    except (JobCancelled, redis.RedisError) as exc:  # ended meanwhile, or the store went: the saved ones stay
+        log.info("job %s: the last turns were not saved (%s)", ctx.job_id, exc)
 
 
 def _end(store: JobStore, record: JobRecord, handler: AgentHandler, status: JobStatus, stage: JobStatus,

@@ -1,5 +1,6 @@
-"""One episode's state: the conversation, its turns and counters, kept in a plain dict (the
-job's ``state["agent"]``) so that a redelivered run stage continues from the last saved turn."""
+"""One episode: its counters in a plain dict (the job's ``state["agent"]``) and its conversation
+and turns in a :class:`~prorl_celery.transcript.Transcript` (appended to the job's rollout at each
+save, never rewritten), so that a redelivered run stage continues from the last saved turn."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from prorl_celery.llm.models import Turn
+from prorl_celery.transcript import Transcript
 from tasks.agent.base import FinishReason
 
 
@@ -17,21 +19,34 @@ class AgentOutcome(BaseModel):
 
 
 class Episode:
-    """A view over the episode's dict: ``messages``, ``turns`` (as JSON), ``bad_calls``,
-    ``generated`` (tokens), ``llm_s``, ``actions_s``, the editor's ``history``, and at the end
-    ``finish_reason`` and ``answer``."""
+    """A view over the episode's dict: ``turns`` (how many), ``bad_calls``, ``generated``
+    (tokens), ``llm_s``, ``actions_s``, the editor's ``history``, and at the end
+    ``finish_reason``, ``answer`` and ``final_text``; the conversation and the turns themselves
+    are the ``transcript``'s (in memory unless the caller gives one over the store)."""
 
-    def __init__(self, data: dict[str, Any], first_messages: list[dict[str, Any]]):
+    def __init__(self, data: dict[str, Any], first_messages: list[dict[str, Any]],
+                 transcript: Transcript | None = None):
         self.data = data
-        data.setdefault("messages", list(first_messages))  # the caller's list stays as it was
-        for key, value in (("turns", []), ("bad_calls", 0), ("llm_s", 0.0), ("actions_s", 0.0),
-                           ("history", {}), ("generated", 0)):
+        self.transcript = Transcript() if transcript is None else transcript
+        if not self.transcript.messages:
+            self.transcript.messages.extend(first_messages)  # the caller's list stays as it was
+        for key, value in (("bad_calls", 0), ("llm_s", 0.0), ("actions_s", 0.0), ("history", {}),
+                           ("generated", 0)):
             data.setdefault(key, value)
-        self.turns = [Turn.model_validate(t) for t in data["turns"]]
+        data["turns"] = self.transcript.calls
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        return self.data["messages"]
+        return self.transcript.messages
+
+    @property
+    def turn_count(self) -> int:
+        return self.transcript.calls
+
+    @property
+    def last_turn(self) -> Turn | None:
+        """The last turn with its full prompt ids (the next prompt extends them)."""
+        return self.transcript.last
 
     @property
     def finished(self) -> FinishReason | None:
@@ -39,8 +54,8 @@ class Episode:
         return None if reason is None else FinishReason(reason)
 
     def add_turn(self, turn: Turn, llm_s: float) -> None:
-        self.turns.append(turn)
-        self.data["turns"].append(turn.model_dump(mode="json"))
+        self.transcript.add(turn)
+        self.data["turns"] = self.transcript.calls
         self.messages.append(turn.message)
         self.data["llm_s"] += llm_s
         self.data["generated"] += len(turn.response_ids or []) or len((turn.content or "").encode())
@@ -58,5 +73,6 @@ class Episode:
         if answer is not None:
             self.data["answer"] = answer
         last = next((m for m in reversed(self.messages) if m.get("role") == "assistant"), {})
+        self.data["final_text"] = last.get("content") or ""  # for eval, without the transcript
         return AgentOutcome(finish_reason=reason, answer=self.data.get("answer"),
-                            final_text=last.get("content") or "")
+                            final_text=self.data["final_text"])

@@ -1,7 +1,8 @@
 """The multi-turn loop: ask the policy for a turn, run its tool calls in the sandbox, repeat.
 
-``DefaultAgent(policy, sandbox, config, control=..., sink=..., state=...)`` runs one episode;
-the episode's dict (``state``) is saved through the sink after each turn, so a run stage
+``DefaultAgent(policy, sandbox, config, control=..., sink=..., state=..., transcript=...)`` runs
+one episode; the episode's dict (``state``) and what the ``transcript`` gained (the conversation
+and the turns) are saved through the sink after each turn, so a run stage
 delivered again after its worker died continues from the last saved turn. Every way an episode
 ends is a :class:`~tasks.agent.base.FinishReason`, recorded as ``finish_reason``. Errors the
 caller must see pass through: JobCancelled (from ``control.check``), LLMCallCancelled and the
@@ -16,6 +17,7 @@ from typing import Any
 
 from prorl_celery.errors import ContextWindowExceeded, StageBudgetExceeded
 from prorl_celery.llm.models import Turn
+from prorl_celery.transcript import Transcript
 from tasks.agent.actions import Actions
 from tasks.agent.base import Control, EpisodeEnded, FinishReason, Policy, Sandbox, Sink
 from tasks.agent.config import AgentConfig, Timeouts
@@ -49,7 +51,8 @@ class NoSink:
 class DefaultAgent:
     def __init__(self, policy: Policy, sandbox: Sandbox, config: AgentConfig, *,
                  control: Control | None = None, sink: Sink | None = None,
-                 state: dict[str, Any] | None = None, timeouts: Timeouts | None = None):
+                 state: dict[str, Any] | None = None, timeouts: Timeouts | None = None,
+                 transcript: Transcript | None = None):
         self.policy = policy
         self.sandbox = sandbox
         self.config = config
@@ -57,10 +60,11 @@ class DefaultAgent:
         self.sink = sink or NoSink()
         self.state = {} if state is None else state
         self.timeouts = timeouts or Timeouts.from_settings(config)
+        self.transcript = Transcript() if transcript is None else transcript
 
     def run(self, first_messages: list[dict[str, Any]]) -> AgentOutcome:
         """Run (or resume) the episode to its end."""
-        episode = Episode(self.state, first_messages)
+        episode = Episode(self.state, first_messages, self.transcript)
         if episode.finished is not None:
             return self._end(episode, episode.finished)
         actions = Actions(self.sandbox, Editor(self.sandbox, episode.data["history"]), self.control,
@@ -82,7 +86,7 @@ class DefaultAgent:
 
     def _step(self, episode: Episode, actions: Actions) -> None:
         config = self.config
-        if len(episode.turns) >= config.max_turns:
+        if episode.turn_count >= config.max_turns:
             raise EpisodeEnded(FinishReason.MAX_TURNS)
         if config.max_total_tokens and episode.data["generated"] >= config.max_total_tokens:
             raise EpisodeEnded(FinishReason.MAX_TOKENS)
@@ -102,7 +106,7 @@ class DefaultAgent:
             raise EpisodeEnded(FinishReason.FORMAT_ERROR)
 
     def _generate(self, episode: Episode) -> Turn:
-        previous = episode.turns[-1] if episode.turns else None
+        previous = episode.last_turn
         timeout = max(0.1, min(self.timeouts.llm_call_s, self.control.remaining()))
         request = self.config.request(list(episode.messages), previous, timeout)
         started = time.monotonic()

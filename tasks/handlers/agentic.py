@@ -4,11 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.agent import AgentConfig, AgentOutcome
-from tasks.agent.trajectory import assistant_messages, flatten
-from prorl_celery.llm import Turn
+from prorl_celery.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
-from tasks.context import StageContext
+from tasks.context import ROLLOUT_KEY, StageContext
 from tasks.handlers.base import AgentHandler
 
 
@@ -53,11 +52,13 @@ class AgentTaskHandler(AgentHandler):
         return self.score(ctx)
 
     def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The episode's fields; its conversation and ids stay in the job's rollout, referenced
+        by ``trajectory`` (the API builds ``messages``, ``tokens`` and ``token_mode`` from it:
+        :func:`prorl_celery.trajectory.expand_results`)."""
         agent = state.get("agent") or {}
-        turns = [Turn.model_validate(t) for t in agent.get("turns", [])]
-        tokens, mode = flatten(turns)
-        return {"messages": assistant_messages(agent.get("messages", []), turns), "tokens": tokens,
-                "token_mode": mode, "turns": len(turns), "finish_reason": agent.get("finish_reason"),
+        saved = state.get(ROLLOUT_KEY) or {}
+        return {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
+                "turns": saved.get("calls", 0), "finish_reason": agent.get("finish_reason"),
                 "answer": agent.get("answer"),
                 "timing": {"llm": agent.get("llm_s", 0.0), "actions": agent.get("actions_s", 0.0)}}
 
@@ -65,5 +66,4 @@ class AgentTaskHandler(AgentHandler):
 def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:
     """(the submit answer, the last assistant message's text) of a finished episode."""
     agent = state.get("agent") or {}
-    last = next((m for m in reversed(agent.get("messages", [])) if m.get("role") == "assistant"), {})
-    return agent.get("answer"), last.get("content") or ""
+    return agent.get("answer"), agent.get("final_text") or ""

@@ -68,16 +68,17 @@ def served(tmp_path: Path):
         server.server_close()
 
 
-def _episode(policy: Any) -> dict[str, Any]:
+def _episode(policy: Any) -> tuple[dict[str, Any], list[Turn]]:
     sandbox = DummySandbox().on(r"^ls$", "b.py\n")
     state: dict[str, Any] = {}
-    outcome = DefaultAgent(policy, sandbox, AgentConfig(), state=state, timeouts=TIMEOUTS).run(TASK)
+    loop = DefaultAgent(policy, sandbox, AgentConfig(), state=state, timeouts=TIMEOUTS)
+    outcome = loop.run(TASK)
     assert outcome.finish_reason.value == state["finish_reason"]
-    return state
+    return state, loop.transcript.turns()
 
 
-def _turn_fields(state: dict[str, Any]) -> list[dict[str, Any]]:
-    turns = [Turn.model_validate(t) for t in state["turns"]]
+def _turn_fields(episode: tuple[dict[str, Any], list[Turn]]) -> list[dict[str, Any]]:
+    turns = episode[1]
     return [{**{k: getattr(t, k) for k in SAME}, "calls": [(c.name, c.arguments) for c in t.tool_calls]}
             for t in turns]
 
@@ -90,10 +91,10 @@ def test_scripted_policy_gives_the_turns_the_served_fake_gives(served, room):
     http, script = served(max_model_len)
     over_http = _episode(http)
     in_process = _episode(ScriptedPolicy.from_file(script, max_model_len=max_model_len))
-    assert over_http["finish_reason"] == in_process["finish_reason"] == (
+    assert over_http[0]["finish_reason"] == in_process[0]["finish_reason"] == (
         "submit" if room is None else "context")
     assert _turn_fields(in_process) == _turn_fields(over_http)
-    assert len(over_http["turns"]) == (4 if room is None else 2)
+    assert len(over_http[1]) == (4 if room is None else 2)
 
 
 # -- DummySandbox against the local runtime ----------------------------------------------------------

@@ -17,6 +17,7 @@ from prorl_celery.fakes import DummySandbox, ScriptedPolicy
 from prorl_celery.fakes.sandbox import failed, timed_out
 from prorl_celery.llm.clients.generate import build_prompt
 from prorl_celery.llm.models import Turn
+from prorl_celery.transcript import Transcript
 from tasks.agent import AgentConfig, DefaultAgent, FinishReason, Timeouts
 from tasks.agent.trajectory import flatten
 
@@ -44,6 +45,8 @@ class Stage:
         self.cancelled = False
         self.state: dict[str, Any] = {}
         self.saved: list[dict[str, Any]] = []
+        self.transcript = Transcript()  # the conversation and turns (the job's rollout in the store)
+        self.transcripts: list[Transcript] = []
 
     def check(self) -> None:
         if self.cancelled:
@@ -59,18 +62,20 @@ class Stage:
 
     def save(self) -> None:
         self.saved.append(copy.deepcopy(self.state))
+        self.transcript.mark_saved()
+        self.transcripts.append(copy.deepcopy(self.transcript))
 
 
 def agent(policy: ScriptedPolicy, sandbox: DummySandbox | None = None, stage: Stage | None = None,
           **config: Any) -> tuple[DefaultAgent, Stage]:
     stage = stage or Stage()
     loop = DefaultAgent(policy, sandbox or DummySandbox(), AgentConfig(**config), control=stage, sink=stage,
-                        state=stage.state, timeouts=TIMEOUTS)
+                        state=stage.state, timeouts=TIMEOUTS, transcript=stage.transcript)
     return loop, stage
 
 
 def turns(stage: Stage) -> list[Turn]:
-    return [Turn.model_validate(t) for t in stage.state["turns"]]
+    return stage.transcript.turns()
 
 
 # -- finish reasons -------------------------------------------------------------------------------
@@ -82,7 +87,7 @@ def test_submit_ends_with_the_answer_after_running_bash():
     assert (outcome.finish_reason, outcome.answer) == (FinishReason.SUBMIT, "42")
     assert stage.state["finish_reason"] == "submit" and stage.state["answer"] == "42"
     assert sandbox.commands == [("echo hi", 5.0)]
-    tool = [m for m in stage.state["messages"] if m["role"] == "tool"]
+    tool = [m for m in stage.transcript.messages if m["role"] == "tool"]
     assert [(m["name"], m["content"]) for m in tool] == [("bash", "hi\n"), ("submit", "Submitted.")]
     assert len(stage.saved) == 2 and "finish_reason" not in stage.saved[0]  # after turn 1, then the end
     assert stage.saved[-1] == stage.state
@@ -102,7 +107,7 @@ def test_the_turn_budget_ends_the_episode():
     policy = ScriptedPolicy([bash("true")] * 2)
     loop, stage = agent(policy, DummySandbox().on("true", ""), max_turns=2)
     assert loop.run(TASK).finish_reason is FinishReason.MAX_TURNS
-    assert len(policy.requests) == 2 and len(stage.state["turns"]) == 2
+    assert len(policy.requests) == 2 and stage.state["turns"] == 2
 
 
 def test_the_token_budget_ends_the_episode_once_spent():
@@ -121,7 +126,7 @@ def test_the_context_window_ends_the_episode():
     policy = ScriptedPolicy([bash("true"), submit()], max_model_len=first + 40)
     loop, stage = agent(policy, DummySandbox().on("true", "x" * 50))
     assert loop.run(TASK).finish_reason is FinishReason.CONTEXT
-    assert len(stage.state["turns"]) == 1 and len(policy.requests) == 2
+    assert stage.state["turns"] == 1 and len(policy.requests) == 2
 
 
 def test_a_servers_context_error_ends_the_episode():
@@ -134,8 +139,8 @@ def test_bad_calls_in_a_row_end_the_episode_and_a_good_one_resets_the_count():
               "<tool_call>{not json</tool_call>"]
     loop, stage = agent(ScriptedPolicy(script), DummySandbox().on("true", ""), max_bad_calls=3)
     assert loop.run(TASK).finish_reason is FinishReason.FORMAT_ERROR
-    assert len(stage.state["turns"]) == 6
-    bad = [m["content"] for m in stage.state["messages"] if m["role"] in ("tool", "user")][1:]
+    assert stage.state["turns"] == 6
+    bad = [m["content"] for m in stage.transcript.messages if m["role"] in ("tool", "user")][1:]
     assert bad[0].startswith("Error: unknown tool 'nope'") and "JSON object" in bad[1]
     assert "non-empty `command`" in bad[3]
     assert bad[-1].startswith("Your reply could not be used (tool_call)")  # the unparseable block
@@ -149,7 +154,7 @@ def test_replies_cut_by_max_tokens_are_format_errors_with_a_hint():
     assert (text.finish_reason, text.format_error, len(text.response_ids)) == ("length", "length", 8)
     assert text.response_ids[-1] not in policy.tok.stop_ids  # cut, not ended
     assert call_.format_error == "tool_call"  # cut inside its <tool_call> block: unparseable
-    hints = [m["content"] for m in stage.state["messages"] if m["role"] == "user"][1:]
+    hints = [m["content"] for m in stage.transcript.messages if m["role"] == "user"][1:]
     assert [h.split(")")[0] for h in hints] == ["Your reply could not be used (length",
                                                 "Your reply could not be used (tool_call"]
 
@@ -159,7 +164,7 @@ def test_an_editor_refusal_is_an_observation_not_a_bad_call():
     script = [call("str_replace_editor", {"command": "view", "path": "missing.py"})] * 3 + [submit("ok")]
     loop, stage = agent(ScriptedPolicy(script), max_bad_calls=1)
     assert loop.run(TASK).finish_reason is FinishReason.SUBMIT
-    tool = [m["content"] for m in stage.state["messages"] if m["role"] == "tool"]
+    tool = [m["content"] for m in stage.transcript.messages if m["role"] == "tool"]
     assert tool[0] == "Error: /workspace/missing.py does not exist"
 
 
@@ -167,7 +172,7 @@ def test_a_timed_out_or_failing_command_is_noted_in_the_observation():
     sandbox = DummySandbox().on("sleep", timed_out("partial\n", 2.0)).on("false", failed("", 3))
     loop, stage = agent(ScriptedPolicy([bash("sleep 9", timeout=2), bash("false"), submit()]), sandbox)
     loop.run(TASK)
-    tool = [m["content"] for m in stage.state["messages"] if m["role"] == "tool"]
+    tool = [m["content"] for m in stage.transcript.messages if m["role"] == "tool"]
     assert tool[:2] == ["partial\n\n[the command timed out after 2s and was killed]", "\n[exit code 3]"]
     assert sandbox.commands == [("sleep 9", 2.0), ("false", 5.0)]
 
@@ -175,7 +180,7 @@ def test_a_timed_out_or_failing_command_is_noted_in_the_observation():
 def test_a_long_observation_is_clipped_in_the_middle():
     loop, stage = agent(ScriptedPolicy([bash("cat big"), submit()]), DummySandbox().on("cat", "a" * 20000))
     loop.run(TASK)
-    content = stage.state["messages"][3]["content"]
+    content = stage.transcript.messages[3]["content"]
     assert len(content) < 12100 and "[... 8000 characters cut ...]" in content
 
 
@@ -186,7 +191,7 @@ def test_a_sandbox_failure_raises_and_records_no_finish_reason():
     loop, stage = agent(ScriptedPolicy([bash("ls")]), DummySandbox().on("ls", lost))
     with pytest.raises(ConnectionError):
         loop.run(TASK)
-    assert "finish_reason" not in stage.state and len(stage.state["turns"]) == 1
+    assert "finish_reason" not in stage.state and stage.state["turns"] == 1
 
 
 # -- the stage's deadline and cancellation, LLM errors ---------------------------------------------------
@@ -212,7 +217,7 @@ def test_a_cancelled_job_raises_before_the_next_turn():
     loop, _ = agent(ScriptedPolicy([bash("true"), submit()]), sandbox, stage)
     with pytest.raises(JobCancelled):
         loop.run(TASK)
-    assert "finish_reason" not in stage.state and len(stage.state["turns"]) == 1
+    assert "finish_reason" not in stage.state and stage.state["turns"] == 1
 
 
 def test_a_cancel_during_the_llm_call_raises_llm_call_cancelled():
@@ -230,7 +235,7 @@ def test_an_llm_error_raises_and_keeps_the_turns_so_far(error):
     loop, stage = agent(ScriptedPolicy([bash("true"), error]), sandbox)
     with pytest.raises(type(error)):
         loop.run(TASK)
-    assert "finish_reason" not in stage.state and len(stage.saved[-1]["turns"]) == 1
+    assert "finish_reason" not in stage.state and stage.saved[-1]["turns"] == 1
 
 
 # -- resuming (a redelivered run stage) -----------------------------------------------------------------
@@ -241,6 +246,7 @@ def test_a_redelivered_stage_continues_from_the_saved_turns():
         agent(ScriptedPolicy([bash("true"), BackendUnavailable("down")]), sandbox, stage)[0].run(TASK)
     saved = Stage()
     saved.state = copy.deepcopy(stage.saved[-1])  # what the job store holds
+    saved.transcript = copy.deepcopy(stage.transcripts[-1])
     policy = ScriptedPolicy([submit("7")])
     outcome = agent(policy, sandbox, saved)[0].run(TASK)
     assert (outcome.finish_reason, outcome.answer) == (FinishReason.SUBMIT, "7")

@@ -42,7 +42,7 @@ class NeedsArgs(OnlyStages):
 
 class FieldsCrashOnEmptyState(OnlyStages):
     def result_fields(self, state):
-        return {"turns": len(state["agent"]["turns"])}
+        return {"turns": state["agent"]["turns"] + 1}
 
 
 class FieldsNotJson(OnlyStages):

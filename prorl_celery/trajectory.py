@@ -1,0 +1,154 @@
+"""Flatten a rollout's turns (or its stored calls) into what a policy-gradient step consumes.
+
+``prompt_ids`` is the first turn's prompt; ``response_ids`` is everything after it: each turn's
+generated ids (loss mask 1, with their logprobs) and, between turns, the ids the next prompt added
+(tool observations and template glue: mask 0, logprob 0.0).
+
+``token_mode`` says how trustworthy the ids are:
+- ``exact``: every turn's prompt extends the previous prompt and response id for id (token mode
+  always; chat mode when the server reports ids and its template keeps history intact);
+- ``retokenized``: the server re-rendered the history differently; the sequence is the last
+  prompt plus its response, with earlier responses located in it where they still appear;
+- ``none``: the server reported no token ids.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from prorl_celery.llm.models import Turn
+from prorl_celery.rollouts import Call, RolloutStore, is_exact
+from prorl_celery.transcript import turns_of
+
+TRAJECTORY_KEY = "trajectory"  # in a stored result: {"calls", "messages"} saved of the job's rollout
+
+
+def _has_ids(turn: Turn) -> bool:
+    return turn.prompt_ids is not None and turn.response_ids is not None
+
+
+def _logprobs(turn: Turn) -> list[float]:
+    ids = turn.response_ids or []
+    return list(turn.logprobs) if turn.logprobs and len(turn.logprobs) == len(ids) else [0.0] * len(ids)
+
+
+def flatten(turns: list[Turn]) -> tuple[dict[str, list], str]:
+    empty = {"prompt_ids": [], "response_ids": [], "loss_mask": [], "logprobs": []}
+    if not turns or not all(_has_ids(t) for t in turns):
+        return empty, "none"
+    exact = _exact(turns)
+    return (exact, "exact") if exact is not None else (_retokenized(turns), "retokenized")
+
+
+def _exact(turns: list[Turn]) -> dict[str, list] | None:
+    prompt = list(turns[0].prompt_ids)
+    response, mask, logprobs = [], [], []
+    context = list(prompt)
+    for i, turn in enumerate(turns):
+        if i:
+            if turn.prompt_ids[: len(context)] != context:
+                return None
+            added = turn.prompt_ids[len(context):]
+            response += added
+            mask += [0] * len(added)
+            logprobs += [0.0] * len(added)
+        response += turn.response_ids
+        mask += [1] * len(turn.response_ids)
+        logprobs += _logprobs(turn)
+        context = list(turn.prompt_ids) + list(turn.response_ids)
+    return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "logprobs": logprobs}
+
+
+def _find(seq: list[int], part: list[int], start: int) -> int:
+    n = len(part)
+    for i in range(start, len(seq) - n + 1):
+        if seq[i:i + n] == part:
+            return i
+    return -1
+
+
+def _retokenized(turns: list[Turn]) -> dict[str, list]:
+    first, last = turns[0], turns[-1]
+    cut = len(first.prompt_ids) if last.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids else 0
+    prompt = list(last.prompt_ids[:cut])
+    response = list(last.prompt_ids[cut:]) + list(last.response_ids)
+    mask, logprobs = [0] * len(response), [0.0] * len(response)
+    position = 0
+    for turn in turns:
+        at = _find(response, list(turn.response_ids), position) if turn.response_ids else -1
+        if at < 0:
+            continue
+        span = range(at, at + len(turn.response_ids))
+        for k, lp in zip(span, _logprobs(turn)):
+            mask[k], logprobs[k] = 1, lp
+        position = span.stop
+    return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "logprobs": logprobs}
+
+
+def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> list[dict[str, Any]]:
+    """The conversation with each assistant message annotated by the turn that produced it."""
+    out, k = [], 0
+    for message in messages:
+        if message.get("role") == "assistant" and k < len(turns):
+            turn = turns[k]
+            k += 1
+            message = {**message, "backend_id": turn.backend_id, "weight_version": turn.weight_version,
+                       "model": turn.model, "token_ids": turn.response_ids, "logprobs": turn.logprobs,
+                       "finish_reason": turn.finish_reason}
+        out.append(message)
+    return out
+
+
+def flatten_calls(calls: Sequence[Call]) -> tuple[dict[str, list], str]:
+    """:func:`flatten` of stored calls; an exact rollout in one pass over what each call added."""
+    if not is_exact(calls):
+        return flatten(turns_of(calls)) if calls else flatten([])
+    prompt, response, mask, logprobs = list(calls[0].new_ids), [], [], []
+    for k, call in enumerate(calls):
+        if k:
+            response += call.new_ids
+            mask += [0] * len(call.new_ids)
+            logprobs += [0.0] * len(call.new_ids)
+        n = len(call.response_ids)
+        response += call.response_ids
+        mask += [1] * n
+        logprobs += list(call.logprobs) if call.logprobs and len(call.logprobs) == n else [0.0] * n
+    return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "logprobs": logprobs}, "exact"
+
+
+def expand_results(client: redis.Redis, results: Sequence[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """Stored results as the trainer reads them, their rollouts read in one round trip: a
+    ``trajectory`` reference (what the built-in agent's result keeps instead of a copy) replaced
+    by ``messages`` (each assistant message with its turn's ids and logprobs), ``tokens`` and
+    ``token_mode``, built from the job's rollout. A result without one is returned as it is."""
+    refs = [(i, r) for i, r in enumerate(results) if r and isinstance(r.get(TRAJECTORY_KEY), dict)]
+    if not refs:
+        return list(results)
+    store = RolloutStore(client)
+    pipe = client.pipeline(transaction=False)
+    for _, result in refs:
+        ref = result[TRAJECTORY_KEY]
+        store.snapshot_into(pipe, result["job_id"], int(ref.get("calls", 0)), int(ref.get("messages", 0)))
+    replies = pipe.execute()
+    out = list(results)
+    for k, (i, result) in enumerate(refs):
+        ref = result[TRAJECTORY_KEY]
+        messages = [json.loads(m) for m in replies[2 * k + 1]]
+        out[i] = _expanded(result, [Call.unpack(blob) for blob in replies[2 * k]], messages)
+    return out
+
+
+def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]:
+    """:func:`expand_results` of one result."""
+    return expand_results(client, [result])[0]
+
+
+def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens, mode = flatten_calls(calls)
+    out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
+    out.update(messages=assistant_messages(messages, turns_of(calls, with_prompts=False)), tokens=tokens,
+               token_mode=mode)
+    return out
