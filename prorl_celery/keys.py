@@ -102,3 +102,8 @@ def stage_histogram(stage: str) -> str:
 def sweep_counts() -> str:
     """Hash: sweep action -> how many times the sweep took it."""
     return f"{PREFIX}:metrics:sweep"
+
+
+def gateway_calls(session_id: str) -> str:
+    """List: a gateway session's recorded calls (JSON, appended once each)."""
+    return f"{PREFIX}:gateway:{session_id}:calls"
