@@ -10,6 +10,7 @@ from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
+from tasks.harnesses import is_harness_agent
 
 
 class AgentTaskHandler(AgentHandler):
@@ -45,14 +46,27 @@ class AgentTaskHandler(AgentHandler):
     def run(self, ctx: StageContext) -> None:
         if ctx.resumed:
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
-        outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
+        if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
+            from tasks.harnesses.run import run_harness
+
+            outcome = run_harness(ctx, self.instruction(ctx))
+        else:
+            outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
         self.after_run(ctx, outcome)
         ctx.save()
 
     def eval(self, ctx: StageContext) -> dict[str, Any]:
         return self.score(ctx)
 
+    def instruction(self, ctx: StageContext) -> str:
+        """The task as a harness gets it: the prompt's user message."""
+        return next((m["content"] for m in self.prompt(ctx) if m.get("role") == "user"), "")
+
     def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        if "harness" in state:
+            from tasks.harnesses.result import harness_result_fields
+
+            return harness_result_fields(state)
         agent = state.get("agent") or {}
         turns = [Turn.model_validate(t) for t in agent.get("turns", [])]
         tokens, mode = flatten(turns)

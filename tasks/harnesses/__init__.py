@@ -1,0 +1,17 @@
+"""Harnesses: black-box agents run in the sandbox against their session's gateway (see README.md).
+``HARNESSES`` is the family's registry; a harness of your own is an allowed dotted path away."""
+from __future__ import annotations
+
+from prorl_celery.plugins import Registry
+from tasks.harnesses.check import check_harness
+
+HARNESSES = Registry("harness", {
+    "mini_swe_agent": "tasks.harnesses.mini_swe_agent:MiniSweAgent",
+    "command": "tasks.harnesses.command:CommandHarness",
+}, aliases={"mini-swe-agent": "mini_swe_agent"}, check=check_harness)
+
+
+def is_harness_agent(instance: dict) -> bool:
+    """Whether the instance asks for a harness (``"agent": {"harness": ...}``), not the built-in agent."""
+    agent = instance.get("agent")
+    return isinstance(agent, dict) and "harness" in agent

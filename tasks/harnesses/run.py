@@ -1,0 +1,123 @@
+"""The run stage of a harness: a gateway session for the job, the harness started in the sandbox
+against it, cancellation and budget watched while it runs, its calls kept for the result.
+
+The gateway runs in this worker (it generates through this worker's LLM pool); the harness reaches
+it on the worker's loopback, which only a sandbox on this node without a network namespace of its
+own (``local``) can do. (A bwrap sandbox's one way out to its gateway is still to do.)"""
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import shlex
+import threading
+import time
+from typing import Any
+
+from prorl_celery.errors import JobCancelled
+from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
+from prorl_celery.llm.pool import LLMPool
+from sandboxes.base import ExecResult
+from tasks.context import StageContext
+from tasks.harnesses import HARNESSES
+from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2
+EVAL_RESERVE_S = 10.0  # of the run stage's budget, kept for collecting the workspace afterwards
+OUTPUT_TAIL = 4000
+
+
+def _install(ctx: StageContext, launch: Launch) -> None:
+    """Put the launch's files in a fresh directory of the sandbox; ``$PRORL_HARNESS_DIR`` names it."""
+    steps = ["export PRORL_HARNESS_DIR=$(mktemp -d /tmp/prorl-harness.XXXXXX)"]
+    for name, text in launch.files.items():
+        data = base64.b64encode(text.encode()).decode()
+        steps.append(f"printf %s {data} | base64 -d > \"$PRORL_HARNESS_DIR\"/{shlex.quote(name)}")
+    result = ctx.sandbox.exec(" && ".join(steps), timeout=60)
+    if result.exit_code != 0:
+        raise RuntimeError(f"could not put the harness's files in the sandbox: {result.output[-500:]}")
+
+
+def _cleanup(ctx: StageContext) -> None:
+    """Remove the harness's files (they hold the session's credential); best effort."""
+    try:
+        ctx.sandbox.exec('rm -rf "$PRORL_HARNESS_DIR"; unset PRORL_HARNESS_DIR', timeout=30)
+    except Exception as exc:  # noqa: BLE001 - a sandbox that is gone has nothing left to clean
+        log.debug("job %s: harness cleanup skipped: %s", ctx.job_id, exc)
+
+
+def _exec_watched(ctx: StageContext, command: str, timeout: float, session: GatewaySession) -> ExecResult | None:
+    """Run ``command`` in the sandbox; interrupt it (and abort its calls) once the job stops.
+    None when it was cancelled."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = ctx.sandbox.exec(command, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the stage's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"harness-{ctx.job_id}", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(POLL_S)
+        if thread.is_alive() and ctx.stopped():
+            session.cancel()
+            ctx.sandbox.interrupt()
+            thread.join(30)
+            return None
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
+    """Run the instance's harness on ``instruction`` in the job's sandbox; ``ctx.state["harness"]``
+    gets what the result needs (its calls, how it ended)."""
+    spec = HarnessSpec.model_validate(ctx.instance["agent"])
+    harness = HARNESSES.load(spec.harness)()
+    config = harness.config_class.model_validate(spec.own_config())
+    wall = min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S)
+    pool = pool or LLMPool(ctx.store.redis)
+    session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
+    session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop),
+                             RedisCallStore(ctx.store.redis),
+                             Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
+                             stop=ctx.stopped)
+    started = time.monotonic()
+    with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model) as gateway:
+        task = HarnessTask(instruction=instruction, base_url=gateway.url, api_key=gateway.token, model=spec.model,
+                           max_calls=spec.max_calls, wall_s=wall)
+        launch = harness.launch(task, config)
+        _install(ctx, launch)
+        try:
+            result = _exec_watched(ctx, launch.command, wall, session)
+        finally:
+            _cleanup(ctx)
+    if result is None:
+        _keep(ctx, spec, session, None, "cancelled", started)
+        raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
+    reason = _finish_reason(harness, session, result)
+    return _keep(ctx, spec, session, result, reason, started)
+
+
+def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) -> str:
+    if session.finish_reason:  # a budget the gateway enforced
+        return session.finish_reason
+    if result.timed_out:
+        return "wall_time"
+    if not session.history:
+        return "no_llm_calls" if result.exit_code == 0 else "harness_error"
+    return harness.finish_reason(result.exit_code, result.output) or "harness_error"
+
+
+def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
+          reason: str, started: float) -> dict[str, Any]:
+    records = session.records()
+    state = {"name": spec.harness, "session": session.session_id, "finish_reason": reason,
+             "exit_code": result.exit_code if result else None,
+             "output": (result.output[-OUTPUT_TAIL:] if result else ""),
+             "calls": [r.model_dump() for r in records], "run_s": round(time.monotonic() - started, 3)}
+    ctx.state["harness"] = state
+    return state
