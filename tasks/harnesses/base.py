@@ -38,6 +38,8 @@ class HarnessTask(BaseModel):
     instruction: str = Field(description="The task, as the harness's first user message.")
     base_url: str = Field(description="The gateway's root (no /v1), as seen from inside the sandbox.")
     api_key: str = Field(description="The session's credential.")
+    socket_path: str | None = Field(None, description="The gateway's unix socket, for a harness that speaks "
+                                                      "HTTP over one (base_url reaches it too).")
     model: str
     max_calls: int | None = None
     wall_s: float
@@ -62,7 +64,7 @@ def gateway_env(task: HarnessTask) -> dict[str, str]:
     return {"OPENAI_BASE_URL": f"{task.base_url}/v1", "OPENAI_API_BASE": f"{task.base_url}/v1",
             "OPENAI_API_KEY": task.api_key, "ANTHROPIC_BASE_URL": task.base_url, "ANTHROPIC_API_KEY": task.api_key,
             "PRORL_GATEWAY_URL": task.base_url, "PRORL_GATEWAY_KEY": task.api_key, "PRORL_MODEL": task.model,
-            "NO_PROXY": "*", "no_proxy": "*"}
+            "PRORL_GATEWAY_SOCKET": task.socket_path or "", "NO_PROXY": "*", "no_proxy": "*"}
 
 
 def env_prefix(env: dict[str, str]) -> str:

@@ -1,21 +1,29 @@
 """The run stage of a harness: a gateway session for the job, the harness started in the sandbox
 against it, cancellation and budget watched while it runs, its calls kept for the result.
 
-The gateway runs in this worker (it generates through this worker's LLM pool); the harness reaches
-it on the worker's loopback, which only a sandbox on this node without a network namespace of its
-own (``local``) can do. (A bwrap sandbox's one way out to its gateway is still to do.)"""
+The gateway runs in this worker (it generates through this worker's LLM pool) on a unix socket
+with an unguessable name in ``gateway_socket_dir``, which bwrap binds into every sandbox read-only
+and unlistable; a sandbox has no network, so its one way out is that socket. Inside, the
+forwarder (:mod:`prorl_celery.gateway.forward`, run by the system's python3) listens on the
+sandbox's own loopback and pipes to the socket; the harness is given ``http://127.0.0.1:<port>``
+and the session's credential, which no other session's gateway accepts. The socket is node-local:
+the run worker must be on the sandbox host's node."""
 from __future__ import annotations
 
 import base64
 import logging
+import os
 import secrets
 import shlex
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from config.settings import get_settings
+
 from prorl_celery.errors import JobCancelled
-from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
+from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore, forward
 from prorl_celery.llm.pool import LLMPool
 from sandboxes.base import ExecResult
 from tasks.context import StageContext
@@ -28,15 +36,38 @@ EVAL_RESERVE_S = 10.0  # of the run stage's budget, kept for collecting the work
 OUTPUT_TAIL = 4000
 
 
+PORT = "@PRORL_GATEWAY_PORT@"  # in a launch's files: the forwarder's port, known once it listens
+FORWARD = Path(forward.__file__).read_text()
+
+
 def _install(ctx: StageContext, launch: Launch) -> None:
-    """Put the launch's files in a fresh directory of the sandbox; ``$PRORL_HARNESS_DIR`` names it."""
+    """Put the launch's files, its command (``harness.sh``) and the forwarder in a fresh directory
+    of the sandbox; ``$PRORL_HARNESS_DIR`` names it."""
+    files = {**launch.files, "harness.sh": launch.command, "forward.py": FORWARD}
     steps = ["export PRORL_HARNESS_DIR=$(mktemp -d /tmp/prorl-harness.XXXXXX)"]
-    for name, text in launch.files.items():
+    for name, text in files.items():
         data = base64.b64encode(text.encode()).decode()
         steps.append(f"printf %s {data} | base64 -d > \"$PRORL_HARNESS_DIR\"/{shlex.quote(name)}")
     result = ctx.sandbox.exec(" && ".join(steps), timeout=60)
     if result.exit_code != 0:
         raise RuntimeError(f"could not put the harness's files in the sandbox: {result.output[-500:]}")
+
+
+def _wrapped(socket_path: str) -> str:
+    """The command that starts the forwarder, puts its port in the files, runs the harness and
+    stops the forwarder; its exit status is the harness's."""
+    d = '"$PRORL_HARNESS_DIR"'
+    return (f"( python3 -I {d}/forward.py 0 {shlex.quote(socket_path)} {d}/port >{d}/forward.log 2>&1 & fwd=$!; "
+            f"for i in $(seq 200); do [ -s {d}/port ] && break; sleep 0.05; done; "
+            f"[ -s {d}/port ] || {{ echo 'gateway forwarder did not start:'; cat {d}/forward.log; kill $fwd; exit 125; }}; "
+            f"sed -i \"s/{PORT}/$(cat {d}/port)/g\" $(ls -d {d}/* | grep -v forward.py); "
+            f"bash {d}/harness.sh; rc=$?; kill $fwd 2>/dev/null; exit $rc )")
+
+
+def _socket_path() -> str:
+    directory = get_settings().gateway_socket_dir
+    os.makedirs(directory, mode=0o711, exist_ok=True)
+    return os.path.join(directory, f"{secrets.token_hex(16)}.sock")
 
 
 def _cleanup(ctx: StageContext) -> None:
@@ -86,13 +117,13 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
                              stop=ctx.stopped)
     started = time.monotonic()
-    with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model) as gateway:
-        task = HarnessTask(instruction=instruction, base_url=gateway.url, api_key=gateway.token, model=spec.model,
-                           max_calls=spec.max_calls, wall_s=wall)
-        launch = harness.launch(task, config)
-        _install(ctx, launch)
+    socket_path = _socket_path()
+    with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=socket_path) as gateway:
+        task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
+                           socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
+        _install(ctx, harness.launch(task, config))
         try:
-            result = _exec_watched(ctx, launch.command, wall, session)
+            result = _exec_watched(ctx, _wrapped(socket_path), wall, session)
         finally:
             _cleanup(ctx)
     if result is None:

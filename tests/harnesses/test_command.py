@@ -30,19 +30,21 @@ print("calls done")
 '''
 
 
+def agent_command(calls: int) -> str:
+    """The agent above as a command line (it runs in a bwrap sandbox: no file of the test is there)."""
+    return f"python3 -I - {calls} <<'PY'\n{AGENT}\nPY"
+
+
 def _run(api, tmp_path, command: str, **agent) -> dict:
-    (tmp_path / "agent.py").write_text(AGENT)
     instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
-                "sandbox": {"runtime": "local"},
-                "agent": {"harness": "command", "command": command.replace("AGENT", str(tmp_path / "agent.py")),
-                          **agent}}
+                "agent": {"harness": "command", "command": command, **agent}}
     view = wait(api, submit(api, instance), timeout=120)
     assert view["status"] == "completed", view["result"]
     return view["result"]
 
 
 def test_a_command_harness_calls_its_gateway(api, oracle_llm, tmp_path):
-    result = _run(api, tmp_path, "python3 AGENT 2")
+    result = _run(api, tmp_path, agent_command(2))
     assert result["finish_reason"] == "exited" and "calls done" in result["harness"]["output"]
     assert result["turns"] == 2 and result["token_mode"] == "exact"
     assert sum(result["tokens"]["loss_mask"]) == sum(len(m["token_ids"]) for m in result["messages"]) > 0
@@ -51,7 +53,7 @@ def test_a_command_harness_calls_its_gateway(api, oracle_llm, tmp_path):
 @pytest.mark.parametrize("command,agent,reason,turns", [
     ("true", {}, "no_llm_calls", 0),
     ("python3 -c 'raise SystemExit(7)'", {}, "harness_error", 0),
-    ("python3 AGENT 50", {"max_calls": 3}, "max_calls", 3),
+    (agent_command(50), {"max_calls": 3}, "max_calls", 3),
 ])
 def test_every_ending_is_typed(api, oracle_llm, tmp_path, command, agent, reason, turns):
     result = _run(api, tmp_path, command, **agent)
@@ -71,11 +73,9 @@ def _running(marker: str) -> bool:
 
 
 def test_cancel_kills_the_harness_and_its_calls(api, oracle_llm, tmp_path):
-    (tmp_path / "agent.py").write_text(AGENT)
     marker = f"{301 + os.getpid() % 97}.25"
     instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
-                "sandbox": {"runtime": "local"},
-                "agent": {"harness": "command", "command": f"python3 {tmp_path / 'agent.py'} 1; sleep {marker}"}}
+                "agent": {"harness": "command", "command": f"{agent_command(1)}\nsleep {marker}"}}
     job = submit(api, instance)
     wait_until(lambda: _running(marker), 60, "the harness to reach its sleep")
     assert requests.delete(f"{api}/jobs/{job}", timeout=10).status_code in (200, 202)

@@ -1,18 +1,20 @@
-"""Real mini-swe-agent (the PyPI package) fixes the SWE fixture through the whole service: the
-API, Celery's init/run/eval, a sandbox, and its session's gateway, with the fake LLM playing the
-oracle in mini-swe-agent's own format (OpenAI chat tool calls of its ``bash`` tool)."""
+"""Real mini-swe-agent (the PyPI package, installed for sandboxes by scripts/install-harnesses.sh)
+fixes the SWE fixture through the whole service: the API, Celery's init/run/eval, a bwrap sandbox
+without network whose one way out is its session's gateway, with the fake LLM playing the oracle
+in mini-swe-agent's own format (OpenAI chat tool calls of its ``bash`` tool)."""
 from __future__ import annotations
 
-import shutil
+from pathlib import Path
 
 import pytest
 import requests
 
 from prorl_celery.fakes import swe
+from tasks.harnesses.mini_swe_agent import mini_binary
 from tests.conftest import submit, wait
 
-pytestmark = pytest.mark.skipif(shutil.which("mini") is None, reason="mini-swe-agent is not installed "
-                                "(pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(not Path(mini_binary()).is_absolute(), reason="mini-swe-agent is not "
+                                "installed for sandboxes (bash scripts/install-harnesses.sh)")
 ORACLE = ["--policy", "oracle:prorl_celery.fakes.harness_oracle:reply", "--latency-model", "none"]
 
 
@@ -35,7 +37,7 @@ def _served(url: str, since: int) -> list[dict]:
 
 def test_mini_swe_agent_fixes_the_swe_fixture(api, oracle_llm, tmp_path):
     since = len(requests.get(f"{oracle_llm}/debug/requests", timeout=5).json()["requests"])
-    instance = {**swe.build("statkit", tmp_path / "repos"), "sandbox": {"runtime": "local"},
+    instance = {**swe.build("statkit", tmp_path / "repos"),
                 "agent": {"harness": "mini_swe_agent", "max_calls": 12, "wall_s": 120}}
     view = wait(api, submit(api, instance), timeout=240)
     result = view["result"]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the agent harnesses once per sandbox node into a read-only directory that sandboxes see
+# (bwrap binds /opt read-only): PRORL_HARNESS_ROOT, default /opt/prorl-harnesses.
+#   bash scripts/install-harnesses.sh                 # mini-swe-agent (PyPI)
+#   bash scripts/install-harnesses.sh mini-swe-agent  # the same, by name
+# Python harnesses get a venv of the node's system python3 (/usr/bin/python3: the sandboxes run
+# the node's /usr), so they run inside a sandbox as they do outside. Idempotent.
+set -euo pipefail
+root=${PRORL_HARNESS_ROOT:-/opt/prorl-harnesses}
+python=${PRORL_HARNESS_PYTHON:-/usr/bin/python3}
+wanted=("$@")
+((${#wanted[@]})) || wanted=(mini-swe-agent)
+mkdir -p "$root"
+for name in "${wanted[@]}"; do
+  case "$name" in
+    mini-swe-agent|mini_swe_agent)
+      dir="$root/mini-swe-agent"
+      if [[ ! -x "$dir/bin/mini" ]]; then
+        "$python" -m venv "$dir"
+        # litellm 1.107.0 was a compromised release: never that one
+        "$dir/bin/pip" install -q --disable-pip-version-check 'mini-swe-agent==2.4.6' 'litellm!=1.107.0'
+      fi
+      echo "mini-swe-agent: $dir/bin/mini" ;;
+    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent)" >&2; exit 2 ;;
+  esac
+done
+chmod -R a+rX,go-w "$root"
