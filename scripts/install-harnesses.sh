@@ -3,6 +3,7 @@
 # (bwrap binds /opt read-only): PRORL_HARNESS_ROOT, default /opt/prorl-harnesses.
 #   bash scripts/install-harnesses.sh                 # mini-swe-agent (PyPI)
 #   bash scripts/install-harnesses.sh mini-swe-agent  # the same, by name
+#   bash scripts/install-harnesses.sh claude-code     # Claude Code (npm), for `-m harness`
 # Python harnesses get a venv of the node's system python3 (/usr/bin/python3: the sandboxes run
 # the node's /usr), so they run inside a sandbox as they do outside. Idempotent.
 set -euo pipefail
@@ -21,7 +22,15 @@ for name in "${wanted[@]}"; do
         "$dir/bin/pip" install -q --disable-pip-version-check 'mini-swe-agent==2.4.6' 'litellm!=1.107.0'
       fi
       echo "mini-swe-agent: $dir/bin/mini" ;;
-    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent)" >&2; exit 2 ;;
+    claude-code|claude_code)
+      # the npm package's JS wrapper wants Node >= 22; its native binary (an optional dependency,
+      # @anthropic-ai/claude-code-linux-x64, ~360 MB) runs by itself
+      dir="$root/claude-code"
+      if [[ ! -d "$dir/node_modules/@anthropic-ai/claude-code" ]]; then
+        npm install --prefix "$dir" --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code
+      fi
+      echo "claude-code: $(find "$dir/node_modules/@anthropic-ai" -maxdepth 3 -type f -name claude -perm -u+x | head -1)" ;;
+    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent, claude-code)" >&2; exit 2 ;;
   esac
 done
 chmod -R a+rX,go-w "$root"

@@ -43,7 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         gateway = self.server.gateway
         path = self.path.split("?", 1)[0].rstrip("/")
-        dialect = gateway.routes.get((method, path))
+        dialect, op = gateway.routes.get((method, path), (None, ""))
         body = self._body()
         if not gateway.authorized(self.headers):
             self._json(*gateway.error_for(dialect, Failure(401, "auth", "missing or wrong session credential")))
@@ -54,7 +54,7 @@ class _Handler(BaseHTTPRequestHandler):
         if dialect is None:
             self._json(*gateway.error_for(None, Failure(404, "not_found", f"no route {method} {path}")))
             return
-        gateway.handle(self, dialect, body)
+        gateway.handle(self, dialect, op, body)
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -167,14 +167,17 @@ class Gateway:
 
     def error_for(self, dialect: Any, failure: Failure) -> tuple[int, dict[str, Any]]:
         if dialect is None:
-            dialect = self.routes[("POST", "/v1/chat/completions")]
+            dialect = self.routes[("POST", "/v1/chat/completions")][0]
         return dialect.error(failure)
 
-    def handle(self, handler: _Handler, dialect: Any, body: Any) -> None:
+    def handle(self, handler: _Handler, dialect: Any, op: str, body: Any) -> None:
         try:
             if isinstance(body, BadCall):
                 raise body
             request = dialect.parse(body)
+            if op == "count":
+                handler._json(200, dialect.count(self.session.count_tokens(request)))
+                return
             turn = self.session.complete(request, dialect.name)
         except Exception as exc:  # noqa: BLE001 - every failure is answered in the caller's shape
             failure = failure_of(exc)

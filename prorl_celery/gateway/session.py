@@ -130,5 +130,14 @@ class GatewaySession:
                 gateway_s=round(own_s, 6))
             self.store.append(self.session_id, record)
 
+    def count_tokens(self, request: GatewayRequest) -> int:
+        """The prompt's length in the tokenizer of the session's model (the last call's; before
+        any call, the session's ``tokenizer``, else the byte tokenizer): rendered, not generated."""
+        from prorl_celery.llm.tokenizer import get_tokenizer
+
+        name = self.tokenizer or (self.history[-1].turn.model if self.history else None)
+        tok = get_tokenizer(name)
+        return len(tok.apply_chat_template(request.messages, tools=request.tools, add_generation_prompt=True))
+
     def records(self) -> list[CallRecord]:
         return self.store.records(self.session_id)
