@@ -2,7 +2,8 @@
 tasks in each harness's own format, as the harness's prompt shows it.
 
 mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``):
-the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Anything else
+the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
+(its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text. Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
 
 Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celery.fakes.harness_oracle:reply``.
@@ -13,8 +14,10 @@ from typing import Any
 
 from prorl_celery.fakes import oracle
 from prorl_celery.fakes.llm.policies import Reply
+from prorl_celery.llm.chatml import text_of
 
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+CLAUDE_BASH = '"name": "Bash"'  # how the byte tokenizer's template lists Claude Code's Bash tool
 
 
 def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
@@ -28,8 +31,26 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
     return None
 
 
+def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
+    step = oracle._step(messages)
+    for task in oracle._swe_tasks():
+        if task["problem_statement"] in text:
+            answer = oracle._swe(task, step)
+            if answer.tool_calls and answer.tool_calls[0].name == "submit":
+                return Reply(content="The issue is fixed.")
+            call = answer.tool_calls[0]
+            return oracle._call("Bash", command=call.arguments["command"], description="work on the issue")
+    return None
+
+
+def _system(messages: list[dict[str, Any]]) -> str:
+    return text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+
+
 def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply | None:
     text = oracle._first_user(messages)
     if MINI_SUBMIT in text:
         return _mini(messages, text)
+    if CLAUDE_BASH in _system(messages):  # Claude Code's main loop (its tools are in the system prompt)
+        return _claude_code(messages, text)
     return oracle.reply(messages, tools)

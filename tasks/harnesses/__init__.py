@@ -8,7 +8,8 @@ from tasks.harnesses.check import check_harness
 HARNESSES = Registry("harness", {
     "mini_swe_agent": "tasks.harnesses.mini_swe_agent:MiniSweAgent",
     "command": "tasks.harnesses.command:CommandHarness",
-}, aliases={"mini-swe-agent": "mini_swe_agent"}, check=check_harness)
+    "claude_code": "tasks.harnesses.claude_code:ClaudeCode",
+}, aliases={"mini-swe-agent": "mini_swe_agent", "claude-code": "claude_code"}, check=check_harness)
 
 
 def is_harness_agent(instance: dict) -> bool:

@@ -72,6 +72,6 @@ def test_count_tokens_and_errors_in_anthropic_shape(fake_llms, pool, redis_conn,
             anthropic.Anthropic(base_url=gw.url, api_key="wrong", max_retries=0).messages.create(
                 model="m", max_tokens=5, messages=FIRST)
         bad = requests.post(gw.url + "/v1/messages", headers={"x-api-key": gw.token},
-                            json={"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})
+                            json={"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
         assert bad.json()["type"] == "error"

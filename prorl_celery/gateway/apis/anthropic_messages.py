@@ -97,8 +97,12 @@ class AnthropicMessages:
         out = _system(body.get("system"))
         for i, message in enumerate(messages):
             role = message.get("role") if isinstance(message, dict) else None
-            require(role in ("user", "assistant"), f"messages[{i}].role: user or assistant", f"messages[{i}]")
-            out += _user(message.get("content"), i) if role == "user" else [_assistant(message.get("content"))]
+            require(role in ("user", "assistant", "system"), f"messages[{i}].role: user, assistant or system",
+                    f"messages[{i}]")
+            if role == "system":  # Claude Code puts context between turns as system messages
+                out.append({"role": "system", "content": _text(message.get("content"))})
+            else:
+                out += _user(message.get("content"), i) if role == "user" else [_assistant(message.get("content"))]
         try:
             sampling = SamplingParams.model_validate(sampling_fields(body, SAMPLING))
         except ValidationError as exc:
