@@ -72,11 +72,11 @@ def serve(args: argparse.Namespace) -> None:
     if os.environ.get("PRORL_BENCH_PROFILE"):  # where the gateway host's time goes (all threads)
         import yappi
 
-        yappi.set_clock_type("wall")
+        yappi.set_clock_type(os.environ.get("PRORL_BENCH_CLOCK", "wall"))
         yappi.start()
         sys.stdin.read()
-        yappi.get_func_stats().sort("ttot").print_all(out=open(os.environ["PRORL_BENCH_PROFILE"], "w"),
-                                                        columns={0: ("name", 90), 1: ("ncall", 8), 3: ("ttot", 8)})
+        yappi.get_func_stats().sort(os.environ.get("PRORL_BENCH_SORT", "ttot")).print_all(out=open(os.environ["PRORL_BENCH_PROFILE"], "w"),
+                                                        columns={0: ("name", 90), 1: ("ncall", 8), 2: ("tsub", 8), 3: ("ttot", 8)})
         return
     sys.stdin.read()
 
