@@ -14,14 +14,29 @@ from typing import Any
 
 from prorl_celery.fakes import oracle
 from prorl_celery.fakes.llm.policies import Reply
+from prorl_celery.fakes.problems import MATH
 from prorl_celery.llm.chatml import text_of
 
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 CLAUDE_BASH = '"name": "Bash"'  # how the byte tokenizer's template lists Claude Code's Bash tool
 
 
+def _math(text: str, step: int, check: Reply, final: Reply) -> Reply | None:
+    """A math fixture task: one check with the harness's shell tool, then the boxed answer."""
+    for task in MATH:
+        if task["problem"] in text:
+            if step == 0:
+                return check
+            return final.model_copy(update={"content": f"The answer is \\boxed{{{task['answer']}}}."})
+    return None
+
+
 def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
     step = oracle._step(messages)
+    math = _math(text, step, oracle._call("bash", command="python3 -c \"print('checking')\""),
+                 oracle._call("bash", command=f"echo {MINI_SUBMIT}"))
+    if math is not None:
+        return math
     for task in oracle._swe_tasks():
         if task["problem_statement"] in text:
             answer = oracle._swe(task, step)
@@ -33,6 +48,10 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
 
 def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
     step = oracle._step(messages)
+    math = _math(text, step, oracle._call("Bash", command="python3 -c \"print('checking')\"", description="check"),
+                 Reply())
+    if math is not None:
+        return math
     for task in oracle._swe_tasks():
         if task["problem_statement"] in text:
             answer = oracle._swe(task, step)

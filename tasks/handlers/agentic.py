@@ -77,7 +77,10 @@ class AgentTaskHandler(AgentHandler):
 
 
 def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:
-    """(the submit answer, the last assistant message's text) of a finished episode."""
+    """(the submit answer, the last assistant message's text) of a finished episode; a harness
+    has no submit: its model's last message."""
+    if "harness" in state:
+        return None, state["harness"].get("final_text") or ""
     agent = state.get("agent") or {}
     last = next((m for m in reversed(agent.get("messages", [])) if m.get("role") == "assistant"), {})
     return agent.get("answer"), last.get("content") or ""

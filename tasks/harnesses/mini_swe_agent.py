@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.harnesses.base import HARNESS_DIR, HarnessTask, Launch, env_prefix, gateway_env
 
 _STATUS = re.compile(r'"exit_status": "([A-Za-z]+)"')
+EXIT_GRACE_S = 10
 EXIT_STATUS = {"Submitted": "submitted", "LimitsExceeded": "step_limit", "TimeExceeded": "wall_time",
                "RepeatedFormatError": "format_error"}
 
@@ -47,9 +48,15 @@ class MiniSweAgent:
         command = (f"{env_prefix(env)} {mini_binary()} -y --exit-immediately --agent-class default "
                    f"-c {config.config} -c {HARNESS_DIR}/prorl.yaml -o {HARNESS_DIR}/trajectory.json "
                    f"-t \"$(cat {HARNESS_DIR}/task.txt)\"")
-        # its exit status is in the trajectory it saves, not in its exit code: print it last
-        command = (f"( {command}; rc=$?; grep -ho '\"exit_status\": \"[A-Za-z]*\"' {HARNESS_DIR}/trajectory.json "
-                   f"2>/dev/null | tail -1; exit $rc )")
+        # its exit status is in the trajectory it saves, not in its exit code: print it last. Once
+        # the trajectory says it finished, it has EXIT_GRACE_S to exit (LiteLLM's exit handlers
+        # were seen to hang a finished run on a loaded node)
+        traj, done = f"{HARNESS_DIR}/trajectory.json", "'\"exit_status\": \"[A-Za-z][A-Za-z]*\"'"
+        command = (f"( {command} & pid=$!; while kill -0 $pid 2>/dev/null; do "
+                   f"if grep -q {done} {traj} 2>/dev/null; then "
+                   f"for i in $(seq {EXIT_GRACE_S * 4}); do kill -0 $pid 2>/dev/null || break; sleep 0.25; done; "
+                   f"kill -9 $pid 2>/dev/null; break; fi; sleep 0.5; done; wait $pid; rc=$?; "
+                   f"grep -ho {done} {traj} 2>/dev/null | tail -1; exit $rc )")
         return Launch(files={"prorl.yaml": json.dumps(ours), "task.txt": task.instruction}, command=command)
 
     def finish_reason(self, exit_code: int | None, output: str) -> str | None:

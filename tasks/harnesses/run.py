@@ -149,6 +149,7 @@ def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result:
     state = {"name": spec.harness, "session": session.session_id, "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else ""),
-             "calls": [r.model_dump() for r in records], "run_s": round(time.monotonic() - started, 3)}
+             "calls": [r.model_dump() for r in records],
+             "final_text": session.history[-1].turn.content if session.history else "", "run_s": round(time.monotonic() - started, 3)}
     ctx.state["harness"] = state
     return state

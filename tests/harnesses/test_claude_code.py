@@ -50,3 +50,16 @@ def test_claude_code_fixes_the_swe_fixture(api, big_oracle_llm, tmp_path):
     # segments of their own)
     longest = max(result["harness"]["segments"], key=lambda s: len(s["calls"]))
     assert len(longest["calls"]) >= 3 and sum(longest["loss_mask"]) > 0
+
+
+def test_claude_code_answers_a_math_task(api, big_oracle_llm):
+    from prorl_celery.fakes.problems import MATH
+
+    task = MATH[0]
+    instance = {"data_source": "math", "problem": task["problem"], "answer": task["answer"],
+                "sandbox": {"limits": {"memory_mb": 4096}},
+                "agent": {"harness": "claude_code", "max_calls": 10, "wall_s": 300}}
+    view = wait(api, submit(api, instance), timeout=420)
+    result = view["result"]
+    assert view["status"] == "completed", result
+    assert result["reward"] == 1.0 and result["finish_reason"] == "submitted", result["harness"]["output"][-3000:]

@@ -57,3 +57,16 @@ def test_mini_swe_agent_fixes_the_swe_fixture(api, oracle_llm, tmp_path):
     assert tokens["prompt_ids"] + tokens["response_ids"] == served[-1]["prompt_ids"] + served[-1]["response_ids"]
     assert sum(tokens["loss_mask"]) == sum(len(s["response_ids"]) for s in served)
     assert "+" in result["git_patch"]
+
+
+def test_mini_swe_agent_answers_a_math_task(api, oracle_llm):
+    from prorl_celery.fakes.problems import MATH
+
+    task = MATH[0]
+    instance = {"data_source": "math", "problem": task["problem"], "answer": task["answer"],
+                "agent": {"harness": "mini_swe_agent", "max_calls": 6, "wall_s": 120}}
+    view = wait(api, submit(api, instance), timeout=240)
+    result = view["result"]
+    assert view["status"] == "completed", result
+    assert result["reward"] == 1.0 and result["finish_reason"] == "submitted", result["harness"]["output"][-2000:]
+    assert result["turns"] == 2 and result["token_mode"] == "exact"
