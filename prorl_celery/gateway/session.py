@@ -37,11 +37,12 @@ class GatewaySession:
     """Turns a caller's :class:`GatewayRequest` into a generated :class:`Turn` and a record.
 
     ``generate`` is the LLM pool's (token mode); ``stop`` aborts the in-flight calls (the job was
-    cancelled); ``tokenizer``/``max_model_len`` pass through to the pool's request."""
+    cancelled); ``tokenizer``/``max_model_len`` pass through to the pool's request; ``sampling``
+    (SamplingParams fields) overrides what each call asks for."""
 
     def __init__(self, session_id: str, generate: Generate, store: CallStore, budget: Budget | None = None,
                  stop: Callable[[], bool] | None = None, tokenizer: str | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, sampling: dict | None = None):
         self.session_id = session_id
         self.generate = generate
         self.store = store
@@ -50,6 +51,7 @@ class GatewaySession:
         self._external_stop = stop
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.sampling = dict(sampling or {})  # over every call's own (the trainer's say)
         self.started = time.monotonic()
         self.history: list[Seen] = []
         self.generated_tokens = 0
@@ -76,7 +78,8 @@ class GatewaySession:
         previous = None
         if base is not None:
             previous = base.turn.model_copy(update={"message_count": len(base.messages)})
-        llm = LLMRequest(messages=request.messages, tools=request.tools, sampling=request.sampling,
+        sampling = request.sampling.model_copy(update=self.sampling) if self.sampling else request.sampling
+        llm = LLMRequest(messages=request.messages, tools=request.tools, sampling=sampling,
                          protocol=Protocol.GENERATE, previous=previous, tokenizer=self.tokenizer,
                          max_model_len=self.max_model_len, timeout_s=self._timeout())
         try:

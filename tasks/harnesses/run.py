@@ -24,6 +24,7 @@ from config.settings import get_settings
 
 from prorl_celery.errors import JobCancelled
 from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore, forward
+from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from sandboxes.base import ExecResult
 from tasks.context import StageContext
@@ -103,6 +104,12 @@ def _exec_watched(ctx: StageContext, command: str, timeout: float, session: Gate
     return box["result"]
 
 
+def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """The job's sampling parameters that every call of its harness gets, over what the harness
+    asks for: the trainer, not the harness, decides how the policy samples."""
+    return {k: v for k, v in (params or {}).items() if k in SamplingParams.model_fields and v is not None}
+
+
 def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
     """Run the instance's harness on ``instruction`` in the job's sandbox; ``ctx.state["harness"]``
     gets what the result needs (its calls, how it ended)."""
@@ -115,7 +122,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop),
                              RedisCallStore(ctx.store.redis),
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
-                             stop=ctx.stopped)
+                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params))
     started = time.monotonic()
     socket_path = _socket_path()
     with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=socket_path) as gateway:
