@@ -4,6 +4,7 @@
 #   bash scripts/install-harnesses.sh                 # mini-swe-agent (PyPI)
 #   bash scripts/install-harnesses.sh mini-swe-agent  # the same, by name
 #   bash scripts/install-harnesses.sh claude-code     # Claude Code (npm), for `-m harness`
+#   bash scripts/install-harnesses.sh codex           # Codex (npm)
 # Python harnesses get a venv of the node's system python3 (/usr/bin/python3: the sandboxes run
 # the node's /usr), so they run inside a sandbox as they do outside. Idempotent.
 set -euo pipefail
@@ -30,7 +31,14 @@ for name in "${wanted[@]}"; do
         npm install --prefix "$dir" --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code
       fi
       echo "claude-code: $(find "$dir/node_modules/@anthropic-ai" -maxdepth 3 -type f -name claude -perm -u+x | head -1)" ;;
-    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent, claude-code)" >&2; exit 2 ;;
+    codex)
+      # its native binary comes in an optional dependency, @openai/codex-linux-x64 (~400 MB)
+      dir="$root/codex"
+      if [[ ! -d "$dir/node_modules/@openai/codex" ]]; then
+        npm install --prefix "$dir" --no-audit --no-fund --loglevel=error @openai/codex
+      fi
+      echo "codex: $(find "$dir/node_modules/@openai" -type f -name codex -perm -u+x | head -1)" ;;
+    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent, claude-code, codex)" >&2; exit 2 ;;
   esac
 done
 chmod -R a+rX,go-w "$root"

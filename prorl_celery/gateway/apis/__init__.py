@@ -5,6 +5,7 @@ from prorl_celery.plugins import Registry
 
 DIALECTS = Registry("gateway API dialect", {
     "openai_chat": "prorl_celery.gateway.apis.openai_chat:OpenAIChat",
+    "openai_responses": "prorl_celery.gateway.apis.openai_responses:OpenAIResponses",
     "anthropic_messages": "prorl_celery.gateway.apis.anthropic_messages:AnthropicMessages",
 }, paths=False)
 
