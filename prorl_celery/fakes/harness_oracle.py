@@ -3,7 +3,9 @@ tasks in each harness's own format, as the harness's prompt shows it.
 
 mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``):
 the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
-(its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text. Anything else
+(its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
+Codex (``exec_command``): the same as ``exec_command`` calls. Math fixture tasks: one shell check,
+then the answer in ``\boxed{}``. Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
 
 Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celery.fakes.harness_oracle:reply``.
@@ -19,6 +21,7 @@ from prorl_celery.llm.chatml import text_of
 
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 CLAUDE_BASH = '"name": "Bash"'  # how the byte tokenizer's template lists Claude Code's Bash tool
+CODEX_EXEC = '"name": "exec_command"'  # and Codex's shell tool
 
 
 def _math(text: str, step: int, check: Reply, final: Reply) -> Reply | None:
@@ -62,6 +65,22 @@ def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
     return None
 
 
+def _codex(messages: list[dict[str, Any]]) -> Reply | None:
+    step = oracle._step(messages)
+    text = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "user")
+    shell = oracle._call("exec_command", cmd="python3 -c \"print('checking')\"")
+    math = _math(text, step, shell, Reply())
+    if math is not None:
+        return math
+    for task in oracle._swe_tasks():
+        if task["problem_statement"] in text:
+            answer = oracle._swe(task, step)
+            if answer.tool_calls and answer.tool_calls[0].name == "submit":
+                return Reply(content="The issue is fixed.")
+            return oracle._call("exec_command", cmd=answer.tool_calls[0].arguments["command"])
+    return None
+
+
 def _system(messages: list[dict[str, Any]]) -> str:
     return text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
 
@@ -72,4 +91,6 @@ def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) ->
         return _mini(messages, text)
     if CLAUDE_BASH in _system(messages):  # Claude Code's main loop (its tools are in the system prompt)
         return _claude_code(messages, text)
+    if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
+        return _codex(messages)
     return oracle.reply(messages, tools)

@@ -9,6 +9,7 @@ HARNESSES = Registry("harness", {
     "mini_swe_agent": "tasks.harnesses.mini_swe_agent:MiniSweAgent",
     "command": "tasks.harnesses.command:CommandHarness",
     "claude_code": "tasks.harnesses.claude_code:ClaudeCode",
+    "codex": "tasks.harnesses.codex:Codex",
 }, aliases={"mini-swe-agent": "mini_swe_agent", "claude-code": "claude_code"}, check=check_harness)
 
 
