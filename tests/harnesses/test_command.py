@@ -82,3 +82,16 @@ def test_cancel_kills_the_harness_and_its_calls(api, oracle_llm, tmp_path):
     view = wait(api, job, timeout=60)
     assert view["status"] == "cancelled"
     wait_until(lambda: not _running(marker), 30, "the harness's processes to be gone")
+
+
+@pytest.mark.parametrize("agent,field", [
+    ({"harness": "no_such_harness"}, "instance.agent.harness"),
+    ({"harness": "command"}, "instance.agent.command"),
+    ({"harness": "mini_swe_agent", "step_limit": 5, "shell": "zsh"}, "instance.agent.shell"),
+    ({"harness": "command", "command": "true", "max_calls": 0}, "instance.agent.max_calls"),
+])
+def test_a_bad_agent_block_is_refused_at_submission(api, agent, field):
+    resp = requests.post(f"{api}/jobs", json={"instance": {"data_source": "math", "problem": "1+1?", "answer": "2",
+                                                           "agent": agent}}, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["field"] == field, resp.json()
