@@ -116,7 +116,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     spec = HarnessSpec.model_validate(ctx.instance["agent"])
     harness = HARNESSES.load(spec.harness)()
     config = harness.config_class.model_validate(spec.own_config())
-    wall = min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S)
+    wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
     pool = pool or LLMPool(ctx.store.redis)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop),
@@ -157,6 +157,7 @@ def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result:
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else ""),
              "calls": [r.model_dump() for r in records],
-             "final_text": session.history[-1].turn.content if session.history else "", "run_s": round(time.monotonic() - started, 3)}
+             "final_text": session.history[-1].turn.content if session.history else "",
+             "run_s": round(time.monotonic() - started, 3)}
     ctx.state["harness"] = state
     return state
