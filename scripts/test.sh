@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-system-deps.sh
 python3 -m pip install -q -e '.[test]'
 bash scripts/install-real-llm.sh
+bash scripts/install-harnesses.sh  # mini-swe-agent for sandboxes (tests/harnesses)
 exec python3 -m pytest "$@"

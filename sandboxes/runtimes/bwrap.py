@@ -89,11 +89,28 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
         argv += ["--ro-bind", resolv, "/etc/resolv.conf"]
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
+    gateways = _gateway_dir()
+    if gateways:  # harness sessions' gateway sockets (unlistable, each behind its own credential)
+        argv += ["--ro-bind", gateways, gateways]
     size = str(config.tmp_size_mb * _MB)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp",
              "--bind", workspace_dir, config.mount, "--remount-ro", "/", "--chdir", workdir]
     return prefix + argv + list(config.shell)
+
+
+def _gateway_dir() -> str | None:
+    """The node's directory of gateway sockets (made here, 0711, where this process may)."""
+    from config.settings import get_settings
+
+    path = get_settings().gateway_socket_dir
+    if not path:
+        return None
+    try:
+        os.makedirs(path, mode=0o711, exist_ok=True)
+    except OSError:
+        pass
+    return path if os.path.isdir(path) else None
 
 
 _IMAGE_ENV_KEPT = ("HOME", "TMPDIR", "HOSTNAME", "USER", "LOGNAME", "SHELL")

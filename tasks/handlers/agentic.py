@@ -9,6 +9,7 @@ from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
 from tasks.context import ROLLOUT_KEY, StageContext
 from tasks.handlers.base import AgentHandler
+from tasks.harnesses import is_harness_agent
 
 
 class AgentTaskHandler(AgentHandler):
@@ -44,17 +45,30 @@ class AgentTaskHandler(AgentHandler):
     def run(self, ctx: StageContext) -> None:
         if ctx.resumed:
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
-        outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
+        if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
+            from tasks.harnesses.run import run_harness
+
+            outcome = run_harness(ctx, self.instruction(ctx))
+        else:
+            outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
         self.after_run(ctx, outcome)
         ctx.save()
 
     def eval(self, ctx: StageContext) -> dict[str, Any]:
         return self.score(ctx)
 
+    def instruction(self, ctx: StageContext) -> str:
+        """The task as a harness gets it: the prompt's user message."""
+        return next((m["content"] for m in self.prompt(ctx) if m.get("role") == "user"), "")
+
     def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
         """The episode's fields; its conversation and ids stay in the job's rollout, referenced
         by ``trajectory`` (the API builds ``messages``, ``tokens`` and ``token_mode`` from it:
-        :func:`prorl_celery.trajectory.expand_results`)."""
+        :func:`prorl_celery.trajectory.expand_results`). A harness's come from its gateway calls."""
+        if "harness" in state:
+            from tasks.harnesses.result import harness_result_fields
+
+            return harness_result_fields(state)
         agent = state.get("agent") or {}
         saved = state.get(ROLLOUT_KEY) or {}
         return {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
@@ -64,6 +78,9 @@ class AgentTaskHandler(AgentHandler):
 
 
 def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:
-    """(the submit answer, the last assistant message's text) of a finished episode."""
+    """(the submit answer, the last assistant message's text) of a finished episode; a harness
+    has no submit: its model's last message."""
+    if "harness" in state:
+        return None, state["harness"].get("final_text") or ""
     agent = state.get("agent") or {}
     return agent.get("answer"), agent.get("final_text") or ""

@@ -22,6 +22,11 @@ def check_sandbox(instance: dict[str, Any]) -> None:
     from sandboxes.policy import check_request_sandbox
 
     check_request_sandbox(instance.get("sandbox"))
+    agent = instance.get("agent")
+    if isinstance(agent, dict) and "harness" in agent:  # a harness instead of the built-in agent
+        from tasks.harnesses import check_agent
+
+        check_agent(agent)
 
 
 def check_swe(instance: dict[str, Any]) -> None:

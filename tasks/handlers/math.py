@@ -24,6 +24,9 @@ class MathHandler(AgentTaskHandler):
     def prompt(self, ctx: StageContext) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(ctx.instance["problem"])}]
 
+    def instruction(self, ctx: StageContext) -> str:
+        return f"{ctx.instance['problem']}\n\nEnd your final message with the answer as \\boxed{{answer}}."
+
     def score(self, ctx: StageContext) -> dict[str, Any]:
         submitted, text = final_answer(ctx.state)
         given = submitted if submitted else last_boxed(text)

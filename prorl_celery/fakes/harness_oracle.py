@@ -1,0 +1,96 @@
+"""The fake LLM's oracle for harnesses (a test and demo tool, not a model): it plays the fixture
+tasks in each harness's own format, as the harness's prompt shows it.
+
+mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``):
+the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
+(its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
+Codex (``exec_command``): the same as ``exec_command`` calls. Math fixture tasks: one shell check,
+then the answer in ``\boxed{}``. Anything else
+goes to :func:`prorl_celery.fakes.oracle.reply`.
+
+Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celery.fakes.harness_oracle:reply``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prorl_celery.fakes import oracle
+from prorl_celery.fakes.llm.policies import Reply
+from prorl_celery.fakes.problems import MATH
+from prorl_celery.llm.chatml import text_of
+
+MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+CLAUDE_BASH = '"name": "Bash"'  # how the byte tokenizer's template lists Claude Code's Bash tool
+CODEX_EXEC = '"name": "exec_command"'  # and Codex's shell tool
+
+
+def _math(text: str, step: int, check: Reply, final: Reply) -> Reply | None:
+    """A math fixture task: one check with the harness's shell tool, then the boxed answer."""
+    for task in MATH:
+        if task["problem"] in text:
+            if step == 0:
+                return check
+            return final.model_copy(update={"content": f"The answer is \\boxed{{{task['answer']}}}."})
+    return None
+
+
+def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
+    step = oracle._step(messages)
+    math = _math(text, step, oracle._call("bash", command="python3 -c \"print('checking')\""),
+                 oracle._call("bash", command=f"echo {MINI_SUBMIT}"))
+    if math is not None:
+        return math
+    for task in oracle._swe_tasks():
+        if task["problem_statement"] in text:
+            answer = oracle._swe(task, step)
+            if answer.tool_calls and answer.tool_calls[0].name == "submit":
+                return oracle._call("bash", command=f"echo {MINI_SUBMIT}")
+            return answer
+    return None
+
+
+def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
+    step = oracle._step(messages)
+    math = _math(text, step, oracle._call("Bash", command="python3 -c \"print('checking')\"", description="check"),
+                 Reply())
+    if math is not None:
+        return math
+    for task in oracle._swe_tasks():
+        if task["problem_statement"] in text:
+            answer = oracle._swe(task, step)
+            if answer.tool_calls and answer.tool_calls[0].name == "submit":
+                return Reply(content="The issue is fixed.")
+            call = answer.tool_calls[0]
+            return oracle._call("Bash", command=call.arguments["command"], description="work on the issue")
+    return None
+
+
+def _codex(messages: list[dict[str, Any]]) -> Reply | None:
+    step = oracle._step(messages)
+    text = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "user")
+    shell = oracle._call("exec_command", cmd="python3 -c \"print('checking')\"")
+    math = _math(text, step, shell, Reply())
+    if math is not None:
+        return math
+    for task in oracle._swe_tasks():
+        if task["problem_statement"] in text:
+            answer = oracle._swe(task, step)
+            if answer.tool_calls and answer.tool_calls[0].name == "submit":
+                return Reply(content="The issue is fixed.")
+            return oracle._call("exec_command", cmd=answer.tool_calls[0].arguments["command"])
+    return None
+
+
+def _system(messages: list[dict[str, Any]]) -> str:
+    return text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+
+
+def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply | None:
+    text = oracle._first_user(messages)
+    if MINI_SUBMIT in text:
+        return _mini(messages, text)
+    if CLAUDE_BASH in _system(messages):  # Claude Code's main loop (its tools are in the system prompt)
+        return _claude_code(messages, text)
+    if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
+        return _codex(messages)
+    return oracle.reply(messages, tools)

@@ -1,0 +1,87 @@
+"""Which earlier call a new call continues.
+
+A harness resends its whole history on every call. Where that history repeats an earlier call's
+conversation and then that call's own answer, the new prompt is built by appending to the ids the
+session already holds (the earlier prompt and the ids the model generated), never by
+re-tokenising the model's output. Messages are compared in a canonical form that survives what
+clients do on the way back: content as a string or a list of parts, tool-call arguments
+re-serialised, null fields added or dropped."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from prorl_celery.llm.chatml import text_of
+from prorl_celery.llm.models import Turn
+
+
+def _args(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return raw
+    return raw or {}
+
+
+def _calls(message: dict[str, Any]) -> tuple:
+    out = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", call) if isinstance(call, dict) else {}
+        out.append((fn.get("name"), json.dumps(_args(fn.get("arguments")), sort_keys=True)))
+    return tuple(out)
+
+
+def canonical(message: dict[str, Any]) -> tuple:
+    """What of a message decides its rendering: role, text, tool calls (name, parsed arguments)."""
+    return (message.get("role"), text_of(message.get("content")).strip(), _calls(message))
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return json.dumps(tools or [], sort_keys=True)
+
+
+@dataclass
+class Seen:
+    """An earlier call as the session keeps it: what was sent and the turn it produced."""
+
+    index: int
+    messages: list[tuple]
+    tools: str
+    turn: Turn
+
+    @property
+    def context(self) -> list[int]:
+        return list(self.turn.prompt_ids or []) + list(self.turn.response_ids or [])
+
+
+def continues(seen: Seen, messages: list[tuple], tools: str) -> bool:
+    """Whether ``messages`` are ``seen``'s conversation, then its answer, then anything."""
+    n = len(seen.messages)
+    if tools != seen.tools or len(messages) <= n or messages[:n] != seen.messages:
+        return False
+    answer = messages[n]
+    own = canonical(seen.turn.message)
+    # the answer as the model wrote it; a client may drop the text beside tool calls
+    return answer[0] == "assistant" and answer[2] == own[2] and (answer[1] == own[1] or not answer[1])
+
+
+def find_base(history: list[Seen], messages: list[dict[str, Any]],
+              tools: list[dict[str, Any]] | None) -> Seen | None:
+    """The latest earlier call that ``messages`` continue (the longest such history), or None."""
+    canon = [canonical(m) for m in messages]
+    key = tools_key(tools)
+    best = None
+    for seen in history:
+        if continues(seen, canon, key) and (best is None or len(seen.messages) >= len(best.messages)):
+            best = seen
+    return best
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

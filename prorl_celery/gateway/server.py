@@ -1,0 +1,195 @@
+"""The session gateway's HTTP server: one per rollout session, on a loopback port or a unix
+socket, answering only its session's credential.
+
+Routes come from the API dialects (:mod:`prorl_celery.gateway.apis`) plus ``GET /v1/models``.
+Every call is generated in full first (token mode has no partial answer worth sending early) and
+then sent whole or as the dialect's server-sent events; a failure is sent in the caller's API's
+own error shape."""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prorl_celery.gateway.apis import load_all
+from prorl_celery.gateway.apis.base import BadCall, Failure, failure_of
+from prorl_celery.gateway.session import GatewaySession
+
+log = logging.getLogger(__name__)
+MAX_BODY = 64 * 1024 * 1024  # a 200k-token history with tools is a few MB
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Serving"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("gateway %s: " + fmt, self.server.gateway.session.session_id, *args)
+
+    def address_string(self) -> str:  # a unix socket's peer has no address
+        return str(self.client_address or "unix")
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        gateway = self.server.gateway
+        path = self.path.split("?", 1)[0].rstrip("/")
+        dialect, op = gateway.routes.get((method, path), (None, ""))
+        body = self._body()
+        if not gateway.authorized(self.headers):
+            self._json(*gateway.error_for(dialect, Failure(401, "auth", "missing or wrong session credential")))
+            return
+        if method == "GET" and path in ("/v1/models", "/models"):
+            self._json(200, gateway.models())
+            return
+        if dialect is None:
+            self._json(*gateway.error_for(None, Failure(404, "not_found", f"no route {method} {path}")))
+            return
+        gateway.handle(self, dialect, op, body)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = self._chunked()
+        else:
+            raw = self.rfile.read(min(length, MAX_BODY)) if length else b""
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return BadCall(Failure(400, "invalid_request", "the body is not JSON"))
+
+    def _chunked(self) -> bytes:
+        out = bytearray()
+        while len(out) <= MAX_BODY:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                break
+            out += self.rfile.read(size)
+            self.rfile.readline()
+        return bytes(out)
+
+    def _json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _events(self, chunks) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for chunk in chunks:
+            self.wfile.write(chunk)
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class _TCPHandler(_Handler):
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
+
+class _Serving:
+    gateway: "Gateway"
+
+
+class _TCPServer(_Serving, ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _UnixServer(_Serving, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class Gateway:
+    """Serves one :class:`GatewaySession`. ``token`` is the session's credential (Bearer or
+    ``x-api-key``); ``model`` the name ``/v1/models`` lists. Start with :meth:`start`; the
+    harness's base URL is :attr:`url` (TCP) or the socket path (:attr:`socket_path`)."""
+
+    def __init__(self, session: GatewaySession, token: str, model: str = "prorl-gateway",
+                 host: str = "127.0.0.1", port: int = 0, socket_path: str | None = None):
+        self.session, self.token, self.model = session, token, model
+        self.routes = load_all()
+        self.socket_path = socket_path
+        if socket_path:
+            self.httpd: Any = _UnixServer(socket_path, _Handler)
+            os.chmod(socket_path, 0o666)  # the sandbox's uid connects; the token is the lock
+        else:
+            self.httpd = _TCPServer((host, port), _TCPHandler)
+        self.httpd.gateway = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "Gateway":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"gateway-{self.session.session_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Abort in-flight calls, stop serving, remove the socket."""
+        self.session.cancel()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self.socket_path and os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+
+    def __enter__(self) -> "Gateway":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def authorized(self, headers: Any) -> bool:
+        given = headers.get("x-api-key") or ""
+        auth = headers.get("Authorization") or ""
+        if auth.lower().startswith("bearer "):
+            given = given or auth[7:].strip()
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                            "owned_by": "prorl-celery", "type": "model",
+                                            "display_name": self.model}]}
+
+    def error_for(self, dialect: Any, failure: Failure) -> tuple[int, dict[str, Any]]:
+        if dialect is None:
+            dialect = self.routes[("POST", "/v1/chat/completions")][0]
+        return dialect.error(failure)
+
+    def handle(self, handler: _Handler, dialect: Any, op: str, body: Any) -> None:
+        try:
+            if isinstance(body, BadCall):
+                raise body
+            request = dialect.parse(body)
+            if op == "count":
+                handler._json(200, dialect.count(self.session.count_tokens(request)))
+                return
+            turn = self.session.complete(request, dialect.name)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered in the caller's shape
+            failure = failure_of(exc)
+            if failure.kind == "internal":
+                log.exception("gateway %s: call failed", self.session.session_id)
+            handler._json(*dialect.error(failure))
+            return
+        if request.stream:
+            handler._events(dialect.stream(turn, request))
+        else:
+            handler._json(200, dialect.respond(turn, request))

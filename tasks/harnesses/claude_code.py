@@ -1,0 +1,48 @@
+"""``claude_code``: Anthropic's Claude Code (npm ``@anthropic-ai/claude-code``; its native binary,
+installed once per node by ``scripts/install-harnesses.sh claude-code``), run headless
+(``claude -p``) with every permission granted, its Anthropic Messages calls aimed at the gateway,
+telemetry, updates and other traffic off. Its tools run in the sandbox it was started in."""
+from __future__ import annotations
+
+import glob
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.harnesses.base import HARNESS_DIR, HarnessTask, Launch, env_prefix, gateway_env
+
+
+class ClaudeCodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(30, ge=1, description="Its own turn limit (--max-turns).")
+
+
+def claude_binary() -> str:
+    """The native binary from the operator's harness directory, else ``claude`` on PATH."""
+    root = os.environ.get("PRORL_HARNESS_ROOT", "/opt/prorl-harnesses")
+    found = sorted(glob.glob(os.path.join(root, "claude-code", "node_modules", "@anthropic-ai",
+                                          "claude-code-linux-*", "claude")))
+    return found[0] if found else "claude"
+
+
+class ClaudeCode:
+    name = "claude_code"
+    config_class = ClaudeCodeConfig
+
+    def launch(self, task: HarnessTask, config: ClaudeCodeConfig) -> Launch:
+        env = {**gateway_env(task), "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+               "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "IS_SANDBOX": "1",
+               "CLAUDE_CONFIG_DIR": f"{HARNESS_DIR}/claude"}
+        turns = min(config.max_turns, task.max_calls) if task.max_calls else config.max_turns
+        command = (f"{env_prefix(env)} {claude_binary()} -p \"$(cat {HARNESS_DIR}/task.txt)\" "
+                   f"--dangerously-skip-permissions --model {task.model} --max-turns {turns} "
+                   f"--output-format json")
+        return Launch(files={"task.txt": task.instruction}, command=command)
+
+    def finish_reason(self, exit_code: int | None, output: str) -> str | None:
+        if '"subtype":"error_max_turns"' in output.replace(" ", ""):
+            return "step_limit"
+        if exit_code == 0 and '"subtype":"success"' in output.replace(" ", ""):
+            return "submitted"
+        return None

@@ -1,0 +1,46 @@
+"""``codex``: OpenAI's Codex CLI (npm ``@openai/codex``; its native binary, installed once per node
+by ``scripts/install-harnesses.sh codex``), ``codex exec`` with approvals and its own sandbox off
+(ours is the sandbox), a model provider in its ``config.toml`` that speaks the Responses API to the
+gateway. Its ``exec_command`` calls run in the sandbox it was started in."""
+from __future__ import annotations
+
+import glob
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+from tasks.harnesses.base import HARNESS_DIR, HarnessTask, Launch, env_prefix, gateway_env
+
+
+class CodexConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def codex_binary() -> str:
+    """The native binary from the operator's harness directory, else ``codex`` on PATH."""
+    root = os.environ.get("PRORL_HARNESS_ROOT", "/opt/prorl-harnesses")
+    found = sorted(glob.glob(os.path.join(root, "codex", "node_modules", "@openai", "codex-linux-*", "vendor",
+                                          "*", "bin", "codex")))
+    return found[0] if found else "codex"
+
+
+def _toml(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Codex:
+    name = "codex"
+    config_class = CodexConfig
+
+    def launch(self, task: HarnessTask, config: CodexConfig) -> Launch:
+        toml = (f"model = {_toml(task.model)}\nmodel_provider = \"prorl\"\n\n[model_providers.prorl]\n"
+                f"name = \"prorl\"\nbase_url = {_toml(task.base_url + '/v1')}\nenv_key = \"PRORL_GATEWAY_KEY\"\n"
+                "wire_api = \"responses\"\n\n[analytics]\nenabled = false\n")
+        env = {**gateway_env(task), "CODEX_HOME": f"{HARNESS_DIR}/codex"}
+        command = (f"mkdir -p {HARNESS_DIR}/codex && cp {HARNESS_DIR}/config.toml {HARNESS_DIR}/codex/ && "
+                   f"{env_prefix(env)} {codex_binary()} exec --skip-git-repo-check "
+                   f"--dangerously-bypass-approvals-and-sandbox \"$(cat {HARNESS_DIR}/task.txt)\"")
+        return Launch(files={"config.toml": toml, "task.txt": task.instruction}, command=command)
+
+    def finish_reason(self, exit_code: int | None, output: str) -> str | None:
+        return "submitted" if exit_code == 0 else None

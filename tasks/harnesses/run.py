@@ -1,0 +1,163 @@
+"""The run stage of a harness: a gateway session for the job, the harness started in the sandbox
+against it, cancellation and budget watched while it runs, its calls kept for the result.
+
+The gateway runs in this worker (it generates through this worker's LLM pool) on a unix socket
+with an unguessable name in ``gateway_socket_dir``, which bwrap binds into every sandbox read-only
+and unlistable; a sandbox has no network, so its one way out is that socket. Inside, the
+forwarder (:mod:`prorl_celery.gateway.forward`, run by the system's python3) listens on the
+sandbox's own loopback and pipes to the socket; the harness is given ``http://127.0.0.1:<port>``
+and the session's credential, which no other session's gateway accepts. The socket is node-local:
+the run worker must be on the sandbox host's node."""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import secrets
+import shlex
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from config.settings import get_settings
+
+from prorl_celery.errors import JobCancelled
+from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore, forward
+from prorl_celery.llm.models import SamplingParams
+from prorl_celery.llm.pool import LLMPool
+from sandboxes.base import ExecResult
+from tasks.context import StageContext
+from tasks.harnesses import HARNESSES
+from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2
+EVAL_RESERVE_S = 10.0  # of the run stage's budget, kept for collecting the workspace afterwards
+OUTPUT_TAIL = 4000
+
+
+PORT = "@PRORL_GATEWAY_PORT@"  # in a launch's files: the forwarder's port, known once it listens
+FORWARD = Path(forward.__file__).read_text()
+
+
+def _install(ctx: StageContext, launch: Launch) -> None:
+    """Put the launch's files, its command (``harness.sh``) and the forwarder in a fresh directory
+    of the sandbox; ``$PRORL_HARNESS_DIR`` names it."""
+    files = {**launch.files, "harness.sh": launch.command, "forward.py": FORWARD}
+    steps = ["export PRORL_HARNESS_DIR=$(mktemp -d /tmp/prorl-harness.XXXXXX)"]
+    for name, text in files.items():
+        data = base64.b64encode(text.encode()).decode()
+        steps.append(f"printf %s {data} | base64 -d > \"$PRORL_HARNESS_DIR\"/{shlex.quote(name)}")
+    result = ctx.sandbox.exec(" && ".join(steps), timeout=60)
+    if result.exit_code != 0:
+        raise RuntimeError(f"could not put the harness's files in the sandbox: {result.output[-500:]}")
+
+
+def _wrapped(socket_path: str) -> str:
+    """The command that starts the forwarder, puts its port in the files, runs the harness and
+    stops the forwarder; its exit status is the harness's."""
+    d = '"$PRORL_HARNESS_DIR"'
+    return (f"( python3 -I {d}/forward.py 0 {shlex.quote(socket_path)} {d}/port >{d}/forward.log 2>&1 & fwd=$!; "
+            f"for i in $(seq 200); do [ -s {d}/port ] && break; sleep 0.05; done; "
+            f"[ -s {d}/port ] || {{ echo 'gateway forwarder did not start:'; cat {d}/forward.log; kill $fwd; exit 125; }}; "
+            f"sed -i \"s/{PORT}/$(cat {d}/port)/g\" $(ls -d {d}/* | grep -v forward.py); "
+            f"bash {d}/harness.sh; rc=$?; kill $fwd 2>/dev/null; exit $rc )")
+
+
+def _socket_path() -> str:
+    directory = get_settings().gateway_socket_dir
+    os.makedirs(directory, mode=0o711, exist_ok=True)
+    return os.path.join(directory, f"{secrets.token_hex(16)}.sock")
+
+
+def _cleanup(ctx: StageContext) -> None:
+    """Remove the harness's files (they hold the session's credential); best effort."""
+    try:
+        ctx.sandbox.exec('rm -rf "$PRORL_HARNESS_DIR"; unset PRORL_HARNESS_DIR', timeout=30)
+    except Exception as exc:  # noqa: BLE001 - a sandbox that is gone has nothing left to clean
+        log.debug("job %s: harness cleanup skipped: %s", ctx.job_id, exc)
+
+
+def _exec_watched(ctx: StageContext, command: str, timeout: float, session: GatewaySession) -> ExecResult | None:
+    """Run ``command`` in the sandbox; interrupt it (and abort its calls) once the job stops.
+    None when it was cancelled."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = ctx.sandbox.exec(command, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the stage's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"harness-{ctx.job_id}", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(POLL_S)
+        if thread.is_alive() and ctx.stopped():
+            session.cancel()
+            ctx.sandbox.interrupt()
+            thread.join(30)
+            return None
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """The job's sampling parameters that every call of its harness gets, over what the harness
+    asks for: the trainer, not the harness, decides how the policy samples."""
+    return {k: v for k, v in (params or {}).items() if k in SamplingParams.model_fields and v is not None}
+
+
+def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
+    """Run the instance's harness on ``instruction`` in the job's sandbox; ``ctx.state["harness"]``
+    gets what the result needs (its calls, how it ended)."""
+    spec = HarnessSpec.model_validate(ctx.instance["agent"])
+    harness = HARNESSES.load(spec.harness)()
+    config = harness.config_class.model_validate(spec.own_config())
+    wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
+    pool = pool or LLMPool(ctx.store.redis)
+    session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
+    session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop),
+                             RedisCallStore(ctx.store.redis),
+                             Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
+                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params))
+    started = time.monotonic()
+    socket_path = _socket_path()
+    with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=socket_path) as gateway:
+        task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
+                           socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
+        _install(ctx, harness.launch(task, config))
+        try:
+            result = _exec_watched(ctx, _wrapped(socket_path), wall, session)
+        finally:
+            _cleanup(ctx)
+    if result is None:
+        _keep(ctx, spec, session, None, "cancelled", started)
+        raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
+    reason = _finish_reason(harness, session, result)
+    return _keep(ctx, spec, session, result, reason, started)
+
+
+def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) -> str:
+    if session.finish_reason:  # a budget the gateway enforced
+        return session.finish_reason
+    if result.timed_out:
+        return "wall_time"
+    if not session.history:
+        return "no_llm_calls" if result.exit_code == 0 else "harness_error"
+    return harness.finish_reason(result.exit_code, result.output) or "harness_error"
+
+
+def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
+          reason: str, started: float) -> dict[str, Any]:
+    records = session.records()
+    state = {"name": spec.harness, "session": session.session_id, "finish_reason": reason,
+             "exit_code": result.exit_code if result else None,
+             "output": (result.output[-OUTPUT_TAIL:] if result else ""),
+             "calls": [r.model_dump() for r in records],
+             "final_text": session.history[-1].turn.content if session.history else "",
+             "run_s": round(time.monotonic() - started, 3)}
+    ctx.state["harness"] = state
+    return state

@@ -1,0 +1,153 @@
+"""The session gateway over real HTTP with the real ``openai`` client, generating through the LLM
+pool (real Redis) against the fake LLM in token mode: what the caller gets back, what is recorded
+(the very ids the server generated), how calls chain, and each failure in OpenAI's shape."""
+from __future__ import annotations
+
+import json
+import secrets
+
+import pytest
+import requests
+
+from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
+from prorl_celery.gateway.trajectory import merged, prompts, summary
+from tests.llm.conftest import TOOLS, add
+
+openai = pytest.importorskip("openai")
+SYSTEM = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "List the files."}]
+
+
+def _gateway(pool, redis_conn, budget=None, **session) -> Gateway:
+    sid = f"gw-{secrets.token_hex(4)}"
+    sess = GatewaySession(sid, lambda req, stop: pool.generate(sid, req, should_stop=stop),
+                          RedisCallStore(redis_conn), budget=budget, **session)
+    return Gateway(sess, token=secrets.token_urlsafe(16)).start()
+
+
+def _client(gw: Gateway):
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=gw.token, max_retries=0)
+
+
+def _harness_loop(client, stream: bool = False) -> list:
+    """What a harness does: call, run the tool, append the answer and the result, call again."""
+    messages, answers = list(SYSTEM), []
+    for k in range(3):
+        if stream:
+            parts = list(client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True))
+            message = _assemble(parts)
+        else:
+            message = client.chat.completions.create(model="m", messages=messages, tools=TOOLS) \
+                .choices[0].message.model_dump(exclude_none=True)
+        answers.append(message)
+        messages.append(message)
+        for call in message.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"result {k}"})
+    return answers
+
+
+def _assemble(chunks) -> dict:
+    content, calls = "", {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                calls[call.index] = {"id": call.id, "type": "function",
+                                     "function": {"name": call.function.name, "arguments": call.function.arguments}}
+    out = {"role": "assistant", "content": content}
+    if calls:
+        out["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, redis_conn, script, stream):
+    (proc,) = fake_llms(1, policy=f"scripted:{script}")
+    add(pool, proc, protocol="generate", weight_version="v7")
+    with _gateway(pool, redis_conn) as gw:
+        answers = _harness_loop(_client(gw), stream=stream)
+        records = gw.session.records()
+    assert [a["tool_calls"][0]["function"]["name"] for a in answers[:2]] == ["bash", "bash"]
+    assert json.loads(answers[1]["tool_calls"][0]["function"]["arguments"]) == {"cmd": "cat a.txt"}
+    assert answers[2]["content"] == "Done: the answer is 42." and not answers[2].get("tool_calls")
+    served = [r for r in proc.received() if r["status"] == "ok"]
+    assert len(records) == len(served) == 3
+    assert [r.response_ids for r in records] == [s["response_ids"] for s in served]
+    assert prompts(records) == [s["prompt_ids"] for s in served]
+    assert [r.continued for r in records] == [False, True, True]
+    assert all(r.weight_version == "v7" and len(r.logprobs) == len(r.response_ids) for r in records)
+    # stored linearly: a later call keeps only the ids past its base's context
+    assert records[2].base == 1 and records[2].shared == len(served[1]["prompt_ids"]) + len(served[1]["response_ids"])
+    assert len(records[2].prompt_tail) < 40
+    (segment,) = merged(records)
+    assert segment["prompt_ids"] == served[0]["prompt_ids"]
+    assert segment["prompt_ids"] + segment["response_ids"] == served[2]["prompt_ids"] + served[2]["response_ids"]
+    assert sum(segment["loss_mask"]) == sum(len(s["response_ids"]) for s in served)
+    view = summary(records)
+    assert view["token_mode"] == "exact" and view["counts"]["masked_tokens"] == segment["loss_mask"].count(0) > 0
+
+
+def test_a_rewritten_history_starts_a_new_segment(fake_llms, pool, redis_conn, script):
+    (proc,) = fake_llms(1, policy=f"scripted:{script}")
+    add(pool, proc, protocol="generate")
+    with _gateway(pool, redis_conn) as gw:
+        client = _client(gw)
+        first = client.chat.completions.create(model="m", messages=SYSTEM, tools=TOOLS).choices[0].message
+        edited = {"role": "assistant", "content": "something the model never said"}
+        client.chat.completions.create(model="m", messages=[*SYSTEM, edited, {"role": "user", "content": "go on"}],
+                                       tools=TOOLS)
+        records = gw.session.records()
+    assert first.tool_calls and [r.continued for r in records] == [False, False]
+    segments = merged(records)
+    assert [s["reason"] for s in segments] == ["first", "not_a_prefix"]
+    assert summary(records)["token_mode"] == "segmented"
+
+
+def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, script):
+    (proc,) = fake_llms(1, policy=f"scripted:{script}")
+    add(pool, proc, protocol="generate", max_model_len=600)
+    with _gateway(pool, redis_conn, budget=Budget(max_calls=1)) as gw:
+        url, auth = gw.url + "/v1", {"Authorization": f"Bearer {gw.token}"}
+        assert requests.get(f"{url}/models", headers=auth, timeout=5).json()["data"][0]["id"] == "prorl-gateway"
+        wrong = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM}, timeout=5,
+                              headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        bad = requests.post(f"{url}/chat/completions", json={"messages": []}, headers=auth, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        notjson = requests.post(f"{url}/chat/completions", data=b"{", headers=auth, timeout=5)
+        assert notjson.status_code == 400 and notjson.json()["error"]["type"] == "invalid_request_error"
+        long = [{"role": "user", "content": "x" * 2000}]
+        over = requests.post(f"{url}/chat/completions", json={"messages": long}, headers=auth, timeout=10)
+        assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError):
+            _client(gw).chat.completions.create(model="m", messages=long)
+        ok = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM, "tools": TOOLS}, headers=auth,
+                           timeout=10)
+        assert ok.status_code == 200, ok.text
+        spent = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM}, headers=auth, timeout=10)
+        assert spent.status_code == 403 and spent.json()["error"]["type"] == "insufficient_quota"
+        assert gw.session.finish_reason == "max_calls" and len(gw.session.records()) == 1
+
+
+def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
+    import threading
+    import time
+
+    (proc,) = fake_llms(1, policy=f"scripted:{script}", latency="step_s=0.5,capacity=4")
+    add(pool, proc, protocol="generate")
+    with _gateway(pool, redis_conn) as gw:
+        out = {}
+
+        def call():
+            out["resp"] = requests.post(gw.url + "/v1/chat/completions", json={"messages": SYSTEM}, timeout=30,
+                                        headers={"Authorization": f"Bearer {gw.token}"})
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while gw.session.in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gw.session.cancel()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert out["resp"].status_code == 503 and out["resp"].json()["error"]["code"] == "cancelled"
+    assert gw.session.records() == []

@@ -1,0 +1,97 @@
+"""A team's own harness as a command line, through the whole service: it finds its gateway in the
+usual variables, and however it ends (finishes, never calls the model, crashes, loops past its
+budget) the job ends with a typed finish reason and its calls as tokens."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+
+from prorl_celery.fakes.problems import MATH
+from tests.conftest import submit, wait, wait_until
+from tests.harnesses.test_mini_swe_agent import oracle_llm  # noqa: F401 - the oracle backend fixture
+
+AGENT = r'''
+import json, os, sys, urllib.request
+url, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+task = open(os.environ["PRORL_TASK_FILE"]).read()
+messages = [{"role": "user", "content": task}]
+for _ in range(int(sys.argv[1])):
+    req = urllib.request.Request(url + "/chat/completions", method="POST",
+        data=json.dumps({"model": os.environ["PRORL_MODEL"], "messages": messages}).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        answer = json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["message"]
+    except urllib.error.HTTPError as exc:
+        print("refused", exc.code, exc.read().decode()); sys.exit(3)
+    messages += [answer, {"role": "tool", "tool_call_id": "t", "content": "ok"}]
+print("calls done")
+'''
+
+
+def agent_command(calls: int) -> str:
+    """The agent above as a command line (it runs in a bwrap sandbox: no file of the test is there)."""
+    return f"python3 -I - {calls} <<'PY'\n{AGENT}\nPY"
+
+
+def _run(api, tmp_path, command: str, **agent) -> dict:
+    instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
+                "agent": {"harness": "command", "command": command, **agent}}
+    view = wait(api, submit(api, instance), timeout=120)
+    assert view["status"] == "completed", view["result"]
+    return view["result"]
+
+
+def test_a_command_harness_calls_its_gateway(api, oracle_llm, tmp_path):
+    result = _run(api, tmp_path, agent_command(2))
+    assert result["finish_reason"] == "exited" and "calls done" in result["harness"]["output"]
+    assert result["turns"] == 2 and result["token_mode"] == "exact"
+    assert sum(result["tokens"]["loss_mask"]) == sum(len(m["token_ids"]) for m in result["messages"]) > 0
+
+
+@pytest.mark.parametrize("command,agent,reason,turns", [
+    ("true", {}, "no_llm_calls", 0),
+    ("python3 -c 'raise SystemExit(7)'", {}, "harness_error", 0),
+    (agent_command(50), {"max_calls": 3}, "max_calls", 3),
+])
+def test_every_ending_is_typed(api, oracle_llm, tmp_path, command, agent, reason, turns):
+    result = _run(api, tmp_path, command, **agent)
+    assert result["finish_reason"] == reason and result["turns"] == turns, result["harness"]
+    if reason == "max_calls":
+        assert "refused 403" in result["harness"]["output"] and "insufficient_quota" in result["harness"]["output"]
+
+
+def _running(marker: str) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_cancel_kills_the_harness_and_its_calls(api, oracle_llm, tmp_path):
+    marker = f"{301 + os.getpid() % 97}.25"
+    instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
+                "agent": {"harness": "command", "command": f"{agent_command(1)}\nsleep {marker}"}}
+    job = submit(api, instance)
+    wait_until(lambda: _running(marker), 60, "the harness to reach its sleep")
+    assert requests.delete(f"{api}/jobs/{job}", timeout=10).status_code in (200, 202)
+    view = wait(api, job, timeout=60)
+    assert view["status"] == "cancelled"
+    wait_until(lambda: not _running(marker), 30, "the harness's processes to be gone")
+
+
+@pytest.mark.parametrize("agent,field", [
+    ({"harness": "no_such_harness"}, "instance.agent.harness"),
+    ({"harness": "command"}, "instance.agent.command"),
+    ({"harness": "mini_swe_agent", "step_limit": 5, "shell": "zsh"}, "instance.agent.shell"),
+    ({"harness": "command", "command": "true", "max_calls": 0}, "instance.agent.max_calls"),
+])
+def test_a_bad_agent_block_is_refused_at_submission(api, agent, field):
+    resp = requests.post(f"{api}/jobs", json={"instance": {"data_source": "math", "problem": "1+1?", "answer": "2",
+                                                           "agent": agent}}, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["field"] == field, resp.json()
