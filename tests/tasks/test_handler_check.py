@@ -31,6 +31,12 @@ class NoEval:
     def run(self, ctx): ...
 
 
+class EvalIsData:
+    def init(self, ctx): ...
+    def run(self, ctx): ...
+    eval = None
+
+
 class EvalTakesTwo(OnlyStages):
     def eval(self, ctx, extra): ...
 
@@ -88,7 +94,11 @@ def test_loading_by_path_runs_the_check(monkeypatch):
     get_settings.cache_clear()
     try:
         assert HANDLERS.load("tests.tasks.test_handler_check:OnlyStages") is OnlyStages
-        with pytest.raises(UnknownPlugin, match="does not conform: eval is not a method"):
+        # no eval in the source: refused before anything is imported (prorl_celery/plugin_source.py)
+        with pytest.raises(UnknownPlugin, match="its source shows no eval"):
             HANDLERS.load("tests.tasks.test_handler_check:NoEval")
+        # an eval the source names but that is no method: imported, then refused by the check
+        with pytest.raises(UnknownPlugin, match="does not conform: eval is not a method"):
+            HANDLERS.load("tests.tasks.test_handler_check:EvalIsData")
     finally:
         get_settings.cache_clear()
