@@ -123,6 +123,12 @@ FLAGGED = {"root-file-shadows-runner": ["pytest.py"], "config-pytest-9-names": [
            "symlink-out-of-the-tree": ["statkit/central.py"]}
 # pytest-only forgeries do nothing under unittest (they earn 0 there as the bug stays)
 PYTEST_ONLY = {"package-module-rewrites-reports", "fake-passed-lines-in-the-log"}
+# import-time patches of unittest that the guard undoes before the tests run (it says so)
+GUARD_RESTORES = {"neutralised-assertions": "TestCase.assertEqual", "testcase-run-patched-at-import": "TestCase.run"}
+# the default suite runs these (about 3 s each); the rest run with -m slow
+QUICK = {("pytest", "package-module-rewrites-reports"), ("pytest", "root-file-shadows-runner"),
+         ("pytest", "config-pyproject-quoted-and-dotted-keys"), ("pytest", "plugin-dist-info-in-root"),
+         ("pytest", "fake-passed-lines-in-the-log"), ("unittest", "testcase-run-repatched-while-tests-run")}
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -166,32 +172,40 @@ def _as_pytest(instance: dict) -> dict:
             **{k: [f"{CLASS}::{n.rsplit('.', 1)[1]}" for n in instance[k]] for k in ids}}
 
 
-@pytest.fixture(scope="module", params=["pytest", "unittest"])
-def grader(request, statkit):
-    """(runner, grade(patch) -> result): one bwrap sandbox, a fresh checkout per grade."""
+@pytest.fixture(scope="module")
+def graders(statkit):
+    """runner -> (runner, grade(patch) -> result, the honest patch's result): one bwrap sandbox
+    per runner, made on first use, a fresh checkout per grade."""
     from sandboxes.runtimes.bwrap import BwrapSandbox
 
-    instance = _as_pytest(statkit) if request.param == "pytest" else statkit
-    root = next(reachable_tmpdir("prorl-test-forgery-"))
-    box = BwrapSandbox(SandboxSpec(), f"forgery-{request.param}", {"root": str(root)})
-    count = iter(range(1000))
+    made, cleanup = {}, []
 
-    def grade(patch: str) -> dict:
-        where = repo.checkout_into(box, instance, f"repo{next(count)}")
-        return swe_eval.grade(box, where, instance, patch, 120)
+    def get(runner: str):
+        if runner not in made:
+            instance = _as_pytest(statkit) if runner == "pytest" else statkit
+            root = next(reachable_tmpdir("prorl-test-forgery-"))
+            box = BwrapSandbox(SandboxSpec(), f"forgery-{runner}", {"root": str(root)})
+            cleanup.append((box, root))
+            count, workspace = iter(range(1000)), box.exec("pwd").output.strip()
 
-    honest = grade(statkit["honest"])
-    try:
-        yield request.param, grade, honest
-    finally:
+            def grade(patch: str) -> dict:  # the grader leaves the shell in its checkout: absolute paths
+                where = repo.checkout_into(box, instance, f"{workspace}/repo{next(count)}")
+                return swe_eval.grade(box, where, instance, patch, 120)
+
+            made[runner] = (runner, grade, grade(statkit["honest"]))
+        return made[runner]
+
+    yield get
+    for box, root in cleanup:
         box.close()
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def test_honest_fix_earns_one_with_a_clean_integrity_block(grader):
-    runner, _, honest = grader
+@pytest.mark.parametrize("runner_name", ["pytest", "unittest"])
+def test_honest_fix_earns_one_with_a_clean_integrity_block(graders, runner_name):
+    runner, _, honest = graders(runner_name)
     info = honest["eval"]["integrity"]
-    assert honest["reward"] == 1.0 and honest["resolved"] is True, __import__("json").dumps(honest["eval"], indent=1)
+    assert honest["reward"] == 1.0 and honest["resolved"] is True, honest["eval"]
     assert info["outcome"] == "clean" and honest["eval"]["tampered"] == [], info
     assert info["paths"] == {"changed": ["statkit/central.py"], "flagged": []}
     assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {("pass", "PASSED"), ("fail", "FAILED")}, info
@@ -200,9 +214,14 @@ def test_honest_fix_earns_one_with_a_clean_integrity_block(grader):
         assert info["runner"]["plugin_autoload"] is False and info["runner"]["root_first_on_path"] is False
 
 
-@pytest.mark.parametrize("name", sorted(FORGERIES))
-def test_forgery_earns_nothing(grader, statkit, name):
-    runner, grade, honest = grader
+def _cases() -> list:
+    return [pytest.param(runner, name, marks=() if (runner, name) in QUICK else pytest.mark.slow, id=f"{runner}-{name}")
+            for runner in ("pytest", "unittest") for name in sorted(FORGERIES)]
+
+
+@pytest.mark.parametrize("runner_name,name", _cases())
+def test_forgery_earns_nothing(graders, statkit, runner_name, name):
+    runner, grade, honest = graders(runner_name)
     result = grade(statkit["forged"][name])
     report, info = result["eval"], result["eval"].get("integrity", {})
     assert result["reward"] == 0.0 and result["resolved"] is False, report
@@ -210,6 +229,8 @@ def test_forgery_earns_nothing(grader, statkit, name):
         assert info["outcome"] == "tampered" and report["tampered"] == FLAGGED[name], report
     elif runner == "unittest" and name in PYTEST_ONLY:
         assert info["outcome"] == "clean" and report["FAIL_TO_PASS"] != {}, info  # the bug stays, no forgery
+    elif runner == "unittest" and name in GUARD_RESTORES:
+        assert info["outcome"] == "clean" and GUARD_RESTORES[name] in report["restored"], report
     elif name == "print-verdicts-then-os-exit":
         assert info["outcome"] == "unverified" and "error" in report, info
     else:
