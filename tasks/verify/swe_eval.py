@@ -101,13 +101,15 @@ def _sections_changed(box, root: str, base: str, paths: set[str]) -> set[str]:
     return changed
 
 
-def judge_paths(box, root: str, base: str, test_patch: str, in_base: set[str]) -> dict[str, list[str]]:
-    """The paths the model patch changed, and those outside what it may change
-    (:func:`tasks.verify.tamper.flagged`)."""
+def judge_paths(box, root: str, base: str, test_patch: str, in_base: set[str],
+                command: str = "") -> dict[str, list[str]]:
+    """The paths the model patch changed, those outside what it may change
+    (:func:`tasks.verify.tamper.flagged`), and the allowed ones outside the package's source."""
     changed, links = _changes(box, root, base)
     flagged = tamper.flagged(changed, tamper.patch_paths(test_patch), in_base,
-                             _sections_changed(box, root, base, changed), links)
-    return {"changed": sorted(changed), "flagged": flagged}
+                             _sections_changed(box, root, base, changed), links, command)
+    outside = [p for p in tamper.reported(changed, in_base) if p not in flagged]
+    return {"changed": sorted(changed), "flagged": flagged, "outside": outside}
 
 
 def find_tampering(box, root: str, base: str, test_patch: str) -> list[str]:
@@ -263,8 +265,8 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
     if not apply_patch(box, root, patch):
         return {"reward": 0.0, "resolved": False,
                 "eval": {"applied": {"model_patch": False}, "error": "model patch does not apply"}}
-    in_base = base_paths(box, root, base)
-    paths = judge_paths(box, root, base, test_patch, in_base)
+    in_base, spec = base_paths(box, root, base), swe_specs.spec_for(instance)
+    paths = judge_paths(box, root, base, test_patch, in_base, spec.test_cmd)
     if paths["flagged"]:
         info = integrity.block(paths, None, [], [], None)
         return {"reward": 0.0, "resolved": False, "eval": {
@@ -273,7 +275,6 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
                      "infrastructure, root files, dotfiles, metadata)"}}
     reset_tests(box, root, base, test_patch, in_base)
     applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
-    spec = swe_specs.spec_for(instance)
     planted = plant_canaries(box, root, test_patch, spec.test_cmd) if applied["test_patch"] else []
     outcomes, facts = run_tests(box, root, spec, timeout, instance, base=base)
     planted = canaries.read(planted, outcomes)

@@ -207,7 +207,7 @@ def test_honest_fix_earns_one_with_a_clean_integrity_block(graders, runner_name)
     info = honest["eval"]["integrity"]
     assert honest["reward"] == 1.0 and honest["resolved"] is True, honest["eval"]
     assert info["outcome"] == "clean" and honest["eval"]["tampered"] == [], info
-    assert info["paths"] == {"changed": ["statkit/central.py"], "flagged": []}
+    assert info["paths"] == {"changed": ["statkit/central.py"], "flagged": [], "outside": []}
     assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {("pass", "PASSED"), ("fail", "FAILED")}, info
     assert info["runner"]["kind"] == {"pytest": "pytest-isolated", "unittest": "unittest-guard"}[runner]
     if runner == "pytest":

@@ -13,21 +13,31 @@ import pytest
 from tasks.verify import canaries, integrity, pytest_isolation, tamper
 
 BASE = {"statkit/__init__.py", "statkit/central.py", "tests/__init__.py", "tests/test_central.py",
-        "setup.py", "README.md", "docs/index.rst", "src/other/__init__.py", "src/other/core.py"}
+        "setup.py", "README.md", "docs/index.rst", "src/other/__init__.py", "src/other/core.py",
+        "bench/bench.py", "docs/conf.py", ".github/workflows/ci.yml", "tests/conftest.py", "tox.ini"}
 
 
 @pytest.mark.parametrize("path,ok", [
     ("statkit/central.py", True), ("statkit/new_module.py", True), ("statkit/sub/__init__.py", True),
     ("src/other/core.py", True), ("docs/index.rst", True), ("CHANGELOG.rst", True), ("setup.py", True),
-    ("requirements-dev.txt", True),
+    ("requirements-dev.txt", True), ("bench/bench.py", True), ("docs/conf.py", True),
     ("statkit/conftest.py", False), ("conftest.py", False), ("pytest.py", False), ("_pytest/__init__.py", False),
     (".pytest.ini", False), ("pytest.toml", False), (".pytest.toml", False), (".env", False),
     ("statkit/.hidden.py", False), ("statkit/x.pth", False), ("forge-1.0.dist-info/entry_points.txt", False),
     ("statkit/forge.egg-info/entry_points.txt", False), ("sitecustomize.py", False), ("tests/__init__.py", False),
-    ("docs/conf.py", False), ("bin/test", False), ("Makefile", False), ("tomllib.py", False),
+    ("docs/other_conf.py", False), ("bench/new.py", False), (".github/workflows/ci.yml", False),
+    ("tests/conftest.py", False), ("tox.ini", False), ("bin/test", False), ("Makefile", False), ("tomllib.py", False),
 ])
 def test_allow_list(path, ok):
     assert tamper.allowed(path, tamper.package_roots(BASE), BASE) is ok
+
+
+def test_the_files_a_test_command_names_are_the_runners():
+    base = BASE | {"bin/test", "sympy/__init__.py", "sympy/core/basic.py"}
+    changed = {"bin/test", "sympy/core/basic.py"}
+    assert tamper.flagged(changed, set(), base, set(), set(), "") == []  # bin/test: a file the base had
+    assert tamper.flagged(changed, set(), base, set(), set(), "PYTHONWARNINGS='x' bin/test -C --verbose") == ["bin/test"]
+    assert tamper.flagged({"tests/runtests.py"}, set(), base, set(), set(), "./tests/runtests.py x") == ["tests/runtests.py"]
 
 
 def test_flagged_adds_test_patch_paths_sections_and_links():
