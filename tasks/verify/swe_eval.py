@@ -1,20 +1,23 @@
-"""The SWE grader: model patch, tamper check, tests reset to base + test patch, a guarded run.
+"""The SWE grader: model patch, allow-list, tests reset to base + test patch, canaries, an isolated run.
 
 1. The model patch is applied to a clean checkout; the paths it really changed are read from git.
-2. A change to a test, to a file the test patch touches, or to test infrastructure (see
-   :mod:`tasks.verify.tamper`) is ``eval.tampered``: no reward, the tests are not run.
+2. Each changed path is judged by the allow-list of :mod:`tasks.verify.tamper` (the package's own
+   source, docs, packaging metadata): anything else is ``integrity.paths.flagged`` and
+   ``eval.tampered``: no reward, the tests are not run.
 3. Every file of the test patch and every test-infrastructure file of the base commit is reset to
    the base commit, and the test patch applied (so nothing but the package differs from the
    reference the tests were written against).
-4. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
-   nonce-framed report (cross-checked with its exit status) is the verdict; other commands are
-   read from their log.
+4. Canaries (:mod:`tasks.verify.canaries`) are planted in the test patch's files.
+5. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
+   nonce-framed report (cross-checked with its exit status) is the verdict; each pytest run of
+   another command is replaced by :mod:`tasks.verify.pytest_runner` with the base commit's
+   configuration (:mod:`tasks.verify.pytest_isolation`), and the log's passes are checked against
+   that runner's own report; other runners are read from their log.
+6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
-Residual risk (``eval.grader``): the code under test runs in the test process. The guard undoes a
-package's import-time patches of unittest, but code that patches again while the tests run, or
-that inspects the process's memory, can still forge outcomes; a pytest command has no guard and
-is read from its log, which the package can print to. Only a separate process per call (as the
-code grader does) would close that, and SWE tests call the package directly.
+Residual risk: the code under test runs in the test process. A forgery that flips only the listed
+tests (it would have to recognise them) or that finds the runner's objects in memory is not
+caught; canaries catch one that turns failures into passes across the board.
 """
 from __future__ import annotations
 

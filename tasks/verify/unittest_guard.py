@@ -14,7 +14,8 @@ This defeats a package that, on import, overrides ``TestCase.run`` (or ``addSucc
 ``assertEqual`` ...) so that failures read as passes. It cannot defeat code that keeps running
 in this process and patches again later (a test calls the package, which re-patches, walks the
 stack, or finds this module's objects with ``gc``): the code under test runs in the test process,
-as it must for its tests to call it.
+as it must for its tests to call it. The SWE grader's canaries (a must-fail test planted in the
+same modules) catch such a forgery when it turns failures into passes across the board.
 """
 from __future__ import annotations
 
