@@ -97,9 +97,18 @@ def read(canaries: list[Canary], outcomes: dict[str, str]) -> list[Canary]:
     return out
 
 
+def is_test_module(path: str) -> bool:
+    """A file a runner collects tests from by its name (``test_*.py``, ``*_test.py``, ``tests.py``):
+    the only kind canaries go into (not a conftest, a helper or Django's ``models.py``)."""
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py") or name == "tests.py")
+
+
 def verdict(canaries: list[Canary]) -> str:
     """``clean``, ``tampered`` (a must-fail canary passed) or ``unverified`` (a collected canary
-    missing, or a must-pass one not passing)."""
+    missing, or a must-pass one not passing). A skipped canary (a module-level skip mark) says
+    nothing either way."""
+    canaries = [c for c in canaries if c.outcome != test_log.SKIPPED]
     if any(c.must == "fail" and c.outcome == test_log.PASSED for c in canaries):
         return "tampered"
     if any(c.expected and (c.outcome == test_log.MISSING or (c.must == "pass" and c.outcome != test_log.PASSED))

@@ -9,7 +9,8 @@ library and the environment's pytest only; the SWE grader copies it into the san
 - ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, ``PYTEST_ADDOPTS`` and ``PYTEST_PLUGINS`` cleared; the
   ``pytest11`` plugins of distributions installed *outside* the repository (the environment the
   base tree was built with) are loaded by name with ``-p``; a ``*.dist-info`` in the tree is not.
-- The grader passes the configuration it wrote (``-c``, ``--rootdir``) among the arguments.
+- The grader passes the configuration it wrote (``-c``, ``--rootdir``) among the arguments;
+  ``--maxfail=0`` goes last, so that a planted must-fail canary never ends the run early.
 - Each test's outcome is recorded by a plugin of this file, printed last as one line
   ``<nonce> <json>`` on a copy of stdout taken before any of the repository is imported, then the
   process ends with ``os._exit`` (no ``atexit`` hook of the package runs after it). The grader
@@ -90,8 +91,8 @@ def main() -> int:
              os.path.abspath(sys.path[0] or ".") == os.path.abspath(root)}
     record = Record()
     extra = [item for name in plugins for item in ("-p", name)]
-    try:
-        code = int(pytest.main(extra + args, plugins=[record]))
+    try:  # --maxfail=0 last: the grader's must-fail canary must not stop the run (-x, --maxfail)
+        code = int(pytest.main(extra + args + ["--maxfail=0"], plugins=[record]))
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run, the report says so
         facts["error"], code = repr(exc)[:500], 3
     for stream in (sys.stdout, sys.stderr):  # pytest's own summary first, then the report

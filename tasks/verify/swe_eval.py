@@ -254,7 +254,7 @@ def _guard_report(output: str, nonce: str) -> dict | None:
 def plant_canaries(box, root: str, test_patch: str, command: str) -> list[canaries.Canary]:
     """Canaries in the Python test files the test patch touches (:mod:`tasks.verify.canaries`)."""
     files = {}
-    for path in (p for p in swe_specs.test_files(test_patch) if p.endswith(".py")):
+    for path in (p for p in swe_specs.test_files(test_patch) if canaries.is_test_module(p)):
         try:
             files[path] = box.read_file(f"{root.rstrip('/')}/{path}").decode("utf-8")
         except (FileNotFoundError, PermissionError, UnicodeDecodeError):

@@ -123,6 +123,10 @@ def test_canary_verdicts():
     assert canaries.verdict(planted("MISSING", "MISSING")) == "unverified"
     assert canaries.verdict(planted("MISSING", "MISSING", expected=False)) == "clean"
     assert canaries.verdict(planted("ERROR", "FAILED")) == "unverified"
+    assert canaries.verdict(planted("SKIPPED", "SKIPPED")) == "clean"  # a module-level skip mark
+    assert [p for p in ("tests/test_a.py", "t/b_test.py", "tests/app/tests.py", "tests/conftest.py",
+                        "tests/app/models.py", "tests/helpers.py") if canaries.is_test_module(p)] == [
+        "tests/test_a.py", "t/b_test.py", "tests/app/tests.py"]
 
 
 def test_cross_check_believes_a_pass_only_the_runner_saw():
