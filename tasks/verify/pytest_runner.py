@@ -5,7 +5,8 @@ library and the environment's pytest only; the SWE grader copies it into the san
 
 - Run as a script from outside the repository, so the repository's root is not the first entry
   of ``sys.path`` (``python -m pytest`` puts the working directory first: a ``pytest.py`` or
-  ``_pytest/`` at the root would be the runner); this file's own directory is dropped too.
+  ``_pytest/`` at the root would be the runner): it goes last, behind the standard library and
+  the environment; this file's own directory is dropped.
 - ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, ``PYTEST_ADDOPTS`` and ``PYTEST_PLUGINS`` cleared; the
   ``pytest11`` plugins of distributions installed *outside* the repository (the environment the
   base tree was built with) are loaded by name with ``-p``; a ``*.dist-info`` in the tree is not.
@@ -28,9 +29,13 @@ import sys
 _RANK = {"PASSED": 0, "SKIPPED": 1, "FAILED": 2, "ERROR": 2}
 
 
-def _own_dir_off_path() -> None:
+def _path_for(root: str) -> None:
+    """This file's directory off ``sys.path``; the root last, behind the standard library and the
+    environment (``python -m pytest`` would put it first; a repository that is not installed
+    still imports its package from there)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") not in (here, os.path.abspath(root))]
+    sys.path.append(os.path.abspath(root))
 
 
 def _env_plugins(root: str) -> list[str]:
@@ -79,7 +84,7 @@ def main() -> int:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
     out = os.fdopen(os.dup(1), "w", buffering=1)
-    _own_dir_off_path()
+    _path_for(root)
     for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
         os.environ.pop(name, None)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"

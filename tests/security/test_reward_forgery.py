@@ -237,3 +237,32 @@ def test_forgery_earns_nothing(graders, statkit, runner_name, name):
         assert info["outcome"] == "tampered", info
         assert any(t.startswith(("canary:", "log:")) for t in report["tampered"]), report["tampered"]
     assert honest["reward"] == 1.0 and honest["eval"]["integrity"]["outcome"] == "clean"
+
+
+def test_the_runner_holds_even_where_the_allow_list_would_not(graders, statkit):
+    """Defence in depth: the forged runner, config and plugin of the first classes left in the
+    tree (as if the allow-list had missed them) still do not decide the run."""
+    from sandboxes.runtimes.bwrap import BwrapSandbox
+
+    instance = _as_pytest(statkit)
+    root = next(reachable_tmpdir("prorl-test-forgery-runner-"))
+    box = BwrapSandbox(SandboxSpec(), "forgery-runner", {"root": str(root)})
+    try:
+        where = repo.checkout_into(box, instance, "repo")
+        assert swe_eval.apply_patch(box, where, instance["test_patch"])
+        for path in ("pytest.py", ".pytest.ini", "forge-1.0.dist-info/entry_points.txt", "statkit/forge.py"):
+            text = {**FORGERIES["root-file-shadows-runner"], **FORGERIES["config-pytest-9-names"],
+                    **FORGERIES["plugin-dist-info-in-root"]}[path]
+            box.exec(f"mkdir -p {where}/{os.path.dirname(path) or '.'}")
+            box.write_file(f"{where}/{path}", text.encode())
+        forged, _ = swe_eval.run_tests(box, where, "python3 -m pytest -rA -p no:cacheprovider tests/test_central.py",
+                                       120, instance)  # the agent's own view: python -m pytest, no isolation
+        outcomes, facts = swe_eval.run_tests(box, where, PYTEST_CMD, 120, instance, base=instance["base_commit"])
+    finally:
+        box.close()
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    assert forged == {f"{CLASS}::test_mean": "PASSED"}  # python -m pytest ran the root's pytest.py
+    assert outcomes[f"{CLASS}::test_median_even_averages_the_middle_pair"] == "FAILED", facts["log_tail"]
+    assert outcomes[f"{CLASS}::test_mean"] == "PASSED" and facts["log_disagreements"] == []
+    assert facts["runner"]["plugins"] == [] and facts["runner"]["root_first_on_path"] is False
+    assert facts["runner"]["config_from"] is None and "/usr/lib/python3" in facts["runner"]["pytest_file"]
