@@ -26,6 +26,8 @@ import json
 import os
 import sys
 
+_EXIT = os._exit  # the package may replace os._exit (to let its atexit hooks run)
+
 _RANK = {"PASSED": 0, "SKIPPED": 1, "FAILED": 2, "ERROR": 2}
 
 
@@ -111,4 +113,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    os._exit(main())
+    _EXIT(main())

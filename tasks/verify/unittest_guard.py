@@ -28,6 +28,8 @@ import unittest.loader
 import unittest.result
 import unittest.suite
 
+_EXIT = os._exit  # the package may replace os._exit (to let its atexit hooks run)
+
 _MACHINERY = (unittest.case.TestCase, unittest.suite.BaseTestSuite, unittest.suite.TestSuite,
               unittest.result.TestResult, unittest.case._Outcome, unittest.case, unittest.suite,
               unittest.result, unittest.loader.TestLoader, unittest)
@@ -122,4 +124,4 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)
+    _EXIT(code)
