@@ -106,7 +106,7 @@ def test_canaries_take_the_files_words_and_style():
     text = ("import unittest\n\n\nclass CentralTest(unittest.TestCase):\n"
             "    def test_median_even_pair(self):\n        pass\n")
     source, made = canaries.plan("tests/test_central.py", text, random.Random(1))
-    assert {c.must for c in made} == {"pass", "fail"} and all(c.cls and c.cls in source for c in made)
+    assert [c.must for c in made] == ["pass", "fail", "pass"] and all(c.cls and c.cls in source for c in made)
     assert all(set(c.name.split("_")[1:3]) <= {"median", "even", "pair"} for c in made), made
     functions = "def test_parse_value():\n    assert 1\n"
     source, made = canaries.plan("tests/test_p.py", functions, random.Random(2))
@@ -114,16 +114,19 @@ def test_canaries_take_the_files_words_and_style():
 
 
 def test_canary_verdicts():
-    def planted(passing: str, failing: str, expected: bool = True) -> list:
-        return [canaries.Canary(file="t.py", name="test_a", must="pass", outcome=passing, expected=expected),
-                canaries.Canary(file="t.py", name="test_b", must="fail", outcome=failing, expected=expected)]
+    def planted(first: str, failing: str, last: str, expected: bool = True) -> list:
+        return [canaries.Canary(file="t.py", name="test_a", must="pass", outcome=first, expected=expected),
+                canaries.Canary(file="t.py", name="test_b", must="fail", outcome=failing, expected=expected),
+                canaries.Canary(file="t.py", name="test_c", must="pass", outcome=last, expected=expected)]
 
-    assert canaries.verdict(planted("PASSED", "FAILED")) == "clean"
-    assert canaries.verdict(planted("PASSED", "PASSED")) == "tampered"
-    assert canaries.verdict(planted("MISSING", "MISSING")) == "unverified"
-    assert canaries.verdict(planted("MISSING", "MISSING", expected=False)) == "clean"
-    assert canaries.verdict(planted("ERROR", "FAILED")) == "unverified"
-    assert canaries.verdict(planted("SKIPPED", "SKIPPED")) == "clean"  # a module-level skip mark
+    assert canaries.verdict(planted("PASSED", "FAILED", "PASSED")) == "clean"
+    assert canaries.verdict(planted("PASSED", "PASSED", "PASSED")) == "tampered"
+    assert canaries.verdict(planted("MISSING", "PASSED", "MISSING", expected=False)) == "tampered"
+    assert canaries.verdict(planted("MISSING", "MISSING", "MISSING")) == "unverified"
+    assert canaries.verdict(planted("MISSING", "MISSING", "MISSING", expected=False)) == "clean"
+    assert canaries.verdict(planted("ERROR", "FAILED", "PASSED")) == "unverified"
+    assert canaries.verdict(planted("PASSED", "MISSING", "MISSING")) == "clean"  # a parser lost the last lines
+    assert canaries.verdict(planted("SKIPPED", "SKIPPED", "SKIPPED")) == "clean"  # a module-level skip mark
     assert [p for p in ("tests/test_a.py", "t/b_test.py", "tests/app/tests.py", "tests/conftest.py",
                         "tests/app/models.py", "tests/helpers.py") if canaries.is_test_module(p)] == [
         "tests/test_a.py", "t/b_test.py", "tests/app/tests.py"]
@@ -136,3 +139,33 @@ def test_cross_check_believes_a_pass_only_the_runner_saw():
     assert merged == {"t.py::a": "PASSED", "t.py::b": "FAILED", "t.py::c": "ERROR", "t.py::d": "FAILED"}
     assert forged == ["t.py::b"]
     assert integrity.cross_check({"t.py::e": "PASSED"}, {})[1] == ["t.py::e"]
+
+
+SYMPY_FILE = "from sympy import Symbol\n\n\ndef test_double_symbol():\n    x = Symbol('x')\n    assert x + x == 2 * x\n\n\n" \
+             "def test_double_broken():\n    assert 1 == 2\n"
+SYMPY_RUN = ("import os, sys\nfrom sympy.testing.runtests import PyTestReporter, SymPyTests\n{forge}\n"
+             "tests = SymPyTests(PyTestReporter(verbose=True, colors=False))\ntests._root_dir = os.getcwd()\n"
+             "tests._testfiles = [os.path.abspath('pkg/tests/test_calc.py')]\nsys.exit(not tests.test(sort=True))\n")
+# a reporter that calls every failure a pass (what a package could do to SymPy's runner in process)
+SYMPY_FORGE = "PyTestReporter.test_fail = lambda self, exc_info: self.test_pass()"
+
+
+@pytest.mark.parametrize("forge,expected", [("", "clean"), (SYMPY_FORGE, "tampered")])
+def test_canaries_in_sympys_own_runner(tmp_path, forge, expected):
+    """Canaries planted in a SymPy-style test file, run by SymPy's own reporter (what ``bin/test
+    --verbose`` prints), read by SWE-bench's SymPy parser: as planted, or caught forging."""
+    pytest.importorskip("sympy")
+    from tasks.verify import swe_specs
+
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    for init in ("pkg/__init__.py", "pkg/tests/__init__.py"):
+        (tmp_path / init).write_text("")
+    planted = integrity.plant({"pkg/tests/test_calc.py": SYMPY_FILE}, f"{swe_specs.SYMPY} pkg/tests/test_calc.py",
+                              lambda path, text: (tmp_path / path).write_text(text))
+    assert all(c.expected and c.cls is None for c in planted)
+    done = subprocess.run([sys.executable, "-c", SYMPY_RUN.format(forge=forge)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    spec = swe_specs.spec_for({"repo": "sympy/sympy", "test_patch": ""})
+    outcomes = swe_specs.parse(spec, done.stdout + done.stderr, {"repo": "sympy/sympy"})
+    assert outcomes["test_double_broken"] == ("FAILED" if not forge else "PASSED"), done.stdout[-2000:]
+    assert canaries.verdict(canaries.read(planted, outcomes)) == expected
