@@ -172,20 +172,7 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     log = f"{home}/.prorl-test.log"
     found = _UNITTEST.match(spec.test_cmd)
     if not found:
-        command, nonces, runner = _isolated(box, root, spec.test_cmd, base)
-        run = box.exec(_shell(root, spec, command, log), timeout=timeout)
-        text, size = read_log(box, log)
-        outcomes = swe_specs.parse(spec, text, instance)
-        facts = {**_facts(run, text, size, spec), "grader": NOTE_PYTEST if nonces else NOTE_LOG, "runner": runner}
-        if not nonces:
-            return outcomes, facts
-        reports = [_guard_report(text, nonce) for nonce in nonces]
-        if any(report is None for report in reports):
-            return {}, {**facts, "error": "the isolated pytest runner gave no report"}
-        runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
-        merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
-        outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged)
-        return outcomes, facts
+        return _run_from_log(box, root, spec, timeout, instance, base)
     nonce = secrets.token_hex(16)
     box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
     box.write_file(f"{home}/.prorl-nonce", nonce.encode())
@@ -202,6 +189,27 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
         return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
     return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+
+
+def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, instance: dict[str, Any] | None,
+                  base: str | None) -> tuple[dict[str, str], dict[str, Any]]:
+    """A command read from its log; its pytest runs isolated, their passes checked against the
+    isolated runner's own reports."""
+    log = f"{os.path.dirname(root.rstrip('/'))}/.prorl-test.log"
+    command, nonces, runner = _isolated(box, root, spec.test_cmd, base)
+    run = box.exec(_shell(root, spec, command, log), timeout=timeout)
+    text, size = read_log(box, log)
+    outcomes = swe_specs.parse(spec, text, instance)
+    facts = {**_facts(run, text, size, spec), "grader": NOTE_PYTEST if nonces else NOTE_LOG, "runner": runner}
+    if not nonces:
+        return outcomes, facts
+    reports = [_guard_report(text, nonce) for nonce in nonces]
+    if any(report is None for report in reports):
+        return {}, {**facts, "error": "the isolated pytest runner gave no report"}
+    runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
+    merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
+    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged)
+    return outcomes, facts
 
 
 def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:
