@@ -70,8 +70,10 @@ class CodeHandler(AgentTaskHandler):
         report = run_tests(ctx, code, self.task(ctx.instance)["tests"])
         total = report.get("total") or 0
         passed = report.get("passed", 0)
-        reward = passed / total if total else 0.0
-        return {"reward": reward, "resolved": bool(total) and passed == total, "solution": code, "eval": report}
+        trusted = (report.get("integrity") or {}).get("outcome") != "tampered"
+        reward = passed / total if total and trusted else 0.0
+        return {"reward": reward, "resolved": bool(total) and passed == total and trusted, "solution": code,
+                "eval": report}
 
 
 class HumanEvalHandler(CodeHandler):
@@ -101,9 +103,21 @@ def run_tests(ctx: StageContext, code: str, tests: dict[str, Any]) -> dict[str, 
     box.write_file("spec.json", json.dumps({"solution": "solution.py", "tests": tests, "timeout": 6,
                                             "nonce": nonce}).encode())
     out = box.exec("python3 code_runner.py spec.json", timeout=max(1.0, min(300.0, ctx.remaining())))
-    return read_report(out.output, nonce) or {
+    report = read_report(out.output, nonce) or {
         "passed": 0, "total": None, "grader": GRADER, "timed_out": out.timed_out,
         "error": f"test runner gave no report (exit {out.exit_code}): {out.output[-1000:]}"}
+    return {**report, "integrity": integrity_of(report)}
+
+
+def integrity_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The code grader's integrity block: its isolation, and its canaries (judged as the tests
+    are; a must-fail one that passed is ``tampered``, no report or a canary missing ``unverified``)."""
+    planted = report.get("canaries") or []
+    forged = any(c.get("canary") == "fail" and c.get("passed") for c in planted)
+    broken = report.get("total") is None or any(c.get("canary") == "pass" and not c.get("passed") for c in planted)
+    return {"outcome": "tampered" if forged else "unverified" if broken else "clean",
+            "runner": {"kind": "judge-with-solution-child", "nonce_report": True}, "paths": None,
+            "canaries": planted}
 
 
 def read_report(output: str, nonce: str) -> dict[str, Any] | None:

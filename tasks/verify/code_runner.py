@@ -118,8 +118,17 @@ def run_python(solution: str, spec: dict, timeout: float) -> list[dict]:
         passed, why = _judge(code, {**env, **remote.names}, remote, timeout) if ok else \
             (False, f"test setup failed: {error}")
         results.append({"name": name, "passed": passed, "error": why})
+    results += _canaries(env, remote, timeout) if ok else []
     remote.kill()
     return results
+
+
+def _canaries(env: dict, remote: Remote, timeout: float) -> list[dict]:
+    """Two checks judged the way every test is, with the solution loaded: one must pass, one must
+    fail. A judge that the solution could reach would show it here (the host reads them apart)."""
+    return [{"name": f"canary:{must}", "canary": must,
+             "passed": _judge(code, {**env, **remote.names}, remote, timeout)[0], "error": ""}
+            for must, code in (("pass", "assert len('abc') == 3"), ("fail", "assert len('abc') == 4"))]
 
 
 def run_io(solution_path: str, cases: list[dict], timeout: float) -> list[dict]:
@@ -161,8 +170,10 @@ def main() -> None:
         results = run_io(spec["solution"], tests["cases"], timeout)
     else:
         results = run_python(solution, tests, timeout)
+    canaries = [r for r in results if r.get("canary")]
+    results = [r for r in results if not r.get("canary")]
     passed = sum(r["passed"] for r in results)
-    line = json.dumps({"passed": passed, "total": len(results), "results": results})
+    line = json.dumps({"passed": passed, "total": len(results), "results": results, "canaries": canaries})
     sys.stdout.write(f"\n{nonce} {line}\n" if nonce else line + "\n")
     sys.stdout.flush()
 

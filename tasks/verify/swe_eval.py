@@ -1,20 +1,23 @@
-"""The SWE grader: model patch, tamper check, tests reset to base + test patch, a guarded run.
+"""The SWE grader: model patch, allow-list, tests reset to base + test patch, canaries, an isolated run.
 
 1. The model patch is applied to a clean checkout; the paths it really changed are read from git.
-2. A change to a test, to a file the test patch touches, or to test infrastructure (see
-   :mod:`tasks.verify.tamper`) is ``eval.tampered``: no reward, the tests are not run.
+2. Each changed path is judged by the allow-list of :mod:`tasks.verify.tamper` (the package's own
+   source, docs, packaging metadata): anything else is ``integrity.paths.flagged`` and
+   ``eval.tampered``: no reward, the tests are not run.
 3. Every file of the test patch and every test-infrastructure file of the base commit is reset to
    the base commit, and the test patch applied (so nothing but the package differs from the
    reference the tests were written against).
-4. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
-   nonce-framed report (cross-checked with its exit status) is the verdict; other commands are
-   read from their log.
+4. Canaries (:mod:`tasks.verify.canaries`) are planted in the test patch's files.
+5. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
+   nonce-framed report (cross-checked with its exit status) is the verdict; each pytest run of
+   another command is replaced by :mod:`tasks.verify.pytest_runner` with the base commit's
+   configuration (:mod:`tasks.verify.pytest_isolation`), and the log's passes are checked against
+   that runner's own report; other runners are read from their log.
+6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
-Residual risk (``eval.grader``): the code under test runs in the test process. The guard undoes a
-package's import-time patches of unittest, but code that patches again while the tests run, or
-that inspects the process's memory, can still forge outcomes; a pytest command has no guard and
-is read from its log, which the package can print to. Only a separate process per call (as the
-code grader does) would close that, and SWE tests call the package directly.
+Residual risk: the code under test runs in the test process. A forgery that flips only the listed
+tests (it would have to recognise them) or that finds the runner's objects in memory is not
+caught; canaries catch one that turns failures into passes across the board.
 """
 from __future__ import annotations
 
@@ -26,13 +29,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.verify import swe_specs, tamper, test_log
+from tasks.verify import canaries, integrity, pytest_isolation, swe_specs, tamper, test_log
 
 GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
+PYTEST_RUNNER = Path(__file__).resolve().parent / "pytest_runner.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
 NOTE_LOG = "outcomes parsed from the test log, which the code under test can print to"
+NOTE_PYTEST = ("outcomes parsed from the test log, cross-checked with the isolated pytest runner's own "
+               "report; the code under test still runs in the test process")
 
 
 def _q(text: str) -> str:
@@ -54,8 +60,25 @@ def _lines(box, root: str, command: str) -> list[str]:
 
 
 def changed_paths(box, root: str, base: str) -> set[str]:
-    return set(_lines(box, root, f"cd {_q(root)} && git add -A >/dev/null 2>&1; "
-                           f"git diff --cached --no-renames --name-only -z {_q(base)}"))
+    return set(_changes(box, root, base)[0])
+
+
+def _changes(box, root: str, base: str) -> tuple[set[str], set[str]]:
+    """(paths the work tree changed since ``base``, those it made symlinks or submodules)."""
+    fields = _whole(box, root, f"cd {_q(root)} && git add -A >/dev/null 2>&1; "
+                               f"git diff --cached --no-renames --raw -z {_q(base)}").split("\0")
+    paths, links = set(), set()
+    for head, path in zip(fields[0::2], fields[1::2]):
+        modes = head.lstrip(":").split()
+        if path.strip() and len(modes) >= 2:
+            paths.add(path)
+            if modes[1] in tamper.LINK_MODES:
+                links.add(path)
+    return paths, links
+
+
+def base_paths(box, root: str, base: str) -> set[str]:
+    return set(_lines(box, root, f"cd {_q(root)} && git ls-tree -r -z --name-only {_q(base)}"))
 
 
 def _whole(box, root: str, command: str) -> str:
@@ -81,14 +104,24 @@ def _sections_changed(box, root: str, base: str, paths: set[str]) -> set[str]:
     return changed
 
 
+def judge_paths(box, root: str, base: str, test_patch: str, in_base: set[str],
+                command: str = "") -> dict[str, list[str]]:
+    """The paths the model patch changed, those outside what it may change
+    (:func:`tasks.verify.tamper.flagged`), and the allowed ones outside the package's source."""
+    changed, links = _changes(box, root, base)
+    flagged = tamper.flagged(changed, tamper.patch_paths(test_patch), in_base,
+                             _sections_changed(box, root, base, changed), links, command)
+    outside = [p for p in tamper.reported(changed, in_base) if p not in flagged]
+    return {"changed": sorted(changed), "flagged": flagged, "outside": outside}
+
+
 def find_tampering(box, root: str, base: str, test_patch: str) -> list[str]:
-    changed = changed_paths(box, root, base)
-    return tamper.tampered(changed, tamper.patch_paths(test_patch), _sections_changed(box, root, base, changed))
+    return judge_paths(box, root, base, test_patch, base_paths(box, root, base))["flagged"]
 
 
-def reset_tests(box, root: str, base: str, test_patch: str) -> None:
+def reset_tests(box, root: str, base: str, test_patch: str, in_base: set[str] | None = None) -> None:
     """Test-patch files and test infrastructure back to the base commit (new ones removed)."""
-    in_base = set(_lines(box, root, f"cd {_q(root)} && git ls-tree -r -z --name-only {_q(base)}"))
+    in_base = base_paths(box, root, base) if in_base is None else in_base
     targets = tamper.patch_paths(test_patch) | {p for p in in_base if tamper.is_test_path(p)}
     restore = sorted(targets & in_base)
     remove = sorted(targets - in_base)
@@ -129,18 +162,17 @@ def _shell(root: str, spec: swe_specs.SweSpec, command: str, log: str) -> str:
 
 
 def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
-              instance: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+              instance: dict[str, Any] | None = None, base: str | None = None) -> tuple[dict[str, str], dict[str, Any]]:
     """(outcomes by test name, facts about the run). The command's output goes to a log file
-    beside the repository, read back whole (:func:`read_log`)."""
+    beside the repository, read back whole (:func:`read_log`). With ``base`` (the base commit),
+    pytest runs isolated (:mod:`tasks.verify.pytest_isolation`) with the base's configuration."""
     if isinstance(spec, str):
         spec = swe_specs.SweSpec(test_cmd=spec, source="instance")
     home = os.path.dirname(root.rstrip("/"))
     log = f"{home}/.prorl-test.log"
     found = _UNITTEST.match(spec.test_cmd)
     if not found:
-        run = box.exec(_shell(root, spec, spec.test_cmd, log), timeout=timeout)
-        text, size = read_log(box, log)
-        return swe_specs.parse(spec, text, instance), {**_facts(run, text, size, spec), "grader": NOTE_LOG}
+        return _run_from_log(box, root, spec, timeout, instance, base)
     nonce = secrets.token_hex(16)
     box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
     box.write_file(f"{home}/.prorl-nonce", nonce.encode())
@@ -148,7 +180,7 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
                f"{found.group(1).strip()}")
     run = box.exec(_shell(root, spec, command, log), timeout=timeout)
     text, size = read_log(box, log)
-    facts = {**_facts(run, text, size, spec), "grader": NOTE_GUARDED}
+    facts = {**_facts(run, text, size, spec), "grader": NOTE_GUARDED, "runner": {"kind": "unittest-guard"}}
     report = _guard_report(text, nonce)
     if report is None:
         return {}, {**facts, "error": "the unittest guard gave no report"}
@@ -157,6 +189,57 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
         return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
     return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+
+
+def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, instance: dict[str, Any] | None,
+                  base: str | None) -> tuple[dict[str, str], dict[str, Any]]:
+    """A command read from its log; its pytest runs isolated, their passes checked against the
+    isolated runner's own reports."""
+    log = f"{os.path.dirname(root.rstrip('/'))}/.prorl-test.log"
+    command, nonces, runner = _isolated(box, root, spec.test_cmd, base)
+    run = box.exec(_shell(root, spec, command, log), timeout=timeout)
+    text, size = read_log(box, log)
+    outcomes = swe_specs.parse(spec, text, instance)
+    facts = {**_facts(run, text, size, spec), "grader": NOTE_PYTEST if nonces else NOTE_LOG, "runner": runner}
+    if not nonces:
+        return outcomes, facts
+    reports = [_guard_report(text, nonce) for nonce in nonces]
+    if any(report is None for report in reports):
+        return {}, {**facts, "error": "the isolated pytest runner gave no report"}
+    runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
+    merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
+    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged)
+    return outcomes, facts
+
+
+def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:
+    """(``command`` with its pytest runs isolated, their nonces, what the runner block says)."""
+    if base is None:
+        return command, [], {"kind": "log"}
+    home = os.path.dirname(root.rstrip("/"))
+    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
+    nonces: list[str] = []
+
+    def runner(python: str, index: int) -> str:
+        nonces.append(secrets.token_hex(16))
+        box.write_file(f"{home}/.prorl-pytest-nonce-{index}", nonces[-1].encode())
+        return (f"{python} {_q(home + '/.prorl-pytest-runner.py')} {_q(f'{home}/.prorl-pytest-nonce-{index}')} "
+                f"{_q(root)} -c {_q(config)} --rootdir {_q(root)}")
+
+    command, count = pytest_isolation.rewrite(command, runner)
+    if not count:
+        return command, [], {"kind": "log"}
+    source, text = pytest_isolation.base_config(lambda name: _at_base(box, root, base, name))
+    box.write_file(config, text.encode())
+    box.write_file(f"{home}/.prorl-pytest-runner.py", PYTEST_RUNNER.read_bytes())
+    return command, nonces, {"kind": "pytest-isolated", "config_from": source, "plugin_autoload": False}
+
+
+def _at_base(box, root: str, base: str, name: str) -> str | None:
+    listed = _whole(box, root, f"cd {_q(root)} && git ls-tree --name-only {_q(base)} -- {_q(name)}")
+    if not listed.strip():
+        return None
+    return _whole(box, root, f"cd {_q(root)} && git show {_q(base)}:{_q(name)}")
 
 
 def _facts(run, text: str, size: int, spec: swe_specs.SweSpec) -> dict[str, Any]:
@@ -176,26 +259,46 @@ def _guard_report(output: str, nonce: str) -> dict | None:
     return None
 
 
+def plant_canaries(box, root: str, test_patch: str, command: str) -> list[canaries.Canary]:
+    """Canaries in the Python test files the test patch touches (:mod:`tasks.verify.canaries`)."""
+    files = {}
+    for path in (p for p in swe_specs.test_files(test_patch) if canaries.is_test_module(p)):
+        try:
+            files[path] = box.read_file(f"{root.rstrip('/')}/{path}").decode("utf-8")
+        except (FileNotFoundError, PermissionError, UnicodeDecodeError):
+            continue
+    return integrity.plant(files, command, lambda path, text: box.write_file(f"{root.rstrip('/')}/{path}", text.encode()))
+
+
 def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) -> dict[str, Any]:
     """The eval result of ``patch`` in a clean checkout at ``root`` of ``box``."""
     base, test_patch = instance["base_commit"], instance.get("test_patch", "")
     if not apply_patch(box, root, patch):
         return {"reward": 0.0, "resolved": False,
                 "eval": {"applied": {"model_patch": False}, "error": "model patch does not apply"}}
-    tampered = find_tampering(box, root, base, test_patch)
-    if tampered:
+    in_base, spec = base_paths(box, root, base), swe_specs.spec_for(instance)
+    paths = judge_paths(box, root, base, test_patch, in_base, spec.test_cmd)
+    if paths["flagged"]:
+        info = integrity.block(paths, None, [], [], None)
         return {"reward": 0.0, "resolved": False, "eval": {
-            "tampered": tampered, "applied": {"model_patch": True},
-            "error": "the model patch changes tests or test infrastructure"}}
-    reset_tests(box, root, base, test_patch)
+            "tampered": integrity.tampered_names(info), "applied": {"model_patch": True}, "integrity": info,
+            "error": "the model patch changes paths outside the package's own source (tests, test "
+                     "infrastructure, root files, dotfiles, metadata)"}}
+    reset_tests(box, root, base, test_patch, in_base)
     applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
-    spec = swe_specs.spec_for(instance)
-    outcomes, facts = run_tests(box, root, spec, timeout, instance)
+    planted = plant_canaries(box, root, test_patch, spec.test_cmd) if applied["test_patch"] else []
+    outcomes, facts = run_tests(box, root, spec, timeout, instance, base=base)
+    planted = canaries.read(planted, outcomes)
+    info = integrity.block(paths, facts.pop("runner", None), planted, facts.pop("log_disagreements", []),
+                           facts.get("error"))
     report = test_log.report(outcomes, test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
                              test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS"))
     f2p = report["FAIL_TO_PASS"]
     broke = any(v != test_log.PASSED for v in report["PASS_TO_PASS"].values())
     fixed = sum(v == test_log.PASSED for v in f2p.values()) / len(f2p) if f2p else 0.0
-    report.update({"applied": applied, "tampered": [], **facts})
-    return {"reward": 0.0 if broke or not applied["test_patch"] else fixed,
-            "resolved": report["resolved"] and applied["test_patch"], "eval": report}
+    trusted = info["outcome"] == "clean"
+    report.update({"applied": applied, "tampered": integrity.tampered_names(info), **facts, "integrity": info})
+    if info["outcome"] == "tampered":
+        report["error"] = "the run's outcomes were forged (see integrity)"
+    return {"reward": 0.0 if broke or not applied["test_patch"] or not trusted else fixed,
+            "resolved": report["resolved"] and applied["test_patch"] and trusted, "eval": report}

@@ -14,7 +14,8 @@ This defeats a package that, on import, overrides ``TestCase.run`` (or ``addSucc
 ``assertEqual`` ...) so that failures read as passes. It cannot defeat code that keeps running
 in this process and patches again later (a test calls the package, which re-patches, walks the
 stack, or finds this module's objects with ``gc``): the code under test runs in the test process,
-as it must for its tests to call it.
+as it must for its tests to call it. The SWE grader's canaries (a must-fail test planted in the
+same modules) catch such a forgery when it turns failures into passes across the board.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import unittest.case
 import unittest.loader
 import unittest.result
 import unittest.suite
+
+_EXIT = os._exit  # the package may replace os._exit (to let its atexit hooks run)
 
 _MACHINERY = (unittest.case.TestCase, unittest.suite.BaseTestSuite, unittest.suite.TestSuite,
               unittest.result.TestResult, unittest.case._Outcome, unittest.case, unittest.suite,
@@ -121,4 +124,4 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)
+    _EXIT(code)

@@ -114,8 +114,11 @@ def eval_ctx(sandbox_root):
 def test_code_grader_attack_earns_nothing_in_bwrap(eval_ctx, name):
     report = run_tests(eval_ctx, ATTACKS[name], ADD_TESTS)
     assert report["passed"] == 0, report
+    assert report["integrity"]["outcome"] in ("clean", "unverified"), report  # the judge itself was not reached
     honest = run_tests(eval_ctx, HONEST, ADD_TESTS)
     assert (honest["passed"], honest["total"]) == (3, 3), honest
+    assert honest["integrity"]["outcome"] == "clean", honest["integrity"]  # issue 23: canaries as planted
+    assert {(c["canary"], c["passed"]) for c in honest["integrity"]["canaries"]} == {("pass", True), ("fail", False)}
 
 
 @needs_bwrap()
