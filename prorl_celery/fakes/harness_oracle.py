@@ -12,7 +12,7 @@ Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celer
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from prorl_celery.fakes import oracle
 from prorl_celery.fakes.llm.policies import Reply
@@ -55,14 +55,8 @@ def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
                  Reply())
     if math is not None:
         return math
-    for task in oracle._swe_tasks():
-        if task["problem_statement"] in text:
-            answer = oracle._swe(task, step)
-            if answer.tool_calls and answer.tool_calls[0].name == "submit":
-                return Reply(content="The issue is fixed.")
-            call = answer.tool_calls[0]
-            return oracle._call("Bash", command=call.arguments["command"], description="work on the issue")
-    return None
+    return _swe_with(text, step, lambda command: oracle._call("Bash", command=command,
+                                                               description="work on the issue"))
 
 
 def _codex(messages: list[dict[str, Any]]) -> Reply | None:
@@ -72,12 +66,18 @@ def _codex(messages: list[dict[str, Any]]) -> Reply | None:
     math = _math(text, step, shell, Reply())
     if math is not None:
         return math
+    return _swe_with(text, step, lambda command: oracle._call("exec_command", cmd=command))
+
+
+def _swe_with(text: str, step: int, shell: Callable[[str], Reply]) -> Reply | None:
+    """The oracle's SWE episode in a harness's own shell tool (``shell(command)``); where the
+    oracle would submit, a harness just says it is done."""
     for task in oracle._swe_tasks():
         if task["problem_statement"] in text:
             answer = oracle._swe(task, step)
             if answer.tool_calls and answer.tool_calls[0].name == "submit":
                 return Reply(content="The issue is fixed.")
-            return oracle._call("exec_command", cmd=answer.tool_calls[0].arguments["command"])
+            return shell(answer.tool_calls[0].arguments["command"])
     return None
 
 
