@@ -10,7 +10,9 @@ a superset; the rest of the line runs verbatim.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import shlex
 import subprocess
 from pathlib import Path
@@ -114,9 +116,35 @@ def test_using_it_and_the_plain_http_trainer_loop_work_as_written(tmp_path):
             assert resumed["resumed"] and all(b["weight_version"] == "step12" for b in resumed["backends"])
             assert len(group["job_ids"]) == 4
             assert completions["cursor"] and completions["completions"], trainer.stdout
+
+            byoa = next(b for b in blocks("Bring your own agent") if '"harness"' in b)
+            harness = _run_block(net, byoa, env, tmp_path, timeout=300)
+            assert harness.returncode == 0, harness.stdout + harness.stderr
+            registered, job = _json_docs(harness.stdout)
+            assert registered["backend"]["protocol"] == "generate", registered
+            result = job["result"]
+            assert job["status"] == "completed" and result["reward"] == 1.0, harness.stdout
+            assert result["token_mode"] == "exact" and result["finish_reason"] == "submitted", result
         finally:
             up.stop()
     assert "Traceback" not in up.output, up.output
+
+
+def _run_block(net: list[str], block: str, env: dict[str, str], cwd: Path,
+               timeout: float) -> subprocess.CompletedProcess:
+    """``block`` in ``bash -euo pipefail``, in its own session; whatever it left running in the
+    background (a server started with ``&``) is killed with its process group afterwards."""
+    proc = subprocess.Popen([*net, "bash", "-euo", "pipefail", "-c", block], env=env, cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _mentioned(pattern: str) -> set[str]:
