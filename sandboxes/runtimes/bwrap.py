@@ -90,7 +90,10 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
     gateways = _gateway_dir()
-    if gateways:  # harness sessions' gateway sockets (unlistable, each behind its own credential)
+    # harness sessions' gateway sockets (unlistable, each behind its own credential); an image's
+    # read-only root needs the mount point already there (bwrap cannot make it in a read-only
+    # tree), so an image without it gets no gateway: a harness there ends as harness_error
+    if gateways and (not image or os.path.isdir(os.path.join(image, gateways.lstrip("/")))):
         argv += ["--ro-bind", gateways, gateways]
     size = str(config.tmp_size_mb * _MB)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
