@@ -3,7 +3,7 @@
 Each file gets three, with fresh random names made of the words of the file's own test names
 (a forgery that keys on those words flips them too) and in the file's own style (a
 ``unittest.TestCase`` class checking with the file's most used assertion where its tests are
-methods, functions with a plain ``assert`` otherwise): two must pass,
+methods, as in a ``TestCase`` or Django's classes on the suite's own bases, functions with a plain ``assert`` otherwise): two must pass,
 one must fail. Their outcomes are read from the same log, by the same parser, as the listed
 tests. A run in which a must-fail canary passed was forged in process (``tampered``); one in
 which a must-pass canary of a file the command runs failed, or none of them passed, is not to be
@@ -24,6 +24,8 @@ FILLER = ("value", "case", "edge", "result", "input", "default", "empty", "order
 _TEST_NAME = re.compile(r"^\s*def (test_\w+)\s*\(", re.M)
 _CLASS_TESTS = re.compile(r"^class \w+\([^)]*TestCase[^)]*\)\s*:", re.M)
 _MODULE_TEST = re.compile(r"^def test_\w+\s*\(", re.M)
+# a test method (Django's classes derive from the suite's own bases, not a name with TestCase)
+_METHOD_TEST = re.compile(r"^\s+def test_\w+\s*\(\s*self\b", re.M)
 
 
 class Canary(BaseModel):
@@ -56,7 +58,7 @@ def plan(path: str, text: str, rng: random.Random) -> tuple[str, list[Canary]]:
     pass: a parser may lose a file's last line, as SWE-bench's SymPy parser does)."""
     words, used = _words(text), set()
     names = [(_fresh(rng, words, text, used), must) for must in ("pass", "fail", "pass")]
-    if _CLASS_TESTS.search(text) and not _MODULE_TEST.search(text):
+    if (_CLASS_TESTS.search(text) or _METHOD_TEST.search(text)) and not _MODULE_TEST.search(text):
         body = _method_checks(text)
         cls = "Test" + "".join(w.capitalize() for w in rng.sample(words, min(2, len(words)))) + rng.choice(FILLER).capitalize()
         while cls in text:

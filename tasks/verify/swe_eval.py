@@ -29,16 +29,19 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.verify import canaries, integrity, pytest_isolation, swe_specs, tamper, test_log
+from tasks.verify import canaries, django_isolation, integrity, pytest_isolation, swe_specs, tamper, test_log
 
 GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
 PYTEST_RUNNER = Path(__file__).resolve().parent / "pytest_runner.py"
+DJANGO_RUNNER = Path(__file__).resolve().parent / "django_runner.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
 NOTE_LOG = "outcomes parsed from the test log, which the code under test can print to"
 NOTE_PYTEST = ("outcomes parsed from the test log, cross-checked with the isolated pytest runner's own "
                "report; the code under test still runs in the test process")
+NOTE_DJANGO = ("outcomes parsed from the test log, cross-checked with a record unittest's TestCase.run "
+               "kept (Django's runner is the package's code); the code under test still runs in the test process")
 
 
 def _q(text: str) -> str:
@@ -200,15 +203,19 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     run = box.exec(_shell(root, spec, command, log), timeout=timeout)
     text, size = read_log(box, log)
     outcomes = swe_specs.parse(spec, text, instance)
-    facts = {**_facts(run, text, size, spec), "grader": NOTE_PYTEST if nonces else NOTE_LOG, "runner": runner}
+    note = {"pytest-isolated": NOTE_PYTEST, "django-guarded": NOTE_DJANGO}.get(runner["kind"], NOTE_LOG)
+    facts = {**_facts(run, text, size, spec), "grader": note, "runner": runner}
     if not nonces:
         return outcomes, facts
     reports = [_guard_report(text, nonce) for nonce in nonces]
     if any(report is None for report in reports):
-        return {}, {**facts, "error": "the isolated pytest runner gave no report"}
+        return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
     runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
+    changed = sorted({name for report in reports for name in report.get("changed") or []})
+    if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
+        facts["error"] = f"the package changed the unittest machinery: {', '.join(changed)[:500]}"
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
-    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged)
+    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged, runner["kind"] == "django-guarded")
     return outcomes, facts
 
 
@@ -226,6 +233,15 @@ def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list
         return (f"{python} {_q(home + '/.prorl-pytest-runner.py')} {_q(f'{home}/.prorl-pytest-nonce-{index}')} "
                 f"{_q(root)} -c {_q(config)} --rootdir {_q(root)}")
 
+    def django(python: str, index: int) -> str:
+        nonces.append(secrets.token_hex(16))
+        box.write_file(f"{home}/.prorl-django-nonce-{index}", nonces[-1].encode())
+        return f"{python} {_q(home + '/.prorl-django-runner.py')} {_q(f'{home}/.prorl-django-nonce-{index}')} {_q(root)}"
+
+    command, count = django_isolation.rewrite(command, django)
+    if count:
+        box.write_file(f"{home}/.prorl-django-runner.py", DJANGO_RUNNER.read_bytes())
+        return command, nonces, {"kind": "django-guarded"}
     command, count = pytest_isolation.rewrite(command, runner)
     if not count:
         return command, [], {"kind": "log"}

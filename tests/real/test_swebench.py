@@ -114,8 +114,11 @@ def test_gold_patch_resolves_every_listed_test(service, built, instance_id):
     assert result["eval"]["applied"] == {"model_patch": True, "test_patch": True}
     assert _changed(result["git_patch"]) == _changed(instance["patch"])
     integrity = result["eval"]["integrity"]  # issue 23: the isolated runner, canaries as planted
-    assert integrity["outcome"] == "clean" and integrity["runner"]["kind"] == "pytest-isolated", integrity
-    assert integrity["runner"]["plugin_autoload"] is False and integrity["runner"]["root_first_on_path"] is False
+    django = instance_id.startswith("django__")  # Django's runtests.py runs under the recorder
+    assert integrity["outcome"] == "clean", integrity
+    assert integrity["runner"]["kind"] == ("django-guarded" if django else "pytest-isolated"), integrity
+    if not django:
+        assert integrity["runner"]["plugin_autoload"] is False and integrity["runner"]["root_first_on_path"] is False
     assert integrity["canaries"] and {(c["must"], c["outcome"]) for c in integrity["canaries"]} == {
         ("pass", "PASSED"), ("fail", "FAILED")}, integrity["canaries"]
     if instance_id == "pytest-dev__pytest-11143":  # ids with spaces, read from a log past the output cap
