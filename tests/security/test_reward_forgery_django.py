@@ -8,8 +8,11 @@ where the checkout is the one ``pip install -e .`` installed, and the test comma
 forgery here is one a patch may legally write in ``django/`` except where a path is flagged. Each
 must earn 0 with a typed outcome (``tampered`` naming the path, canary or log line, or
 ``unverified`` with an error); the gold patch, graded in the same sandbox, earns 1 with a clean
-integrity block and the canaries as planted. Marked ``swebench`` (the environment build, ~20 s a
-case): ``python3 -m pytest -m swebench tests/security/test_reward_forgery_django.py``.
+integrity block and the canaries as planted. Marked ``swebench`` (the environment is built once,
+then cached; ~5 s a case): ``python3 -m pytest -m swebench tests/security/test_reward_forgery_django.py``.
+Before the recorder, four of these earned 1 on the log alone: the listed test's "ok" line printed
+at import or by an ``atexit`` hook, a result class that turns only its error into a success, and
+``SimpleTestCase.run`` replaced (the canaries, plain ``unittest.TestCase``, stayed honest).
 """
 from __future__ import annotations
 
