@@ -142,7 +142,6 @@ def django_row(tmp_path_factory):
 def grade(django_row):
     """grade(patch) -> result, in one bwrap sandbox in the row's environment; the checkout is the
     installed one (the recipe's workdir), put back to the base commit before each grade."""
-    from config.settings import get_settings
     from sandboxes.base import SandboxSpec
     from sandboxes.runtimes.bwrap import BwrapSandbox
     from tasks.handlers import repo
@@ -151,9 +150,6 @@ def grade(django_row):
     instance, _ = django_row
     workdir = recipe_of(ROW, instance["repo_source"]).workdir
     root = next(reachable_tmpdir("prorl-test-forgery-django-"))
-    env = pytest.MonkeyPatch()  # no harness here, and bwrap cannot bind the gateway directory
-    env.setenv("PRORL_GATEWAY_SOCKET_DIR", "")  # (/run/prorl-gateway) into an image's read-only /run
-    get_settings.cache_clear()
     box = BwrapSandbox(SandboxSpec(image=instance["image"]), "forgery-django", {"root": str(root)})
     where = repo.checkout_into(box, instance, workdir)
 
@@ -163,8 +159,6 @@ def grade(django_row):
 
     yield run
     box.close()
-    env.undo()
-    get_settings.cache_clear()
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
