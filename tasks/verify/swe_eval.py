@@ -12,7 +12,9 @@
    nonce-framed report (cross-checked with its exit status) is the verdict; each pytest run of
    another command is replaced by :mod:`tasks.verify.pytest_runner` with the base commit's
    configuration (:mod:`tasks.verify.pytest_isolation`), and the log's passes are checked against
-   that runner's own report; other runners are read from their log.
+   that runner's own report; Django's ``tests/runtests.py`` runs under
+   :mod:`tasks.verify.django_runner` (:mod:`tasks.verify.django_isolation`), the log's passes
+   checked against its record; other runners (SymPy's ``bin/test``) are read from their log.
 6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
 Residual risk: the code under test runs in the test process. A forgery that flips only the listed

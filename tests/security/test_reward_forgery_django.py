@@ -8,8 +8,11 @@ where the checkout is the one ``pip install -e .`` installed, and the test comma
 forgery here is one a patch may legally write in ``django/`` except where a path is flagged. Each
 must earn 0 with a typed outcome (``tampered`` naming the path, canary or log line, or
 ``unverified`` with an error); the gold patch, graded in the same sandbox, earns 1 with a clean
-integrity block and the canaries as planted. Marked ``swebench`` (the environment build, ~20 s a
-case): ``python3 -m pytest -m swebench tests/security/test_reward_forgery_django.py``.
+integrity block and the canaries as planted. Marked ``swebench`` (the environment is built once,
+then cached; ~5 s a case): ``python3 -m pytest -m swebench tests/security/test_reward_forgery_django.py``.
+Before the recorder, four of these earned 1 on the log alone: the listed test's "ok" line printed
+at import or by an ``atexit`` hook, a result class that turns only its error into a success, and
+``SimpleTestCase.run`` replaced (the canaries, plain ``unittest.TestCase``, stayed honest).
 """
 from __future__ import annotations
 
@@ -139,7 +142,6 @@ def django_row(tmp_path_factory):
 def grade(django_row):
     """grade(patch) -> result, in one bwrap sandbox in the row's environment; the checkout is the
     installed one (the recipe's workdir), put back to the base commit before each grade."""
-    from config.settings import get_settings
     from sandboxes.base import SandboxSpec
     from sandboxes.runtimes.bwrap import BwrapSandbox
     from tasks.handlers import repo
@@ -148,9 +150,6 @@ def grade(django_row):
     instance, _ = django_row
     workdir = recipe_of(ROW, instance["repo_source"]).workdir
     root = next(reachable_tmpdir("prorl-test-forgery-django-"))
-    env = pytest.MonkeyPatch()  # no harness here, and bwrap cannot bind the gateway directory
-    env.setenv("PRORL_GATEWAY_SOCKET_DIR", "")  # (/run/prorl-gateway) into an image's read-only /run
-    get_settings.cache_clear()
     box = BwrapSandbox(SandboxSpec(image=instance["image"]), "forgery-django", {"root": str(root)})
     where = repo.checkout_into(box, instance, workdir)
 
@@ -160,8 +159,6 @@ def grade(django_row):
 
     yield run
     box.close()
-    env.undo()
-    get_settings.cache_clear()
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
