@@ -44,7 +44,7 @@ def _demo_rows(output: str) -> list[list[str]]:
     return [line.split() for line in lines[start + 1:] if re.match(r"^[0-9a-f]{12}\s", line)]
 
 
-@pytest.mark.parametrize("bwrap", ["with-bwrap", "without-bwrap"])
+@pytest.mark.parametrize("bwrap", ["with-bwrap", pytest.param("without-bwrap", marks=pytest.mark.slow)])
 def test_first_command_runs_every_demo_job_on_a_fresh_machine(tmp_path, bwrap):
     first = _setup_commands()[0]
     rest = first.split(" && ", 1)[1] if first.startswith(PIP + " && ") else first
@@ -69,6 +69,7 @@ def test_first_command_runs_every_demo_job_on_a_fresh_machine(tmp_path, bwrap):
     assert ("WITHOUT ISOLATION" in out) == (bwrap == "without-bwrap"), out
 
 
+@pytest.mark.slow
 def test_up_without_bwrap_says_how_to_fix_it_in_one_message(tmp_path):
     mount = without_bwrap(tmp_path)
     if not mount:
@@ -187,6 +188,7 @@ def _cluster_lines() -> tuple[str, list[str], str]:
     return export, services, status
 
 
+@pytest.mark.slow
 def test_the_cluster_commands_run_as_written(tmp_path):
     """Every line of the cluster block verbatim, on a node with a non-loopback address, against the
     head's Redis; only the ``export`` line's values are the test's own (its Redis, its token)."""

@@ -105,6 +105,7 @@ def _served(sock: socket.socket) -> bytes:
     return head
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after_a_request", [False, True])
 def test_a_head_dripped_byte_by_byte_is_cut_at_the_deadline(guarded_api, after_a_request):
     with socket.create_connection(_address(guarded_api), timeout=5) as sock:
@@ -126,6 +127,7 @@ def test_a_head_dripped_byte_by_byte_is_cut_at_the_deadline(guarded_api, after_a
         assert closed and time.monotonic() - started >= HEAD_S
 
 
+@pytest.mark.slow
 def test_a_long_poll_outlives_the_head_deadline(guarded_api):
     auth = {"Authorization": f"Bearer {API_TOKEN}"}
     instance = {"data_source": "shell", "commands": [f"sleep {HEAD_S + 2}"], "sandbox": {"runtime": "local"}}

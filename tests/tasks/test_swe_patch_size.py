@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
 import requests
 
 from prorl_celery.fakes import swe
@@ -75,6 +76,7 @@ def test_a_40kb_honest_patch_resolves(stack, api, tmp_path):
     assert result["eval"]["applied"] == {"model_patch": True, "test_patch": True}
 
 
+@pytest.mark.slow
 def test_a_patch_past_the_operator_limit_is_a_typed_filtered_finish(stack, api, tmp_path):
     """9 MB of new data against the default swe_patch_max_mb of 8: not graded, not cut."""
     instance = swe.build("statkit", tmp_path / "repos")
