@@ -21,10 +21,6 @@ from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
                                 HostRecord, SandboxEntry, StatResult)
 from sandboxes.registry import AUTO, requested_runtime
-# what a host may answer beside prorl_celery.errors: imported, so registered by their types
-from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
-from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
-from sandboxes.runtimes.workspace import FileTooLarge  # noqa: F401
 
 log = logging.getLogger(__name__)
 
