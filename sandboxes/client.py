@@ -12,6 +12,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from prorl_celery import keys
+from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from prorl_celery.http import Response, TransportError
@@ -268,7 +269,7 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
 
     started = time.monotonic()
     deadline = started + min(budget_s, get_settings().sandbox_create_wait_s)
-    pause = first_pause_s
+    backoff, retry = Backoff(first_pause_s, max_pause_s, jitter=(0.5, 1.0)), 0
     while True:
         if check is not None:
             check()
@@ -276,9 +277,9 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
         try:
             return open_sandbox(client, spec, job_id, lease_s), waited
         except (SandboxError, ImageError) as exc:
-            if not _transient(exc) or time.monotonic() + pause > deadline:
+            retry += 1
+            if not _transient(exc) or time.monotonic() + backoff.base(retry) > deadline:
                 raise
-            (log.warning if waited < 10 <= waited + pause else log.info)(
-                "job %s waited %.1f s for a sandbox so far: %s", job_id, waited + pause, exc)
-        time.sleep(pause * random.uniform(0.5, 1.0))
-        pause = min(pause * 2, max_pause_s)
+            (log.warning if waited < 10 <= waited + backoff.base(retry) else log.info)(
+                "job %s waited %.1f s for a sandbox so far: %s", job_id, waited + backoff.base(retry), exc)
+        wait(backoff.pause(retry))
