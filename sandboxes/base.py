@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
-    from sandboxes.protocol import StatResult
+    from sandboxes.protocol import StatResult, Stray
 
 
 class Limits(BaseModel):
@@ -161,15 +161,31 @@ class Sandbox(Protocol):
 class SandboxRuntime:
     """The optional hooks of a runtime class, with the defaults a runtime that needs none of
     them inherits. The sandbox host, its warm pool and the registry call them directly, and
-    :func:`sandboxes.check.check_runtime_class` checks that every runtime has them."""
+    :func:`sandboxes.check.check_runtime_class` checks that every runtime has them. What is
+    special about one runtime is said here, by the runtime, never by its name elsewhere."""
 
     name: ClassVar[str] = ""
     isolation: ClassVar[str] = "unknown"  # how its sandboxes are isolated, as /healthz shows
+    # What 'auto' prefers: the available runtime of the highest rank the operator allows; 0: never
+    auto_rank: ClassVar[int] = 0
 
     @classmethod
-    def available(cls) -> bool:
-        """Whether the runtime can start sandboxes on this machine. Default: yes."""
+    def available(cls, config: dict[str, Any] | None = None) -> bool:
+        """Whether the runtime can start sandboxes on this machine with ``config`` (the host's
+        config for it: a binary to use ...). Default: yes."""
         return True
+
+    @classmethod
+    def strays(cls, config: dict[str, Any] | None = None) -> list[Stray]:
+        """Containers of this runtime on this node that live outside a host's process tree
+        (Apptainer's instances) and so may outlive the host that started them. The sweep asks
+        every host for them and has those of ended or unknown jobs stopped. Default: none."""
+        return []
+
+    @classmethod
+    def stop_stray(cls, name: str, config: dict[str, Any] | None = None) -> None:
+        """Stop the stray container ``name`` (one :meth:`strays` listed)."""
+        raise NotImplementedError(f"{cls.__name__} lists no strays")
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:

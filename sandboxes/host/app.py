@@ -19,8 +19,9 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, FileError, InvalidReque
                                  ProrlError, SandboxGone)
 from sandboxes.base import ExecResult
 from sandboxes.host.pool import SandboxPool, limit_enforcement
+from sandboxes.host.strays import list_strays, stop_strays
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Health,
-                                Method, SandboxList)
+                                Method, SandboxList, StopStraysRequest, StrayList)
 from sandboxes.runtimes.workspace import stream_capped
 
 
@@ -122,6 +123,14 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     def close_many() -> Response:  # a bulk cancel: one call instead of one per sandbox
         ids = parse(CloseManyRequest).sandbox_ids
         return ok(CloseManyResponse(closed=pool.close_many(ids, "closed in bulk")))
+
+    @app.get("/strays")
+    def strays() -> Response:  # the beat sweep's question: what runs here outside any host
+        return ok(StrayList(strays=list_strays(pool)))
+
+    @app.post("/strays/stop")
+    def strays_stop() -> Response:
+        return ok(stop_strays(pool, parse(StopStraysRequest).strays))
 
     return app
 
