@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -130,8 +130,9 @@ class Sandbox(Protocol):
     """A live sandbox with one persistent shell.
 
     A runtime class also has the optional hooks of :class:`SandboxRuntime` (``available``,
-    ``warm_spec``, ``claim``, ``kill``, ``isolation``), inheriting its defaults for those it does
-    not need; the host and the warm pool call them directly.
+    ``auto_rank``, ``warm_spec``, ``claim``, ``open_file``, ``kill``, ``strays``, ``isolation``),
+    inheriting its defaults for those it does not need; the host and the warm pool call them
+    directly.
     """
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -197,6 +198,12 @@ class SandboxRuntime:
         """Hand a pre-started sandbox to ``job_id``, applying the rest of ``spec`` (env,
         limits, workdir). Only called on runtimes whose :meth:`warm_spec` returns a spec."""
         raise NotImplementedError(f"{type(self).__name__} cannot be pre-started")
+
+    def open_file(self, path: str) -> IO[bytes] | None:
+        """For the host's read route: the file at ``path`` opened (and size-checked) to be
+        streamed, under :meth:`read_file`'s path rules. Default: None, and the host answers
+        with :meth:`read_file`'s bytes."""
+        return None
 
     def kill(self) -> None:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,

@@ -164,8 +164,9 @@ def _call(pool: SandboxPool, sandbox_id: str, name: str, body: BaseModel) -> Bas
     if name in _POOL_CALLS:
         return _method(name).respond(_POOL_CALLS[name](pool, sandbox_id, args))
     with pool.using(sandbox_id) as sandbox:
-        if name == "read_file" and hasattr(sandbox, "open_file"):  # size-checked, then streamed
-            return stream_capped(sandbox.open_file(args["path"]))
+        opened = sandbox.open_file(args["path"]) if name == "read_file" else None  # a declared hook
+        if opened is not None:  # size-checked, then streamed
+            return stream_capped(opened)
         return _method(name).respond(getattr(sandbox, name)(**args))
 
 

@@ -101,3 +101,15 @@ def test_the_hosts_provider_takes_the_seat(redis_client):
     assert isinstance(provider, SandboxProvider) and type(provider).__name__ == "HostProvider"
     with pytest.raises(Exception, match="unknown sandbox provider 'cloud'"):
         sandbox_provider(redis_client, "cloud")
+
+
+def test_the_host_asks_the_declared_open_file_hook():
+    """The host's read route streams what ``open_file`` opens; a runtime without it (the base's
+    None) is answered with ``read_file``'s bytes: no probing with hasattr."""
+    import inspect
+
+    from sandboxes.host import app
+
+    assert "hasattr" not in inspect.getsource(app)
+    assert SandboxRuntime.open_file(object(), "x") is None
+    assert load_runtime("local").open_file is not SandboxRuntime.open_file
