@@ -3,7 +3,8 @@
 Ours: no-op rollouts (the shell handler running one ``true``: sandbox open, one command, close,
 result) submitted through the API in one batch and read back through it as a trainer does, from
 the batch's completion stream (``/completions?group_id=``, through ``prorl_celery.client``). Bare:
-a chain of three no-op tasks on the init, run and eval queues, sent with ``apply_async`` and read
+a chain of three no-op tasks (Celery's built-in ``celery.accumulate``, which returns its empty
+args) on the init, run and eval queues, sent with ``apply_async`` and read
 back by polling the result backend (``backend.get_many``: one MGET of the chains still out every
 10 ms), not with ``AsyncResult.get``, which waits on Redis pub/sub and here lost a result now
 and then: all three links SUCCESS in the backend, the client subscribed to the last one's
@@ -57,7 +58,7 @@ def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
 
 
 def bare(n: int) -> tuple[float, list[float]]:
-    noop = app.signature("prorl.noop", immutable=True)
+    noop = app.signature("celery.accumulate", immutable=True)  # Celery's own trivial task: returns its args
     start = time.perf_counter()
     sent = []
     with app.producer_or_acquire() as producer:

@@ -10,7 +10,7 @@ from flask import Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
-from prorl_celery.errors import InvalidRequest, ProrlError
+from prorl_celery.errors import InvalidRequest, ProrlError, StoreUnavailable, error_body
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
@@ -23,18 +23,10 @@ NO_TOKEN = ("no 'Authorization: Bearer <token>' header: every route but /healthz
 WRONG_TOKEN = "the bearer token is not the API's (PRORL_API_TOKEN): send 'Authorization: Bearer <token>' with it"
 
 
-class StoreUnavailable(ProrlError):
-    """The job store (Redis) cannot answer now: down, restarting, or loading its AOF. Nothing
-    was done; the client retries (``Retry-After``), as it does any 503."""
-
-    type = "store_unavailable"
-    http_status = 503
-
-
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
     """An answer in the shape of every error, for what is not a :class:`ProrlError` of its own
     (a missing token, a framework error)."""
-    return jsonify({"error": {"type": type_, "message": message, **extra}}), status
+    return jsonify(error_body(type_, message, **extra)), status
 
 
 MAX_JSON_DEPTH = 100  # far beyond any instance; far below where parsing or validating recurses too deep

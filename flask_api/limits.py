@@ -13,14 +13,7 @@ from collections.abc import Callable
 
 from flask import current_app, request
 
-from prorl_celery.errors import ProrlError
-
-
-class TooManyStreams(ProrlError):
-    """A client (or all clients together) holds as many long-lived requests as allowed."""
-
-    type = "too_many_requests"
-    http_status = 429
+from prorl_celery.errors import TooManyStreams
 
 
 class StreamLimiter:

@@ -21,11 +21,13 @@ from typing import Any
 
 import requests
 
+from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import ProrlError, error_class
 from prorl_celery.statedir import lookup
 from prorl_celery.status import TERMINAL
 
 _RETRY_STATUS = {502, 503, 504}
+_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # before each retry of a call
 _TERMINAL = frozenset(status.value for status in TERMINAL)
 
 
@@ -96,7 +98,6 @@ class ProrlClient:
     # -- transport ------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, ok: tuple[int, ...] = (200, 201, 202),
               timeout: float | None = None, **kwargs: Any) -> requests.Response:
-        pause = 0.2
         for attempt in range(self.retries + 1):
             try:
                 resp = self.session.request(method, self.url + path, timeout=timeout or self.timeout, **kwargs)
@@ -108,8 +109,7 @@ class ProrlClient:
                     return resp
                 if resp.status_code not in _RETRY_STATUS or attempt == self.retries:
                     raise raised_for(resp.status_code, _error_of(resp))
-            time.sleep(pause)
-            pause = min(pause * 2, 5.0)
+            wait(_BACKOFF.pause(attempt + 1))
         raise AssertionError("unreachable")
 
     # -- jobs -----------------------------------------------------------------------------

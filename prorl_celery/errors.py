@@ -24,10 +24,12 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     ├── SandboxError                               sandbox              a sandbox or sandbox host failed
     │   ├── NoSandboxCapacity                      no_sandbox_capacity 503  every live host is full
     │   ├── SandboxGone                            sandbox_gone 404     lease lapsed, host died
-    │   └── FileTooLarge(OSError), EnvBuildFailed, UnsafeDirectory   (in sandboxes/)
-    ├── TooManyStreams                             too_many_requests 429  (flask_api/limits.py)
-    ├── StoreUnavailable                           store_unavailable 503  the job store is down (flask_api/errors.py)
-    ├── RolloutFailed                              rollout_failed       (prorl_celery/integrations/)
+    │   ├── FileTooLarge(OSError)                  file_too_large 413   a read over the host's cap
+    │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
+    │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
+    ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
+    ├── StoreUnavailable                           store_unavailable 503  the job store is down
+    ├── RolloutFailed                              rollout_failed       no trajectory a trainer can train on
     └── LLMError                                   llm                  a backend or the LLM pool failed
         ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
         │   ├── LogprobMismatch                    the answer's logprobs do not match its tokens
@@ -36,15 +38,22 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
         ├── ContextWindowExceeded                  the conversation no longer fits the context
         ├── LLMTimeout(TimeoutError)               the caller's own (shortened) call timeout passed
         ├── LLMRequestRejected                     the server refused the request (4xx); not retried
-        └── LLMCallCancelled(JobCancelled)         cancelled  the caller's should_stop() fired
+        ├── LLMCallCancelled(JobCancelled)         cancelled  the caller's should_stop() fired
+        └── BudgetSpent                            (llm)      a gateway session's budget is spent
 
 A class defining a ``type`` registers it (:func:`error_class`); a subclass may share its parent's
 type (and then its status). One type has one status on every server (the API, the sandbox host,
 the LLM pool): a server answers ``{"error": exc.to_dict()}`` with ``exc.http_status``
-(:class:`ErrorBody`); a client raises :func:`from_wire` of that body: the same class, or its
-fallback for a type it does not know.
+(:class:`ErrorBody`, :func:`error_body` for an answer that is no class of ours: a framework's
+404, a missing token); a client raises :func:`from_wire` of that body: the same class, or its
+fallback for a type it does not know. Every class on the wire is defined here, so that any
+process (the API, a host, a worker, a trainer's client) knows every type without importing the
+module that raises it.
 """
 from __future__ import annotations
+
+import errno
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,6 +117,13 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+def error_body(type_: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The JSON body of an error answer, ``{"error": {"type", "message", "field"?, ...}}``, for an
+    answer that is not a :class:`ProrlError` (``{"error": exc.to_dict()}`` is one's)."""
+    detail = {"type": type_, "message": message, **({"field": field} if field else {}), **extra}
+    return {"error": detail}
 
 
 def from_wire(detail: ErrorDetail, status: int, fallback: type[ProrlError] = ProrlError) -> ProrlError:
@@ -269,6 +285,54 @@ class SandboxGone(SandboxError):
     http_status = 404
 
 
+class FileTooLarge(SandboxError, OSError):
+    """A file read through the host is larger than ``sandbox_read_max_mb`` (or the caller's cap)."""
+
+    type = "file_too_large"
+    http_status = 413
+
+    def __init__(self, message: str):
+        SandboxError.__init__(self, message)
+        self.errno, self.strerror, self.filename = errno.EFBIG, message, None
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EnvBuildFailed(SandboxError):
+    """An environment could not be built (a command failed, timed out, or the node lacks what
+    the recipe needs)."""
+
+    type = "env_build_failed"
+
+
+class UnsafeDirectory(SandboxError):
+    """A directory the host would use is not safely its own."""
+
+    type = "unsafe_directory"
+
+
+class TooManyStreams(ProrlError):
+    """A client (or all clients together) holds as many long-lived requests as allowed."""
+
+    type = "too_many_requests"
+    http_status = 429
+
+
+class StoreUnavailable(ProrlError):
+    """The job store (Redis) cannot answer now: down, restarting, or loading its AOF. Nothing
+    was done; the client retries (``Retry-After``), as it does any 503."""
+
+    type = "store_unavailable"
+    http_status = 503
+
+
+class RolloutFailed(ProrlError):
+    """A rollout the trainer asked for gave no trajectory it can train on."""
+
+    type = "rollout_failed"
+
+
 class LLMError(ProrlError):
     type = "llm"
 
@@ -314,3 +378,11 @@ class LLMCallCancelled(LLMError, JobCancelled):
     """Subclasses JobCancelled so that a stage ends ``cancelled``, not failed."""
 
     type = "cancelled"
+
+
+class BudgetSpent(LLMError):
+    """A gateway session's budget (calls, tokens or wall time) is spent; ``reason`` says which."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"the session's budget is spent: {reason}")
+        self.reason = reason

@@ -80,25 +80,18 @@ class Response:
         self.close()
 
 
-class _OneSend:
-    """Headers and a bytes body in one send (http.client makes two): a second segment wakes the
-    server a second time, and behind Nagle it would wait for the first's ACK."""
-
-    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
-        if not isinstance(message_body, bytes):
-            return super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
-        self._buffer.extend((b"", message_body))  # type: ignore[attr-defined]
-        msg = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
-        del self._buffer[:]  # type: ignore[attr-defined]
-        self.send(msg)  # type: ignore[attr-defined]
+def _cork(sock: socket.socket, on: bool) -> None:
+    """Hold (``on``) or flush the socket's partial segments (Linux ``TCP_CORK``): http.client
+    writes the headers and the body in two sends, which would leave as two segments (the second
+    wakes the server a second time). Corked while the request is written, they leave as one."""
+    if _TCP_CORK is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, int(on))
+        except OSError:  # not TCP (a test's socketpair), or the socket is already gone
+            pass
 
 
-class _HTTP(_OneSend, http.client.HTTPConnection):
-    pass
-
-
-class _HTTPS(_OneSend, http.client.HTTPSConnection):
-    pass
+_TCP_CORK = getattr(socket, "TCP_CORK", None)
 
 
 def _key(url: str) -> tuple[Key, str]:
@@ -138,7 +131,7 @@ def _checkout(key: Key, connect_timeout: float, max_idle: float) -> tuple[http.c
     if conn is not None:
         conn.close()
     scheme, host, port = key
-    cls = _HTTPS if scheme == "https" else _HTTP
+    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     conn = cls(host, port, timeout=connect_timeout)
     conn.connect()
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as urllib3: no Nagle wait on a reused socket
@@ -169,7 +162,12 @@ def _send(method: str, key: Key, path: str, headers: dict[str, str], data: Any, 
         if on_socket is not None:
             on_socket(conn.sock)
         try:
-            conn.request(method, path, body=data, headers=headers)
+            sock = conn.sock
+            _cork(sock, True)
+            try:
+                conn.request(method, path, body=data, headers=headers)
+            finally:
+                _cork(sock, False)
             response = Response(conn.getresponse(), conn, stream)
             conn.last_used = time.monotonic()
             return response

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
-    from sandboxes.protocol import StatResult
+    from sandboxes.protocol import StatResult, Stray
 
 
 class Limits(BaseModel):
@@ -130,8 +130,9 @@ class Sandbox(Protocol):
     """A live sandbox with one persistent shell.
 
     A runtime class also has the optional hooks of :class:`SandboxRuntime` (``available``,
-    ``warm_spec``, ``claim``, ``kill``, ``isolation``), inheriting its defaults for those it does
-    not need; the host and the warm pool call them directly.
+    ``auto_rank``, ``warm_spec``, ``claim``, ``open_file``, ``kill``, ``strays``, ``isolation``),
+    inheriting its defaults for those it does not need; the host and the warm pool call them
+    directly.
     """
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:
@@ -161,15 +162,31 @@ class Sandbox(Protocol):
 class SandboxRuntime:
     """The optional hooks of a runtime class, with the defaults a runtime that needs none of
     them inherits. The sandbox host, its warm pool and the registry call them directly, and
-    :func:`sandboxes.check.check_runtime_class` checks that every runtime has them."""
+    :func:`sandboxes.check.check_runtime_class` checks that every runtime has them. What is
+    special about one runtime is said here, by the runtime, never by its name elsewhere."""
 
     name: ClassVar[str] = ""
     isolation: ClassVar[str] = "unknown"  # how its sandboxes are isolated, as /healthz shows
+    # What 'auto' prefers: the available runtime of the highest rank the operator allows; 0: never
+    auto_rank: ClassVar[int] = 0
 
     @classmethod
-    def available(cls) -> bool:
-        """Whether the runtime can start sandboxes on this machine. Default: yes."""
+    def available(cls, config: dict[str, Any] | None = None) -> bool:
+        """Whether the runtime can start sandboxes on this machine with ``config`` (the host's
+        config for it: a binary to use ...). Default: yes."""
         return True
+
+    @classmethod
+    def strays(cls, config: dict[str, Any] | None = None) -> list[Stray]:
+        """Containers of this runtime on this node that live outside a host's process tree
+        (Apptainer's instances) and so may outlive the host that started them. The sweep asks
+        every host for them and has those of ended or unknown jobs stopped. Default: none."""
+        return []
+
+    @classmethod
+    def stop_stray(cls, name: str, config: dict[str, Any] | None = None) -> None:
+        """Stop the stray container ``name`` (one :meth:`strays` listed)."""
+        raise NotImplementedError(f"{cls.__name__} lists no strays")
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
@@ -181,6 +198,12 @@ class SandboxRuntime:
         """Hand a pre-started sandbox to ``job_id``, applying the rest of ``spec`` (env,
         limits, workdir). Only called on runtimes whose :meth:`warm_spec` returns a spec."""
         raise NotImplementedError(f"{type(self).__name__} cannot be pre-started")
+
+    def open_file(self, path: str) -> IO[bytes] | None:
+        """For the host's read route: the file at ``path`` opened (and size-checked) to be
+        streamed, under :meth:`read_file`'s path rules. Default: None, and the host answers
+        with :meth:`read_file`'s bytes."""
+        return None
 
     def kill(self) -> None:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,

@@ -22,11 +22,13 @@ from sandboxes.protocol import METHODS as PROTOCOL
 # (besides ``self``): the fields of each method's request model
 METHODS: dict[str, tuple[str, ...]] = {
     name: method.arguments for name, method in PROTOCOL.items() if not method.host_only}
-# the optional hooks (:class:`~sandboxes.base.SandboxRuntime` has defaults for each); the first
-# two are called on the class
+# the optional hooks (:class:`~sandboxes.base.SandboxRuntime` has defaults for each); those in
+# _CLASS_HOOKS are called on the class
 HOOKS: dict[str, tuple[str, ...]] = {
-    "available": (), "warm_spec": ("spec",), "claim": ("job_id", "spec"), "kill": ()}
-_CLASS_HOOKS = ("available", "warm_spec")
+    "available": ("config",), "warm_spec": ("spec",), "claim": ("job_id", "spec"), "kill": (),
+    "open_file": ("path",),
+    "strays": ("config",), "stop_stray": ("name", "config")}
+_CLASS_HOOKS = ("available", "warm_spec", "strays", "stop_stray")
 _conformant: set[type] = set()  # checked once per class: the registry loads one per create
 
 

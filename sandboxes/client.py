@@ -12,6 +12,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from prorl_celery import keys
+from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from prorl_celery.http import Response, TransportError
@@ -19,12 +20,9 @@ from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
-                                HostRecord, SandboxEntry, StatResult)
+                                HostRecord, SandboxEntry, StatResult, StopStraysRequest,
+                                StopStraysResponse, Stray, StrayList)
 from sandboxes.registry import AUTO, requested_runtime
-# what a host may answer beside prorl_celery.errors: imported, so registered by their types
-from sandboxes.runtimes.envrecipe import EnvBuildFailed  # noqa: F401
-from sandboxes.safedirs import UnsafeDirectory  # noqa: F401
-from sandboxes.runtimes.workspace import FileTooLarge  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +135,17 @@ def close_many(address: str, token: str, sandbox_ids: list[str]) -> list[str]:
     body = CloseManyRequest(sandbox_ids=sandbox_ids).model_dump_json()
     response = request("POST", address, token, "/sandboxes/close", CONTROL_TIMEOUT_S, data=body)
     return CloseManyResponse.model_validate_json(response.content).closed
+
+
+def list_strays(address: str, token: str) -> list[Stray]:
+    """What runs on a host's node outside any host (:meth:`~sandboxes.base.SandboxRuntime.strays`)."""
+    return StrayList.model_validate_json(request("GET", address, token, "/strays", CONTROL_TIMEOUT_S).content).strays
+
+
+def stop_strays(address: str, token: str, strays: list[Stray]) -> StopStraysResponse:
+    body = StopStraysRequest(strays=strays).model_dump_json()
+    response = request("POST", address, token, "/strays/stop", CREATE_TIMEOUT_S, data=body)
+    return StopStraysResponse.model_validate_json(response.content)
 
 
 # -- closing by handle: the one way the service closes a job's sandbox -----------------------
@@ -272,7 +281,7 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
 
     started = time.monotonic()
     deadline = started + min(budget_s, get_settings().sandbox_create_wait_s)
-    pause = first_pause_s
+    backoff, retry = Backoff(first_pause_s, max_pause_s, jitter=(0.5, 1.0)), 0
     while True:
         if check is not None:
             check()
@@ -280,9 +289,27 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
         try:
             return open_sandbox(client, spec, job_id, lease_s), waited
         except (SandboxError, ImageError) as exc:
-            if not _transient(exc) or time.monotonic() + pause > deadline:
+            retry += 1
+            if not _transient(exc) or time.monotonic() + backoff.base(retry) > deadline:
                 raise
-            (log.warning if waited < 10 <= waited + pause else log.info)(
-                "job %s waited %.1f s for a sandbox so far: %s", job_id, waited + pause, exc)
-        time.sleep(pause * random.uniform(0.5, 1.0))
-        pause = min(pause * 2, max_pause_s)
+            (log.warning if waited < 10 <= waited + backoff.base(retry) else log.info)(
+                "job %s waited %.1f s for a sandbox so far: %s", job_id, waited + backoff.base(retry), exc)
+        wait(backoff.pause(retry))
+
+
+class HostProvider:
+    """The ``hosts`` provider (:mod:`sandboxes.provider`): our sandbox hosts, placed on by their
+    heartbeats in the job store's Redis, driven over HTTP by handle."""
+
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+
+    def open(self, spec: SandboxSpec, job_id: str, *, budget_s: float,
+             check: Any = None) -> tuple[RemoteSandbox, float]:
+        return open_sandbox_waiting(self.redis, spec, job_id, budget_s=budget_s, check=check)
+
+    def attach(self, handle: dict[str, Any]) -> RemoteSandbox:
+        return RemoteSandbox(SandboxHandle.model_validate(handle))
+
+    def close(self, handle: SandboxHandle | dict[str, Any]) -> bool:
+        return close_handle(handle)

@@ -7,7 +7,7 @@ same rules (key decision 11: a request can only narrow the operator's policy, ne
 - images: a path beneath one of ``sandbox_image_dirs`` after resolving symlinks (never ``/``,
   ``/etc`` or another host path), or a ``docker://`` reference to a registry the operator lists
   in ``sandbox_registries`` (an ``oci:`` layout beneath the image directories), parsed strictly
-  by :mod:`sandboxes.runtimes.images`; other transports (``docker-archive:``, ``library://``,
+  by :mod:`sandboxes.images`; other transports (``docker-archive:``, ``library://``,
   ``oras://`` ...) are refused.
 - limits: handler defaults merged field by field under the request, which may only lower them;
   operator ceilings (``sandbox_max_limits``) clamp both, and fill a limit nobody set.
@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
 
 from prorl_celery.errors import InvalidRequest, PolicyDenied
+from sandboxes import images
 from sandboxes.base import Limits, SandboxSpec
-from sandboxes.runtimes.netns import check_request_network
-from sandboxes.runtimes import images
+from sandboxes.dirs import beneath as _beneath
+from sandboxes.dirs import split_dirs
+from sandboxes.registry import LOCAL, local_refused, names_local  # noqa: F401 - the same, here
 
-LOCAL = "local"
+# Why a network sandbox is refused where the operator turned them off (also the host's answer).
+NETWORK_OFF = ("network sandboxes are turned off by the operator (PRORL_SANDBOX_NETWORK=off); "
+               "ask without \"network\": true")
 # Transports refused outright: docker-archive:/oci-archive:/docker-daemon: name host paths or the
 # host's daemon, library://, oras://, shub:// and http(s):// reach registries outside the allow-list.
 OTHER_SCHEMES = ("docker-archive:", "oci-archive:", "docker-daemon:", "library://", "oras://",
@@ -45,36 +48,9 @@ def _settings():
     return get_settings()
 
 
-def split_dirs(value: str) -> list[str]:
-    """``a:b,c`` -> ``[a, b, c]`` (empty entries dropped)."""
-    return [part.strip() for part in re.split(r"[:,]", value or "") if part.strip()]
-
-
-def _beneath(path: str, roots: list[str], lexical: bool) -> bool:
-    """True if ``path`` lies strictly beneath one of ``roots`` (a root itself is not enough)."""
-    norm = os.path.normpath if lexical else os.path.realpath
-    target = Path(norm(path))
-    return any(target != Path(norm(root)) and target.is_relative_to(norm(root)) for root in roots)
-
-
 # -- runtimes ---------------------------------------------------------------------------------
 def local_allowed() -> bool:
     return bool(_settings().allow_local_runtime)
-
-
-def names_local(runtime: str | None) -> bool:
-    """Whether a runtime name, short or dotted, is the built-in ``local`` (without importing)."""
-    from sandboxes.registry import RUNTIMES
-
-    if not runtime:
-        return False
-    return runtime == LOCAL or runtime.replace(".LocalSandbox", ":LocalSandbox") == RUNTIMES.entries[LOCAL]
-
-
-def local_refused(field: str) -> PolicyDenied:
-    return PolicyDenied("sandbox runtime 'local' has no isolation and this service does not allow "
-                        "it; the operator enables it with PRORL_ALLOW_LOCAL_RUNTIME=1 (or "
-                        "prorl-celery up --dev)", field=field)
 
 
 # -- images -----------------------------------------------------------------------------------
@@ -179,6 +155,13 @@ def handler_spec(default_sandbox: dict[str, Any] | None, requested: dict[str, An
                                                              if k != "limits"}})
     return spec.model_copy(update={"limits": merge_limits(default_sandbox.get("limits"),
                                                           requested.get("limits"))})
+
+
+def check_request_network(block: Any, field: str = "instance.sandbox.network") -> None:
+    """The API's part: a request for a network the operator turned off is refused at submit
+    (whether a node has the tools for one is the sandbox host's to say)."""
+    if isinstance(block, dict) and block.get("network") is True and _settings().sandbox_network == "off":
+        raise PolicyDenied(NETWORK_OFF, field=field)
 
 
 def check_request_sandbox(block: Any, field: str = "instance.sandbox") -> None:

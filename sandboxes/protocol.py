@@ -118,6 +118,29 @@ class CloseManyResponse(BaseModel):
     closed: list[str] = Field(description="Those this call closed; the others were already gone.")
 
 
+class Stray(BaseModel):
+    """A container of a runtime on the host's node that no host holds
+    (:meth:`~sandboxes.base.SandboxRuntime.strays`)."""
+
+    runtime: str = Field(description="The runtime (as the host serves it) that can stop it.")
+    name: str
+    job_id: str = Field(description="The job it was started for.")
+    started_at: float | None = None
+
+
+class StrayList(BaseModel):
+    strays: list[Stray]
+
+
+class StopStraysRequest(_Body):
+    strays: list[Stray] = Field(max_length=10_000, description="Strays of this host's node to stop.")
+
+
+class StopStraysResponse(BaseModel):
+    stopped: list[str] = Field(description="Names stopped.")
+    failed: dict[str, str] = Field(default_factory=dict, description="Name -> why it could not be stopped.")
+
+
 class Health(BaseModel):
     status: str = "ok"
     host_id: str

@@ -1,4 +1,8 @@
-"""Sandbox runtimes by short name or dotted path, imported only when first used."""
+"""Sandbox runtimes by short name or dotted path, imported only when first used.
+
+Nothing here knows a runtime by its name but ``local``, the one the operator must allow (checked
+without importing it, on the API too): what a runtime needs, whether it works here and what
+``auto`` prefers are its own hooks (:class:`~sandboxes.base.SandboxRuntime`)."""
 from __future__ import annotations
 
 import functools
@@ -6,6 +10,7 @@ import logging
 from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError, UnknownPlugin
+from prorl_celery.plugins import is_dotted_path
 from prorl_celery.plugins import Registry
 from sandboxes.base import Sandbox, SandboxSpec
 from sandboxes.check import METHODS, check_runtime_class
@@ -17,7 +22,8 @@ RUNTIMES = Registry("sandbox runtime", {
     "local": "sandboxes.runtimes.local:LocalSandbox",
     "singularity": "sandboxes.runtimes.singularity:SingularitySandbox",
 }, check=check_runtime_class, required=tuple(METHODS))
-AUTO = "auto"  # bwrap where it works; local only where the operator allows it
+AUTO = "auto"  # the available runtime of the highest auto_rank (bwrap); local only where allowed
+LOCAL = "local"
 
 
 def known_runtimes() -> list[str]:
@@ -49,16 +55,12 @@ def isolation_of(name: str) -> str:
 
 
 def runtime_works(name: str, config: dict[str, Any] | None = None) -> bool:
-    """Whether ``name`` can run here, with its configured binary where it has one."""
-    if name == "bwrap":
-        from sandboxes.runtimes.bwrap import bwrap_works
-
-        return bwrap_works((config or {}).get("bwrap") or "bwrap")
+    """Whether ``name`` can run here with its configuration (:meth:`available`)."""
     try:
         cls = load_runtime(name)
     except UnknownPlugin:
         return False
-    return bool(cls.available())
+    return bool(cls.available(config))
 
 
 def _local_allowed() -> bool:
@@ -67,12 +69,25 @@ def _local_allowed() -> bool:
     return bool(get_settings().allow_local_runtime)
 
 
+def names_local(runtime: str | None) -> bool:
+    """Whether a runtime name, short or dotted, is the built-in ``local`` (without importing)."""
+    if not runtime:
+        return False
+    return runtime == LOCAL or runtime.replace(".LocalSandbox", ":LocalSandbox") == RUNTIMES.entries[LOCAL]
+
+
+def local_refused(field: str) -> PolicyDenied:
+    return PolicyDenied("sandbox runtime 'local' has no isolation and this service does not allow "
+                        "it; the operator enables it with PRORL_ALLOW_LOCAL_RUNTIME=1 (or "
+                        "prorl-celery up --dev)", field=field)
+
+
 def available_runtimes(runtime_config: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Registered runtimes that can run on this machine and that the operator allows (``local``
     only with ``allow_local_runtime``)."""
     config = runtime_config or {}
     return [name for name in known_runtimes()
-            if (name != "local" or _local_allowed()) and runtime_works(name, config.get(name))]
+            if (not names_local(name) or _local_allowed()) and runtime_works(name, config.get(name))]
 
 
 def requested_runtime(spec: SandboxSpec) -> str:
@@ -82,23 +97,40 @@ def requested_runtime(spec: SandboxSpec) -> str:
     return spec.runtime or get_settings().sandbox_runtime
 
 
+def _auto_rank(name: str) -> int:
+    try:
+        return int(load_runtime(name).auto_rank)
+    except UnknownPlugin:
+        return 0
+
+
+def _unisolated(name: str) -> bool:
+    """``local``, or a runtime that says it isolates nothing (a subclass of it, say)."""
+    return names_local(name) or isolation_of(name) == "none"
+
+
 def resolve_auto(served: list[str], runtime_config: dict[str, dict[str, Any]] | None = None) -> str | None:
-    """What ``auto`` means among ``served``: ``bwrap`` if it works here; else ``local`` only when
-    the operator allows it (and says so in the log and in every result); else None."""
+    """What ``auto`` means among ``served``: the one of the highest ``auto_rank`` that works here
+    (bwrap), ``local`` only when the operator allows it (said in the log and in every result);
+    else None."""
     config = runtime_config or {}
-    if "bwrap" in served and runtime_works("bwrap", config.get("bwrap")):
-        return "bwrap"
-    if "local" in served and _local_allowed():
-        log.warning("sandbox runtime 'auto': bubblewrap does not work here; using 'local', which "
-                    "has NO isolation, because PRORL_ALLOW_LOCAL_RUNTIME is set")
-        return "local"
+    ranked = sorted((name for name in served if _auto_rank(name) > 0), key=_auto_rank, reverse=True)
+    for name in ranked:
+        if _unisolated(name):
+            if not _local_allowed():
+                continue
+            log.warning("sandbox runtime 'auto': no isolating runtime works here; using 'local', which "
+                        "has NO isolation, because PRORL_ALLOW_LOCAL_RUNTIME is set")
+            return name
+        if runtime_works(name, config.get(name)):
+            return name
     return None
 
 
 @functools.cache
 def auto_runtime() -> str:
     """What ``auto`` means in this process (see :func:`resolve_auto`); an error if nothing."""
-    name = resolve_auto(["bwrap", "local"])
+    name = resolve_auto([name for name in known_runtimes() if not is_dotted_path(name)])
     if name is None:
         raise SandboxError(AUTO_UNAVAILABLE)
     return name
@@ -122,8 +154,6 @@ class ServedRuntimes:
 
     def __init__(self, names: list[str] | None = None,
                  runtime_config: dict[str, dict[str, Any]] | None = None):
-        from sandboxes.policy import local_refused, names_local
-
         if names and any(names_local(name) for name in names) and not _local_allowed():
             raise local_refused("--runtimes")
         self.names = list(names) if names else available_runtimes(runtime_config)
@@ -137,8 +167,6 @@ class ServedRuntimes:
 
     def select(self, requested: str) -> str:
         """The served runtime for a requested name (``auto``, a short name, a dotted path)."""
-        from sandboxes.policy import local_refused, names_local
-
         if requested == AUTO:
             if self.auto is None:
                 raise SandboxError(AUTO_UNAVAILABLE)

@@ -18,15 +18,9 @@ import os
 import stat
 from pathlib import Path
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import UnsafeDirectory
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
-
-
-class UnsafeDirectory(SandboxError):
-    """A directory the host would use is not safely its own."""
-
-    type = "unsafe_directory"
 
 
 def _check_parent(path: Path, st: os.stat_result) -> None:

@@ -15,7 +15,7 @@ from prorl_celery.watch import watch
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.rollouts import RolloutStore
 from prorl_celery.transcript import Transcript
-from sandboxes.base import SandboxHandle, SandboxSpec
+from sandboxes.base import SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_celery.llm.pool import LLMPool
@@ -126,25 +126,23 @@ class StageContext:
         """Start a sandbox on the least-loaded live host and record its handle in the job.
 
         A full cluster, a transient create failure or an image still being pulled is waited
-        out (cancellable, bounded: sandboxes.client.open_sandbox_waiting); the wait is kept for
-        the job's ``timings.init_wait``. The limits are
+        out (cancellable, bounded: the provider's open, sandboxes/provider.py); the wait is kept
+        for the job's ``timings.init_wait``. The limits are
         put under the operator's ceilings here (and again by the host); what the host started
         (runtime, isolation, limits) is kept in ``state["_sandbox"]`` for the result."""
-        from sandboxes.client import close_handle, open_sandbox_waiting
         from sandboxes.policy import clamp_spec
         from sandboxes.protocol import sandbox_block
 
         spec = clamp_spec(spec)
 
         self.close_sandbox()  # a redelivered init must not leave the first attempt's sandbox
-        box, waited = open_sandbox_waiting(self.store.redis, spec, self.job_id,
-                                           budget_s=self.remaining(), check=self.check)
+        box, waited = self.provider.open(spec, self.job_id, budget_s=self.remaining(), check=self.check)
         self.state[INIT_WAIT_KEY] = round(self.state.get(INIT_WAIT_KEY, 0.0) + waited, 3)
         handle = box.handle.model_dump()
         ok, _ = self.store.transition(self.job_id, None, sources=[self.stage],
                                       expect={"attempt": self.record.attempt}, sandbox=handle)
         if not ok:
-            close_handle(box.handle)
+            self.provider.close(box.handle)
             raise JobCancelled(f"job {self.job_id} ended while its sandbox started")
         self.record.sandbox = handle
         self._sandbox = box
@@ -153,23 +151,26 @@ class StageContext:
         return box
 
     def close_sandbox(self) -> bool:
-        """Close the job's sandbox if it has one (:func:`sandboxes.client.close_handle`: never
-        raises, closing twice is harmless); True if this call closed it. The record keeps the
-        handle: the result and a retry name the attempt's host from it."""
-        from sandboxes.client import close_handle
-
+        """Close the job's sandbox if it has one (the provider's close: never raises, closing
+        twice is harmless); True if this call closed it. The record keeps the handle: the result
+        and a retry name the attempt's host from it."""
         known_gone, self._sandbox = self._sandbox is not None and self._sandbox.gone, None
-        return bool(self.record.sandbox) and not known_gone and close_handle(self.record.sandbox)
+        return bool(self.record.sandbox) and not known_gone and self.provider.close(self.record.sandbox)
+
+    @property
+    def provider(self):
+        """Where this job's sandboxes come from (:func:`sandboxes.provider.sandbox_provider`)."""
+        from sandboxes.provider import sandbox_provider
+
+        return sandbox_provider(self.store.redis)
 
     @property
     def sandbox(self):
         """The job's sandbox, driven by its handle (it may live on another node)."""
-        from sandboxes.client import RemoteSandbox
-
         if self._sandbox is None:
             if not self.record.sandbox:
                 raise RuntimeError("this job has no sandbox; open one in init")
-            self._sandbox = RemoteSandbox(SandboxHandle.model_validate(self.record.sandbox))
+            self._sandbox = self.provider.attach(self.record.sandbox)
         return self._sandbox
 
     # -- the agent -------------------------------------------------------------------------

@@ -1,16 +1,10 @@
-"""Stand-ins for measuring the service against bare Celery (``bench/overhead.py``): a no-op task for
-the bare chain and a handler that opens no sandbox (loadable where ``PRORL_PLUGIN_PACKAGES``
-includes ``prorl_celery.fakes``)."""
+"""A handler that opens no sandbox, for measuring the service against bare Celery
+(``bench/overhead.py``; loadable where ``PRORL_PLUGIN_PACKAGES`` includes ``prorl_celery.fakes``).
+The bare chain it is compared with needs no task of ours: it links Celery's built-in
+``celery.accumulate``, so the production app includes nothing for the benchmark."""
 from __future__ import annotations
 
-from prorl_celery.celery_app import app
 from tasks.handlers.base import AgentHandler
-
-
-@app.task(name="prorl.noop")
-def noop(*args, **kwargs) -> None:
-    """Does nothing: one link of the bare three-link chain the benchmark compares against."""
-    return None
 
 
 class NoopHandler(AgentHandler):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from prorl_celery.errors import LLMCallCancelled, LLMError
+from prorl_celery.errors import BudgetSpent, LLMCallCancelled
 from prorl_celery.gateway.models import CallRecord, GatewayRequest
 from prorl_celery.gateway.prefix import Seen, canonical, common_prefix, find_base, tools_key
 from prorl_celery.gateway.store import CallStore
@@ -23,14 +23,6 @@ class Budget(BaseModel):
     max_calls: int | None = Field(None, ge=1, description="LLM calls.")
     max_tokens: int | None = Field(None, ge=1, description="Generated tokens over all calls.")
     wall_s: float | None = Field(None, gt=0, description="Seconds from the session's start.")
-
-
-class BudgetSpent(LLMError):
-    """The session's budget (calls, tokens or wall time) is spent; ``reason`` says which."""
-
-    def __init__(self, reason: str):
-        super().__init__(f"the session's budget is spent: {reason}")
-        self.reason = reason
 
 
 class GatewaySession:

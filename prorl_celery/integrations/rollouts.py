@@ -10,13 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from prorl_celery.errors import ProrlError
-
-
-class RolloutFailed(ProrlError):
-    """A rollout the trainer asked for gave no trajectory it can train on."""
-
-    type = "rollout_failed"
+from prorl_celery.errors import RolloutFailed
 
 
 class Trajectory(BaseModel):

@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from prorl_celery.errors import error_body
+
 
 class CompletionRequest(BaseModel):
     """The ``/v1/completions`` fields the ``vllm-completions`` wire sends; anything else is refused."""
@@ -187,8 +189,7 @@ def _handler(server: LiveModelServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _error(self, status: int, message: str, field: str | None = None) -> None:
-            self._send(status, {"error": {"type": "invalid_request" if status < 500 else "server_error",
-                                          "message": message, **({"field": field} if field else {})}})
+            self._send(status, error_body("invalid_request" if status < 500 else "server_error", message, field))
 
         def _authorised(self) -> bool:
             # bytes: compare_digest raises on a str with non-ASCII characters (http.server decodes

@@ -7,7 +7,6 @@ every backend is draining, and aborts the HTTP call as soon as ``should_stop()``
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from collections.abc import Callable
 import redis
 
 from config.settings import get_settings
+from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
 from prorl_celery.llm.clients import client_for
 from prorl_celery.llm.health import probe_quarantined, quarantine
@@ -147,9 +147,9 @@ class LLMPool:
         if failures > settings.llm_retry_budget:
             raise BackendUnavailable(f"{failures} failed LLM calls (retry budget "
                                      f"{settings.llm_retry_budget}); last: {exc}") from exc
-        pause = min(settings.llm_backoff_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+        pause = Backoff(settings.llm_backoff_s, MAX_BACKOFF_S, jitter=(0.75, 1.25)).pause(failures)
         log.warning("LLM call failed (%s); retry %d in %.1fs", exc, failures, pause)
-        _sleep(pause * random.uniform(0.75, 1.25), stop)
+        wait(pause, stop, WAIT_POLL_S)
         return failures
 
     def _wait_for_backend(self, reason: str, stop: Callable[[], bool], since: float, job_id: str) -> None:
@@ -163,15 +163,7 @@ class LLMPool:
         if reason != "draining" and time.monotonic() - since > settings.llm_no_backend_wait_s:
             what = "is registered" if reason == "none" else "is healthy"
             raise BackendUnavailable(f"no LLM backend {what} (waited {settings.llm_no_backend_wait_s:.0f}s)")
-        _sleep(WAIT_POLL_S * 2 if reason == "draining" else WAIT_POLL_S * 5, stop)
+        wait(WAIT_POLL_S * 2 if reason == "draining" else WAIT_POLL_S * 5, stop, WAIT_POLL_S)
         if stop():
             raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while waiting for a backend")
 
-
-def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
-    end = time.monotonic() + seconds
-    while not stop():
-        left = end - time.monotonic()
-        if left <= 0:
-            return
-        time.sleep(min(left, WAIT_POLL_S))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from typing import Any, Protocol, runtime_checkable
 
+from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import InvalidRequest, UnknownPlugin
 from prorl_celery.llm import chatml
 
@@ -144,7 +144,7 @@ def _load_hf(name: str) -> Tokenizer:
                                      f"{type(exc).__name__}: {exc}", field="tokenizer") from exc
             log.warning("loading tokenizer %r failed (%s: %s); attempt %d of %d", name, type(exc).__name__,
                         exc, attempt + 1, LOAD_ATTEMPTS)
-            time.sleep(LOAD_BACKOFF_S * attempt)
+            wait(Backoff(LOAD_BACKOFF_S, 4 * LOAD_BACKOFF_S).pause(attempt))
         except Exception as exc:  # noqa: BLE001 - a bad name or directory: say so, with the cause
             raise InvalidRequest(f"tokenizer {name!r} could not be loaded: {type(exc).__name__}: {exc}",
                                  field="tokenizer") from exc

@@ -19,8 +19,9 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, FileError, InvalidReque
                                  ProrlError, SandboxGone)
 from sandboxes.base import ExecResult
 from sandboxes.host.pool import SandboxPool, limit_enforcement
+from sandboxes.host.strays import list_strays, stop_strays
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Health,
-                                Method, SandboxList)
+                                Method, SandboxList, StopStraysRequest, StrayList)
 from sandboxes.runtimes.workspace import stream_capped
 
 
@@ -123,6 +124,14 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
         ids = parse(CloseManyRequest).sandbox_ids
         return ok(CloseManyResponse(closed=pool.close_many(ids, "closed in bulk")))
 
+    @app.get("/strays")
+    def strays() -> Response:  # the beat sweep's question: what runs here outside any host
+        return ok(StrayList(strays=list_strays(pool)))
+
+    @app.post("/strays/stop")
+    def strays_stop() -> Response:
+        return ok(stop_strays(pool, parse(StopStraysRequest).strays))
+
     return app
 
 
@@ -155,8 +164,9 @@ def _call(pool: SandboxPool, sandbox_id: str, name: str, body: BaseModel) -> Bas
     if name in _POOL_CALLS:
         return _method(name).respond(_POOL_CALLS[name](pool, sandbox_id, args))
     with pool.using(sandbox_id) as sandbox:
-        if name == "read_file" and hasattr(sandbox, "open_file"):  # size-checked, then streamed
-            return stream_capped(sandbox.open_file(args["path"]))
+        opened = sandbox.open_file(args["path"]) if name == "read_file" else None  # a declared hook
+        if opened is not None:  # size-checked, then streamed
+            return stream_capped(opened)
         return _method(name).respond(getattr(sandbox, name)(**args))
 
 

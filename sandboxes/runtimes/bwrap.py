@@ -31,7 +31,7 @@ from sandboxes.runtimes.bwrapshell import BwrapShell, tree_info
 from sandboxes.runtimes import exitboost
 from sandboxes.runtimes.cgroups import SandboxLimits, warm_limits
 from sandboxes.runtimes.image_cache import ImageLease, open_image
-from sandboxes.runtimes.images import is_reference
+from sandboxes.images import is_reference
 from sandboxes.runtimes.netns import HELPER_ENV, require_network, resolv_conf, tool
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.shellspawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
@@ -209,9 +209,11 @@ class BwrapSandbox(ShellSandbox):
             self.close()
             raise
 
+    auto_rank = 2  # 'auto' prefers bubblewrap's namespaces wherever they work
+
     @classmethod
-    def available(cls) -> bool:
-        return bwrap_works()
+    def available(cls, config: dict[str, Any] | None = None) -> bool:
+        return bwrap_works((config or {}).get("bwrap") or "bwrap")
 
     def _shell_config(self, rootfs: str | None) -> BwrapConfig:
         """The config with the execute-only bash as the shell where the sandbox sees the host's

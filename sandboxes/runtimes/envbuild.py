@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import EnvBuildFailed, SandboxError
 from sandboxes.runtimes import envbase, envtree
-from sandboxes.runtimes.envrecipe import PIP_VERSION, EnvBuildFailed, EnvRecipe, RepoAt, script
+from sandboxes.runtimes.envrecipe import PIP_VERSION, EnvRecipe, RepoAt, script
 
 __all__ = ["EnvBuildFailed", "EnvRecipe", "RepoAt", "env_dir", "ensure_base", "ensure_env", "key_of", "script", "main"]
 

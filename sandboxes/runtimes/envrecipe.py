@@ -9,18 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import EnvBuildFailed  # noqa: F401 - importable here, as before
 
 BUILDER = "1"  # bumped whenever the build's steps change what an image holds: a new key
 PIP_VERSION = "26.3"  # the first with --uploaded-prior-to is 26.x
 SEED_PACKAGES = ("setuptools==69.5.1", "wheel==0.43.0")  # what a fresh conda Python (SWE-bench's) comes with
-
-
-class EnvBuildFailed(SandboxError):
-    """An environment could not be built (a command failed, timed out, or the node lacks what
-    the recipe needs)."""
-
-    type = "env_build_failed"
 
 
 class RepoAt(BaseModel):

@@ -7,8 +7,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from prorl_celery.errors import EnvBuildFailed
 from sandboxes.runtimes import repo_overlay
-from sandboxes.runtimes.envrecipe import EnvBuildFailed, RepoAt
+from sandboxes.runtimes.envrecipe import RepoAt
 
 
 def link_tree(base: Path, dest: Path) -> None:

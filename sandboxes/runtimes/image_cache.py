@@ -33,7 +33,7 @@ from pathlib import Path
 from prorl_celery.errors import ImageTooLarge, ImageUnavailable
 from sandboxes.runtimes.image_lease import FileLock, ImageLease
 from sandboxes.runtimes.image_pull import Tools, image_config, layer_bytes, sanitize
-from sandboxes.runtimes.images import ImageRef
+from sandboxes.images import ImageRef
 from sandboxes.safedirs import private_dir, remove_tree
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,6 @@ def default_cache() -> ImageCache:
 
 def open_image(image: str) -> ImageLease:
     """A lease on a (policy-checked, canonical) ``docker://``/``oci:`` image for a sandbox."""
-    from sandboxes.runtimes.images import check_reference
+    from sandboxes.images import check_reference
 
     return default_cache().acquire(check_reference(image))

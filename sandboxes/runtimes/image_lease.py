@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prorl_celery.errors import ImageUnavailable
-from sandboxes.runtimes.images import ImageRef
+from sandboxes.images import ImageRef
 
 
 @dataclass

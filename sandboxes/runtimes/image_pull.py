@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prorl_celery.errors import ImageNotFound, ImageUnavailable
 from sandboxes.runtimes.procs import run_bounded
-from sandboxes.runtimes.images import ImageRef, insecure
+from sandboxes.images import ImageRef, insecure
 
 _NOT_FOUND = ("manifest unknown", "name unknown", "not found", "no such file", "does not exist",
               "no descriptor found", "repository name not known")

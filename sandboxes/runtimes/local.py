@@ -77,9 +77,12 @@ class LocalSandbox(ShellSandbox):
             remove_tree(host_dir)
             raise
 
+    auto_rank = 1  # 'auto' falls back to it (no isolation) only where the operator allows 'local'
+
     @classmethod
-    def available(cls) -> bool:
-        return shutil.which(LocalConfig().shell[0]) is not None
+    def available(cls, config: dict[str, Any] | None = None) -> bool:
+        shell = (config or {}).get("shell") or LocalConfig().shell
+        return shutil.which(shell[0]) is not None
 
     @property
     def host_dir(self) -> Path:

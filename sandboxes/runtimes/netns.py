@@ -49,6 +49,7 @@ from typing import Any
 
 from prorl_celery.errors import PolicyDenied, SandboxError
 from prorl_celery.spawn import spawn
+from sandboxes.policy import NETWORK_OFF
 from sandboxes.runtimes.procs import readable
 
 HELPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -78,8 +79,7 @@ def tool(name: str) -> str | None:
 def refusal() -> str | None:
     """Why this node cannot give a sandbox an isolated network, or None when it can."""
     if _settings().sandbox_network == "off":
-        return ("network sandboxes are turned off by the operator (PRORL_SANDBOX_NETWORK=off); "
-                "ask without \"network\": true")
+        return NETWORK_OFF
     missing = [name for name in ("slirp4netns", "nft", "nsenter") if not tool(name)]
     if missing:
         return (f"a network sandbox needs {', '.join(missing)} on the sandbox host and they are "
@@ -98,14 +98,6 @@ def require_network(field: str = "spec.network") -> None:
         raise SandboxError(why)
 
 
-def check_request_network(block: Any, field: str = "instance.sandbox.network") -> None:
-    """The API's part: a request for a network the operator turned off is refused at submit."""
-    if isinstance(block, dict) and block.get("network") is True \
-            and _settings().sandbox_network == "off":
-        require_network(field)
-
-
-# -- the outbound policy --------------------------------------------------------------------------
 def host_addresses() -> list[str]:
     """The host's own IPv4 addresses (its local routing table, so aliases too)."""
     found, last = set(), None

@@ -2,7 +2,7 @@
 a cache directory, under a file lock and a time limit; and the runtime's short CLI calls.
 
 A ``docker://`` reference is first judged by the operator's registry list
-(:func:`sandboxes.runtimes.images.check_reference`, as bwrap's pulls are), pulled by its
+(:func:`sandboxes.images.check_reference`, as bwrap's pulls are), pulled by its
 canonical name, over plain HTTP only from a registry listed as insecure, and a failure is typed as
 bwrap's are (``image_not_found`` / ``image_unavailable``). The cache is keyed by the reference as
 given: a tag that moves keeps its first SIF until the file is removed (a digest reference never
@@ -65,7 +65,7 @@ def docker_pull(image: str) -> tuple[str, tuple[str, ...], Any]:
     """A ``docker://`` reference as the operator's registry list allows it (canonical), the
     pull options it needs (plain HTTP for an insecure registry) and its typed errors."""
     from sandboxes.runtimes.image_pull import classify
-    from sandboxes.runtimes.images import check_reference, insecure
+    from sandboxes.images import check_reference, insecure
 
     ref = check_reference(image)
     return ref.canonical, ("--no-https",) if insecure(ref) else (), \

@@ -48,6 +48,7 @@ from pydantic import Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits, SandboxSpec
+from sandboxes.protocol import Stray
 from sandboxes.runtimes.bwrap import SANDBOX_PATH
 from sandboxes.runtimes.bwrapshell import BwrapShell, tree_info
 from sandboxes.runtimes.netns import HELPER_ENV
@@ -227,8 +228,19 @@ class SingularitySandbox(ShellSandbox):
             raise
 
     @classmethod
-    def available(cls) -> bool:
+    def available(cls, config: dict[str, Any] | None = None) -> bool:
         return binary() is not None
+
+    @classmethod
+    def strays(cls, config: dict[str, Any] | None = None) -> list[Stray]:
+        """Our instances on this node (``instance list``): they run under Apptainer's starter,
+        not under the host, and outlive a host that died."""
+        return [Stray(runtime=cls.name, name=item["name"], job_id=item["job_id"],
+                      started_at=item["started_at"]) for item in list_instances()]
+
+    @classmethod
+    def stop_stray(cls, name: str, config: dict[str, Any] | None = None) -> None:
+        stop_instance(name)
 
     def _image(self, image: str | None) -> str:
         if not image:

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandboxes.runtimes.envrecipe import EnvBuildFailed, EnvRecipe, RepoAt
+from prorl_celery.errors import EnvBuildFailed
+from sandboxes.runtimes.envrecipe import EnvRecipe, RepoAt
 
 ReadFile = Callable[[str, str], str | None]
 SKIPPED_LINES = ("-e .", "#", ".[test")  # as SWE-bench's own requirements reader

@@ -19,7 +19,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import IO
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import FileTooLarge
 from sandboxes.runtimes import diskquota
 from sandboxes.protocol import StatResult
 from sandboxes.safedirs import remove_tree
@@ -37,20 +37,6 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _have_openat2 = True
-
-
-class FileTooLarge(SandboxError, OSError):
-    """A file read through the host is larger than ``sandbox_read_max_mb`` (or the caller's cap)."""
-
-    type = "file_too_large"
-    http_status = 413
-
-    def __init__(self, message: str):
-        SandboxError.__init__(self, message)
-        self.errno, self.strerror, self.filename = errno.EFBIG, message, None
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 def read_cap_bytes() -> int:

@@ -12,11 +12,14 @@ delayed, not lost, becomes a duplicate, which the stage tasks ignore (design dec
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.utils.json import loads
 
 from config.settings import get_settings
 from prorl_celery import keys
@@ -63,11 +66,24 @@ def _held_by_workers() -> set[str]:
     return held
 
 
-def _in_queue(store: JobStore, queue: str) -> set[str]:
+def queue_length(channel: Any, queue: str) -> int:
+    """Messages waiting in ``queue``, as the broker's transport counts them (a passive declare:
+    kombu's Redis transport sums the queue's priority lists)."""
+    try:
+        return channel.queue_declare(queue=queue, passive=True).message_count
+    except ChannelError:  # NOT_FOUND: Redis keeps no key for an empty list
+        return 0
+
+
+def task_ids_in(channel: Any, queue: str) -> set[str]:
+    """Ids of the tasks whose messages wait in ``queue``, read without taking them. Neither
+    Celery nor kombu can look into a queue without consuming, so the list is read as it lies;
+    each entry is decoded by the transport's own message class (envelope, body encoding) and
+    the id taken from the task protocol's headers."""
     ids = set()
-    for raw in store.redis.lrange(queue, 0, -1):
+    for raw in channel.client.lrange(queue, 0, -1):
         try:
-            ids.add(json.loads(raw)["headers"]["id"])
+            ids.add(channel.Message(loads(raw), channel=channel).headers["id"])
         except (ValueError, KeyError, TypeError):
             continue
     return ids
@@ -103,18 +119,24 @@ def requeue_lost(store: JobStore, active: list[JobRecord], now: float | None = N
     if not any(stale.values()):
         return []
     held = _held_by_workers()
+    with app.connection_for_read() as connection:
+        return _resend(connection.default_channel, by_stage, stale, held, after)
+
+
+def _resend(channel: Any, by_stage: dict[JobStatus, list[_Waiting]], stale: dict[JobStatus, list[_Waiting]],
+            held: set[str], after: float) -> list[str]:
     sent = []
     for stage in STAGES:
         if not stale.get(stage):
             continue
-        queued = store.redis.llen(stage.value)
+        queued = queue_length(channel, stage.value)
         held_here = sum(1 for tid in held if tid.endswith(f":{stage.value}"))
         if queued + held_here >= len(by_stage[stage]):
             log.info("%d job(s) waited over %gs for %s; %d message(s) queued and %d held by workers "
                      "cover all %d waiting", len(stale[stage]), after, stage, queued, held_here,
                      len(by_stage[stage]))
             continue  # every waiting job can still have its message
-        present = _in_queue(store, stage.value) | held
+        present = task_ids_in(channel, stage.value) | held
         for record in stale[stage]:
             if task_id(record.job_id, stage) not in present:
                 send_chain(record.job_id, record.data_source, start=stage)

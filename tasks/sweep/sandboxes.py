@@ -7,21 +7,22 @@
 - Every live host is asked for its sandboxes; one is closed when its job is terminal or unknown,
   or (after a grace of one stage lease, which covers a sandbox whose init has not yet recorded
   it) when its job points at another sandbox or its lease is long past.
-- Where ``singularity`` exists, ``instance list`` (through spython) finds our instances on this
-  node by name; those whose job is terminal or unknown are stopped.
+- Every live host is asked for its node's strays, what a runtime runs outside any host
+  (Apptainer's instances: :meth:`~sandboxes.base.SandboxRuntime.strays`); those whose job is
+  terminal or unknown are stopped by that host. The sweep imports no runtime: the node it runs
+  on may have none, and every node's strays are found, not only its own.
 """
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 
 from config.settings import get_settings
 from prorl_celery import keys
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import NotFound, SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import STAGES
-from sandboxes.client import close_handle, list_sandboxes, live_hosts
+from sandboxes.client import close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
 
@@ -102,23 +103,19 @@ def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float)
     return closed
 
 
-def stop_orphan_instances(store: JobStore) -> list[str]:
-    """Our singularity instances on this node whose job is terminal or unknown."""
-    if not shutil.which("singularity"):
+def stop_orphan_strays(store: JobStore, host: HostRecord, seen: set[str]) -> list[str]:
+    """Ask ``host`` for its node's strays and have it stop those whose job is terminal or
+    unknown; ``seen``: names already handled this pass (hosts sharing a node list the same)."""
+    strays = [stray for stray in list_strays(host.address, host.token) if stray.name not in seen]
+    seen.update(stray.name for stray in strays)
+    statuses = [store.status(stray.job_id) for stray in strays]
+    doomed = [stray for stray, status in zip(strays, statuses) if status is None or status.terminal]
+    if not doomed:
         return []
-    from sandboxes.runtimes.singularity import list_instances, stop_instance
-
-    instances = list_instances()
-    statuses = [store.status(item["job_id"]) for item in instances]
-    stopped = []
-    for item, status in zip(instances, statuses):
-        if status is None or status.terminal:
-            try:
-                stop_instance(item["name"])
-                stopped.append(item["name"])
-            except SandboxError as exc:
-                log.warning("could not stop instance %s: %s", item["name"], exc)
-    return stopped
+    answer = stop_strays(host.address, host.token, doomed)
+    for name, why in answer.failed.items():
+        log.warning("sandbox host %s could not stop stray %s: %s", host.host_id, name, why)
+    return answer.stopped
 
 
 def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list]:
@@ -130,16 +127,18 @@ def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list
     report: dict[str, list] = {"hosts_dead": dead, "jobs_host_lost": fail_jobs_on(store, dead),
                                "sandboxes_closed": [], "hosts_unreachable": [],
                                "instances_stopped": []}
+    seen: set[str] = set()
     for host in live_hosts(store.redis):
         try:
             report["sandboxes_closed"] += close_orphans(store, host, now, grace_s)
         except SandboxError as exc:
             log.warning("sweep could not reach sandbox host %s: %s", host.host_id, exc)
             report["hosts_unreachable"].append(host.host_id)
-    try:
-        report["instances_stopped"] = stop_orphan_instances(store)
-    except SandboxError as exc:
-        log.warning("sweep could not list singularity instances: %s", exc)
+            continue
+        try:
+            report["instances_stopped"] += stop_orphan_strays(store, host, seen)
+        except (SandboxError, NotFound) as exc:  # NotFound: a host of an older version
+            log.warning("sweep could not have the strays of sandbox host %s stopped: %s", host.host_id, exc)
     for action, ids in report.items():
         if ids:
             log.warning("sandbox sweep %s %d: %s", action, len(ids), ids)

@@ -22,3 +22,13 @@ def test_celery_dash_a_finds_the_app():
                   "app = find_app('prorl_celery')\n"
                   "app.loader.import_default_modules()\n"
                   "print(app.main, 'prorl.run' in app.tasks)") == "prorl_celery True"
+
+
+def test_the_production_app_includes_no_fake():
+    """The benchmark's bare chain links Celery's built-in ``celery.accumulate``: nothing of
+    ``prorl_celery.fakes`` is in the app's includes, and no fake task is registered."""
+    out = _fresh("from prorl_celery.celery_app import app\n"
+                 "app.loader.import_default_modules()\n"
+                 "print(list(app.conf.include), sorted(t for t in app.tasks if not t.startswith('celery.')),"
+                 " 'celery.accumulate' in app.tasks)")
+    assert out == "['tasks.stages', 'tasks.sweep.beat'] ['prorl.eval', 'prorl.init', 'prorl.run', 'prorl.sweep'] True"

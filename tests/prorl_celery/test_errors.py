@@ -3,16 +3,18 @@ the sandbox client as the same class (prorl_celery/errors.py). Real servers over
 sandbox host's app and the API's error handlers, served by werkzeug in a thread."""
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
 from flask import Flask, Response
 from werkzeug.serving import make_server
 
-import flask_api.limits  # noqa: F401 - register their errors, as in the processes that raise them
-import prorl_celery.integrations.rollouts  # noqa: F401
 from flask_api import errors as api_errors
 from prorl_celery import errors
 from prorl_celery.errors import (FileDenied, FileError, FileMissing, JobAlreadyTerminal,
@@ -108,6 +110,39 @@ def test_every_class_is_registered_with_the_status_pinned():
         assert cls.http_status == WIRE[cls.type], cls
         assert issubclass(cls, errors.error_class(cls.type)), cls  # the most general one sharing it
     assert {t: errors.error_class(t).http_status for t in WIRE} == WIRE
+
+
+def test_errors_alone_knows_every_type():
+    """Every wire class lives in prorl_celery/errors.py: a process that imports nothing else (a
+    trainer's client, a worker that never loaded the module raising one) knows every type."""
+    code = "import sys, prorl_celery.errors as e\nprint(sorted(e._REGISTRY), sorted(m for m in sys.modules if m.split('.')[0] in ('flask_api', 'sandboxes', 'tasks')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == f"{sorted(WIRE)} []"
+
+
+def _raises_in(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                isinstance(stmt, ast.Assign) and any(getattr(t, "id", "") == "type" for t in stmt.targets)
+                and any(getattr(b, "id", "").endswith(("Error", "Failed")) for b in node.bases)
+                for stmt in node.body):
+            yield node.name
+
+
+def test_no_error_class_with_a_wire_type_outside_errors_py():
+    root = Path(errors.__file__).resolve().parent.parent
+    found = {f"{path.relative_to(root)}:{name}"
+             for package in ("prorl_celery", "sandboxes", "tasks", "flask_api")
+             for path in (root / package).rglob("*.py") if path.name != "errors.py" or path.parent.name != "prorl_celery"
+             for name in _raises_in(ast.parse(path.read_text()))}
+    assert found == set()
+
+
+def test_error_body_is_the_shape_of_to_dict():
+    assert errors.error_body("unauthorized", "no token") == {"error": {"type": "unauthorized", "message": "no token"}}
+    exc = errors.InvalidRequest("bad n", field="n")
+    assert errors.error_body(exc.type, str(exc), exc.field) == {"error": exc.to_dict()}
+    assert errors.ErrorBody.model_validate(errors.error_body("x", "m", status="done")).error.status == "done"
 
 
 @pytest.mark.parametrize("type_", sorted(WIRE))

@@ -153,3 +153,41 @@ def test_a_post_does_not_reuse_a_connection_idle_past_the_servers_keepalive(serv
     _in_thread(calls)
     assert [port for _, port, _ in server.seen].count(server.seen[0][1]) == 3
     assert len(server.ports()) == 2
+
+
+def test_headers_and_body_leave_in_one_segment():
+    """The server's first read of each request holds the headers and the body: the client corks
+    the socket while http.client writes them (two sends), rather than overriding its internals."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    firsts: list[bytes] = []
+
+    def serve(n: int) -> None:
+        for _ in range(n):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(10)
+                firsts.append(conn.recv(1 << 16))  # waiting before the request is written
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    body = b"b" * 4000
+    thread = threading.Thread(target=serve, args=(10,), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+    try:
+        for _ in range(10):
+            assert _in_thread(lambda: http.request("POST", url, data=body, timeout=10).content) == b"ok"
+    finally:
+        thread.join(30)
+        listener.close()
+    assert len(firsts) == 10 and all(first.endswith(b"\r\n\r\n" + body) for first in firsts)
+
+
+def test_no_subclass_of_http_clients_connection():
+    """No override of http.client's private methods (``_send_output`` ...): the module uses its
+    connections as they are."""
+    import http.client as std
+
+    assert not [name for name, value in vars(http).items()
+                if isinstance(value, type) and issubclass(value, std.HTTPConnection)]

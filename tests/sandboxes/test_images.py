@@ -18,7 +18,7 @@ from prorl_celery.errors import ImageNotFound, ImageTooLarge
 from sandboxes.client import open_sandbox, request
 from sandboxes.base import SandboxSpec
 from sandboxes.runtimes.image_cache import ImageCache
-from sandboxes.runtimes.images import check_reference
+from sandboxes.images import check_reference
 from tests.conftest import submit, wait
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout
 from tests.sandboxes.conftest import needs_bwrap, wait_until
@@ -246,7 +246,7 @@ def test_a_registry_that_never_answers_fails_the_pull_in_time(cache_dir):
     import socket
 
     from prorl_celery.errors import ImageUnavailable
-    from sandboxes.runtimes.images import parse_docker
+    from sandboxes.images import parse_docker
 
     with socket.socket() as silent:  # accepts connections (backlog) and never says a word
         silent.bind(("127.0.0.1", 0))
@@ -285,6 +285,6 @@ def test_a_known_tag_survives_its_registry_going_away(cache_dir, monkeypatch):
 
 def check_reference_unlisted(image: str):
     """The parsed reference without the allow-list (the cache itself never judges policy)."""
-    from sandboxes.runtimes.images import parse_docker
+    from sandboxes.images import parse_docker
 
     return parse_docker(image)

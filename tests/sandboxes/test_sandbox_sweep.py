@@ -11,7 +11,8 @@ from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
 from prorl_celery.status import STAGES, JobStatus
-from sandboxes.client import list_sandboxes
+from sandboxes.client import list_sandboxes, list_strays, stop_strays
+from sandboxes.protocol import Stray
 from tasks.outcome import finish
 from tasks.sweep.sandboxes import sweep_sandboxes
 from tests.sandboxes.test_host import create
@@ -92,3 +93,38 @@ def test_the_beat_sweep_reports_it(start_host, store):
     assert len(report["sandboxes_closed"]) == 1 and live_ids(host) == set()
     assert {"timed_out", "redispatched", "hosts_dead", "jobs_host_lost",
             "instances_stopped"} <= set(report)
+
+
+STRAYING = "tests.sandboxes.straying:StrayingLocal"
+
+
+def test_strays_are_found_by_asking_the_hosts_and_those_of_ended_jobs_stopped(start_host, store, tmp_path):
+    """The sweep imports no runtime: each host lists its node's strays (its runtimes' hook) and
+    stops, on the sweep's word, those whose job is terminal or unknown. Two hosts on one node
+    list the same strays: each is stopped once."""
+    strays = tmp_path / "strays"
+    strays.mkdir()
+    for name, job in (("s-ended", "job-ended"), ("s-unknown", "job-nobody"), ("s-running", "job-running"),
+                      ("stuck-1", "job-nobody-2")):
+        (strays / name).write_text(job)
+    running_job(store, "job-running")
+    running_job(store, "job-ended")
+    finish(store, store.get("job-ended"), JobStatus.CANCELLED, critical_error="cancelled")
+    env = {"PRORL_TEST_STRAYS": str(strays)}
+    first, second = (start_host(runtimes=STRAYING, env=env) for _ in range(2))
+    listed = list_strays(first.address, first.token)
+    assert {(s.name, s.job_id, s.runtime) for s in listed} == {
+        ("s-ended", "job-ended", STRAYING), ("s-unknown", "job-nobody", STRAYING),
+        ("s-running", "job-running", STRAYING), ("stuck-1", "job-nobody-2", STRAYING)}
+    report = sweep_sandboxes(store)
+    assert sorted(report["instances_stopped"]) == ["s-ended", "s-unknown"]
+    assert sorted(p.name for p in strays.iterdir()) == ["s-running", "stuck-1"]  # a failed stop is logged
+    assert second.host_id not in report["hosts_unreachable"] and first.host_id not in report["hosts_unreachable"]
+    assert sweep_sandboxes(store)["instances_stopped"] == []
+
+
+def test_a_host_refuses_to_stop_a_stray_of_a_runtime_it_does_not_serve(start_host, tmp_path):
+    host = start_host(runtime="local")
+    answer = stop_strays(host.address, host.token, [Stray(runtime=STRAYING, name="x", job_id="j")])
+    assert answer.stopped == [] and "not served" in answer.failed["x"]
+    assert list_strays(host.address, host.token) == []  # local has none

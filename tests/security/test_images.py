@@ -18,7 +18,7 @@ import requests
 from prorl_celery.errors import ImageUnavailable, InvalidRequest, PolicyDenied
 from sandboxes.policy import check_image
 from sandboxes.runtimes.image_cache import ImageCache
-from sandboxes.runtimes.images import check_reference
+from sandboxes.images import check_reference
 from sandboxes.safedirs import UnsafeDirectory
 from tests.conftest import REDIS_PORT
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout

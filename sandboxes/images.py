@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from prorl_celery.errors import InvalidRequest, PolicyDenied
+from sandboxes.dirs import beneath, split_dirs
 
 DOCKER, OCI = "docker://", "oci:"
 SCHEMES = (DOCKER, OCI)
@@ -128,8 +129,6 @@ def parse_docker(image: str, field: str = "spec.image") -> ImageRef:
 
 def parse_oci(image: str, field: str = "spec.image", lexical: bool = False) -> ImageRef:
     """An ``oci:<layout dir>[:<tag>]`` reference to a layout beneath an image directory."""
-    from sandboxes.policy import _beneath, split_dirs
-
     rest = image[len(OCI):]
     if len(image) > 4096 or _CONTROL.search(image):
         raise _bad(image, "too long, or spaces/control characters", field)
@@ -139,7 +138,7 @@ def parse_oci(image: str, field: str = "spec.image", lexical: bool = False) -> I
     if tag and not _TAG.match(tag):
         raise _bad(image, "a tag is 1-128 letters, digits, '_', '.', '-'", field)
     roots = split_dirs(_settings().sandbox_image_dirs)
-    if not _beneath(path, roots, lexical):
+    if not beneath(path, roots, lexical):
         raise PolicyDenied(f"OCI layout {path!r} is not beneath a registered image directory "
                            f"(PRORL_SANDBOX_IMAGE_DIRS: {', '.join(roots) or 'none'}), after "
                            "resolving links", field=field)
