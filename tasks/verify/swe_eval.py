@@ -223,8 +223,11 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
         return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
     runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
     changed = sorted({name for report in reports for name in report.get("changed") or []})
+    ended = next((str(report["error"]) for report in reports if report.get("error")), None)
     if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
         facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
+    elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
+        facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
     outcomes, facts["log_disagreements"] = integrity.cross_check(  # these runners report an error once

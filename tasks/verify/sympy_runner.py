@@ -23,7 +23,8 @@ process once ``sympy`` is imported. This script does their work itself:
   SymPy's verbose reporter (``test_name ok``, ``F``, ``E``, ``f``, ``X``, ``s``), which
   SWE-bench's SymPy parser reads;
 - the repository's root is not first on ``sys.path`` (a script's own directory is, and it is
-  dropped; the root goes last);
+  dropped; the root goes last), yet ``sympy`` is the repository's own package (loaded from
+  ``ROOT/sympy`` by path, as ``bin/test`` would find it first), whatever else is installed;
 - at the end one line ``<nonce> <json>`` (on a copy of stdout taken before the package loaded)
   gives every test's outcome and ``changed``: the names of this script and of ``builtins`` the
   package replaced; then the process ends with the saved ``os._exit`` (no ``atexit`` hook of the
@@ -50,6 +51,7 @@ _EXIT = os._exit  # the package may replace os._exit (to let its atexit hooks ru
 _COMPILE, _EXEC, _ASSERTION = builtins.compile, builtins.exec, AssertionError
 _BUILTINS = ("compile", "exec", "print", "AssertionError", "BaseException", "Exception", "isinstance", "getattr", "hasattr")
 _CATCH, _FILTER = warnings.catch_warnings, warnings.filterwarnings
+BLACKLIST = (os.path.normpath("sympy/integrals/rubi/rubi_tests/tests"),)  # _test's default blacklist
 VALUED = ("--tb", "--split", "--rerun")  # bin/test options that take a value and change no outcome
 FLAGS = ("--pdb", "--no-colors", "--force-colors", "--no-subprocess", "-E", "--enhance-asserts", "--fail-on-timeout")
 
@@ -88,7 +90,7 @@ def test_files(root: str, paths: list[str]) -> list[str]:
     for where, dirs, files in os.walk(os.path.join(root, "sympy")):
         dirs.sort()
         found += [os.path.join(where, f) for f in files if fnmatch.fnmatch(f, "test_*.py")]
-    found = sorted(os.path.normcase(f) for f in found)
+    found = sorted(os.path.normcase(f) for f in found if not any(b in f for b in BLACKLIST))
     native = [os.path.normpath(p) for p in paths]
     return [f for f in found if not native or any(p in f or fnmatch.fnmatch(os.path.basename(f), p) for p in native)]
 
@@ -208,6 +210,23 @@ def _path_for(root: str) -> bool:
     return os.path.abspath(sys.path[0] or ".") == os.path.abspath(root)
 
 
+def _import_package(root: str, name: str) -> str:
+    """Import the repository's package ``name`` from ``ROOT/name`` (not from wherever
+    ``sys.path`` would find one first); its file."""
+    import importlib.util
+
+    init = os.path.join(os.path.abspath(root), name, "__init__.py")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module.__file__
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -256,7 +275,7 @@ def main() -> int:
     code, start = 0, time.time()
     print(f"prorl sympy runner: python {facts['python']}, seed {seed}, {len(files)} file(s)", flush=True)
     try:
-        import sympy  # noqa: F401 - the package loads here, after the sources were read
+        facts["sympy_file"] = _import_package(root, "sympy")  # after the sources were read
 
         for path in files:
             if not run_file(path, sources[path], os.path.relpath(path, root), seed, opts, record):
