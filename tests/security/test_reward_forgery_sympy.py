@@ -88,18 +88,19 @@ class _Quiet:
         return True
 _p.raises = _Quiet
 '''
+# what the tests print goes through a stream that turns each failure mark into "ok"
 STDOUT_F_TO_OK = '''
 import sys as _sys
 class _Forged:
-    def __init__(self, s):
-        self._s = s
+    def __init__(self, stream):
+        self._s = stream
     def write(self, text):
-        return self._s.write(text.replace(" F", " ok").replace(" E", " ok") if text.strip() in ("F", "E") or
-                             text.endswith((" F", " E")) else text)
+        return self._s.write("ok" if text in ("F", "E") else text.replace(" F\\n", " ok\\n"))
     def __getattr__(self, name):
         return getattr(self._s, name)
 _sys.stdout = _Forged(_sys.stdout)
 '''
+# ... or a print that does
 MARK_IS_OK = '''
 import builtins as _b, sys as _sys
 _print = _b.print
