@@ -10,13 +10,15 @@ package's own code, so the grader runs the tests with its own runner
 naming the path, canary, log line or rewritten file, or ``unverified`` with an error) or be
 defeated outright (the bug stays visible, the run clean); the gold patch, graded in the same
 sandbox, earns 1 with a clean integrity block and the canaries as planted. Marked ``swebench``
-(the environment is built once, then cached; a few seconds a case):
+(the environment is built once, then cached; 10-30 s a case on a loaded node):
 ``python3 -m pytest -m swebench tests/security/test_reward_forgery_sympy.py``.
 Under ``bin/test`` itself (SymPy's own runner, the grader's before this one: allow-list and
 canaries only) three of these earn 1, as ``test_sympys_own_runner_pays_targeted_forgeries``
 shows: the listed test's ``ok`` printed by a replaced ``sympy.test``, the reporter patched for
 the listed test only (from ``sympy/utilities/runtests.py``, package source the allow-list lets
-through), and the test file rewritten on disk when the package is imported.
+through), and the test file rewritten on disk when the package is imported; two blanket ones
+(every failure reported as a pass, asserts compiled away) are live there too, stopped by the
+canaries alone.
 """
 from __future__ import annotations
 
@@ -315,13 +317,20 @@ def test_forgery_earns_nothing(sympy_row, grade, gold, name):
 
 
 OWN_RUNNER_PAYS = ["reporter-listed-ok-from-utilities-runtests", "sympy-test-replaced", "test-file-rewritten-at-import"]
+# ... and where the canaries alone catch a blanket forgery (so the forgeries above the runner defeats are live)
+OWN_RUNNER_CANARIES = ["reporter-all-ok", "compile-strips-asserts"]
 
 
-@pytest.mark.parametrize("name", OWN_RUNNER_PAYS)
+@pytest.mark.parametrize("name", OWN_RUNNER_PAYS + OWN_RUNNER_CANARIES)
 def test_sympys_own_runner_pays_targeted_forgeries(sympy_row, grade, monkeypatch, name):
     """Why the grader runs its own runner: with ``bin/test`` run as SWE-bench runs it (the
-    isolation turned off here), these forgeries earn 1 with the canaries as planted."""
+    isolation turned off here), the targeted forgeries earn 1 with the canaries as planted; the
+    blanket ones only the canaries stop."""
     monkeypatch.setattr(swe_eval, "_isolated", lambda box, root, command, base: (command, [], {"kind": "log"}))
     result = grade(sympy_row[1][name])
-    assert result["eval"]["FAIL_TO_PASS"] == {F2P: "PASSED"}, result["eval"]["log_tail"]
-    assert result["reward"] == 1.0 and result["eval"]["integrity"]["outcome"] == "clean", result["eval"]
+    if name in OWN_RUNNER_PAYS:
+        assert result["eval"]["FAIL_TO_PASS"] == {F2P: "PASSED"}, result["eval"]["log_tail"]
+        assert result["reward"] == 1.0 and result["eval"]["integrity"]["outcome"] == "clean", result["eval"]
+    else:
+        assert result["reward"] == 0.0 and result["eval"]["integrity"]["outcome"] == "tampered", result["eval"]
+        assert any(t.startswith("canary:") for t in result["eval"]["tampered"]), result["eval"]["tampered"]
