@@ -235,39 +235,34 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     return outcomes, facts
 
 
+# the script runners: their runner kind, command rewrite, script copied into the sandbox, file name
+SCRIPT_RUNNERS = (("django-guarded", django_isolation.rewrite, DJANGO_RUNNER, "django"),
+                  ("sympy-isolated", sympy_isolation.rewrite, SYMPY_RUNNER, "sympy"))
+
+
 def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:
-    """(``command`` with its pytest runs isolated, their nonces, what the runner block says)."""
+    """(``command`` with its test runs isolated, their nonces, what the runner block says):
+    Django's or SymPy's runner, else each pytest run."""
     if base is None:
         return command, [], {"kind": "log"}
     home = os.path.dirname(root.rstrip("/"))
-    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
     nonces: list[str] = []
 
-    def runner(python: str, index: int) -> str:
-        nonces.append(secrets.token_hex(16))
-        box.write_file(f"{home}/.prorl-pytest-nonce-{index}", nonces[-1].encode())
-        return (f"{python} {_q(home + '/.prorl-pytest-runner.py')} {_q(f'{home}/.prorl-pytest-nonce-{index}')} "
-                f"{_q(root)} -c {_q(config)} --rootdir {_q(root)}")
+    def starter(name: str, extra: str = ""):
+        def start(python: str, index: int) -> str:
+            nonces.append(secrets.token_hex(16))
+            nonce_file = f"{home}/.prorl-{name}-nonce-{index}"
+            box.write_file(nonce_file, nonces[-1].encode())
+            return f"{python} {_q(f'{home}/.prorl-{name}-runner.py')} {_q(nonce_file)} {_q(root)}{extra}"
+        return start
 
-    def django(python: str, index: int) -> str:
-        nonces.append(secrets.token_hex(16))
-        box.write_file(f"{home}/.prorl-django-nonce-{index}", nonces[-1].encode())
-        return f"{python} {_q(home + '/.prorl-django-runner.py')} {_q(f'{home}/.prorl-django-nonce-{index}')} {_q(root)}"
-
-    def sympy(python: str, index: int) -> str:
-        nonces.append(secrets.token_hex(16))
-        box.write_file(f"{home}/.prorl-sympy-nonce-{index}", nonces[-1].encode())
-        return f"{python} {_q(home + '/.prorl-sympy-runner.py')} {_q(f'{home}/.prorl-sympy-nonce-{index}')} {_q(root)}"
-
-    command, count = django_isolation.rewrite(command, django)
-    if count:
-        box.write_file(f"{home}/.prorl-django-runner.py", DJANGO_RUNNER.read_bytes())
-        return command, nonces, {"kind": "django-guarded"}
-    command, count = sympy_isolation.rewrite(command, sympy)
-    if count:
-        box.write_file(f"{home}/.prorl-sympy-runner.py", SYMPY_RUNNER.read_bytes())
-        return command, nonces, {"kind": "sympy-isolated"}
-    command, count = pytest_isolation.rewrite(command, runner)
+    for kind, rewrite, script, name in SCRIPT_RUNNERS:
+        command, count = rewrite(command, starter(name))
+        if count:
+            box.write_file(f"{home}/.prorl-{name}-runner.py", script.read_bytes())
+            return command, nonces, {"kind": kind}
+    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
+    command, count = pytest_isolation.rewrite(command, starter("pytest", f" -c {_q(config)} --rootdir {_q(root)}"))
     if not count:
         return command, [], {"kind": "log"}
     source, text = pytest_isolation.base_config(lambda name: _at_base(box, root, base, name))
