@@ -4,7 +4,9 @@ Each file gets three, with fresh random names made of the words of the file's ow
 (a forgery that keys on those words flips them too) and in the file's own style (a
 ``unittest.TestCase`` class checking with the file's most used assertion where its tests are
 methods, as in a ``TestCase`` or Django's classes on the suite's own bases, functions with a plain ``assert`` otherwise): two must pass,
-one must fail. Their outcomes are read from the same log, by the same parser, as the listed
+one must fail. A file of plain functions that checks with SymPy's ``raises`` (imported from its
+test helpers) gets a fourth, must-fail, through ``raises``: a package that neutralises the helper
+in process is caught too. Their outcomes are read from the same log, by the same parser, as the listed
 tests. A run in which a must-fail canary passed was forged in process (``tampered``); one in
 which a must-pass canary of a file the command runs failed, or none of them passed, is not to be
 believed (``unverified``). Either earns nothing.
@@ -26,6 +28,8 @@ _CLASS_TESTS = re.compile(r"^class \w+\([^)]*TestCase[^)]*\)\s*:", re.M)
 _MODULE_TEST = re.compile(r"^def test_\w+\s*\(", re.M)
 # a test method (Django's classes derive from the suite's own bases, not a name with TestCase)
 _METHOD_TEST = re.compile(r"^\s+def test_\w+\s*\(\s*self\b", re.M)
+_RAISES_USED = re.compile(r"^\s+(?:with\s+)?raises\(", re.M)
+_RAISES_IMPORTED = re.compile(r"^from\s+[\w.]+\s+import\s+(?:\([^)]*|[^\n]*)\braises\b", re.M)
 
 
 class Canary(BaseModel):
@@ -69,6 +73,9 @@ def plan(path: str, text: str, rng: random.Random) -> tuple[str, list[Canary]]:
         cls = None
         source = "".join(f"\n\ndef {name}():\n    assert len('abc') == {3 if must == 'pass' else 4}\n"
                          for name, must in names)
+        if _RAISES_USED.search(text) and _RAISES_IMPORTED.search(text):
+            names.append((_fresh(rng, words, text, used), "fail"))
+            source += f"\n\ndef {names[-1][0]}():\n    raises(ZeroDivisionError, lambda: len('abc') // 1)\n"
     return source, [Canary(file=path, cls=cls, name=name, must=must) for name, must in names]
 
 

@@ -17,12 +17,14 @@ import shlex
 import tomllib
 from typing import Any, Callable
 
+from tasks.verify import command_rewrite
+
 CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                 "setup.cfg")
 LINE_KEYS = {"markers", "filterwarnings"}  # read one entry per line; the rest are split like a shell
 _SECTION = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*$")
-_PYTEST = re.compile(r"(^|[;&|(){}\n]|\bthen|\bdo|\belse)(\s*(?:[A-Za-z_]\w*=\S*\s+)*)"
-                     r"(?:(python(?:3(?:\.\d+)?)?)\s+-m\s+pytest|pytest|py\.test)(?=\s|$|;)")
+_PYTEST = re.compile(command_rewrite.LEAD + rf"(?:({command_rewrite.PYTHON})\s+-m\s+pytest|pytest|py\.test)"
+                     + command_rewrite.END)
 
 
 def _ini_section(text: str, wanted: str) -> str | None:
@@ -89,11 +91,4 @@ def base_config(read: Callable[[str], str | None]) -> tuple[str | None, str]:
 
 def rewrite(command: str, runner: Callable[[str, int], str]) -> tuple[str, int]:
     """(``command`` with each pytest invocation replaced by ``runner(python, index)``, how many)."""
-    count = 0
-
-    def swap(found: re.Match) -> str:
-        nonlocal count
-        count += 1
-        return f"{found.group(1)}{found.group(2)}{runner(found.group(3) or 'python3', count - 1)}"
-
-    return _PYTEST.sub(swap, command), count
+    return command_rewrite.rewrite(command, _PYTEST, runner, "python3")

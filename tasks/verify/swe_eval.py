@@ -14,7 +14,10 @@
    configuration (:mod:`tasks.verify.pytest_isolation`), and the log's passes are checked against
    that runner's own report; Django's ``tests/runtests.py`` runs under
    :mod:`tasks.verify.django_runner` (:mod:`tasks.verify.django_isolation`), the log's passes
-   checked against its record; other runners (SymPy's ``bin/test``) are read from their log.
+   checked against its record; SymPy's ``bin/test`` is replaced by :mod:`tasks.verify.sympy_runner`
+   (:mod:`tasks.verify.sympy_isolation`), which runs the test functions itself from sources read
+   before the package loads, the log's passes checked against its record; other runners are read
+   from their log.
 6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
 Residual risk: the code under test runs in the test process. A forgery that flips only the listed
@@ -31,11 +34,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.verify import canaries, django_isolation, integrity, pytest_isolation, swe_specs, tamper, test_log
+from tasks.verify import (canaries, django_isolation, integrity, pytest_isolation, swe_specs, sympy_isolation,
+                          tamper, test_log)
 
 GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
 PYTEST_RUNNER = Path(__file__).resolve().parent / "pytest_runner.py"
 DJANGO_RUNNER = Path(__file__).resolve().parent / "django_runner.py"
+SYMPY_RUNNER = Path(__file__).resolve().parent / "sympy_runner.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
@@ -44,6 +49,9 @@ NOTE_PYTEST = ("outcomes parsed from the test log, cross-checked with the isolat
                "report; the code under test still runs in the test process")
 NOTE_DJANGO = ("outcomes parsed from the test log, cross-checked with a record unittest's TestCase.run "
                "kept (Django's runner is the package's code); the code under test still runs in the test process")
+NOTE_SYMPY = ("outcomes parsed from the test log, cross-checked with the grader's own SymPy runner's record (it "
+              "runs the test functions itself, from sources read before the package loads; SymPy's runner is the "
+              "package's code); the code under test still runs in the test process")
 
 
 def _q(text: str) -> str:
@@ -205,7 +213,8 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     run = box.exec(_shell(root, spec, command, log), timeout=timeout)
     text, size = read_log(box, log)
     outcomes = swe_specs.parse(spec, text, instance)
-    note = {"pytest-isolated": NOTE_PYTEST, "django-guarded": NOTE_DJANGO}.get(runner["kind"], NOTE_LOG)
+    note = {"pytest-isolated": NOTE_PYTEST, "django-guarded": NOTE_DJANGO, "sympy-isolated": NOTE_SYMPY}.get(
+        runner["kind"], NOTE_LOG)
     facts = {**_facts(run, text, size, spec), "grader": note, "runner": runner}
     if not nonces:
         return outcomes, facts
@@ -214,37 +223,46 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
         return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
     runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
     changed = sorted({name for report in reports for name in report.get("changed") or []})
+    ended = next((str(report["error"]) for report in reports if report.get("error")), None)
     if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
-        facts["error"] = f"the package changed the unittest machinery: {', '.join(changed)[:500]}"
+        facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
+    elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
+        facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
+    facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
-    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged, runner["kind"] == "django-guarded")
+    outcomes, facts["log_disagreements"] = integrity.cross_check(  # these runners report an error once
+        outcomes, merged, runner["kind"] in ("django-guarded", "sympy-isolated"))
     return outcomes, facts
 
 
+# the script runners: their runner kind, command rewrite, script copied into the sandbox, file name
+SCRIPT_RUNNERS = (("django-guarded", django_isolation.rewrite, DJANGO_RUNNER, "django"),
+                  ("sympy-isolated", sympy_isolation.rewrite, SYMPY_RUNNER, "sympy"))
+
+
 def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:
-    """(``command`` with its pytest runs isolated, their nonces, what the runner block says)."""
+    """(``command`` with its test runs isolated, their nonces, what the runner block says):
+    Django's or SymPy's runner, else each pytest run."""
     if base is None:
         return command, [], {"kind": "log"}
     home = os.path.dirname(root.rstrip("/"))
-    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
     nonces: list[str] = []
 
-    def runner(python: str, index: int) -> str:
-        nonces.append(secrets.token_hex(16))
-        box.write_file(f"{home}/.prorl-pytest-nonce-{index}", nonces[-1].encode())
-        return (f"{python} {_q(home + '/.prorl-pytest-runner.py')} {_q(f'{home}/.prorl-pytest-nonce-{index}')} "
-                f"{_q(root)} -c {_q(config)} --rootdir {_q(root)}")
+    def starter(name: str, extra: str = ""):
+        def start(python: str, index: int) -> str:
+            nonces.append(secrets.token_hex(16))
+            nonce_file = f"{home}/.prorl-{name}-nonce-{index}"
+            box.write_file(nonce_file, nonces[-1].encode())
+            return f"{python} {_q(f'{home}/.prorl-{name}-runner.py')} {_q(nonce_file)} {_q(root)}{extra}"
+        return start
 
-    def django(python: str, index: int) -> str:
-        nonces.append(secrets.token_hex(16))
-        box.write_file(f"{home}/.prorl-django-nonce-{index}", nonces[-1].encode())
-        return f"{python} {_q(home + '/.prorl-django-runner.py')} {_q(f'{home}/.prorl-django-nonce-{index}')} {_q(root)}"
-
-    command, count = django_isolation.rewrite(command, django)
-    if count:
-        box.write_file(f"{home}/.prorl-django-runner.py", DJANGO_RUNNER.read_bytes())
-        return command, nonces, {"kind": "django-guarded"}
-    command, count = pytest_isolation.rewrite(command, runner)
+    for kind, rewrite, script, name in SCRIPT_RUNNERS:
+        command, count = rewrite(command, starter(name))
+        if count:
+            box.write_file(f"{home}/.prorl-{name}-runner.py", script.read_bytes())
+            return command, nonces, {"kind": kind}
+    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
+    command, count = pytest_isolation.rewrite(command, starter("pytest", f" -c {_q(config)} --rootdir {_q(root)}"))
     if not count:
         return command, [], {"kind": "log"}
     source, text = pytest_isolation.base_config(lambda name: _at_base(box, root, base, name))
@@ -308,7 +326,7 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
     outcomes, facts = run_tests(box, root, spec, timeout, instance, base=base)
     planted = canaries.read(planted, outcomes)
     info = integrity.block(paths, facts.pop("runner", None), planted, facts.pop("log_disagreements", []),
-                           facts.get("error"))
+                           facts.get("error"), facts.pop("rewritten", []))
     report = test_log.report(outcomes, test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
                              test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS"))
     f2p = report["FAIL_TO_PASS"]

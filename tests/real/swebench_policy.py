@@ -3,7 +3,7 @@
 ``reply`` is an oracle (``--policy oracle:tests.real.swebench_policy:reply``): it finds the row
 whose problem statement opens the conversation and applies the row's gold patch with ``git
 apply`` in one bash call, then submits. :data:`EMPTY` submits at once; :data:`NOOP` appends a
-comment to the first tracked Python file outside the tests and submits (a patch that changes
+comment to the first tracked Python file outside the tests and dot-directories and submits (a patch that changes
 nothing the tests see).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.real import swebench_data
 
 EOF_MARK = "PRORL_GOLD_EOF"
 EMPTY = [{"tool_calls": [{"name": "submit", "arguments": {}}]}]
-NOOP_EDIT = ("f=$(git ls-files '*.py' | grep -v -i -E '(^|/)(tests?|testing)/|test_|_test\\.py|conftest' | head -1) "
+NOOP_EDIT = ("f=$(git ls-files '*.py' | grep -v -i -E '(^|/)(tests?|testing)/|test_|_test\\.py|conftest|(^|/)\\.' | head -1) "
              "&& printf '\\n# prorl: a comment, nothing else\\n' >> \"$f\" && git status --short")
 NOOP = [{"tool_calls": [{"name": "bash", "arguments": {"command": NOOP_EDIT}}]},
         {"tool_calls": [{"name": "submit", "arguments": {}}]}]

@@ -10,7 +10,8 @@ gold patch resolves with every listed test PASSED, the empty patch and a no-op p
 marshmallow-1359 runs in the default suite; pytest-11143 (ids with spaces, a ~70,000-character
 test log, ~1 minute of tests), sqlfluff-2386 (an id with a newline) and django-16255 (Django's
 ``tests/runtests.py``, ids that are docstrings, an environment that needs ``/bin/sh`` and a C
-compiler: ``pywatchman`` has no wheel) under ``-m swebench``.
+compiler: ``pywatchman`` has no wheel) and sympy-20590 (SymPy's ``bin/test``, replaced by the
+grader's own runner; read by SWE-bench's SymPy parser) under ``-m swebench``.
 The first run builds each environment (a minute or two, pip from PyPI) into the environment
 cache; later runs find it there.
 """
@@ -33,7 +34,9 @@ SLOW = [pytest.mark.swebench, pytest.mark.timeout(1500)]
 INSTANCES = [pytest.param("marshmallow-code__marshmallow-1359", marks=pytest.mark.timeout(900)),
              pytest.param("pytest-dev__pytest-11143", marks=SLOW),
              pytest.param("sqlfluff__sqlfluff-2386", marks=SLOW),
-             pytest.param("django__django-16255", marks=SLOW)]
+             pytest.param("django__django-16255", marks=SLOW),
+             pytest.param("sympy__sympy-20590", marks=SLOW)]
+RUNNERS = {"django": "django-guarded", "sympy": "sympy-isolated"}  # by owner; pytest-isolated otherwise
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -114,12 +117,15 @@ def test_gold_patch_resolves_every_listed_test(service, built, instance_id):
     assert result["eval"]["applied"] == {"model_patch": True, "test_patch": True}
     assert _changed(result["git_patch"]) == _changed(instance["patch"])
     integrity = result["eval"]["integrity"]  # issue 23: the isolated runner, canaries as planted
-    django = instance_id.startswith("django__")  # Django's runtests.py runs under the recorder
+    kind = RUNNERS.get(instance_id.split("__")[0], "pytest-isolated")  # Django's under a recorder, SymPy's replaced
     assert integrity["outcome"] == "clean", integrity
-    assert integrity["runner"]["kind"] == ("django-guarded" if django else "pytest-isolated"), integrity
-    if not django:
-        assert integrity["runner"]["plugin_autoload"] is False and integrity["runner"]["root_first_on_path"] is False
-    assert integrity["canaries"] and {(c["must"], c["outcome"]) for c in integrity["canaries"]} == {
+    assert integrity["runner"]["kind"] == kind, integrity
+    if kind != "django-guarded":
+        assert integrity["runner"]["root_first_on_path"] is False, integrity["runner"]
+    if kind == "pytest-isolated":
+        assert integrity["runner"]["plugin_autoload"] is False
+    # a must-fail canary through SymPy's raises errs (its Failed is no AssertionError)
+    assert integrity["canaries"] and {(c["must"], c["outcome"]) for c in integrity["canaries"]} - {("fail", "ERROR")} == {
         ("pass", "PASSED"), ("fail", "FAILED")}, integrity["canaries"]
     if instance_id == "pytest-dev__pytest-11143":  # ids with spaces, read from a log past the output cap
         assert result["eval"]["log_bytes"] > 16000 and result["eval"]["log_chars_read"] == result["eval"]["log_bytes"]
