@@ -2,7 +2,10 @@
 
 It picks a backend (``routing``: session affinity per job, priced by measured speed), holds an in-flight lease for the call, retries
 failed calls on other backends with backoff (quarantining the backend that failed), waits while
-every backend is draining, and aborts the HTTP call as soon as ``should_stop()`` says so.
+every backend is draining or paused, and aborts the HTTP call as soon as ``should_stop()`` says so.
+A turn that a weight update aborted with its tokens so far (token mode: ``PartialAborted``) is
+not started again: the next call sends the prompt and those tokens, and the turn is their join,
+each token with the version that sampled it (``Turn.weight_segments``).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from collections.abc import Callable
 import redis
 
 from config.settings import get_settings
-from prorl_celery.errors import BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
+from prorl_celery.errors import (BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout,
+                                 PartialAborted)
 from prorl_celery.llm.clients import client_for
 from prorl_celery.llm.health import probe_quarantined, quarantine
 from prorl_celery.llm.models import LLMRequest, Turn
@@ -113,6 +117,11 @@ class LLMPool:
                     raise LLMTimeout(f"LLM call of job {job_id} timed out after {timeout:.1f}s") from None
                 late = BackendFailed(f"{slot.backend.address}: timed out after {timeout:.1f}s")
                 failures = self._failed(slot, late, failures, stop)
+            except PartialAborted as exc:  # a weight update cut the turn: go on from its ids once resumed
+                self.router.release(slot, "aborted")
+                request = request.model_copy(update={"partial": exc.partial})
+                log.info("job %s: turn aborted on %s after %d tokens; continuing from them", job_id,
+                         slot.backend.id, len(exc.partial.response_ids))
             except BackendAborted as exc:  # the server's own abort (weight update): go again, no quarantine
                 self.router.release(slot, "aborted")
                 failures = self._failed(slot, exc, failures, stop)
