@@ -196,8 +196,16 @@ def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]
 
 def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
     tokens, mode = flatten_calls(calls)
-    mask_turns(calls, tokens, mode, (result.get("staleness") or {}).get("masked_turns") or [])
+    fenced = (result.get("staleness") or {}).get("masked_turns") or []
+    mask_turns(calls, tokens, mode, fenced)
+    annotated = assistant_messages(messages, turns_of(calls, with_prompts=False))
+    if fenced:  # a trainer that builds its own masks from the messages (NeMo Gym) sees them too
+        k, fenced_set = 0, set(fenced)
+        for i, message in enumerate(annotated):
+            if message.get("role") == "assistant":
+                if k in fenced_set:
+                    annotated[i] = {**message, "stale_masked": True}
+                k += 1
     out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
-    out.update(messages=assistant_messages(messages, turns_of(calls, with_prompts=False)), tokens=tokens,
-               token_mode=mode, token_versions=token_versions(calls, tokens, mode))
+    out.update(messages=annotated, tokens=tokens, token_mode=mode, token_versions=token_versions(calls, tokens, mode))
     return out

@@ -288,8 +288,8 @@ def _joined(slot: Slot, partial: PartialResponse, out: Generated) -> PartialResp
     """``partial`` followed by ``out``, each token with the version that sampled it: the server's
     spans where it reports them (vLLM's ``default`` and a missing version: the backend's
     registered one), else the whole answer the version of the backend it was asked of."""
-    at, registered = len(partial.response_ids), out.weight_version or slot.backend.weight_version
-    spans = out.spans or [{"version": None, "start": 0, "end": len(out.response_ids)}]
+    at, registered = len(partial.response_ids), slot.backend.weight_version
+    spans = out.spans or [{"version": out.weight_version, "start": 0, "end": len(out.response_ids)}]
     segments = list(partial.segments)
     for span in spans:
         version = span.get("version")
