@@ -79,8 +79,9 @@ def test_abort_answers_the_tokens_so_far_and_wait_lets_them_finish(fake_llms):
     sglang = lambda: requests.post(f"{proc.url}/generate", json={  # noqa: E731
         "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}, "return_logprob": True},
         timeout=60).json()
+    base = _tokens(proc)
     thread, box = _in_thread(sglang)
-    eventually(lambda: proc.stats()["running"] == 1 and _tokens(proc) > 70, 10, "SGLang tokens generated")
+    eventually(lambda: _tokens(proc) > base + 5, 10, "SGLang tokens generated")
     assert requests.post(f"{proc.url}/pause_generation", json={"mode": "abort"}, timeout=10).json()["status"] == "ok"
     thread.join(10)
     assert box["out"]["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(box["out"]["output_ids"]) < 60
