@@ -138,10 +138,12 @@ def test_admission_holds_while_the_trainer_runs_ahead_and_releases_when_it_catch
     assert _results(client, [first])[0]["status"] == "completed"  # done, not consumed yet
     _step(client, "keep", "v7")
     _step(client, "keep", "v8")  # the trainer is now two versions ahead of that result
+    sent = len(_fake(url, "requests")["requests"])
     held = client.submit(PROBLEM, sampling_params=bounded)
     time.sleep(3.0)
     view = client.get(held)
-    assert view["status"] in ("queued", "init", "run"), view  # waiting, not refused, not run
+    assert view["status"] in ("queued", "init", "run"), view  # waiting, not refused
+    assert len(_fake(url, "requests")["requests"]) == sent  # and not generating: no turn asked for
     state = client.weights()
     assert state["unconsumed"] == 1 and state["current"] - state["oldest_unconsumed"] == 2
     client.ack([first])  # the trainer consumed it: caught up
