@@ -43,7 +43,7 @@ from prorl_celery.client import ProrlClient  # noqa: E402
 from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 PROBLEM = {"data_source": "math", "problem": "What is 1 + 1?", "answer": "2", "sandbox": {"runtime": "local"}}
-WAYS = ("none", "drain", "abort", "keep", "lease-abort")
+WAYS = ("none", "drain", "abort", "keep", "lease-abort", "none")  # the baseline first and last: the mean
 
 
 def script(turns: int, tokens: int) -> Path:
@@ -140,11 +140,14 @@ def main() -> None:
         client = ProrlClient(stack.api_url, timeout=300)
         client.add_llm_server(fake, protocol="generate", dialect="fake", pause_api="vllm", capacity=capacity,
                               weight_version="start")
+        warm = argparse.Namespace(**{**vars(args), "n": min(args.n, 16)})
+        run_way(client, fake, "none", warm)  # workers, sandboxes and connections warmed up: not measured
         for way in args.ways.split(","):
             row = run_way(client, fake, way, args)
             rows.append(row)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    base = next((r for r in rows if r["way"] == "none"), None)
+    nones = [r["rollouts_per_s"] for r in rows if r["way"] == "none"]
+    base = {"rollouts_per_s": statistics.mean(nones)} if nones else None
     print(f"{'way':12} {'done':>5} {'wall s':>7} {'rollouts/s':>10} {'vs none':>8} {'pause p50/max ms':>17} "
           f"{'server ms':>9} {'lost tok/upd':>12} {'restarted':>9}")
     tail = []
@@ -154,6 +157,8 @@ def main() -> None:
               f"{r['pause_p50_s'] * 1000:>8.0f}/{r['pause_max_s'] * 1000:<8.0f} {r['server_pause_max_s'] * 1000:>9.1f} "
               f"{r['tokens_lost_per_update']:>12.0f} {r['turns_restarted']:>9}")
         key = r["way"].replace("-", "_")
+        if any(t.startswith(f"{key}_") for t in tail):
+            continue
         tail.append(f"{key}_pause_ms={r['pause_max_s'] * 1000:.0f} {key}_server_ms={r['server_pause_max_s'] * 1000:.1f} "
                     f"{key}_tokens_lost={r['tokens_lost_per_update']:.0f} {key}_throughput_vs_none={ratio:.3f}")
     print(f"weight_sync n={args.n} " + " ".join(tail))

@@ -30,6 +30,7 @@ from prorl_celery.llm.transport import Call, CallAborted
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.1
+DRAINING_POLL_S = 0.03
 MAX_BACKOFF_S = 8.0
 
 
@@ -172,7 +173,8 @@ class LLMPool:
         if reason != "draining" and time.monotonic() - since > settings.llm_no_backend_wait_s:
             what = "is registered" if reason == "none" else "is healthy"
             raise BackendUnavailable(f"no LLM backend {what} (waited {settings.llm_no_backend_wait_s:.0f}s)")
-        _sleep(WAIT_POLL_S * 2 if reason == "draining" else WAIT_POLL_S * 5, stop)
+        # paused for a weight update: resumed within tens of ms, so look often (Redis takes the polls)
+        _sleep(DRAINING_POLL_S if reason == "draining" else WAIT_POLL_S * 5, stop)
         if stop():
             raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while waiting for a backend")
 
