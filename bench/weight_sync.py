@@ -63,6 +63,7 @@ class Trainer(threading.Thread):
         self.client, self.way, self.updates, self.every_s, self.write_s = client, way, updates, every_s, write_s
         self.done = threading.Event()
         self.pauses: list[float] = []
+        self.resumes: list[float] = []
         self.unsafe = 0
 
     def run(self) -> None:
@@ -79,7 +80,9 @@ class Trainer(threading.Thread):
             self.pauses.append(time.perf_counter() - started)
             self.unsafe += not safe
             time.sleep(self.write_s)
+            started = time.perf_counter()
             self.client.resume(weight_version=f"{self.way}-{k + 1}")
+            self.resumes.append(time.perf_counter() - started)
 
 
 def run_way(client: ProrlClient, fake: str, way: str, args: argparse.Namespace) -> dict:
@@ -101,12 +104,15 @@ def run_way(client: ProrlClient, fake: str, way: str, args: argparse.Namespace) 
     completed = [v for v in views if v["status"] == "completed"]
     kept = sum(sum(v["result"]["tokens"]["loss_mask"]) for v in completed)
     server = [p["server_s"] for p in stats.get("pauses", [])]
+    frozen = [p["frozen_s"] for p in stats.get("pauses", []) if "frozen_s" in p]
     updates = max(len(trainer.pauses), 1)
     return {"way": way, "completed": len(completed), "wall_s": wall, "rollouts_per_s": len(completed) / wall,
             "kept_tokens_per_s": kept / wall, "updates": len(trainer.pauses), "unsafe": trainer.unsafe,
             "pause_p50_s": statistics.median(trainer.pauses) if trainer.pauses else 0.0,
             "pause_max_s": max(trainer.pauses, default=0.0),
             "server_pause_max_s": max(server, default=0.0),
+            "resume_p50_s": statistics.median(trainer.resumes) if trainer.resumes else 0.0,
+            "server_frozen_p50_s": statistics.median(frozen) if frozen else 0.0,
             "tokens_lost_per_update": sum(r.get("produced", 0) for r in dropped) / updates,
             "turns_restarted": len(dropped),
             "continued": sum(1 for r in records if r.get("finish_reason") == "abort"),
@@ -149,12 +155,13 @@ def main() -> None:
     nones = [r["rollouts_per_s"] for r in rows if r["way"] == "none"]
     base = {"rollouts_per_s": statistics.mean(nones)} if nones else None
     print(f"{'way':12} {'done':>5} {'wall s':>7} {'rollouts/s':>10} {'vs none':>8} {'pause p50/max ms':>17} "
-          f"{'server ms':>9} {'lost tok/upd':>12} {'restarted':>9}")
+          f"{'server ms':>9} {'resume ms':>9} {'frozen ms':>9} {'lost tok/upd':>12} {'restarted':>9}")
     tail = []
     for r in rows:
         ratio = r["rollouts_per_s"] / base["rollouts_per_s"] if base else float("nan")
         print(f"{r['way']:12} {r['completed']:>5} {r['wall_s']:>7.1f} {r['rollouts_per_s']:>10.2f} {ratio:>8.3f} "
               f"{r['pause_p50_s'] * 1000:>8.0f}/{r['pause_max_s'] * 1000:<8.0f} {r['server_pause_max_s'] * 1000:>9.1f} "
+              f"{r['resume_p50_s'] * 1000:>9.0f} {r['server_frozen_p50_s'] * 1000:>9.0f} "
               f"{r['tokens_lost_per_update']:>12.0f} {r['turns_restarted']:>9}")
         key = r["way"].replace("-", "_")
         if any(t.startswith(f"{key}_") for t in tail):

@@ -103,9 +103,5 @@ def resume(registry: BackendRegistry, ids: list[str] | None, weight_version: str
                 resume_server(backend, weight_version, registry.api_key(backend.id))
             except BackendFailed as exc:  # its turns would stay frozen: the health check takes it from here
                 log.warning("backend %s: resuming the server failed: %s", backend.id, exc)
-        if weight_version is not None:
-            registry.set_fields(backend.id, weight_version=weight_version)
-        registry.clear_fields(backend.id, "paused_mode")
-        registry.set_fields(backend.id, consecutive_failures=0)
-        registry.set_status(backend.id, BackendStatus.ACTIVE, sources)
+        registry.reactivate(backend.id, weight_version, sources)
     return ids

@@ -163,6 +163,17 @@ class BackendRegistry:
     def clear_fields(self, bid: str, *names: str) -> None:
         self.redis.hdel(keys.llm_backend(bid), *names)
 
+    def reactivate(self, bid: str, weight_version: str | None, sources: Iterable[BackendStatus]) -> None:
+        """After a pause: the new weight version, failures forgotten, back to active, in one round trip."""
+        pipe = self.redis.pipeline(transaction=True)
+        key = keys.llm_backend(bid)
+        pipe.hset(key, mapping={"consecutive_failures": 0, **({"weight_version": weight_version}
+                                                              if weight_version is not None else {})})
+        pipe.hdel(key, "paused_mode")
+        pipe.eval(_SET_STATUS, 1, key, BackendStatus.ACTIVE.value, time.time(), *[s.value for s in sources])
+        if pipe.execute()[-1] == -1:
+            raise UnknownBackend(bid)
+
     def api_key(self, bid: str) -> str | None:
         """The bearer token the server requires (kept out of the public record)."""
         raw = self.redis.hget(keys.llm_backend(bid), "api_key")

@@ -65,6 +65,8 @@ def handle_post(fake: FakeLLM, path: str, query: dict[str, list[str]], body: dic
         return {"status": "ok", "message": "Generation paused."}
     if path in ("/resume", "/continue_generation"):
         fake.engine.resume()
+        if fake.pauses and "frozen_s" not in fake.pauses[-1]:  # how long generation stood still
+            fake.pauses[-1]["frozen_s"] = time.time() - fake.pauses[-1]["t"]
         return {"status": "resumed"} if path == "/resume" else {"status": "ok", "message": "Generation continued."}
     if path == "/update_weight_version":
         version = body.get("new_version")
