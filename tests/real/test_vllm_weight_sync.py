@@ -51,7 +51,7 @@ def test_weight_update_under_sixteen_rollouts_against_real_vllm(api, vllm_dev: V
     assert requests.get(f"{vllm_dev.url}/is_paused", timeout=10).json()["is_paused"] is True
     requests.post(f"{api}/llm_servers/resume", json={"weight_version": f"{mode}-w1"}, timeout=60).raise_for_status()
     print(f"trainer's sync window ({mode}): pause {window * 1000:.0f} ms, at vLLM {paused['server_s'][bid] * 1000:.0f} ms")
-    views = [wait(api, job, timeout=1200) for job in jobs]
+    views = [wait(api, job, timeout=600) for job in jobs]
     spanning = 0
     for view in views:
         assert view["status"] == "completed", view["result"].get("error")
