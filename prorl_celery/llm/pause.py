@@ -59,8 +59,14 @@ def pause_server(backend: Backend, mode: Mode, api_key: str | None = None) -> fl
     return time.monotonic() - started
 
 
+def name_version(backend: Backend, version: str, api_key: str | None = None) -> None:
+    """Tell the server the name of the weights it serves: the spans it answers then use the
+    service's names (a server keeps its last name across registrations)."""
+    _post(backend.address, "/update_weight_version", {"new_version": version}, api_key)
+
+
 def resume_server(backend: Backend, version: str | None, api_key: str | None = None) -> None:
     """Name the new weights (the spans of frozen turns say which tokens came after) and resume."""
     if version is not None:
-        _post(backend.address, "/update_weight_version", {"new_version": version}, api_key)
+        name_version(backend, version, api_key)
     _post(backend.address, "/resume" if backend.pause_api is PauseApi.VLLM else "/continue_generation", None, api_key)

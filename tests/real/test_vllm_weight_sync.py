@@ -29,6 +29,13 @@ def vllm_dev(tmp_path_factory):
     server.stop()
 
 
+def _generated(url: str) -> float:
+    """vLLM's ``vllm:generation_tokens_total`` (Prometheus)."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
 @pytest.mark.parametrize("mode", ["keep", "abort"])
 def test_weight_update_under_sixteen_rollouts_against_real_vllm(api, vllm_dev: VllmServer, mode):
     requests.post(f"{api}/clear_llm_server", timeout=10)
@@ -42,8 +49,11 @@ def test_weight_update_under_sixteen_rollouts_against_real_vllm(api, vllm_dev: V
     params = {"token_level_generation": True, "max_tokens": 48, "max_turns": 3}
     jobs = [submit(api, {"data_source": "math", "problem": problem.format(i=i), "answer": str(2 * i)},
                    sampling_params=params) for i in range(1, 17)]
+    generated = _generated(vllm_dev.url)
     wait_until(lambda: requests.get(f"{api}/llm_servers/{bid}", timeout=10).json()["in_flight"] >= 8, 600,
                "8 turns in flight on vLLM")
+    # on 2 CPU cores the prompts' prefill comes first: pause once turns are decoding
+    wait_until(lambda: _generated(vllm_dev.url) >= generated + 32, 600, "tokens being decoded")
     started = time.monotonic()
     paused = requests.post(f"{api}/llm_servers/pause", json={"mode": mode}, timeout=120).json()
     window = time.monotonic() - started
