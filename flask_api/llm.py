@@ -2,18 +2,24 @@
 system's ``/add_llm_server`` and ``/clear_llm_server``."""
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, current_app, jsonify
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from flask_api.errors import parse_body
 from flask_api.routes import route
 from flask_api.schemas import ErrorBody
+from prorl_celery.errors import BackendFailed
 from prorl_celery.llm.control import drain, resume
-from prorl_celery.llm.models import Backend, BackendSpec
+from prorl_celery.llm.models import Backend, BackendSpec, PauseApi
+from prorl_celery.llm.pause import name_version
 from prorl_celery.llm.probe import probe_backend
 from prorl_celery.llm.registry import BackendRegistry, normalize_address
+from prorl_celery.staleness import WeightVersions
 
 bp = Blueprint("llm", __name__)
+log = logging.getLogger(__name__)
 
 
 class DrainRequest(BaseModel):
@@ -25,10 +31,13 @@ class DrainRequest(BaseModel):
 
 
 class ResumeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    ids: list[str] | None = Field(None, description="Backends to resume; default: all.")
-    weight_version: str | None = Field(None, description="The weight version they serve now.")
+    ids: list[str] | None = Field(None, validation_alias=AliasChoices("ids", "backends"),
+                                  description="Backends to resume (also accepted as 'backends'); default: all.")
+    weight_version: str | None = Field(None, min_length=1, max_length=200,
+                                       description="The weight version they serve now (the current one for the "
+                                                   "staleness bound; paused servers are told it, then resumed).")
 
 
 class AddServerRequest(BaseModel):
@@ -102,7 +111,15 @@ def add_server():
     if spec.probe:  # a server that cannot do what was asked is refused now, naming the missing flag
         found = probe_backend(spec, normalize_address(spec.address))
         spec = spec.model_copy(update=found)
-    backend, created = _registry().add(spec)
+    registry = _registry()
+    backend, created = registry.add(spec)
+    if backend.weight_version:
+        WeightVersions(registry.redis).know(backend.weight_version)
+        if backend.pause_api not in (None, PauseApi.NONE) and spec.probe:
+            try:  # its spans then say this name, not the last one it was told (or "default")
+                name_version(backend, backend.weight_version, registry.api_key(backend.id))
+            except BackendFailed as exc:
+                log.warning("backend %s: could not name its weight version: %s", backend.id, exc)
     return jsonify({"id": backend.id, "created": created, "backend": backend.public()}), 201 if created else 200
 
 

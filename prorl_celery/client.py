@@ -212,5 +212,20 @@ class ProrlClient:
         body = {k: v for k, v in {"ids": ids, "weight_version": weight_version}.items() if v is not None}
         return self._call("POST", "/llm_servers/resume", json=body).json()
 
+    def pause(self, mode: str = "keep", ids: list[str] | None = None, wait: float | None = None) -> dict:
+        """Pause backends for a weight update (keep | abort | drain); returns once it is safe to
+        write weights (``safe``), with the seconds it took (``pause_s``) and each backend's mode.
+        Write the weights, then :meth:`resume` with the new ``weight_version``."""
+        body = {k: v for k, v in {"mode": mode, "ids": ids, "wait": wait}.items() if v is not None}
+        return self._call("POST", "/llm_servers/pause", json=body, timeout=(wait or 60) + 60).json()
+
+    def ack(self, job_ids: list[str]) -> dict:
+        """The trainer consumed these results: they stop holding back admission (``max_staleness``)."""
+        return self._call("POST", "/jobs/ack", json={"job_ids": list(job_ids)}).json()
+
+    def weights(self) -> dict:
+        """``{"current", "oldest_unconsumed", "unconsumed"}``: the versions' ordinals (staleness)."""
+        return self._call("GET", "/weights").json()
+
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/healthz").json()

@@ -34,6 +34,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
         ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
         │   ├── LogprobMismatch                    the answer's logprobs do not match its tokens
         │   └── BackendAborted                     aborted by the server (weight update): no quarantine
+        │       └── PartialAborted                 ... with the tokens so far: the turn continues from them
         ├── BackendUnavailable                     retry budget spent, or no backend came up in time
         ├── ContextWindowExceeded                  the conversation no longer fits the context
         ├── LLMTimeout(TimeoutError)               the caller's own (shortened) call timeout passed
@@ -354,6 +355,18 @@ class BackendAborted(BackendFailed):
     stays in rotation."""
 
     type = "backend_aborted"
+
+
+class PartialAborted(BackendAborted):
+    """The server ended the request for a weight update and answered the tokens it had generated
+    (vLLM ``/pause?mode=abort``, SGLang ``pause_generation``): the turn goes on from them
+    (``partial``: a :class:`prorl_celery.llm.models.PartialResponse`)."""
+
+    type = "partial_aborted"
+
+    def __init__(self, message: str, partial: object = None):
+        super().__init__(message)
+        self.partial = partial
 
 
 class BackendUnavailable(LLMError):

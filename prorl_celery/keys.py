@@ -83,6 +83,22 @@ def llm_probe_lock(backend_id: str) -> str:
     return f"{PREFIX}:llm:probe:{backend_id}"
 
 
+def weight_versions() -> str:
+    """Hash: weight version name -> its ordinal (1, 2, ... in the order resumes named them)."""
+    return f"{PREFIX}:weights:versions"
+
+
+def weight_current() -> str:
+    """String: the ordinal of the weight version the trainer resumed with last (the current policy)."""
+    return f"{PREFIX}:weights:current"
+
+
+def weight_unconsumed() -> str:
+    """Sorted set: job id -> ordinal of the weight version current when the rollout was admitted,
+    for every admitted rollout whose result the trainer has not consumed (acknowledged) yet."""
+    return f"{PREFIX}:weights:unconsumed"
+
+
 def compat_running() -> str:
     """String: present while the reference-compatible API is started (/start ... /stop)."""
     return f"{PREFIX}:compat:running"

@@ -4,6 +4,10 @@
 generated ids (loss mask 1, with their logprobs) and, between turns, the ids the next prompt added
 (tool observations and template glue: mask 0, logprob 0.0).
 
+Every generated id knows the weight version that sampled it (:func:`token_versions`, from each
+turn's ``weight_segments``: a turn that spanned a weight update has one segment per version), and
+turns fenced for staleness get loss mask 0 (:func:`mask_turns`).
+
 ``token_mode`` says how trustworthy the ids are:
 - ``exact``: every turn's prompt extends the previous prompt and response id for id (token mode
   always; chat mode when the server reports ids and its template keeps history intact);
@@ -98,6 +102,8 @@ def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> lis
             message = {**message, "backend_id": turn.backend_id, "weight_version": turn.weight_version,
                        "model": turn.model, "token_ids": turn.response_ids, "logprobs": turn.logprobs,
                        "finish_reason": turn.finish_reason}
+            if turn.weight_segments is not None:  # which of token_ids each version sampled
+                message["weight_segments"] = [seg.model_dump() for seg in turn.weight_segments]
         out.append(message)
     return out
 
@@ -117,6 +123,48 @@ def flatten_calls(calls: Sequence[Call]) -> tuple[dict[str, list], str]:
         mask += [1] * n
         logprobs += list(call.logprobs) if call.logprobs and len(call.logprobs) == n else [0.0] * n
     return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "logprobs": logprobs}, "exact"
+
+
+def call_versions(call: Call) -> list[str | None]:
+    """The weight version of each of a stored call's response ids: its segments where the turn
+    recorded them (a turn spanning an update has several), else its one ``weight_version``."""
+    n = len(call.response_ids or [])
+    out: list[str | None] = [call.meta.get("weight_version")] * n
+    for seg in call.meta.get("weight_segments") or []:
+        for k in range(max(0, seg["start"]), min(n, seg["end"])):
+            out[k] = seg["version"]
+    return out
+
+
+def token_versions(calls: Sequence[Call], tokens: dict[str, list], mode: str) -> list[str | None] | None:
+    """One entry per id of ``tokens["response_ids"]`` (an exact rollout): the version that sampled
+    it, None for ids the prompts added (observations, template glue). None when not exact."""
+    if mode != "exact":
+        return None
+    out: list[str | None] = []
+    for k, call in enumerate(calls):
+        if k:
+            out += [None] * len(call.new_ids or [])
+        out += call_versions(call)
+    return out if len(out) == len(tokens["response_ids"]) else None
+
+
+def mask_turns(calls: Sequence[Call], tokens: dict[str, list], mode: str, turns: Sequence[int]) -> int:
+    """Loss mask 0 on the generated ids of ``turns`` (indices of calls) fenced for staleness, in
+    an exact rollout; returns how many ids were masked."""
+    if mode != "exact" or not turns:
+        return 0
+    fenced, at, masked = set(turns), 0, 0
+    for k, call in enumerate(calls):
+        if k:
+            at += len(call.new_ids or [])
+        n = len(call.response_ids or [])
+        if k in fenced:
+            for i in range(at, at + n):
+                masked += tokens["loss_mask"][i]
+                tokens["loss_mask"][i] = 0
+        at += n
+    return masked
 
 
 def expand_results(client: redis.Redis, results: Sequence[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
@@ -148,7 +196,16 @@ def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]
 
 def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
     tokens, mode = flatten_calls(calls)
+    fenced = (result.get("staleness") or {}).get("masked_turns") or []
+    mask_turns(calls, tokens, mode, fenced)
+    annotated = assistant_messages(messages, turns_of(calls, with_prompts=False))
+    if fenced:  # a trainer that builds its own masks from the messages (NeMo Gym) sees them too
+        k, fenced_set = 0, set(fenced)
+        for i, message in enumerate(annotated):
+            if message.get("role") == "assistant":
+                if k in fenced_set:
+                    annotated[i] = {**message, "stale_masked": True}
+                k += 1
     out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
-    out.update(messages=assistant_messages(messages, turns_of(calls, with_prompts=False)), tokens=tokens,
-               token_mode=mode)
+    out.update(messages=annotated, tokens=tokens, token_mode=mode, token_versions=token_versions(calls, tokens, mode))
     return out

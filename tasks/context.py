@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.errors import JobCancelled, StageBudgetExceeded
+from config.settings import get_settings
+from prorl_celery.errors import InvalidRequest, JobCancelled, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import JobStatus
 from prorl_celery.watch import watch
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.rollouts import RolloutStore
+from prorl_celery.staleness import WeightVersions
 from prorl_celery.transcript import Transcript
 from sandboxes.base import SandboxSpec
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
 INIT_WAIT_KEY = "_init_wait_s"  # in ctx.state: seconds init waited for a sandbox (timings.init_wait)
 ROLLOUT_KEY = "_rollout"  # in ctx.state: {"calls", "messages"} of the job's rollout saved so far
+ADMISSION_KEY = "_admission"  # in ctx.state: {"wait_s", "version"} once admission control let the rollout start
 
 
 class PoolPolicy:
@@ -121,6 +124,31 @@ class StageContext:
                                                self.state.get(ROLLOUT_KEY))
         return self._transcript
 
+    # -- staleness (prorl_celery.staleness) -----------------------------------------------
+    def max_staleness(self) -> int | None:
+        """The job's bound (``sampling_params.max_staleness``), else the operator's; None: none."""
+        value = self.sampling_params.get("max_staleness", get_settings().max_staleness)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"max_staleness must be an integer >= 0, not {value!r}", field="max_staleness")
+        return value
+
+    def admit(self) -> None:
+        """Wait (queued in this stage, not refused) until admission control lets the rollout start;
+        the wait is not charged to the stage's budget. Raises JobCancelled if the job ends meanwhile."""
+        k = self.max_staleness()
+        if k is None or ADMISSION_KEY in self.state:
+            return
+        versions, started = WeightVersions(self.store.redis), time.monotonic()
+        while not versions.admit(self.job_id, k):
+            if self.stopped():
+                raise JobCancelled(f"job {self.job_id} ended while held by admission control")
+            time.sleep(get_settings().staleness_poll_s)
+        waited = time.monotonic() - started
+        self.deadline += waited
+        self.state[ADMISSION_KEY] = {"wait_s": round(waited, 3), "version": versions.current()}
+
     # -- sandbox --------------------------------------------------------------------------
     def open_sandbox(self, spec: SandboxSpec):
         """Start a sandbox on the least-loaded live host and record its handle in the job.
@@ -180,6 +208,11 @@ class StageContext:
         from prorl_celery.llm.pool import LLMPool
         from tasks.agent import DefaultAgent
 
+        from tasks.agent.fence import StalenessFence
+
         policy = PoolPolicy(pool or LLMPool(self.store.redis), self.job_id)
+        k = self.max_staleness()
+        fence = None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
+                                                      get_settings().staleness_fence)
         return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
-                            state=self.state.setdefault("agent", {}), transcript=self.transcript)
+                            state=self.state.setdefault("agent", {}), transcript=self.transcript, fence=fence)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.models import ErrorInfo, JobResult
+from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
 from tasks.context import SANDBOX_KEY
 
@@ -55,6 +56,7 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
+    _nothing_to_consume(store, [result])
     return result
 
 
@@ -65,7 +67,17 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
     results = [build_result(record, status, **kwargs) for record, kwargs in ends]
     done = store.transition_many((record.job_id, status, _terminal_fields(record, result))
                                  for (record, _), result in zip(ends, results))
-    return [result if ok else None for result, (ok, _) in zip(results, done)]
+    out = [result if ok else None for result, (ok, _) in zip(results, done)]
+    _nothing_to_consume(store, [r for r in out if r is not None])
+    return out
+
+
+def _nothing_to_consume(store: JobStore, results: list[JobResult]) -> None:
+    """A job that ended without a result to train on no longer holds back admission (the
+    staleness bound waits only for results the trainer will consume)."""
+    ids = [r.job_id for r in results if r.status is not JobStatus.COMPLETED]
+    if ids:
+        WeightVersions(store.redis).consume(ids)
 
 
 def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:

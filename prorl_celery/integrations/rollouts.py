@@ -25,6 +25,11 @@ class Trajectory(BaseModel):
     token_mode: str = Field(description="exact, retokenized or none.")
     turns: int = 0
     weight_versions: list[str | None] = Field(default_factory=list, description="Each assistant turn's.")
+    token_versions: list[str | None] | None = Field(
+        None, description="One per response id: the weight version that sampled it (None: ids the prompts added); "
+                          "a turn that spanned an update has tokens of each version. None if not exact.")
+    staleness: dict[str, Any] | None = Field(None, description="The staleness bound's counts (masked turns, "
+                                                               "regenerated turns and tokens, lags).")
     messages: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: str | None = None
     resolved: bool | None = None
@@ -50,5 +55,6 @@ def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
                       loss_mask=tokens["loss_mask"], logprobs=tokens["logprobs"],
                       reward=float(result.get("reward") or 0.0), token_mode=mode, turns=result.get("turns") or 0,
                       weight_versions=[m.get("weight_version") for m in messages if m.get("role") == "assistant"],
+                      token_versions=result.get("token_versions"), staleness=result.get("staleness"),
                       messages=messages, finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
                       timing=result.get("timing") or {})

@@ -15,7 +15,10 @@ group of the service (its GRPO siblings), and the service's reward reaches TRL t
                           train_dataset=data, processing_class=tokenizer, rollout_func=rollout)
 
 Before each batch the backends' weight version is set (``POST /llm_servers/resume``), so every
-trajectory says which step's weights sampled it.
+trajectory says which step's weights sampled it (per token: ``prorl_token_versions``, handed to
+the reward functions beside the per-turn ``prorl_weight_versions``); turns fenced by the staleness
+bound come with loss mask 0 in ``env_mask``. The batch's results are acknowledged once read
+(``POST /jobs/ack``), which is what admission control under ``max_staleness`` waits for.
 """
 from __future__ import annotations
 
@@ -85,6 +88,7 @@ class RolloutFunc:
 
     def _collect(self, job_ids: list[str]) -> list[Trajectory]:
         views = {view["job_id"]: view for view in self.client.as_completed(job_ids, timeout=self.timeout)}
+        self.client.ack(job_ids)  # consumed: they stop holding back admission (max_staleness)
         return [trajectory(views[job_id], self.require_exact) for job_id in job_ids]
 
 
@@ -97,7 +101,8 @@ def to_trl(trajectories: list[Trajectory]) -> dict[str, list]:
             "env_mask": [t.loss_mask for t in trajectories],
             REWARD_KEY: [t.reward for t in trajectories],
             "prorl_job_id": [t.job_id for t in trajectories],
-            "prorl_weight_versions": [t.weight_versions for t in trajectories]}
+            "prorl_weight_versions": [t.weight_versions for t in trajectories],
+            "prorl_token_versions": [t.token_versions for t in trajectories]}
 
 
 def make_rollout_func(client: ProrlClient, instance_builder: InstanceBuilder, tokenizer: Any = None,

@@ -68,6 +68,8 @@ def to_output(traj: Trajectory, response_length: int | None = None) -> AgentLoop
                            reward_score=traj.reward, num_turns=turns or 2 * traj.turns, metrics=metrics,
                            extra_fields={"prorl_job_id": traj.job_id, "token_mode": traj.token_mode,
                                          "weight_versions": traj.weight_versions, "resolved": traj.resolved,
+                                         "token_versions": traj.token_versions[cut] if traj.token_versions else None,
+                                         "staleness": traj.staleness,
                                          "finish_reason": traj.finish_reason, "assistant_turns": traj.turns,
                                          "turn_scores": [], "tool_rewards": []})
 

@@ -43,6 +43,14 @@ GENERATE_DIALECTS = frozenset({Dialect.FAKE, Dialect.SGLANG, Dialect.VLLM_COMPLE
 CHAT_DIALECTS = frozenset({Dialect.OPENAI, Dialect.VLLM, Dialect.NEMO_GYM, Dialect.SGLANG, Dialect.LLAMACPP})
 
 
+class PauseApi(str, Enum):
+    """The server's own pause around a weight update (see :mod:`prorl_celery.llm.pause`)."""
+
+    VLLM = "vllm"      # POST /pause?mode=keep|abort, /resume (vLLM with VLLM_SERVER_DEV_MODE=1)
+    SGLANG = "sglang"  # POST /pause_generation, /continue_generation
+    NONE = "none"      # none: the service drains it
+
+
 class BackendStatus(str, Enum):
     ACTIVE = "active"            # takes new requests
     DRAINING = "draining"        # finishes what it has, takes nothing new (checkpoint swap)
@@ -69,6 +77,9 @@ class BackendSpec(BaseModel):
     logprobs_mode: str | None = Field(None, description="Which logprobs the server reports, e.g. vLLM's "
                                                         "--logprobs-mode (raw_logprobs, processed_logprobs); "
                                                         "default: the dialect's known default.")
+    pause_api: PauseApi | None = Field(None, description="The server's own pause around weight updates: vllm "
+                                                         "(/pause, /resume; vLLM needs VLLM_SERVER_DEV_MODE=1), "
+                                                         "sglang (/pause_generation), none (default: drained).")
     probe: bool = Field(True, description="Check before registering that the server answers the protocol and "
                                           "dialect (and tools, and token ids, when asked for); false only for "
                                           "a server that is not up yet.")
@@ -108,6 +119,8 @@ class Backend(BaseModel):
     max_model_len: int | None = None
     tokenizer: str | None = None
     logprobs_mode: str | None = None
+    pause_api: PauseApi | None = None
+    paused_mode: str | None = Field(None, description="While paused for a weight update: keep, abort or drain.")
     in_flight: int = 0
     served: int = 0
     failures: int = 0
@@ -142,6 +155,37 @@ class SamplingParams(BaseModel):
                                                                        "none, or a named function).")
 
 
+class WeightSegment(BaseModel):
+    """Response ids ``[start, end)`` of a turn were sampled by the weights of ``version``."""
+
+    version: str | None
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+def merge_segments(segments: list[WeightSegment]) -> list[WeightSegment]:
+    """Empty segments dropped, neighbours of one version joined."""
+    out: list[WeightSegment] = []
+    for seg in segments:
+        if seg.end <= seg.start:
+            continue
+        if out and out[-1].version == seg.version and out[-1].end == seg.start:
+            out[-1] = WeightSegment(version=seg.version, start=out[-1].start, end=seg.end)
+        else:
+            out.append(seg)
+    return out
+
+
+class PartialResponse(BaseModel):
+    """What a turn had generated when a weight update aborted it (token mode): the turn goes on
+    from these ids (prompt + partial sent again), and they are kept with their versions."""
+
+    response_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    segments: list[WeightSegment] = Field(default_factory=list)
+    continued: int = Field(0, description="Times the turn was continued after an abort.")
+
+
 class LLMRequest(BaseModel):
     """One turn to generate. ``messages`` is the whole conversation in OpenAI format."""
 
@@ -157,6 +201,8 @@ class LLMRequest(BaseModel):
     tokenizer: str | None = Field(None, description="Token mode: overrides the backend's tokenizer.")
     max_model_len: int | None = Field(None, ge=1, description="Context window, if the backend does not say.")
     chat_template_kwargs: dict[str, Any] | None = None
+    partial: PartialResponse | None = Field(None, description="Token mode: the turn's ids so far, generated "
+                                                              "before a weight update aborted it; continued from.")
     timeout_s: float | None = Field(
         None, gt=0, description="Per-call timeout; default llm_call_timeout_s. A backend that exceeds the full "
                                 "llm_call_timeout_s is quarantined and the call retried elsewhere; a shorter "
@@ -199,6 +245,10 @@ class Turn(BaseModel):
     message_count: int = Field(description="Messages the prompt was built from; the next turn's new "
                                            "messages start after this turn's own assistant message.")
     format_error: str | None = Field(None, description="'tool_call' (unparseable) or 'length' (cut off).")
+    weight_segments: list[WeightSegment] | None = Field(
+        None, description="Which response ids each weight version sampled (a turn spanning an update has "
+                          "more than one); None where not known (chat mode: the whole turn is weight_version's).")
+    continued: int = Field(0, description="Times a weight update aborted the turn and it went on from its ids.")
     attempts: int = 1
     started_at: float = 0.0
     latency_s: float = 0.0

@@ -2,7 +2,10 @@
 
 It picks a backend (``routing``: session affinity per job, priced by measured speed), holds an in-flight lease for the call, retries
 failed calls on other backends with backoff (quarantining the backend that failed), waits while
-every backend is draining, and aborts the HTTP call as soon as ``should_stop()`` says so.
+every backend is draining or paused, and aborts the HTTP call as soon as ``should_stop()`` says so.
+A turn that a weight update aborted with its tokens so far (token mode: ``PartialAborted``) is
+not started again: the next call sends the prompt and those tokens, and the turn is their join,
+each token with the version that sampled it (``Turn.weight_segments``).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import redis
 
 from config.settings import get_settings
 from prorl_celery.backoff import Backoff, wait
-from prorl_celery.errors import BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout
+from prorl_celery.errors import (BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout,
+                                 PartialAborted)
 from prorl_celery.llm.clients import client_for
 from prorl_celery.llm.health import probe_quarantined, quarantine
 from prorl_celery.llm.models import LLMRequest, Turn
@@ -26,6 +30,7 @@ from prorl_celery.llm.transport import Call, CallAborted
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.1
+DRAINING_POLL_S = 0.03
 MAX_BACKOFF_S = 8.0
 
 
@@ -113,6 +118,11 @@ class LLMPool:
                     raise LLMTimeout(f"LLM call of job {job_id} timed out after {timeout:.1f}s") from None
                 late = BackendFailed(f"{slot.backend.address}: timed out after {timeout:.1f}s")
                 failures = self._failed(slot, late, failures, stop)
+            except PartialAborted as exc:  # a weight update cut the turn: go on from its ids once resumed
+                self.router.release(slot, "aborted")
+                request = request.model_copy(update={"partial": exc.partial})
+                log.info("job %s: turn aborted on %s after %d tokens; continuing from them", job_id,
+                         slot.backend.id, len(exc.partial.response_ids))
             except BackendAborted as exc:  # the server's own abort (weight update): go again, no quarantine
                 self.router.release(slot, "aborted")
                 failures = self._failed(slot, exc, failures, stop)
@@ -163,7 +173,11 @@ class LLMPool:
         if reason != "draining" and time.monotonic() - since > settings.llm_no_backend_wait_s:
             what = "is registered" if reason == "none" else "is healthy"
             raise BackendUnavailable(f"no LLM backend {what} (waited {settings.llm_no_backend_wait_s:.0f}s)")
-        wait(WAIT_POLL_S * 2 if reason == "draining" else WAIT_POLL_S * 5, stop, WAIT_POLL_S)
+        # paused for a weight update: resumed within tens of ms, so look often (Redis takes the polls)
+        if reason == "draining":
+            wait(DRAINING_POLL_S, stop, DRAINING_POLL_S)
+        else:
+            wait(WAIT_POLL_S * 5, stop, WAIT_POLL_S)
         if stop():
             raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while waiting for a backend")
 

@@ -82,10 +82,10 @@ class BackendRegistry:
         bid = backend_id(address)
         fields: dict[str, object] = {"address": address}
         for name in ("protocol", "dialect", "capacity", "model", "weight_version", "max_model_len",
-                     "tokenizer", "api_key", "logprobs_mode"):
+                     "tokenizer", "api_key", "logprobs_mode", "pause_api"):
             value = getattr(spec, name)
             if value is not None and name in spec.model_fields_set:
-                fields[name] = value.value if name in ("protocol", "dialect") else value
+                fields[name] = value.value if name in ("protocol", "dialect", "pause_api") else value
         argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
         argv += [item for pair in fields.items() for item in pair]
         created = self.redis.eval(_ADD, 4, keys.llm_backends(), keys.llm_backend(bid),
@@ -159,6 +159,25 @@ class BackendRegistry:
 
     def set_fields(self, bid: str, **fields: object) -> None:
         self.redis.hset(keys.llm_backend(bid), mapping={k: v for k, v in fields.items() if v is not None})
+
+    def clear_fields(self, bid: str, *names: str) -> None:
+        self.redis.hdel(keys.llm_backend(bid), *names)
+
+    def reactivate(self, bid: str, weight_version: str | None, sources: Iterable[BackendStatus]) -> None:
+        """After a pause: the new weight version, failures forgotten, back to active, in one round trip."""
+        pipe = self.redis.pipeline(transaction=True)
+        key = keys.llm_backend(bid)
+        pipe.hset(key, mapping={"consecutive_failures": 0, **({"weight_version": weight_version}
+                                                              if weight_version is not None else {})})
+        pipe.hdel(key, "paused_mode")
+        pipe.eval(_SET_STATUS, 1, key, BackendStatus.ACTIVE.value, time.time(), *[s.value for s in sources])
+        if pipe.execute()[-1] == -1:
+            raise UnknownBackend(bid)
+
+    def api_key(self, bid: str) -> str | None:
+        """The bearer token the server requires (kept out of the public record)."""
+        raw = self.redis.hget(keys.llm_backend(bid), "api_key")
+        return raw.decode() if raw else None
 
     def abort_in_flight(self, bid: str) -> int:
         """Drop every in-flight lease of the backend; the holders abort their calls and retry."""

@@ -23,6 +23,7 @@ from tasks.agent.base import Control, EpisodeEnded, FinishReason, Policy, Sandbo
 from tasks.agent.config import AgentConfig, Timeouts
 from tasks.agent.editor import Editor
 from tasks.agent.episode import AgentOutcome, Episode
+from tasks.agent.fence import StalenessFence
 
 FORMAT_HINT = ("Your reply could not be used ({error}). Call one of the tools bash, str_replace_editor or "
                "submit with valid JSON arguments.")
@@ -52,7 +53,7 @@ class DefaultAgent:
     def __init__(self, policy: Policy, sandbox: Sandbox, config: AgentConfig, *,
                  control: Control | None = None, sink: Sink | None = None,
                  state: dict[str, Any] | None = None, timeouts: Timeouts | None = None,
-                 transcript: Transcript | None = None):
+                 transcript: Transcript | None = None, fence: StalenessFence | None = None):
         self.policy = policy
         self.sandbox = sandbox
         self.config = config
@@ -61,6 +62,7 @@ class DefaultAgent:
         self.state = {} if state is None else state
         self.timeouts = timeouts or Timeouts.from_settings(config)
         self.transcript = Transcript() if transcript is None else transcript
+        self.fence = fence
 
     def run(self, first_messages: list[dict[str, Any]]) -> AgentOutcome:
         """Run (or resume) the episode to its end."""
@@ -80,6 +82,8 @@ class DefaultAgent:
             raise
 
     def _end(self, episode: Episode, reason: FinishReason, answer: str | None = None) -> AgentOutcome:
+        if self.fence is not None:  # what the result holds is within the bound, or masked
+            self.fence.fence(episode.data)
         outcome = episode.finish(reason, answer)
         self.sink.save()
         return outcome
@@ -91,6 +95,8 @@ class DefaultAgent:
         if config.max_total_tokens and episode.data["generated"] >= config.max_total_tokens:
             raise EpisodeEnded(FinishReason.MAX_TOKENS)
         self.control.check()
+        if self.fence is not None:
+            self.fence.fence(episode.data)
         turn = self._generate(episode)
         if turn.tool_calls:
             acted = actions.run(episode, turn)
@@ -112,6 +118,9 @@ class DefaultAgent:
         started = time.monotonic()
         try:
             turn = self.policy.generate(request, self.control.stopped)
+            if self.fence is not None:
+                turn = self.fence.fresh(turn, lambda: self.policy.generate(request, self.control.stopped),
+                                        episode.data)
         except ContextWindowExceeded:
             raise EpisodeEnded(FinishReason.CONTEXT) from None
         episode.add_turn(turn, time.monotonic() - started)

@@ -7,7 +7,7 @@ from tasks.agent import AgentConfig, AgentOutcome
 from prorl_celery.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
-from tasks.context import ROLLOUT_KEY, StageContext
+from tasks.context import ADMISSION_KEY, ROLLOUT_KEY, StageContext
 from tasks.handlers.base import AgentHandler
 from tasks.harnesses import is_harness_agent
 
@@ -45,6 +45,7 @@ class AgentTaskHandler(AgentHandler):
     def run(self, ctx: StageContext) -> None:
         if ctx.resumed:
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
+        ctx.admit()  # the staleness bound: held while the trainer is too far ahead
         if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
             from tasks.harnesses.run import run_harness
 
@@ -71,10 +72,27 @@ class AgentTaskHandler(AgentHandler):
             return harness_result_fields(state)
         agent = state.get("agent") or {}
         saved = state.get(ROLLOUT_KEY) or {}
-        return {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
-                "turns": saved.get("calls", 0), "finish_reason": agent.get("finish_reason"),
-                "answer": agent.get("answer"),
-                "timing": {"llm": agent.get("llm_s", 0.0), "actions": agent.get("actions_s", 0.0)}}
+        out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
+               "turns": saved.get("calls", 0), "finish_reason": agent.get("finish_reason"),
+               "answer": agent.get("answer"),
+               "timing": {"llm": agent.get("llm_s", 0.0), "actions": agent.get("actions_s", 0.0)}}
+        staleness = staleness_fields(state)
+        if staleness:
+            out["staleness"] = staleness
+        return out
+
+
+def staleness_fields(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The result's ``staleness``: the bound, the fence, the turns masked, the turns regenerated
+    and their tokens, the largest lag kept unmasked, and the admission wait; None without a bound."""
+    fenced = dict((state.get("agent") or {}).get("staleness") or {})
+    admission = state.get(ADMISSION_KEY)
+    if not fenced and not admission:
+        return None
+    fenced.pop("turn_versions", None)
+    if admission:
+        fenced["admission_wait_s"], fenced["admitted_version"] = admission["wait_s"], admission["version"]
+    return fenced
 
 
 def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:

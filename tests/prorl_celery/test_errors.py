@@ -35,7 +35,7 @@ WIRE = {
     "no_sandbox_capacity": 503, "sandbox_gone": 404, "env_build_failed": 500,
     "unsafe_directory": 500, "too_many_requests": 429, "store_unavailable": 503, "rollout_failed": 500,
     "llm": 500,
-    "backend_failed": 500, "logprob_mismatch": 500, "backend_aborted": 500,
+    "backend_failed": 500, "logprob_mismatch": 500, "backend_aborted": 500, "partial_aborted": 500,
     "backend_unavailable": 500, "context_window_exceeded": 500, "llm_timeout": 500,
     "llm_request_rejected": 500,
 }

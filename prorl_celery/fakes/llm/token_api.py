@@ -12,7 +12,12 @@ tool; see :mod:`prorl_celery.fakes.llm.server`):
   ``finish_reason.type`` stop | length | abort (fault ``abort_next``: a weight update), its ``>=``
   context check, and with ``--sglang-prompt-in-output`` the prompt ids before ``output_ids`` (as
   some versions do);
-- ``POST /generate`` with ``prompt_ids``: the ``fake`` dialect, this server's own test-only shape.
+- ``POST /generate`` with ``prompt_ids``: the ``fake`` dialect, this server's own test-only shape
+  (``weight_versions`` spans as vLLM's generate endpoint reports them).
+
+A request cut by a pause in abort mode (:mod:`prorl_celery.fakes.llm.pause_api`) answers with the
+tokens generated so far and the server's abort finish reason (vLLM ``"abort"``, SGLang ``{"type":
+"abort"}``).
 """
 from __future__ import annotations
 
@@ -121,7 +126,7 @@ def vllm_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] |
         logprobs = {"content": [{**e, "top_logprobs": [dict(e) for _ in range(top)]} for e in entries]}
     choice = {"index": 0, "finish_reason": entry["finish_reason"], "stop_reason": None, "token_ids": ids,
               "routed_experts": None, "sampling_mask": None,
-              "weight_versions": [{"version": fake.options.weight_version, "start": 0, "end": len(ids)}],
+              "weight_versions": entry["weight_versions"],
               "logprobs": logprobs}
     return {"request_id": body.get("request_id") or f"generate-tokens-{uuid.uuid4().hex[:16]}",
             "model": body.get("model") or fake.model, "created": int(time.time()), "usage": vllm_usage(prompt, ids),
@@ -188,12 +193,14 @@ def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
     ids = entry["response_ids"]
     if fake.take_abort():
         ids, finish = [], {"type": "abort", "message": "Abort before weight update.", "status_code": 503}
+    elif entry["finish_reason"] == "abort":  # pause_generation in abort mode: the tokens so far come back
+        finish = {"type": "abort", "message": "Abort in pause_generation.", "status_code": 503}
     elif entry["finish_reason"] == "stop" and ids and ids[-1] in fake.tok.stop_ids:
         finish = {"type": "stop", "matched": ids[-1]}
     else:
         finish = {"type": "length", "length": len(ids)}
     meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
-                            "weight_version": fake.options.weight_version, "completion_tokens": len(ids),
+                            "weight_version": fake.engine.version, "completion_tokens": len(ids),
                             "cached_tokens": 0, "e2e_latency": time.time() - started}
     if body.get("return_logprob"):
         meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, fake.logprobs(ids))]
@@ -215,7 +222,7 @@ def fake_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] |
         return None
     ids = entry["response_ids"]
     return {"response_ids": ids, "logprobs": fake.logprobs(ids), "finish_reason": entry["finish_reason"],
-            "text": fake.tok.decode(ids)}
+            "text": fake.tok.decode(ids), "weight_versions": entry["weight_versions"]}
 
 
 def generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:

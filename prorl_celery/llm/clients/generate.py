@@ -25,10 +25,11 @@ from typing import Any, NamedTuple, Protocol as TypingProtocol
 import threading
 
 from prorl_celery.errors import (BackendAborted, BackendFailed, ContextWindowExceeded, InvalidRequest,
-                                 LLMRequestRejected, LogprobMismatch)
+                                 LLMRequestRejected, LogprobMismatch, PartialAborted)
 from prorl_celery.llm import chatml
 from prorl_celery.llm.clients.base import DEFAULT_MAX_TOKENS, model_name, post, sampling_body
-from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
+from prorl_celery.llm.models import (Dialect, LLMRequest, PartialResponse, Protocol, Turn, WeightSegment,
+                                     merge_segments)
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import Tokenizer, continuation_ids, get_tokenizer, turn_closing_ids
 from prorl_celery.llm.transport import Call
@@ -70,6 +71,16 @@ class Generated(NamedTuple):
     logprobs: list[float] | None
     finish_reason: str | None
     weight_version: str | None = None
+    spans: list[dict[str, Any]] | None = None  # vLLM's weight_versions: [{"version", "start", "end"}]
+
+
+def aborted(out: Generated, server: str) -> BackendAborted:
+    """The server's abort of a request (a weight update): PartialAborted carrying what it had
+    generated (``partial`` is the :class:`Generated` read so far; the client adds the versions);
+    a plain BackendAborted when the answer has no usable ids and logprobs."""
+    if out.logprobs is None or len(out.logprobs) != len(out.response_ids):
+        return BackendAborted(f"{server} aborted the request (no usable partial ids)")
+    return PartialAborted(f"{server} aborted the request after {len(out.response_ids)} tokens", out)
 
 
 class Wire(TypingProtocol):
@@ -99,7 +110,11 @@ class FakeWire:
 
     def answer(self, data: dict[str, Any]) -> Generated:
         ids = data.get("response_ids", data.get("output_ids"))
-        return Generated([int(i) for i in ids], _logprobs(data.get("logprobs")), data.get("finish_reason"))
+        out = Generated([int(i) for i in ids], _logprobs(data.get("logprobs")), data.get("finish_reason"),
+                        spans=data.get("weight_versions"))
+        if out.finish_reason == "abort":
+            raise aborted(out, "the fake server")
+        return out
 
 
 class LlamaCppWire:
@@ -151,10 +166,15 @@ class SGLangWire:
         meta = data.get("meta_info") or {}
         finish = meta.get("finish_reason")
         kind = finish.get("type") if isinstance(finish, dict) else finish
+        triples = meta.get("output_token_logprobs")
         if kind == "abort":
             message = finish.get("message") if isinstance(finish, dict) else None
-            raise BackendAborted(f"SGLang aborted the request: {message}")
-        triples = meta.get("output_token_logprobs")
+            ids = [int(t[1]) for t in triples or []] or [int(i) for i in data.get("output_ids") or []]
+            if not ids:
+                raise BackendAborted(f"SGLang aborted the request: {message}")
+            count = meta.get("completion_tokens")
+            ids = ids[len(ids) - count:] if isinstance(count, int) and len(ids) > count else ids
+            raise aborted(Generated(ids, _logprobs(triples), "abort"), f"SGLang ({message})")
         from_logprobs = [int(t[1]) for t in triples] if triples is not None else None
         ids = data.get("output_ids")
         if ids is None:  # SGLang before output_ids: the ids come with the logprobs
@@ -205,43 +225,83 @@ class GenerateClient:
         backend, model = slot.backend, model_name(slot, request)
         tok = get_tokenizer(request.tokenizer or backend.tokenizer or model)
         prompt = build_prompt(tok, request)
+        partial = request.partial or PartialResponse()
+        sent = prompt + partial.response_ids  # a continued turn: the server goes on from its own ids
         wire = wire_for(slot)
-        max_tokens = max_new_tokens(slot, request, prompt, getattr(wire, "context_margin", 0))
+        max_tokens = max_new_tokens(slot, request, sent, getattr(wire, "context_margin", 0))
+        if request.sampling.max_tokens and partial.response_ids:
+            max_tokens = min(max_tokens, request.sampling.max_tokens - len(partial.response_ids))
+        if max_tokens <= 0:  # the cut came at the turn's last token
+            return self._turn(slot, request, model, tok, prompt, Generated([], [], "length"), 0,
+                              backend.logprobs_mode or getattr(wire, "logprobs_mode", None), partial)
         try:
-            data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
-        except LLMRequestRejected as exc:
-            if backend.dialect is not Dialect.SGLANG or "sampling_seed" not in str(exc) or wire is _SGLANG_NO_SEED:
-                raise
-            _no_seed.add(backend.address)  # an SGLang without seeded sampling: the same request, unseeded
-            wire = _SGLANG_NO_SEED
-            data = post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
-        try:
+            data = self._post(slot, wire, request, model, tok, sent, max_tokens, call)
             out = wire.answer(data)
+        except PartialAborted as exc:
+            raise PartialAborted(str(exc), _joined(slot, partial, exc.partial)) from None
         except (TypeError, ValueError, KeyError, IndexError) as exc:
             raise BackendFailed(f"{backend.address}{wire.path}: unusable answer: {exc}") from None
         if out.logprobs is None or len(out.logprobs) != len(out.response_ids):
             got = "no" if out.logprobs is None else len(out.logprobs)
             raise LogprobMismatch(f"{backend.address}{wire.path}: {got} logprobs for {len(out.response_ids)} tokens")
         return self._turn(slot, request, model, tok, prompt, out, max_tokens,
-                          backend.logprobs_mode or getattr(wire, "logprobs_mode", None))
+                          backend.logprobs_mode or getattr(wire, "logprobs_mode", None), partial)
+
+    @staticmethod
+    def _post(slot: Slot, wire: Wire, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
+              max_tokens: int, call: Call) -> dict[str, Any]:
+        try:
+            return post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
+        except LLMRequestRejected as exc:
+            if slot.backend.dialect is not Dialect.SGLANG or "sampling_seed" not in str(exc) or wire is _SGLANG_NO_SEED:
+                raise
+            _no_seed.add(slot.backend.address)  # an SGLang without seeded sampling: the same request, unseeded
+            return post(slot, _SGLANG_NO_SEED.path, _SGLANG_NO_SEED.body(request, model, tok, prompt, max_tokens),
+                        call)
 
     @staticmethod
     def _turn(slot: Slot, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
-              out: Generated, max_tokens: int | None, logprobs_mode: str | None) -> Turn:
-        response_ids = out.response_ids
+              out: Generated, max_tokens: int | None, logprobs_mode: str | None,
+              partial: PartialResponse | None = None) -> Turn:
+        partial = partial or PartialResponse()
+        joined = _joined(slot, partial, out)
+        response_ids = joined.response_ids
         body = list(response_ids)
         while body and body[-1] in tok.stop_ids:
             body.pop()
         stopped = len(body) < len(response_ids)
-        cut = not stopped and max_tokens is not None and len(response_ids) >= max_tokens
+        cut = not stopped and max_tokens is not None and len(out.response_ids) >= max_tokens
         finish = out.finish_reason or ("length" if cut else "stop")
         content, calls, malformed = chatml.split_tool_calls(tok.decode(body))
-        return Turn(backend_id=slot.backend.id, address=slot.backend.address,
-                    weight_version=out.weight_version or slot.backend.weight_version,
+        versions = list(dict.fromkeys(seg.version for seg in joined.segments))
+        version = "+".join(v for v in versions if v) if len(versions) > 1 else (
+            versions[0] if versions else out.weight_version or slot.backend.weight_version)
+        return Turn(backend_id=slot.backend.id, address=slot.backend.address, weight_version=version,
                     protocol=Protocol.GENERATE, model=model, content=content, tool_calls=calls,
-                    finish_reason=finish, prompt_ids=prompt, response_ids=response_ids, logprobs=out.logprobs,
+                    finish_reason=finish, prompt_ids=prompt, response_ids=response_ids, logprobs=joined.logprobs,
                     logprobs_mode=logprobs_mode, token_source="local", message_count=len(request.messages),
-                    format_error="tool_call" if malformed else ("length" if finish == "length" else None))
+                    format_error="tool_call" if malformed else ("length" if finish == "length" else None),
+                    weight_segments=joined.segments, continued=partial.continued)
+
+
+def _joined(slot: Slot, partial: PartialResponse, out: Generated) -> PartialResponse:
+    """``partial`` followed by ``out``, each token with the version that sampled it: the server's
+    spans where it reports them (vLLM's ``default`` and a missing version: the backend's
+    registered one), else the whole answer the version of the backend it was asked of."""
+    at, registered = len(partial.response_ids), slot.backend.weight_version
+    spans = out.spans or [{"version": out.weight_version, "start": 0, "end": len(out.response_ids)}]
+    segments = list(partial.segments)
+    for span in spans:
+        version = span.get("version")
+        version = registered if version in (None, "default") else str(version)
+        segments.append(WeightSegment(version=version, start=at + int(span["start"]), end=at + int(span["end"])))
+    covered = max((seg.end for seg in segments), default=at)
+    if covered < at + len(out.response_ids):  # spans short of the answer: the rest is the backend's
+        segments.append(WeightSegment(version=registered, start=covered, end=at + len(out.response_ids)))
+    return PartialResponse(response_ids=partial.response_ids + list(out.response_ids),
+                           logprobs=partial.logprobs + list(out.logprobs or []),
+                           segments=merge_segments(segments),
+                           continued=partial.continued + (1 if out.finish_reason == "abort" else 0))
 
 
 def _logprobs(raw: Any) -> list[float] | None:

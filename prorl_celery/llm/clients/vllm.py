@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prorl_celery.errors import BackendAborted, BackendFailed, LogprobMismatch
+from prorl_celery.errors import BackendFailed, LogprobMismatch
 from prorl_celery.llm.clients.base import sampling_body
-from prorl_celery.llm.clients.generate import Generated
+from prorl_celery.llm.clients.generate import Generated, aborted
 from prorl_celery.llm.models import LLMRequest
 from prorl_celery.llm.tokenizer import Tokenizer
 
@@ -56,10 +56,12 @@ def vllm_sampling(request: LLMRequest, tok: Tokenizer, max_tokens: int | None) -
     return params
 
 
-def _finish(reason: Any) -> str | None:
-    if reason == "abort":
-        raise BackendAborted("vLLM aborted the request")
-    return reason
+def _finish(out: Generated) -> Generated:
+    """An answer whose finish reason is ``abort`` (``/pause?mode=abort`` during a weight update)
+    raises with the tokens it carries: the turn goes on from them."""
+    if out.finish_reason == "abort":
+        raise aborted(out, "vLLM")
+    return out
 
 
 class VllmCompletionsWire:
@@ -89,7 +91,7 @@ class VllmCompletionsWire:
         if from_logprobs is not None and from_logprobs != ids:
             raise LogprobMismatch(f"vLLM: token_ids ({len(ids)}) and the logprobs' tokens "
                                   f"({len(from_logprobs)}) disagree")
-        return Generated(ids, _floats(lp.get("token_logprobs")) if lp else None, _finish(choice.get("finish_reason")))
+        return _finish(Generated(ids, _floats(lp.get("token_logprobs")) if lp else None, choice.get("finish_reason")))
 
 
 class VllmGenerateWire:
@@ -113,8 +115,8 @@ class VllmGenerateWire:
         if entries is not None and [int(e["token_id"]) for e in entries] != ids:
             raise LogprobMismatch(f"vLLM: token_ids ({len(ids)}) and the logprobs' ids ({len(entries)}) disagree")
         logprobs = None if entries is None else _floats([e["logprob"] for e in entries])
-        return Generated(ids, logprobs, _finish(choice.get("finish_reason")),
-                         weight_version(choice.get("weight_versions")))
+        return _finish(Generated(ids, logprobs, choice.get("finish_reason"),
+                                 weight_version(choice.get("weight_versions")), choice.get("weight_versions")))
 
 
 def weight_version(spans: list[dict[str, Any]] | None) -> str | None:

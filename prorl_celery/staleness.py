@@ -1,0 +1,82 @@
+"""Weight versions in order, and the staleness bound of asynchronous RL (AReaL's rule).
+
+Versions are names the trainer gives (``"step12"``); each gets an ordinal the first time it is
+seen (1, 2, ...), and ``current`` is the ordinal of the version the trainer resumed with last
+(``POST /llm_servers/resume {"weight_version"}``). Staleness counts ordinals.
+
+**Admission** (``max_staleness`` = k): a rollout starts only while ``current - oldest <= k``,
+``oldest`` being the version that was current when the oldest *unconsumed* rollout was admitted.
+Otherwise it waits (queued in its run stage, not refused) until the trainer consumes that result.
+**Consumed** means acknowledged: the trainer calls ``POST /jobs/ack {"job_ids"}`` (the SDK's
+``ack``) once it has read a result into a batch; a job that ends without a result to train on
+(failed, cancelled, timeout) is consumed when it ends. Only rollouts with a bound are tracked.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+
+from prorl_celery import keys
+
+_ADVANCE = """
+local o = redis.call('HGET', KEYS[1], ARGV[1])
+if not o then
+  o = redis.call('HLEN', KEYS[1]) + 1
+  redis.call('HSET', KEYS[1], ARGV[1], o)
+end
+if ARGV[2] == '1' then redis.call('SET', KEYS[2], o) else redis.call('SETNX', KEYS[2], o) end
+return tonumber(o)
+"""
+# 1: admitted now or already; 0: held. ARGV: job id, k.
+_ADMIT = """
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 1 end
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if oldest[2] and current - tonumber(oldest[2]) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], current, ARGV[1])
+return 1
+"""
+
+
+class WeightVersions:
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+        self._advance = client.register_script(_ADVANCE)
+        self._admit = client.register_script(_ADMIT)
+
+    def advance(self, name: str) -> int:
+        """The trainer resumed with ``name``: it is the current version now. Returns its ordinal."""
+        return int(self._advance(keys=[keys.weight_versions(), keys.weight_current()], args=[name, 1]))
+
+    def know(self, name: str) -> int:
+        """``name`` exists (a backend registered with it); current only if nothing is yet."""
+        return int(self._advance(keys=[keys.weight_versions(), keys.weight_current()], args=[name, 0]))
+
+    def current(self) -> int:
+        return int(self.redis.get(keys.weight_current()) or 0)
+
+    def ordinals(self, names: Iterable[str | None]) -> dict[str, int]:
+        """The ordinal of each known name (unknown ones and None are left out)."""
+        wanted = sorted({n for n in names if n})
+        if not wanted:
+            return {}
+        found = self.redis.hmget(keys.weight_versions(), wanted)
+        return {name: int(o) for name, o in zip(wanted, found) if o is not None}
+
+    # -- admission --------------------------------------------------------------------------
+    def admit(self, job_id: str, k: int) -> bool:
+        """Admit the rollout unless the trainer is more than ``k`` versions ahead of the oldest
+        unconsumed result; an admitted rollout stays unconsumed until :meth:`consume`."""
+        return bool(self._admit(keys=[keys.weight_current(), keys.weight_unconsumed()], args=[job_id, k]))
+
+    def consume(self, job_ids: Iterable[str]) -> int:
+        ids = list(job_ids)
+        return int(self.redis.zrem(keys.weight_unconsumed(), *ids)) if ids else 0
+
+    def oldest_unconsumed(self) -> int | None:
+        oldest = self.redis.zrange(keys.weight_unconsumed(), 0, 0, withscores=True)
+        return int(oldest[0][1]) if oldest else None
+
+    def unconsumed(self) -> int:
+        return int(self.redis.zcard(keys.weight_unconsumed()))
