@@ -103,9 +103,12 @@ def save_tokenizer(out_dir: Path, gguf: Path | None = None, template: str = HERM
 
 
 def params(port: int, *, host: str = "127.0.0.1", jinja: bool = True, tools_template: bool = True,
-           n_ctx: int = 4096, parallel: int = 4, gguf: Path | None = None) -> Any:
+           n_ctx: int = 4096, parallel: int = 4, gguf: Path | None = None, threads: int | None = None) -> Any:
     """The server's ``CommonParams``: ``n_ctx`` is shared by the ``parallel`` slots (each gets
-    ``n_ctx / parallel``, the context window ``/v1/models`` reports as ``meta.n_ctx``)."""
+    ``n_ctx / parallel``, the context window ``/v1/models`` reports as ``meta.n_ctx``).
+    ``threads`` (default: up to 2) is for decoding and prompt batches alike. On a node shared
+    with other work one thread is the steadier choice: llama.cpp's threads meet at a barrier
+    after every op, spinning while they wait, so one descheduled thread holds the others up."""
     import xllamacpp
 
     p = xllamacpp.CommonParams()
@@ -117,7 +120,7 @@ def params(port: int, *, host: str = "127.0.0.1", jinja: bool = True, tools_temp
     p.use_jinja = jinja
     if jinja and tools_template:
         p.chat_template = HERMES_TEMPLATE
-    p.cpuparams.n_threads = min(2, os.cpu_count() or 1)
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads or min(2, os.cpu_count() or 1)
     p.warmup = False
     return p
 
@@ -141,13 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: up to 2)")
     ap.add_argument("--no-jinja", action="store_true", help="llama.cpp without --jinja (no tool calls)")
     ap.add_argument("--save-tokenizer", metavar="DIR", help="write the tokenizer folder and exit")
     args = ap.parse_args(argv)
     if args.save_tokenizer:
         print(save_tokenizer(Path(args.save_tokenizer)))
         return
-    serve(args.port, host=args.host, jinja=not args.no_jinja, n_ctx=args.n_ctx, parallel=args.parallel)
+    serve(args.port, host=args.host, jinja=not args.no_jinja, n_ctx=args.n_ctx, parallel=args.parallel,
+          threads=args.threads)
 
 
 if __name__ == "__main__":

@@ -67,13 +67,15 @@ def _server(tmp_path_factory, name: str, *args: str):
 
 @pytest.fixture(scope="session")
 def llamacpp(llamacpp_installed, tmp_path_factory):
-    """llama.cpp with --jinja and the Hermes tool template: 2 slots of 2048 tokens."""
-    yield from _server(tmp_path_factory, "llamacpp", "--parallel", "2", "--n-ctx", "4096")
+    """llama.cpp with --jinja and the Hermes tool template: 2 slots of 2048 tokens; one thread, so
+    that a loaded node (the suite beside other work) slows it down without stalling it."""
+    yield from _server(tmp_path_factory, "llamacpp", "--parallel", "2", "--n-ctx", "4096", "--threads", "1")
 
 
 @pytest.fixture(scope="session")
 def llamacpp_no_jinja(llamacpp_installed, tmp_path_factory):
-    yield from _server(tmp_path_factory, "llamacpp-nojinja", "--parallel", "1", "--n-ctx", "1024", "--no-jinja")
+    yield from _server(tmp_path_factory, "llamacpp-nojinja", "--parallel", "1", "--n-ctx", "1024", "--no-jinja",
+                           "--threads", "1")
 
 
 @pytest.fixture(scope="session")
