@@ -23,7 +23,7 @@ import pytest
 
 from tasks.verify import swe_eval
 from tests.helpers import reachable_tmpdir
-from tests.real import swebench_data
+from tests.security.swe_rows import row_with_forgeries
 
 ROW = "django__django-16255"
 F2P = "test_callable_sitemod_no_items (sitemaps_tests.test_http.HTTPSitemapTests)"
@@ -98,7 +98,6 @@ FORGERIES = {
     "print-ok-then-os-exit": {"django/__init__.py": PRINT_AND_EXIT},
     "atexit-ok-after-a-patched-exit": {"django/__init__.py": ATEXIT},
 }
-NOOP = "\n# prorl: a comment, nothing else\n"
 FLAGGED = {"runtests-py-edited": ["tests/runtests.py"], "test-settings-edited": ["tests/test_sqlite.py"],
            "root-module-shadows-unittest": ["unittest.py"], "pth-imports-a-forgery": ["django/zz_forge.pth"],
            "runner-py-edited": ["django/test/runner.py"]}  # django/test/ is test infrastructure by name
@@ -110,32 +109,10 @@ UNVERIFIED = {"print-ok-then-os-exit", "unittest-run-patched-at-import"}
 DEFEATED = {"atexit-ok-after-a-patched-exit"}
 
 
-def _patch(work, base: str, changes: dict[str, str]) -> str:
-    for path, text in changes.items():
-        target = work / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        old = "" if text.startswith("=") else target.read_text()
-        target.write_text(old + text.removeprefix("="))
-    swebench_data._git(work / ".git", "add", "-A", "-f", ".", work=work)
-    patch = swebench_data._git(work / ".git", "diff", "--cached", base, work=work).decode()
-    swebench_data._git(work / ".git", "reset", "-q", "--hard", base, work=work)
-    subprocess.run(["git", "-C", str(work), "clean", "-qfdx"], check=True)
-    return patch
-
-
 @pytest.fixture(scope="module")
 def django_row(tmp_path_factory):
     """The row as a SWE instance (its environment built or found), and its forged patches."""
-    from sandboxes.runtimes.envbuild import ensure_env
-    from tests.real.test_swebench import recipe_of
-
-    row = swebench_data.rows()[ROW]
-    work = swebench_data.materialize(row, tmp_path_factory.mktemp("forgery-django") / ROW)
-    image = ensure_env(recipe_of(ROW, work))
-    instance = {**row, "data_source": "swebench", "repo_source": str(work), "image": str(image)}
-    forged = {name: _patch(work, row["base_commit"], changes) for name, changes in FORGERIES.items()}
-    forged["(no-op)"] = _patch(work, row["base_commit"], {"django/contrib/sitemaps/__init__.py": NOOP})
-    return instance, forged
+    return row_with_forgeries(tmp_path_factory, ROW, FORGERIES, "django/contrib/sitemaps/__init__.py")
 
 
 @pytest.fixture(scope="module")

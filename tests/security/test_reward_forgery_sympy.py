@@ -29,7 +29,7 @@ import pytest
 
 from tasks.verify import swe_eval
 from tests.helpers import reachable_tmpdir
-from tests.real import swebench_data
+from tests.security.swe_rows import row_with_forgeries
 from tests.real.test_swebench import _changed
 
 ROW = "sympy__sympy-20590"
@@ -188,7 +188,6 @@ FORGERIES = {
     "atexit-ok-after-a-patched-exit": {INIT: ATEXIT},
     "process-left-behind-writes-the-log": {INIT: LEFT_BEHIND},
 }
-NOOP = "\n# prorl: a comment, nothing else\n"
 FLAGGED = {"bin-test-replaced": ["bin/test"], "runtests-py-patched": ["sympy/testing/runtests.py"],
            "xfail-decorator-patched": ["sympy/testing/pytest.py"], "test-file-edited": [TEST_FILE],
            "root-module-shadows-stdlib": ["random.py"], "root-conftest-edited": ["conftest.py"],
@@ -207,32 +206,10 @@ LOG_FORGED = {"stdout-turns-failures-into-ok", "print-turns-failures-into-ok"}
 REWRITTEN = {"test-file-rewritten-at-import", "test-file-deleted-at-import"}
 
 
-def _patch(work, base: str, changes: dict[str, str]) -> str:
-    for path, text in changes.items():
-        target = work / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        old = "" if text.startswith("=") or not target.exists() else target.read_text()
-        target.write_text(old + text.removeprefix("="))
-    swebench_data._git(work / ".git", "add", "-A", "-f", ".", work=work)
-    patch = swebench_data._git(work / ".git", "diff", "--cached", base, work=work).decode()
-    swebench_data._git(work / ".git", "reset", "-q", "--hard", base, work=work)
-    subprocess.run(["git", "-C", str(work), "clean", "-qfdx"], check=True)
-    return patch
-
-
 @pytest.fixture(scope="module")
 def sympy_row(tmp_path_factory):
     """The row as a SWE instance (its environment built or found), and its forged patches."""
-    from sandboxes.runtimes.envbuild import ensure_env
-    from tests.real.test_swebench import recipe_of
-
-    row = swebench_data.rows()[ROW]
-    work = swebench_data.materialize(row, tmp_path_factory.mktemp("forgery-sympy") / ROW)
-    image = ensure_env(recipe_of(ROW, work))
-    instance = {**row, "data_source": "swebench", "repo_source": str(work), "image": str(image)}
-    forged = {name: _patch(work, row["base_commit"], changes) for name, changes in FORGERIES.items()}
-    forged["(no-op)"] = _patch(work, row["base_commit"], {INIT: NOOP})
-    return instance, forged
+    return row_with_forgeries(tmp_path_factory, ROW, FORGERIES, INIT)
 
 
 @pytest.fixture(scope="module")
