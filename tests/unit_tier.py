@@ -65,7 +65,7 @@ def _redis_address() -> tuple[str, int] | None:
 @pytest.fixture(autouse=True)
 def _unit_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """For a ``unit`` test: no process but the math grader's worker, no connection but Redis."""
-    if request.node.get_closest_marker("unit") is None and not os.environ.get("UNIT_PROBE"):  # TEMP
+    if request.node.get_closest_marker("unit") is None:
         yield
         return
     redis_at = _redis_address()

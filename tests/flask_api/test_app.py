@@ -18,8 +18,10 @@ pytestmark = pytest.mark.unit
 TOKEN = {"Authorization": f"Bearer {os.environ['PRORL_API_TOKEN']}"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def app(redis_url):
+    """One app for the module: each app's first wait starts a thread that follows the completion
+    stream for the rest of the process."""
     from flask_api import create_app
 
     return create_app({"TESTING": True})
@@ -87,7 +89,10 @@ def test_a_data_source_cannot_name_arbitrary_code(client, nothing_stored, source
     assert error["field"] == "instance.data_source" and reason in error["message"]
 
 
-def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(app, nothing_stored):
+def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(redis_url, nothing_stored):
+    from flask_api import create_app
+
+    app = create_app({"TESTING": True})
     client = app.test_client()
     error = refusal(client.post("/jobs", data="not json", headers={**TOKEN, "Content-Type": "text/plain"}), 400)
     assert error["type"] == "invalid_request" and "JSON" in error["message"]
@@ -136,7 +141,7 @@ def test_a_long_poll_over_the_clients_cap_is_429_at_once(redis_url):
     error = refusal(app.test_client().get("/jobs/nope/wait?timeout=5", headers=TOKEN), 429)
     assert error["type"] == "too_many_requests" and "limit 0" in error["message"]
     assert app.extensions["prorl_streams"].held == 0
-    assert refusal(app.test_client().get("/jobs/nope/wait?timeout=0", headers=TOKEN), 404)  # no slot needed
+    assert refusal(app.test_client().get("/jobs/nope", headers=TOKEN), 404)  # the client is not refused otherwise
 
 
 @pytest.mark.parametrize("body,field", [({}, "address"), ({"address": "http://127.0.0.1:1", "protocol": "telnet"},

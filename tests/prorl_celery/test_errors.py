@@ -103,6 +103,7 @@ def api(serve) -> str:
     return serve(_raiser(app))
 
 
+@pytest.mark.unit
 def test_every_class_is_registered_with_the_status_pinned():
     classes = list(_all_classes())
     assert {cls.type for cls in classes} == set(WIRE), "a class without a row in WIRE, or the reverse"
@@ -205,6 +206,7 @@ def test_framework_errors_keep_their_shape(host, api):
         request("GET", host, TOKEN, "/nowhere", 10)
 
 
+@pytest.mark.unit
 def test_a_taken_type_is_refused():
     with pytest.raises(TypeError, match="is SandboxError's"):
         class Clash(ProrlError):
@@ -216,6 +218,7 @@ def test_a_taken_type_is_refused():
     assert errors.error_class("sandbox") is SandboxError
 
 
+@pytest.mark.unit
 def test_openapi_lists_the_error_schema_once():
     from flask_api.openapi import build_document
 

@@ -10,6 +10,8 @@ from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
 from prorl_celery.status import PIPELINE, STAGES, TERMINAL, JobStatus, StageState
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 
 @pytest.fixture
 def store(redis_client):

@@ -19,10 +19,12 @@ RUNNER = Path(__file__).resolve().parents[2] / "tasks" / "verify" / "code_runner
     ("0.5", "1/2", True), ("\\frac{1}{2}", "0.5", True), ("1/2", "\\frac{1}{2}", True),
     ("\\sqrt{4}", "2", True), ("3", "4", False), ("", "4", False), (None, "4", False), ("x+1", "1+x", True),
 ])
+@pytest.mark.unit
 def test_math_equal(given, reference, equal):
     assert math_equal(given, reference) is equal
 
 
+@pytest.mark.unit
 def test_last_boxed_balances_braces():
     assert last_boxed("first \\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
     assert last_boxed("no box") is None
@@ -30,6 +32,7 @@ def test_last_boxed_balances_braces():
 
 @pytest.mark.parametrize("text,letter", [("C", "C"), ("(b)", "B"), ("The answer is D.", "D"),
                                          ("\\boxed{A}", "A"), ("A dog barked", None), ("", None)])
+@pytest.mark.unit
 def test_choice_letter(text, letter):
     assert choice_letter(text) == letter
 
@@ -85,6 +88,7 @@ def test_swe_fixtures_gold_patch_resolves_and_base_does_not(tmp_path):
             assert all(v == "PASSED" for v in verdict["PASS_TO_PASS"].values())
 
 
+@pytest.mark.unit
 def test_math_equal_off_the_main_thread():
     """Celery's thread pool runs eval off the main thread, where math-verify's SIGALRM cannot work."""
     import threading
