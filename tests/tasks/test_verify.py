@@ -37,10 +37,10 @@ def test_choice_letter(text, letter):
     assert choice_letter(text) == letter
 
 
-def _run(tmp_path: Path, solution: str, tests: dict) -> dict:
+def _run(tmp_path: Path, solution: str, tests: dict, timeout: float = 3) -> dict:
     (tmp_path / "sol.py").write_text(solution)
     (tmp_path / "spec.json").write_text(json.dumps({"solution": str(tmp_path / "sol.py"), "tests": tests,
-                                                    "timeout": 3}))
+                                                    "timeout": timeout}))
     out = subprocess.run([sys.executable, str(RUNNER), str(tmp_path / "spec.json")], capture_output=True,
                          text=True, timeout=60).stdout
     return json.loads(out.splitlines()[-1])
@@ -53,7 +53,7 @@ def test_code_runner_counts_each_assert(tmp_path):
     assert _run(tmp_path, "def add(a, b):\n    return a + b\n", tests)["passed"] == 3
     wrong = _run(tmp_path, "def add(a, b):\n    return a * b\n", tests)
     assert (wrong["passed"], wrong["total"]) == (1, 3)  # only 2*2 == 2+2
-    looping = _run(tmp_path, "def add(a, b):\n    while True: pass\n", tests)
+    looping = _run(tmp_path, "def add(a, b):\n    while True: pass\n", tests, timeout=1)  # waited out: short
     assert looping["passed"] == 0 and "timed out" in looping["results"][0]["error"]
 
 
