@@ -130,6 +130,7 @@ def _raises_in(tree: ast.AST) -> Iterator[str]:
             yield node.name
 
 
+@pytest.mark.unit
 def test_no_error_class_with_a_wire_type_outside_errors_py():
     root = Path(errors.__file__).resolve().parent.parent
     found = {f"{path.relative_to(root)}:{name}"
@@ -139,6 +140,7 @@ def test_no_error_class_with_a_wire_type_outside_errors_py():
     assert found == set()
 
 
+@pytest.mark.unit
 def test_error_body_is_the_shape_of_to_dict():
     assert errors.error_body("unauthorized", "no token") == {"error": {"type": "unauthorized", "message": "no token"}}
     exc = errors.InvalidRequest("bad n", field="n")
