@@ -106,3 +106,15 @@ def _unit_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.M
     monkeypatch.setattr(socket.socket, "connect_ex", guarded_connect_ex)
     monkeypatch.setattr(os, "fork", guarded_fork)
     yield
+
+
+@pytest.fixture
+def scratch_redis(redis_url):
+    """A database of the session's Redis that no worker or sweep reads, emptied: for a test that
+    puts a job in a running stage by hand (holding no lease, which the stack's sweep, running in
+    the default suite, would end after a few seconds)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/12")
+    client.flushdb()
+    return client

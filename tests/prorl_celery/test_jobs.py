@@ -14,6 +14,12 @@ pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 
 @pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
+
+
+@pytest.fixture
 def store(redis_client):
     return JobStore(redis_client, job_ttl_s=60)
 

@@ -19,6 +19,12 @@ from prorl_celery.transcript import Transcript, call_of, turns_of
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 
+@pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
+
+
 def _turn(prompt: list[int] | None, response: list[int] | None, k: int = 0) -> Turn:
     return Turn(backend_id="b1", address="http://x", weight_version=f"v{k}", protocol=Protocol.GENERATE,
                 model="m", content=f"turn {k}", prompt_ids=prompt, message_count=2 * k + 2,

@@ -18,6 +18,12 @@ from tests.prorl_celery.test_rollouts import _exact_turns
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 
+@pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
+
+
 def _in_run(store: JobStore) -> str:
     job_id = uuid.uuid4().hex
     store.create_many([(job_id, JobRequest(instance={"data_source": "math"}))])
