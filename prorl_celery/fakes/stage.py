@@ -2,7 +2,8 @@
 process, recording what the handler asks of it.
 
 The surface a handler uses, and only that: ``job_id``, ``instance``, ``sampling_params``,
-``state``, ``resumed``, ``remaining``/``check``/``stopped`` (a budget and a cancel flag),
+``state``, ``resumed``, ``remaining``/``check``/``stopped`` (a budget and a cancel flag), ``admit``
+(admission control: counted in ``admissions``; a cancelled job raises),
 ``save``/``flush`` (each save kept as a copy of ``state``), ``transcript``, ``open_sandbox`` (the
 specs asked for are kept; each opens the next of the given sandboxes, by default a new
 :class:`~prorl_celery.fakes.sandbox.DummySandbox`), ``close_sandbox``, ``sandbox`` and ``agent``
@@ -41,6 +42,7 @@ class FakeStage:
         self.resumed = resumed
         self.deadline = time.monotonic() + budget_s
         self.cancelled = False
+        self.admissions = 0
         self.transcript = Transcript()
         self.saves: list[dict[str, Any]] = []  # ``state`` as each save stored it
         self.opened: list[SandboxSpec] = []  # the specs the handler asked for, in order
@@ -60,6 +62,11 @@ class FakeStage:
 
     def stopped(self) -> bool:
         return self.cancelled
+
+    def admit(self) -> None:
+        if self.cancelled:
+            raise JobCancelled(f"job {self.job_id} ended while held by admission control")
+        self.admissions += 1
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self) -> None:

@@ -50,6 +50,7 @@ def test_math_opens_its_sandbox_runs_the_agent_there_and_grades_the_submitted_an
     request = stage.policy.requests[0]
     assert request.messages[1] == {"role": "user", "content": "What is 3/2?"}
     assert stage.saves[0] == {} and stage.saves[-1]["agent"]["answer"] == "1.5"  # init saved, then each turn
+    assert stage.admissions == 1  # run asked admission control before the agent's first turn
 
 
 def test_an_instance_cannot_lift_the_handlers_limits():
