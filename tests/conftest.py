@@ -44,7 +44,8 @@ os.environ.update(TEST_ENV)
 
 from prorl_celery.ops.launcher import Stack  # noqa: E402 - after the environment above
 
-pytest_plugins = ["tests.registry"]  # the loopback image registry fixtures: registry, python_image
+# the loopback image registry fixtures (registry, python_image); the unit tier's checks
+pytest_plugins = ["tests.registry", "tests.unit_tier"]
 
 _API_TOKENS: dict[str, str] = {}  # base URL of each API a test Stack started -> its token
 _session_request = requests.Session.request

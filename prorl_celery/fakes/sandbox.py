@@ -6,7 +6,8 @@ and anything outside refused with PermissionError, FileNotFoundError for a missi
 parents made on write). ``exec`` answers the few shell commands the editor sends (``pwd``,
 ``cd``, ``test -e|-f|-d``, ``stat -L -c %s``) from that dict, and any other command from the
 rules a test adds with :meth:`on` (first match wins), else exit 127 as bash would. Every
-command is kept in ``commands`` with its timeout. ``tests/tasks/test_agent_loop.py`` runs the
+command is kept in ``commands`` with its timeout; ``interrupts`` and ``closed`` count what the
+stage asked of the sandbox itself, and ``stat`` answers for the files in the dict. ``tests/tasks/test_agent_loop.py`` runs the
 same editor session here and on the real ``local`` runtime and compares the observations.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Union
 
 from sandboxes.base import ExecResult
+from sandboxes.protocol import StatResult
 from sandboxes.runtimes.workspace import Workspace
 
 Answer = Union[str, ExecResult, Callable[[str], ExecResult]]
@@ -43,6 +45,8 @@ class DummySandbox:
         self.files: dict[str, bytes] = {}
         self.cwd = self.root.mount
         self.commands: list[tuple[str, float | None]] = []
+        self.interrupts = 0
+        self.closed = False
         self._rules: list[tuple[re.Pattern[str], Answer]] = []
         for path, data in (files or {}).items():
             self.write_file(path, data.encode() if isinstance(data, str) else data)
@@ -75,6 +79,21 @@ class DummySandbox:
         if self._is_dir(key):
             raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
         self.files[key] = bytes(data)
+
+    def stat(self, path: str) -> StatResult:
+        key = self._key(path)
+        if key in self.files:
+            return StatResult(path=path, kind="file", size=len(self.files[key]), mode=0o644, mtime=0.0)
+        if self._is_dir(key):
+            return StatResult(path=path, kind="dir", size=0, mode=0o755, mtime=0.0)
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    def interrupt(self) -> None:
+        """What a stage delivered again asks first (a dead worker's command may still run)."""
+        self.interrupts += 1
+
+    def close(self) -> None:
+        self.closed = True
 
     # -- commands -----------------------------------------------------------------------------
     def exec(self, command: str, timeout: float | None = None) -> ExecResult:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from flask_api.health import WorkerCensus
 from tests.conftest import wait_until
+
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 FULL = {"init": {"init@a": 2}, "run": {"run@a": 4}, "eval": {}}
 

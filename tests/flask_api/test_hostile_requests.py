@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.flask_api.api_process import api_process
@@ -40,28 +41,33 @@ def test_a_dotted_path_is_refused_from_its_source_before_any_import(redis_url, t
     assert mark.read_text().split() == ["tests.import_probe.handler"]
 
 
-def test_a_deeply_nested_body_is_400_naming_the_body(redis_url):
+@pytest.fixture(scope="module")
+def plain_api(redis_url):
+    """One fresh API process for the tests below, which only send it requests."""
     with api_process() as api:
-        for depth in (150, 990, 100_000):
-            nested = '{"instance": {"data_source": "shell", "x": ' + "[" * depth + "]" * depth + "}}"
-            resp = _post(api.url, nested)
-            assert resp.status_code == 400, (depth, resp.text)
-            assert resp.json()["error"]["field"] == "body", resp.text
-        fine = '{"instance": {"data_source": "nope", "x": ' + "[" * 50 + "]" * 50 + "}}"
-        assert _post(api.url, fine).json()["error"]["field"] == "instance.data_source"  # parsed, then judged
+        yield api
 
 
-def test_nemo_gym_unpatched_calls_are_told_what_to_do(redis_url):
+def test_a_deeply_nested_body_is_400_naming_the_body(plain_api):
+    for depth in (150, 990, 100_000):
+        nested = '{"instance": {"data_source": "shell", "x": ' + "[" * depth + "]" * depth + "}}"
+        resp = _post(plain_api.url, nested)
+        assert resp.status_code == 400, (depth, resp.text)
+        assert resp.json()["error"]["field"] == "body", resp.text
+    fine = '{"instance": {"data_source": "nope", "x": ' + "[" * 50 + "]" * 50 + "}}"
+    assert _post(plain_api.url, fine).json()["error"]["field"] == "instance.data_source"  # parsed, then judged
+
+
+def test_nemo_gym_unpatched_calls_are_told_what_to_do(plain_api):
     """Gym's client sends no token: every call is 401, and the answer names the fix."""
-    with api_process() as api:
-        for call in GYM["requests"]:
-            data = json.dumps(call["json"]).encode() if call["json"] is not None else None
-            sent = urllib.request.Request(f"{api.url}{call['path']}", data=data, method=call["method"],
-                                          headers=GYM["headers"])
-            try:
-                urllib.request.urlopen(sent, timeout=30)
-                raise AssertionError(f"{call['name']} was served without a token")
-            except urllib.error.HTTPError as refused:
-                error = json.loads(refused.read())["error"]
-                assert refused.code == 401 and error["type"] == "unauthorized", call["name"]
-                assert "patch_prorl_agent()" in error["message"] and "Bearer" in error["message"]
+    for call in GYM["requests"]:
+        data = json.dumps(call["json"]).encode() if call["json"] is not None else None
+        sent = urllib.request.Request(f"{plain_api.url}{call['path']}", data=data, method=call["method"],
+                                      headers=GYM["headers"])
+        try:
+            urllib.request.urlopen(sent, timeout=30)
+            raise AssertionError(f"{call['name']} was served without a token")
+        except urllib.error.HTTPError as refused:
+            error = json.loads(refused.read())["error"]
+            assert refused.code == 401 and error["type"] == "unauthorized", call["name"]
+            assert "patch_prorl_agent()" in error["message"] and "Bearer" in error["message"]

@@ -59,6 +59,7 @@ def _verdict(check, instance: dict) -> tuple[str, str | None] | None:
     return None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", [*HANDLERS.known(), "tests.handlers_for_tests:UserHandler"])
 def test_the_registered_check_refuses_what_the_handler_refuses(name):
     probes = [instance for instance, *_ in BAD[:-1]] + [SWE, {"commands": []}]

@@ -3,6 +3,8 @@ round trips (plain and streamed) whose recorded ids are the server's and whose c
 count_tokens; failures in Anthropic's error shape."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import requests
 
@@ -10,15 +12,24 @@ from prorl_celery.gateway.trajectory import merged, prompts
 from tests.gateway.test_openai_chat import _gateway
 from tests.llm.conftest import add
 
-anthropic = pytest.importorskip("anthropic")
+if importlib.util.find_spec("anthropic") is None:
+    pytest.skip("the 'anthropic' package is not installed", allow_module_level=True)
 TOOLS = [{"name": "bash", "description": "run a command",
           "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
 SYSTEM = "You are an agent."
 FIRST = [{"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
 
 
+def _sdk():
+    """The ``anthropic`` package, imported when a test runs: importing it takes seconds, which
+    every collection of the suite (``-m unit`` too) paid when it was imported here."""
+    import anthropic
+
+    return anthropic
+
+
 def _client(gw):
-    return anthropic.Anthropic(base_url=gw.url, api_key=gw.token, max_retries=0)
+    return _sdk().Anthropic(base_url=gw.url, api_key=gw.token, max_retries=0)
 
 
 def _loop(client, stream: bool) -> list:
@@ -66,10 +77,10 @@ def test_count_tokens_and_errors_in_anthropic_shape(fake_llms, pool, redis_conn,
         counted = client.messages.count_tokens(model="m", system=SYSTEM, messages=FIRST, tools=TOOLS)
         made = client.messages.create(model="m", max_tokens=50, system=SYSTEM, messages=FIRST, tools=TOOLS)
         assert counted.input_tokens == made.usage.input_tokens > 0
-        with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
+        with pytest.raises(_sdk().BadRequestError, match="prompt is too long"):
             client.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "x" * 2000}])
-        with pytest.raises(anthropic.AuthenticationError):
-            anthropic.Anthropic(base_url=gw.url, api_key="wrong", max_retries=0).messages.create(
+        with pytest.raises(_sdk().AuthenticationError):
+            _sdk().Anthropic(base_url=gw.url, api_key="wrong", max_retries=0).messages.create(
                 model="m", max_tokens=5, messages=FIRST)
         bad = requests.post(gw.url + "/v1/messages", headers={"x-api-key": gw.token},
                             json={"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})

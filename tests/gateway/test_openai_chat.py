@@ -3,6 +3,7 @@ pool (real Redis) against the fake LLM in token mode: what the caller gets back,
 (the very ids the server generated), how calls chain, and each failure in OpenAI's shape."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import secrets
 
@@ -13,7 +14,8 @@ from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
 from prorl_celery.gateway.trajectory import merged, prompts, summary
 from tests.llm.conftest import TOOLS, add
 
-openai = pytest.importorskip("openai")
+if importlib.util.find_spec("openai") is None:
+    pytest.skip("the 'openai' package is not installed", allow_module_level=True)
 SYSTEM = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "List the files."}]
 
 
@@ -24,8 +26,15 @@ def _gateway(pool, redis_conn, budget=None, **session) -> Gateway:
     return Gateway(sess, token=secrets.token_urlsafe(16)).start()
 
 
+def _sdk():
+    """The ``openai`` package, imported when a test runs (seconds: not at every collection)."""
+    import openai
+
+    return openai
+
+
 def _client(gw: Gateway):
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key=gw.token, max_retries=0)
+    return _sdk().OpenAI(base_url=gw.url + "/v1", api_key=gw.token, max_retries=0)
 
 
 def _harness_loop(client, stream: bool = False) -> list:
@@ -118,7 +127,7 @@ def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, scrip
         long = [{"role": "user", "content": "x" * 2000}]
         over = requests.post(f"{url}/chat/completions", json={"messages": long}, headers=auth, timeout=10)
         assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
-        with pytest.raises(openai.BadRequestError):
+        with pytest.raises(_sdk().BadRequestError):
             _client(gw).chat.completions.create(model="m", messages=long)
         ok = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM, "tools": TOOLS}, headers=auth,
                            timeout=10)

@@ -2,10 +2,14 @@
 is stored and rebuilt, and how calls merge into segments."""
 from __future__ import annotations
 
+import pytest
+
 from prorl_celery.gateway.models import CallRecord
 from prorl_celery.gateway.prefix import Seen, canonical, find_base, tools_key
 from prorl_celery.gateway.trajectory import merged, per_call, prompts, summary
 from prorl_celery.llm.models import Protocol, ToolCall, Turn
+
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 SYS = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 

@@ -9,6 +9,8 @@ from tasks.harnesses import HARNESSES, is_harness_agent
 from tasks.harnesses.base import HarnessTask
 from tasks.harnesses.check import check_harness
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 TASK = HarnessTask(instruction="Fix it; don't break 'quotes'.", base_url="http://127.0.0.1:9", api_key="k3y",
                    model="m", max_calls=3, wall_s=30)
 

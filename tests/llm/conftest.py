@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def fake_llms(tmp_path: Path):
         return procs
 
     yield start
+    for proc in started:  # all told at once: each takes most of a second to exit, and a test starts several
+        proc.child.signal(signal.SIGTERM)
     for proc in started:
         proc.child.stop(grace_s=2)
 

@@ -82,6 +82,7 @@ def test_context_window_is_a_typed_error_not_a_backend_failure(pool, fake_llms):
     assert backend.status is BackendStatus.ACTIVE and backend.failures == 0 and backend.in_flight == 0
 
 
+@pytest.mark.unit
 def test_byte_tokenizer_continuation_matches_a_full_render():
     tok = ByteTokenizer()
     history = [{"role": "user", "content": "héllo"},

@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel, PrefixCache
 
 
+@pytest.mark.unit
 def test_prefix_cache_counts_whole_blocks_and_evicts_the_oldest():
     cache = PrefixCache(capacity=64)  # 4 blocks
     a = list(range(40))

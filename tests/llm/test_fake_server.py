@@ -39,6 +39,7 @@ def test_time_per_token_grows_with_concurrency_up_to_capacity(fake_llms):
     assert 0 < stats["occupancy"] <= stats["busy_fraction"] <= 1
 
 
+@pytest.mark.unit
 def test_speed_factor_and_model_parsing():
     model = LatencyModel.parse("batch:step_s=0.02,capacity=8", speed=0.25)
     assert model.capacity == 8 and model.step_time(1) == 0.08

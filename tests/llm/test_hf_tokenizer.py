@@ -3,6 +3,7 @@ Qwen/ChatML-style chat template, loaded by path, and used by the client and the 
 Nothing is downloaded."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
 from prorl_celery.llm.tokenizer import HFTokenizer, continuation_ids, get_tokenizer, turn_closing_ids
 from tests.llm.conftest import SCRIPT, TOOLS, add, tool_rollout
 
-transformers = pytest.importorskip("transformers", reason="the optional 'transformers' package is not installed")
-tokenizers = pytest.importorskip("tokenizers")
+# found, not imported: importing transformers takes seconds, which every collection paid (-m unit too)
+if not all(importlib.util.find_spec(name) for name in ("transformers", "tokenizers")):
+    pytest.skip("the optional 'transformers' package is not installed", allow_module_level=True)
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 # Qwen2.5-like: tools listed in the system turn, consecutive tool results share one user turn.
@@ -92,7 +94,9 @@ def offline(monkeypatch):
 def test_hf_tokenizer_by_path_matches_transformers(hf_dirs):
     stable, unstable = hf_dirs
     tok = get_tokenizer(str(stable))
-    raw = transformers.AutoTokenizer.from_pretrained(stable)
+    from transformers import AutoTokenizer
+
+    raw = AutoTokenizer.from_pretrained(stable)
     assert isinstance(tok, HFTokenizer)
     assert tok.stop_ids == {raw.convert_tokens_to_ids("<|im_end|>"), raw.convert_tokens_to_ids("<|endoftext|>")}
     messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find it ✓"}]
@@ -126,7 +130,9 @@ def test_token_mode_through_a_fake_server_with_the_same_tokenizer(pool, fake_llm
     (proc,) = fake_llms(1, policy=f"scripted:{script}", extra=["--tokenizer", str(stable)])
     bid = add(pool, proc, protocol="generate", tokenizer=str(stable))
     tok = get_tokenizer(str(stable))
-    raw = transformers.AutoTokenizer.from_pretrained(stable)
+    from transformers import AutoTokenizer
+
+    raw = AutoTokenizer.from_pretrained(stable)
     im_end, newline = tok.encode("<|im_end|>")[0], tok.encode("\n")
     turns, messages = tool_rollout(pool, "hf")
     received = proc.received()

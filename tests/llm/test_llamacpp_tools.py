@@ -2,11 +2,15 @@
 prorl_celery/llm/clients/llamacpp_tools.py); the real server's acceptance is in tests/real/test_llamacpp.py."""
 from __future__ import annotations
 
+import pytest
+
 from tasks.agent.tools import BASH, EDITOR, SUBMIT
 from prorl_celery.llm.clients.chat import chat_body
 from prorl_celery.llm.clients.llamacpp_tools import forced_call, requested_names, tool_call_grammar
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
+
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 TOOLS = [BASH, EDITOR, SUBMIT]
 

@@ -79,6 +79,7 @@ def shape_diff(real: Any, fake: Any, where: str = "$") -> list[str]:
     return []
 
 
+@pytest.mark.unit
 def test_shape_diff_catches_drift():
     assert shape_diff({"a": [{"id": 1}], "b": None}, {"a": [{"id": 2}], "b": None}) == []
     assert shape_diff({"a": [{"id": 1}]}, {"a": [{"id": "x"}]}) == ["$.a[0].id: real number, fake str"]

@@ -21,6 +21,7 @@ from prorl_celery.llm.routing import Slot
 from tests.llm.conftest import add, eventually
 
 
+@pytest.mark.unit
 def test_same_address_is_one_backend(pool):
     first, created = pool.registry.add(BackendSpec(address="http://10.0.0.1:8000/v1", capacity=8))
     again, created_again = pool.registry.add(BackendSpec(address="10.0.0.1:8000/", weight_version="v2"))
@@ -34,6 +35,7 @@ def test_same_address_is_one_backend(pool):
         pool.registry.remove("llm-nope")
 
 
+@pytest.mark.unit
 def test_a_slot_holds_the_backend_record_as_the_registry_reads_it(pool):
     spec = BackendSpec(address="http://10.0.0.9:1", capacity=3, model="m", weight_version="v7",
                        max_model_len=4096, tokenizer="byte", api_key="sekret", logprobs_mode="raw_logprobs",
@@ -46,6 +48,7 @@ def test_a_slot_holds_the_backend_record_as_the_registry_reads_it(pool):
     pool.router.release(slot, "aborted")
 
 
+@pytest.mark.unit
 def test_least_in_flight_relative_to_capacity(pool):
     small = add(pool, "http://10.0.0.1:1", capacity=2)
     big = add(pool, "http://10.0.0.2:1", capacity=8)
@@ -59,6 +62,7 @@ def test_least_in_flight_relative_to_capacity(pool):
     assert sum(b.served for b in pool.registry.list()) == 10
 
 
+@pytest.mark.unit
 def test_ties_spread_over_backends(pool):
     ids = {add(pool, f"http://10.0.0.{i}:1", capacity=4) for i in range(4)}
     held = [pool.router.acquire(None) for _ in range(4)]
@@ -73,6 +77,7 @@ def test_ties_spread_over_backends(pool):
     assert set(used) == ids and min(used.values()) >= 5
 
 
+@pytest.mark.unit
 def test_measured_faster_backend_gets_the_new_rollouts(pool):
     fast = add(pool, "http://10.0.0.1:1", capacity=8)
     slow = add(pool, "http://10.0.0.2:1", capacity=8)
@@ -86,6 +91,7 @@ def test_measured_faster_backend_gets_the_new_rollouts(pool):
         pool.router.release(slot, "aborted")
 
 
+@pytest.mark.unit
 def test_release_measures_seconds_per_turn_per_session(pool):
     bid = add(pool, "http://10.0.0.1:1", capacity=8)
     others = [pool.router.acquire(f"other-{uuid.uuid4().hex}") for _ in range(3)]
@@ -100,6 +106,7 @@ def test_release_measures_seconds_per_turn_per_session(pool):
     assert float(pool.redis.hget(keys.llm_backend(bid), "turn_s")) == turn_s
 
 
+@pytest.mark.unit
 def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     a = add(pool, "http://10.0.0.1:1", capacity=4)
     b = add(pool, "http://10.0.0.2:1", capacity=4)
@@ -145,6 +152,7 @@ def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     assert again.backend.id == other
 
 
+@pytest.mark.unit
 def test_ended_rollout_frees_its_session(pool):
     a = add(pool, "http://10.0.0.1:1", capacity=1)
     b = add(pool, "http://10.0.0.2:1", capacity=1)
@@ -161,6 +169,7 @@ def test_ended_rollout_frees_its_session(pool):
     assert third.backend.id == first.backend.id
 
 
+@pytest.mark.unit
 def test_expired_lease_stops_counting(pool):
     bid = add(pool, "http://10.0.0.1:1", capacity=1)
     slot = pool.router.acquire("crashed", lease_s=0.3)  # never released, never renewed

@@ -11,6 +11,8 @@ from prorl_celery.llm.clients.chat import chat_body
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded"
 
 

@@ -87,6 +87,7 @@ def test_register_the_sglang_dialect_over_http(api, pool):
     assert plain.json()["backend"]["dialect"] is None
 
 
+@pytest.mark.unit
 def test_sglang_answer_of_older_versions_and_aborts():
     wire = WIRES[Dialect.SGLANG]
     # before output_ids, the ids came only with the logprobs

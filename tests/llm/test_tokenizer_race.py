@@ -4,6 +4,7 @@ once, and with an ``lru_cache`` each built its own while their concurrent first 
 ``transformers`` failed the losers as "needs the optional 'transformers' package"."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from prorl_celery.errors import InvalidRequest, UnknownPlugin
 from prorl_celery.llm import tokenizer as tokmod
 from tests.conftest import ROOT, submit, wait
 
-pytest.importorskip("transformers", reason="the optional 'transformers' package is not installed")
-pytest.importorskip("tokenizers")
+if not all(importlib.util.find_spec(name) for name in ("transformers", "tokenizers")):  # found, not imported
+    pytest.skip("the optional 'transformers' package is not installed", allow_module_level=True)
 
 from tests.llm.test_hf_tokenizer import TEMPLATE, build_tokenizer  # noqa: E402 - after the skips
 
@@ -79,6 +80,7 @@ def test_a_loading_error_says_what_happened(tmp_path, monkeypatch):
     assert tokmod.get_tokenizer(str(missing)).encode("<|im_end|>")
 
 
+@pytest.mark.unit
 def test_a_transient_import_error_is_retried(monkeypatch, tmp_path):
     """An ImportError that is not the package missing (a half-initialised module) passes on the
     next attempt; a missing package is reported as missing, at once."""

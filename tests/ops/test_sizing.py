@@ -19,6 +19,7 @@ from prorl_celery.statedir import read_secrets
 from tests.conftest import ROOT, TEST_ENV
 
 
+@pytest.mark.unit
 def test_concurrency_flags_parse_and_name_bad_parts():
     assert sizing.parse_concurrency("run=1050, init=64") == {"run": 1050, "init": 64}
     for bad in ("walk=3", "run=0", "run", "run=x"):
@@ -26,6 +27,7 @@ def test_concurrency_flags_parse_and_name_bad_parts():
             sizing.parse_concurrency(bad)
 
 
+@pytest.mark.unit
 def test_plan_follows_the_settings_in_order():
     settings = sizing.settings_with({"PRORL_SANDBOX_CAPACITY": "1100"})
     assert sizing.plan(settings).concurrency == {"init": 64, "run": 1100, "eval": 64, "maint": 2}

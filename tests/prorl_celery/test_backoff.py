@@ -15,6 +15,7 @@ from prorl_celery.client import ProrlClient
 from prorl_celery.errors import StoreUnavailable
 
 
+@pytest.mark.unit
 def test_pauses_double_up_to_the_cap():
     backoff = Backoff(0.2, 1.0)
     assert [backoff.pause(n) for n in range(1, 6)] == pytest.approx([0.2, 0.4, 0.8, 1.0, 1.0])
@@ -25,6 +26,7 @@ def test_pauses_double_up_to_the_cap():
         Backoff(1.0, 2.0, jitter=(1.0, 0.5))
 
 
+@pytest.mark.unit
 def test_jitter_stays_within_its_bounds_and_varies():
     backoff = Backoff(1.0, 8.0, jitter=(0.5, 1.0))
     pauses = [backoff.pause(3) for _ in range(200)]
@@ -32,6 +34,7 @@ def test_jitter_stays_within_its_bounds_and_varies():
     assert len(set(pauses)) > 100  # drawn, not fixed: callers that failed together spread out
 
 
+@pytest.mark.unit
 def test_wait_returns_early_once_stopped():
     stop_at = time.monotonic() + 0.2
     started = time.monotonic()

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _in_fresh_process(code: str) -> str:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
@@ -40,6 +42,7 @@ def test_a_workers_threads_share_one_result_backend():
     assert backends == 1 and cap >= 1024  # one pool, above the thousand threads of a run worker
 
 
+@pytest.mark.unit
 def test_connections_name_the_client_without_reading_package_metadata(monkeypatch):
     import importlib.metadata
 

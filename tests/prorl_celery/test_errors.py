@@ -103,6 +103,7 @@ def api(serve) -> str:
     return serve(_raiser(app))
 
 
+@pytest.mark.unit
 def test_every_class_is_registered_with_the_status_pinned():
     classes = list(_all_classes())
     assert {cls.type for cls in classes} == set(WIRE), "a class without a row in WIRE, or the reverse"
@@ -129,6 +130,7 @@ def _raises_in(tree: ast.AST) -> Iterator[str]:
             yield node.name
 
 
+@pytest.mark.unit
 def test_no_error_class_with_a_wire_type_outside_errors_py():
     root = Path(errors.__file__).resolve().parent.parent
     found = {f"{path.relative_to(root)}:{name}"
@@ -138,6 +140,7 @@ def test_no_error_class_with_a_wire_type_outside_errors_py():
     assert found == set()
 
 
+@pytest.mark.unit
 def test_error_body_is_the_shape_of_to_dict():
     assert errors.error_body("unauthorized", "no token") == {"error": {"type": "unauthorized", "message": "no token"}}
     exc = errors.InvalidRequest("bad n", field="n")
@@ -205,6 +208,7 @@ def test_framework_errors_keep_their_shape(host, api):
         request("GET", host, TOKEN, "/nowhere", 10)
 
 
+@pytest.mark.unit
 def test_a_taken_type_is_refused():
     with pytest.raises(TypeError, match="is SandboxError's"):
         class Clash(ProrlError):
@@ -216,6 +220,7 @@ def test_a_taken_type_is_refused():
     assert errors.error_class("sandbox") is SandboxError
 
 
+@pytest.mark.unit
 def test_openapi_lists_the_error_schema_once():
     from flask_api.openapi import build_document
 

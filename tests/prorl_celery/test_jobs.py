@@ -10,6 +10,14 @@ from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
 from prorl_celery.status import PIPELINE, STAGES, TERMINAL, JobStatus, StageState
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
+
+@pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
+
 
 @pytest.fixture
 def store(redis_client):

@@ -10,6 +10,8 @@ import pytest
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.plugin_source import class_members, find_spec
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 FILES = {
     "__init__.py": """
         from probepkg.base import Base as Exported

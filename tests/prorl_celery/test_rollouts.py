@@ -16,6 +16,14 @@ from prorl_celery.status import JobStatus, StageState
 from prorl_celery.trajectory import TRAJECTORY_KEY, expand_result, flatten, flatten_calls
 from prorl_celery.transcript import Transcript, call_of, turns_of
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
+
+@pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
+
 
 def _turn(prompt: list[int] | None, response: list[int] | None, k: int = 0) -> Turn:
     return Turn(backend_id="b1", address="http://x", weight_version=f"v{k}", protocol=Protocol.GENERATE,

@@ -6,6 +6,8 @@ import pytest
 from prorl_celery.status import (PIPELINE, STAGES, TERMINAL, TRANSITIONS, JobStatus, StageState,
                                  next_stage, previous_stage, sources_for, stage_index)
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 Q, I, R, E = JobStatus.QUEUED, JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL
 ENDINGS = {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMEOUT}
 

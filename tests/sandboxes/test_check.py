@@ -14,6 +14,7 @@ from sandboxes.registry import RUNTIMES, load_runtime
 from tests.sandboxes.conftest import needs_bwrap
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(RUNTIMES.entries))
 def test_registered_runtime_classes_conform(name):
     check_runtime_class(load_runtime(name))
@@ -79,6 +80,7 @@ class WrongConstructor(NoInterrupt):
     def interrupt(self): ...
 
 
+@pytest.mark.unit
 def test_runtime_classes_missing_a_method_or_the_constructor_are_refused():
     with pytest.raises(UnknownPlugin, match="no method interrupt"):
         check_runtime_class(NoInterrupt)
@@ -94,6 +96,7 @@ class WithHooks(SandboxRuntime, NoHooks):
     isolation = "none"
 
 
+@pytest.mark.unit
 def test_the_optional_hooks_are_part_of_the_contract_and_inherited_from_the_base():
     with pytest.raises(UnknownPlugin, match="no method available.*no method kill.*no isolation"):
         check_runtime_class(NoHooks)
@@ -103,6 +106,7 @@ def test_the_optional_hooks_are_part_of_the_contract_and_inherited_from_the_base
         WithHooks(None, "j").claim("j", SandboxSpec())
 
 
+@pytest.mark.unit
 def test_the_class_check_asks_for_each_protocol_method_with_its_request_fields():
     assert check_methods == {name: tuple(method.request.model_fields)
                              for name, method in PROTOCOL.items() if name != "renew"}
@@ -121,6 +125,7 @@ class ExecWithoutTimeout(WithHooks):
     def exec(self, command): ...  # the host passes timeout=... too
 
 
+@pytest.mark.unit
 def test_runtime_classes_lacking_a_protocol_method_or_taking_the_wrong_argument_are_refused():
     with pytest.raises(UnknownPlugin, match="no method stat"):
         check_runtime_class(NoStat)

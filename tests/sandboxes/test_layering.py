@@ -47,6 +47,7 @@ def _imports(module: str) -> set[str]:
     return {name for name in found if name.startswith("sandboxes.")} - {module}
 
 
+@pytest.mark.unit
 def test_no_import_circle_through_the_interface():
     graph = {module: _imports(module) & set(INTERFACE) for module in INTERFACE}
     for start in INTERFACE:  # a path from a module back to itself
@@ -70,6 +71,7 @@ def test_every_built_in_runtime_has_the_hooks_and_says_what_auto_prefers():
     assert load_runtime("local").strays() == [] and load_runtime("bwrap").strays() == []
 
 
+@pytest.mark.unit
 def test_the_available_hook_takes_the_hosts_config():
     bwrap = load_runtime("bwrap")
     assert bwrap.available({"bwrap": "/nonexistent/bwrap"}) is False
@@ -85,6 +87,7 @@ class _Unisolated(SandboxRuntime):
     def __init__(self, spec: SandboxSpec, job_id: str, config=None): ...
 
 
+@pytest.mark.unit
 def test_auto_never_picks_an_unisolated_runtime_the_operator_did_not_allow(monkeypatch):
     from config.settings import get_settings
 
@@ -103,6 +106,7 @@ def test_the_hosts_provider_takes_the_seat(redis_client):
         sandbox_provider(redis_client, "cloud")
 
 
+@pytest.mark.unit
 def test_the_host_asks_the_declared_open_file_hook():
     """The host's read route streams what ``open_file`` opens; a runtime without it (the base's
     None) is answered with ``read_file``'s bytes: no probing with hasattr."""

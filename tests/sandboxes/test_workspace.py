@@ -9,6 +9,8 @@ import pytest
 from sandboxes.runtimes import workspace as ws_module
 from sandboxes.runtimes.workspace import Workspace
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 
 @pytest.fixture
 def ws(tmp_path):

@@ -61,6 +61,7 @@ def cache_dir():
     yield from reachable_tmpdir("prorl-test-imgcache-")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("image", HOSTILE)
 def test_hostile_references_are_refused_naming_the_field(image, monkeypatch):
     settings_env(monkeypatch, PRORL_SANDBOX_REGISTRIES="host,evil,127.0.0.1:1,host:99999x")
@@ -69,6 +70,7 @@ def test_hostile_references_are_refused_naming_the_field(image, monkeypatch):
     assert caught.value.field == "instance.sandbox.image"
 
 
+@pytest.mark.unit
 def test_what_passes_is_one_argument_that_is_never_an_option(monkeypatch):
     settings_env(monkeypatch, PRORL_SANDBOX_REGISTRIES="docker.io,127.0.0.1:5000")
     for image, canonical in [
@@ -80,6 +82,7 @@ def test_what_passes_is_one_argument_that_is_never_an_option(monkeypatch):
         assert ref.skopeo().startswith("docker://") and " " not in ref.skopeo()
 
 
+@pytest.mark.unit
 def test_the_allow_list_is_exact_about_ports_and_paths(monkeypatch):
     settings_env(monkeypatch, PRORL_SANDBOX_REGISTRIES="127.0.0.1,ghcr.io/trusted-org")
     with pytest.raises(PolicyDenied, match="PRORL_SANDBOX_REGISTRIES"):
@@ -97,6 +100,7 @@ def test_the_allow_list_is_exact_about_ports_and_paths(monkeypatch):
 @pytest.mark.parametrize("image", [
     "docker-archive:/etc/shadow", "oci-archive:/root/x.tar", "docker-daemon:python:3",
     "library://evil/x:1", "oras://evil.example/x:1", "shub://evil/x", "https://evil.example/x.sif"])
+@pytest.mark.unit
 def test_transports_outside_the_allow_list_are_refused(image, monkeypatch, tmp_path):
     """docker-archive: would have singularity read any host file; library:// and oras:// reach
     registries PRORL_SANDBOX_REGISTRIES never listed: none of them passes to a runtime."""
@@ -125,6 +129,7 @@ def test_no_silent_tls_downgrade(registry, python_image, cache_dir, monkeypatch)
     assert cache.images() == []
 
 
+@pytest.mark.unit
 def test_a_symlinked_or_foreign_cache_directory_is_refused(tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir()

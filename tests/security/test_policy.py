@@ -271,6 +271,7 @@ def test_results_and_healthz_say_which_runtime_ran(api):
 
 
 # -- the pure policy, without processes ---------------------------------------------------------
+@pytest.mark.unit
 def test_merge_is_field_by_field_and_only_lowers():
     from sandboxes.policy import merge_limits
     from tasks.handlers.swe import SweHandler

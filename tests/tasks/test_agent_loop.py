@@ -21,6 +21,8 @@ from prorl_celery.transcript import Transcript
 from tasks.agent import AgentConfig, DefaultAgent, FinishReason, Timeouts
 from tasks.agent.trajectory import flatten
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 TASK = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Solve it."}]
 TIMEOUTS = Timeouts(llm_call_s=30.0, action_s=5.0)
 

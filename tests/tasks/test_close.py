@@ -109,6 +109,7 @@ def _record(status: JobStatus, state: StageState) -> JobRecord:
                      data_source="shell", instance={}, t_created=0.0)
 
 
+@pytest.mark.unit
 def test_a_cancel_revokes_only_the_links_that_may_wait_in_a_queue():
     cases = {  # (status, stage state) -> the link a worker could still take, or none
         (JobStatus.QUEUED, StageState.NONE): "init",

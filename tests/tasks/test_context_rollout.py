@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from prorl_celery.errors import JobCancelled
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
@@ -12,6 +14,14 @@ from prorl_celery.trajectory import expand_result, flatten
 from tasks.context import StageContext
 from tasks.handlers.math import MathHandler
 from tests.prorl_celery.test_rollouts import _exact_turns
+
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
+
+@pytest.fixture
+def redis_client(scratch_redis):
+    """Jobs put in a running stage by hand live where no sweep ends them (tests/unit_tier.py)."""
+    return scratch_redis
 
 
 def _in_run(store: JobStore) -> str:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tasks.verify import canaries, django_isolation, integrity
+
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
 DJANGO_CMD = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 sitemaps_tests.test_http"
 

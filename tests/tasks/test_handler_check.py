@@ -8,6 +8,8 @@ from prorl_celery.errors import UnknownPlugin
 from tasks.handlers import HANDLERS, get_handler
 from tasks.handlers.check import check_handler, conform
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 
 @pytest.mark.parametrize("name", sorted(HANDLERS.entries))
 def test_builtin_handlers_conform(name):

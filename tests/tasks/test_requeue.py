@@ -23,6 +23,7 @@ def scratch_app(redis_url) -> Iterator[Celery]:
     redis.Redis.from_url(url).flushdb()
 
 
+@pytest.mark.unit
 def test_length_and_ids_of_waiting_messages(scratch_app):
     with scratch_app.connection_for_read() as connection:
         channel = connection.default_channel
@@ -37,6 +38,7 @@ def test_length_and_ids_of_waiting_messages(scratch_app):
         assert queue_length(channel, "init") == 0
 
 
+@pytest.mark.unit
 def test_an_entry_that_is_no_message_is_skipped(scratch_app):
     with scratch_app.connection_for_read() as connection:
         channel = connection.default_channel

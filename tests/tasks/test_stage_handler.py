@@ -13,6 +13,8 @@ from prorl_celery.models import JobRequest
 from prorl_celery.status import JobStatus, StageState
 from tasks import stages
 
+pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
+
 
 def job_running_init(store, data_source: str = "shell") -> str:
     """A job stored and put in a running init by hand: never sent, so no worker runs it."""

@@ -28,10 +28,12 @@ BASE = {"statkit/__init__.py", "statkit/central.py", "tests/__init__.py", "tests
     ("docs/other_conf.py", False), ("bench/new.py", False), (".github/workflows/ci.yml", False),
     ("tests/conftest.py", False), ("tox.ini", False), ("bin/test", False), ("Makefile", False), ("tomllib.py", False),
 ])
+@pytest.mark.unit
 def test_allow_list(path, ok):
     assert tamper.allowed(path, tamper.package_roots(BASE), BASE) is ok
 
 
+@pytest.mark.unit
 def test_the_files_a_test_command_names_are_the_runners():
     base = BASE | {"bin/test", "sympy/__init__.py", "sympy/core/basic.py"}
     changed = {"bin/test", "sympy/core/basic.py"}
@@ -40,6 +42,7 @@ def test_the_files_a_test_command_names_are_the_runners():
     assert tamper.flagged({"tests/runtests.py"}, set(), base, set(), set(), "./tests/runtests.py x") == ["tests/runtests.py"]
 
 
+@pytest.mark.unit
 def test_flagged_adds_test_patch_paths_sections_and_links():
     changed = {"statkit/central.py", "statkit/link.py", "pyproject.toml", "statkit/data.json"}
     assert tamper.flagged(changed, {"statkit/data.json"}, BASE, {"pyproject.toml"}, {"statkit/link.py"}) == [
@@ -52,6 +55,7 @@ def test_flagged_adds_test_patch_paths_sections_and_links():
     "[tool]\npytest = { ini_options = { addopts = '-p x' } }\n",
     "[tool.'pytest']\naddopts = ['-p', 'x']\n",
 ])
+@pytest.mark.unit
 def test_pyproject_test_sections_however_spelt(text):
     base = "[project]\nname = 'a'\n"
     assert tamper.test_sections("pyproject.toml", base) != tamper.test_sections("pyproject.toml", base + text)
@@ -95,6 +99,7 @@ def test_the_grader_config_says_what_the_base_config_said(tmp_path, files, sourc
     ("noise; python3 -m pytest -rA tests; noise", 1), ("A=1 B=2 pytest x && pytest y", 2),
     ("./tests/runtests.py --verbosity 2 x", 0), ("python3 -m pytest_other x", 0), ("echo pytest is here", 0),
 ])
+@pytest.mark.unit
 def test_rewrite_finds_each_pytest_run(command, count):
     rewritten, found = pytest_isolation.rewrite(command, lambda python, i: f"RUN{i}[{python}]")
     assert found == count, rewritten
@@ -102,6 +107,7 @@ def test_rewrite_finds_each_pytest_run(command, count):
                                                 or count == 0 or "echo" in command)
 
 
+@pytest.mark.unit
 def test_canaries_take_the_files_words_and_style():
     text = ("import unittest\n\n\nclass CentralTest(unittest.TestCase):\n"
             "    def test_median_even_pair(self):\n        pass\n")
@@ -113,6 +119,7 @@ def test_canaries_take_the_files_words_and_style():
     assert all(c.cls is None and f"def {c.name}():" in source for c in made)
 
 
+@pytest.mark.unit
 def test_canary_verdicts():
     def planted(first: str, failing: str, last: str, expected: bool = True) -> list:
         return [canaries.Canary(file="t.py", name="test_a", must="pass", outcome=first, expected=expected),
@@ -132,6 +139,7 @@ def test_canary_verdicts():
         "tests/test_a.py", "t/b_test.py", "tests/app/tests.py"]
 
 
+@pytest.mark.unit
 def test_cross_check_believes_a_pass_only_the_runner_saw():
     log = {"t.py::a": "PASSED", "t.py::b": "PASSED", "t.py::c": "PASSED", "t.py::d": "FAILED"}
     runner = {"t.py::a": "PASSED", "t.py::b": "FAILED", "t.py::c": "ERROR", "t.py::d": "FAILED"}

@@ -68,6 +68,7 @@ def pytest_log(tmp_path_factory) -> str:
     return _pytest_log(tmp_path_factory.mktemp("ids"))
 
 
+@pytest.mark.unit
 def test_pytest_ids_with_spaces_and_escaped_newlines(pytest_log):
     assert test_log.parse(pytest_log) == ESCAPED
 
@@ -79,6 +80,7 @@ def test_pytest_ids_with_raw_newlines_span_lines(tmp_path):
     assert test_log.parse(log) == raw
 
 
+@pytest.mark.unit
 def test_swebench_pytest_parser_and_the_listed_ids_either_way(pytest_log):
     """SWE-bench's parser (pytest-dev/pytest) keeps the first word of an id; the full ids are added
     beside; a list written with full ids or with SWE-bench's cut ones finds every test."""
@@ -97,12 +99,14 @@ def test_swebench_pytest_parser_and_the_listed_ids_either_way(pytest_log):
     assert report["FAIL_TO_PASS"] == {"t.py::test_content_count[plain-2]": "FAILED"} and not report["resolved"]
 
 
+@pytest.mark.unit
 def test_a_cut_id_whose_full_ids_disagree_is_not_passed():
     outcomes = {"t.py::test_a[x y]": "PASSED", "t.py::test_a[x z]": "FAILED"}
     assert test_log.lookup(outcomes, "t.py::test_a[x") == test_log.MISSING
     assert test_log.lookup(outcomes, "t.py::test_a[q") == test_log.MISSING
 
 
+@pytest.mark.unit
 def test_django_runner_log_both_parsers():
     log = (DATA / "django_discover_v2.log").read_text()
     spec = swe_specs.spec_for({"repo": "django/django", "test_patch": ""})
@@ -180,12 +184,14 @@ def test_sympy_runner_log_swebench_parser(tmp_path):
     ("sympy_1.7", ["source /opt/miniconda3/bin/activate", "conda activate testbed"],
      "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose sympy/core/tests/test_basic.py"),
 ])
+@pytest.mark.unit
 def test_command_from_swebench_eval_scripts(name, setup, command):
     script = (DATA / f"eval_{name}.sh").read_text()
     spec = swe_specs.spec_for({"repo": "x/y", "eval_script": script})
     assert (spec.source, spec.setup, spec.test_cmd) == ("eval_script", setup, command)
 
 
+@pytest.mark.unit
 def test_default_commands_match_the_eval_scripts():
     """Without an eval script, the runner per repository is the one SWE-bench's scripts use."""
     for name, repo in (("pytest_4.5", "pytest-dev/pytest"), ("django_3.0", "django/django"), ("sympy_1.7", "sympy/sympy")):
@@ -199,6 +205,7 @@ def test_default_commands_match_the_eval_scripts():
             assert ours == scripted
 
 
+@pytest.mark.unit
 def test_instance_fields_win_and_unknown_repos_fall_back_to_ours():
     assert swe_specs.spec_for({"repo": "django/django", "test_cmd": "make test"}).test_cmd == "make test"
     unknown = swe_specs.spec_for({"repo": "someone/else", "test_patch": ""})
@@ -209,6 +216,7 @@ def test_instance_fields_win_and_unknown_repos_fall_back_to_ours():
 
 
 # -- test lists ---------------------------------------------------------------------------
+@pytest.mark.unit
 def test_test_lists_as_json_strings():
     names = ["t.py::test_a[x y]", "test_b (m.C)"]
     assert test_log.test_list(json.dumps(names), "instance.FAIL_TO_PASS") == names

@@ -83,6 +83,7 @@ def _runner(python: str, index: int) -> str:
     return f"{python} /home/.prorl-sympy-runner.py /home/.prorl-sympy-nonce-{index} /home/repo"
 
 
+@pytest.mark.unit
 def test_each_run_of_bin_test_is_rewritten_and_nothing_else():
     command, count = sympy_isolation.rewrite(SYMPY_CMD, _runner)
     assert count == 1
@@ -144,6 +145,7 @@ def test_the_package_cannot_rewrite_a_test_file_or_strip_its_asserts(tmp_path):
     assert report["changed"] == ["builtins.compile"]
 
 
+@pytest.mark.unit
 def test_sympy_style_canaries_check_raises_where_the_file_uses_it():
     source, planted = canaries.plan("sympy/core/tests/test_calc.py", TESTS, random.Random(3))
     assert [c.must for c in planted] == ["pass", "fail", "pass", "fail"] and {c.cls for c in planted} == {None}

@@ -19,10 +19,12 @@ RUNNER = Path(__file__).resolve().parents[2] / "tasks" / "verify" / "code_runner
     ("0.5", "1/2", True), ("\\frac{1}{2}", "0.5", True), ("1/2", "\\frac{1}{2}", True),
     ("\\sqrt{4}", "2", True), ("3", "4", False), ("", "4", False), (None, "4", False), ("x+1", "1+x", True),
 ])
+@pytest.mark.unit
 def test_math_equal(given, reference, equal):
     assert math_equal(given, reference) is equal
 
 
+@pytest.mark.unit
 def test_last_boxed_balances_braces():
     assert last_boxed("first \\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
     assert last_boxed("no box") is None
@@ -30,14 +32,15 @@ def test_last_boxed_balances_braces():
 
 @pytest.mark.parametrize("text,letter", [("C", "C"), ("(b)", "B"), ("The answer is D.", "D"),
                                          ("\\boxed{A}", "A"), ("A dog barked", None), ("", None)])
+@pytest.mark.unit
 def test_choice_letter(text, letter):
     assert choice_letter(text) == letter
 
 
-def _run(tmp_path: Path, solution: str, tests: dict) -> dict:
+def _run(tmp_path: Path, solution: str, tests: dict, timeout: float = 3) -> dict:
     (tmp_path / "sol.py").write_text(solution)
     (tmp_path / "spec.json").write_text(json.dumps({"solution": str(tmp_path / "sol.py"), "tests": tests,
-                                                    "timeout": 3}))
+                                                    "timeout": timeout}))
     out = subprocess.run([sys.executable, str(RUNNER), str(tmp_path / "spec.json")], capture_output=True,
                          text=True, timeout=60).stdout
     return json.loads(out.splitlines()[-1])
@@ -50,7 +53,7 @@ def test_code_runner_counts_each_assert(tmp_path):
     assert _run(tmp_path, "def add(a, b):\n    return a + b\n", tests)["passed"] == 3
     wrong = _run(tmp_path, "def add(a, b):\n    return a * b\n", tests)
     assert (wrong["passed"], wrong["total"]) == (1, 3)  # only 2*2 == 2+2
-    looping = _run(tmp_path, "def add(a, b):\n    while True: pass\n", tests)
+    looping = _run(tmp_path, "def add(a, b):\n    while True: pass\n", tests, timeout=1)  # waited out: short
     assert looping["passed"] == 0 and "timed out" in looping["results"][0]["error"]
 
 
@@ -85,6 +88,7 @@ def test_swe_fixtures_gold_patch_resolves_and_base_does_not(tmp_path):
             assert all(v == "PASSED" for v in verdict["PASS_TO_PASS"].values())
 
 
+@pytest.mark.unit
 def test_math_equal_off_the_main_thread():
     """Celery's thread pool runs eval off the main thread, where math-verify's SIGALRM cannot work."""
     import threading
