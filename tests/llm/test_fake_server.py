@@ -23,16 +23,20 @@ def _generate(url: str, tokens: int) -> float:
 def test_time_per_token_grows_with_concurrency_up_to_capacity(fake_llms):
     (proc,) = fake_llms(1, latency="step_s=0.01,capacity=4,slowdown=1")
     alone = _generate(proc.url, 20)  # 20 steps of 10 ms
+    started = time.monotonic()
     with ThreadPoolExecutor(4) as ex:
-        four = list(ex.map(lambda _: _generate(proc.url, 20), range(4)))  # 20 steps of 17.5 ms
+        list(ex.map(lambda _: _generate(proc.url, 20), range(4)))  # 20 steps of 17.5 ms
+    four = time.monotonic() - started
     started = time.monotonic()
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda _: _generate(proc.url, 20), range(8)))  # two batches of four
     eight = time.monotonic() - started
     # lower bounds only: a busy machine can make a request slower than the model, never faster,
-    # and these are what the latency model promises (the batch cap shows in peak_running below)
+    # and these are what the latency model promises (the batch cap shows in peak_running below).
+    # The batches' walls, not each request's: a loaded node staggers the starts, and a request
+    # that runs some steps alone is faster; a batch's steps cost at least 17.5 / 4 ms a request.
     assert alone > 0.18
-    assert min(four) > 0.33  # four at once: each step 17.5 ms instead of 10
+    assert four > 0.33  # four at once: each step 17.5 ms instead of 10
     assert eight > 0.68  # eight through a capacity of four: two batches one after the other
     stats = proc.stats()
     assert stats["peak_running"] == 4 and stats["completed"] == 13 and stats["aborted"] == 0
