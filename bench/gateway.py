@@ -40,6 +40,7 @@ from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the en
 import psutil  # noqa: E402
 import requests  # noqa: E402
 
+from prorl_celery import keys  # noqa: E402
 from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.ops.procs import free_port, wait_for  # noqa: E402
 
@@ -57,16 +58,18 @@ def serve(args: argparse.Namespace) -> None:
     serves until stdin closes."""
     import redis
 
-    from prorl_celery.gateway import Gateway, GatewaySession, RedisCallStore
+    from prorl_celery.gateway import CallLog, Gateway, GatewaySession
     from prorl_celery.llm import LLMPool
+    from prorl_celery.rollouts import RolloutStore
 
     # bench.private set a URL of its own: the stack's is passed aside; a pool as the service's own
     client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
         os.environ["PRORL_BENCH_REDIS_URL"], max_connections=1024, timeout=30, socket_keepalive=True))
-    pool, store, gateways = LLMPool(client), RedisCallStore(client), []
+    pool, store, gateways = LLMPool(client), RolloutStore(client), []
     for _ in range(args.sessions):
         sid = f"bench-{secrets.token_hex(6)}"
-        session = GatewaySession(sid, lambda req, stop, sid=sid: pool.generate(sid, req, should_stop=stop), store)
+        session = GatewaySession(sid, lambda req, stop, sid=sid: pool.generate(sid, req, should_stop=stop),
+                                 CallLog.to_store(store, sid))
         gateways.append(Gateway(session, token=secrets.token_urlsafe(16)).start())
     print(json.dumps([[g.url, g.token] for g in gateways]), flush=True)
     if os.environ.get("PRORL_BENCH_PROFILE"):  # where the gateway host's time goes (all threads)
@@ -191,18 +194,19 @@ def main() -> None:
 
 
 def breakdown(url: str) -> None:
-    """Where a gateway call's time went, from the records: the gateway's own share, the pool's."""
+    """Where a gateway call's time went, from its records on the rollout store: the gateway's own
+    share, the pool's."""
     import redis
 
-    from prorl_celery.gateway.models import CallRecord
+    from prorl_celery.rollouts import Call
 
     client = redis.Redis.from_url(url)
-    records = [CallRecord.model_validate_json(raw) for key in client.scan_iter("prorl:gateway:*:calls")
-               for raw in client.lrange(key, 0, -1)]
-    if records:
-        own = statistics.median(r.gateway_s for r in records) * 1000
-        pool = statistics.median(r.latency_s for r in records) * 1000
-        print(f"gateway records: {len(records)}; median own {own:.2f} ms, median pool.generate {pool:.2f} ms")
+    calls = [Call.unpack(raw) for key in client.scan_iter(keys.rollout_calls("bench-*"))
+             for raw in client.lrange(key, 0, -1)]
+    if calls:
+        own = statistics.median(c.meta["gateway"]["gateway_s"] for c in calls) * 1000
+        pool = statistics.median(c.meta["latency_s"] for c in calls) * 1000
+        print(f"gateway records: {len(calls)}; median own {own:.2f} ms, median pool.generate {pool:.2f} ms")
 
 
 def report(rows: list[tuple[int, str, dict[str, float]]]) -> None:

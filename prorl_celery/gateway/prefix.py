@@ -51,10 +51,6 @@ class Seen:
     tools: str
     turn: Turn
 
-    @property
-    def context(self) -> list[int]:
-        return list(self.turn.prompt_ids or []) + list(self.turn.response_ids or [])
-
 
 def continues(seen: Seen, messages: list[tuple], tools: str) -> bool:
     """Whether ``messages`` are ``seen``'s conversation, then its answer, then anything."""
@@ -68,20 +64,14 @@ def continues(seen: Seen, messages: list[tuple], tools: str) -> bool:
 
 
 def find_base(history: list[Seen], messages: list[dict[str, Any]],
-              tools: list[dict[str, Any]] | None) -> Seen | None:
-    """The latest earlier call that ``messages`` continue (the longest such history), or None."""
+              tools: list[dict[str, Any]] | None) -> tuple[Seen | None, list[tuple], str]:
+    """The latest earlier call that ``messages`` continue (the longest such history) or None,
+    and the canonical messages and tools key (kept for the next call's search)."""
     canon = [canonical(m) for m in messages]
     key = tools_key(tools)
     best = None
     for seen in history:
         if continues(seen, canon, key) and (best is None or len(seen.messages) >= len(best.messages)):
             best = seen
-    return best
+    return best, canon, key
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -1,6 +1,7 @@
 """The session gateway over real HTTP with the real ``openai`` client, generating through the LLM
 pool (real Redis) against the fake LLM in token mode: what the caller gets back, what is recorded
-(the very ids the server generated), how calls chain, and each failure in OpenAI's shape."""
+on the rollout store (the very ids the server generated, each prompt stored as the ids past the
+last call's), how calls chain, and each failure in OpenAI's shape."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,9 @@ import secrets
 import pytest
 import requests
 
-from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
-from prorl_celery.gateway.trajectory import merged, prompts, summary
+from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession
+from prorl_celery.gateway.trajectory import continued, harness_fields, merged, prompts
+from prorl_celery.rollouts import RolloutStore
 from tests.llm.conftest import TOOLS, add
 
 openai = pytest.importorskip("openai")
@@ -20,8 +22,15 @@ SYSTEM = [{"role": "system", "content": "You are an agent."}, {"role": "user", "
 def _gateway(pool, redis_conn, budget=None, **session) -> Gateway:
     sid = f"gw-{secrets.token_hex(4)}"
     sess = GatewaySession(sid, lambda req, stop: pool.generate(sid, req, should_stop=stop),
-                          RedisCallStore(redis_conn), budget=budget, **session)
+                          CallLog.to_store(RolloutStore(redis_conn), sid), budget=budget, **session)
     return Gateway(sess, token=secrets.token_urlsafe(16)).start()
+
+
+def stored(gw: Gateway, redis_conn):
+    """The session's calls and conversation as the rollout store holds them (its log closed)."""
+    gw.session.log.close()
+    store = RolloutStore(redis_conn)
+    return store.read(gw.session.session_id), store.messages(gw.session.session_id)
 
 
 def _client(gw: Gateway):
@@ -65,7 +74,7 @@ def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, 
     add(pool, proc, protocol="generate", weight_version="v7")
     with _gateway(pool, redis_conn) as gw:
         answers = _harness_loop(_client(gw), stream=stream)
-        records = gw.session.records()
+    records, conversation = stored(gw, redis_conn)
     assert [a["tool_calls"][0]["function"]["name"] for a in answers[:2]] == ["bash", "bash"]
     assert json.loads(answers[1]["tool_calls"][0]["function"]["arguments"]) == {"cmd": "cat a.txt"}
     assert answers[2]["content"] == "Done: the answer is 42." and not answers[2].get("tool_calls")
@@ -73,16 +82,21 @@ def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, 
     assert len(records) == len(served) == 3
     assert [r.response_ids for r in records] == [s["response_ids"] for s in served]
     assert prompts(records) == [s["prompt_ids"] for s in served]
-    assert [r.continued for r in records] == [False, True, True]
-    assert all(r.weight_version == "v7" and len(r.logprobs) == len(r.response_ids) for r in records)
-    # stored linearly: a later call keeps only the ids past its base's context
-    assert records[2].base == 1 and records[2].shared == len(served[1]["prompt_ids"]) + len(served[1]["response_ids"])
-    assert len(records[2].prompt_tail) < 40
+    assert [continued(r) for r in records] == [False, True, True]
+    assert all(r.meta["weight_version"] == "v7" and len(r.logprobs) == len(r.response_ids) for r in records)
+    assert [r.meta["gateway"]["api"] for r in records] == ["openai_chat"] * 3
+    # stored linearly: a later call keeps only the ids past the last call's prompt + response
+    assert records[2].keep == len(served[1]["prompt_ids"]) + len(served[1]["response_ids"])
+    assert len(records[2].new_ids) < 40
+    # the conversation once: what each call added, its answers the ones generated
+    assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                 "assistant"]
+    assert [m["content"] for m in conversation if m["role"] == "assistant"] == [a["content"] for a in answers]
     (segment,) = merged(records)
     assert segment["prompt_ids"] == served[0]["prompt_ids"]
     assert segment["prompt_ids"] + segment["response_ids"] == served[2]["prompt_ids"] + served[2]["response_ids"]
     assert sum(segment["loss_mask"]) == sum(len(s["response_ids"]) for s in served)
-    view = summary(records)
+    view = harness_fields(records)
     assert view["token_mode"] == "exact" and view["counts"]["masked_tokens"] == segment["loss_mask"].count(0) > 0
 
 
@@ -95,11 +109,13 @@ def test_a_rewritten_history_starts_a_new_segment(fake_llms, pool, redis_conn, s
         edited = {"role": "assistant", "content": "something the model never said"}
         client.chat.completions.create(model="m", messages=[*SYSTEM, edited, {"role": "user", "content": "go on"}],
                                        tools=TOOLS)
-        records = gw.session.records()
-    assert first.tool_calls and [r.continued for r in records] == [False, False]
+    records, conversation = stored(gw, redis_conn)
+    assert first.tool_calls and [continued(r) for r in records] == [False, False]
     segments = merged(records)
     assert [s["reason"] for s in segments] == ["first", "not_a_prefix"]
-    assert summary(records)["token_mode"] == "segmented"
+    assert harness_fields(records)["token_mode"] == "segmented"
+    # the second call's history is stored whole again, the edited answer marked as no call's
+    assert [m.get("resent", False) for m in conversation if m["role"] == "assistant"] == [False, True, False]
 
 
 def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, script):
@@ -125,7 +141,7 @@ def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, scrip
         assert ok.status_code == 200, ok.text
         spent = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM}, headers=auth, timeout=10)
         assert spent.status_code == 403 and spent.json()["error"]["type"] == "insufficient_quota"
-        assert gw.session.finish_reason == "max_calls" and len(gw.session.records()) == 1
+        assert gw.session.finish_reason == "max_calls" and len(gw.session.calls()) == 1
 
 
 def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
@@ -150,4 +166,4 @@ def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
         thread.join(10)
         assert not thread.is_alive()
     assert out["resp"].status_code == 503 and out["resp"].json()["error"]["code"] == "cancelled"
-    assert gw.session.records() == []
+    assert stored(gw, redis_conn) == ([], [])
