@@ -4,9 +4,17 @@ server and through LiteLLM's proxy (the gateway a user would otherwise put in fr
     python bench/gateway.py --sessions 1,256 --calls 4 --litellm ~/.cache/prorl-bench/litellm/bin/litellm
 
 Each session is a harness's loop: ``--calls`` chat completions with tools, each resending the
-whole conversation plus the last answer and a tool result. The server is the fake LLM (no latency
-model: it answers at once), so what is measured is the path, not the model. Three paths, each run
-at every concurrency:
+whole conversation plus the last answer and a tool result. The server is the fake LLM, in one of
+two cases:
+
+- the stress case (``--latency-model none``, the default): it answers at once, so what is
+  measured is the path alone, and on a small machine every proxy competes with the server and
+  the clients for the same cores;
+- the realistic case (``--latency-model realistic``: ``REALISTIC`` below, or any spec of the
+  fake's): a batching GPU server whose own time per call dominates, as a real one's does; the
+  throughput beside direct calls is then what a user sees.
+
+Three paths, each run at every concurrency:
 
 - ``direct``: OpenAI chat to the fake server's ``/v1/chat/completions``;
 - ``gateway``: OpenAI chat to one gateway per session (a separate process, recording every call in
@@ -51,6 +59,12 @@ SCRIPT = [{"content": "Looking.", "tool_calls": [{"name": "bash", "arguments": {
           {"content": "", "tool_calls": [{"name": "bash", "arguments": {"cmd": "python -m pytest -x"}}]},
           {"content": "Done."}]
 SYSTEM = "You are a software engineer. " * 40  # a system prompt of some length, as harnesses send
+# A server whose time dominates, as a real one's does: 25 ms per decode step alone (40 tokens/s
+# per sequence, a ~30B model on one GPU), up to twice that with a full batch of 256 sequences,
+# 20 us per uncached prompt token (50k tokens/s prefill) and a prefix cache holding every
+# session's history (vLLM's automatic prefix caching): a call of this script's ~60-100 generated
+# tokens takes 1.5-5 s, about what an agent's turn takes on a real server.
+REALISTIC = "step_s=0.025,capacity=256,slowdown=1,prefill_s=0.00002,cache_tokens=4000000"
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -153,6 +167,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4, help="Calls per session.")
     parser.add_argument("--rounds", type=int, default=2, help="Runs of each path at each concurrency (best kept).")
     parser.add_argument("--litellm", default=None, help="The LiteLLM proxy's `litellm` binary (its own venv).")
+    parser.add_argument("--latency-model", default="none",
+                        help="The fake server's latency model: none (the stress case), realistic (REALISTIC) "
+                             "or a spec of its own (step_s=...,capacity=...).")
     args = parser.parse_args()
     if args.mode == "serve":
         args.sessions = int(args.sessions)
@@ -163,8 +180,10 @@ def main() -> None:
     stack = Stack(StackOptions(redis_password=REDIS_PASSWORD, state_dir=state, persist=False, beat=False))
     stack.start_redis(REDIS_PORT)
     try:
+        latency = REALISTIC if args.latency_model == "realistic" else args.latency_model
+        print(f"latency model: {latency}; load average at the start: {os.getloadavg()}", flush=True)
         fake = stack.start_fake_llm(extra_args=["--policy", f"scripted:{state / 'script.json'}", "--latency-model",
-                                                "none", "--max-model-len", "100000"])
+                                                latency, "--max-model-len", "100000"])
         stack.register_llm(fake, protocol="generate", dialect="fake", capacity=100000)
         litellm = start_litellm(os.path.expanduser(args.litellm), fake, state) if args.litellm else None
         rows = []
