@@ -3,8 +3,8 @@ socket, answering only its session's credential.
 
 Routes come from the API dialects (:mod:`prorl_celery.gateway.apis`) plus ``GET /v1/models``.
 Every call is generated in full first (token mode has no partial answer worth sending early) and
-then sent whole or as the dialect's server-sent events; a failure is sent in the caller's API's
-own error shape."""
+then sent whole or as the dialect's server-sent events (in one write, with their length: the
+connection stays open); a failure is sent in the caller's API's own error shape."""
 from __future__ import annotations
 
 import hmac
@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
         gateway = self.server.gateway
         path = self.path.split("?", 1)[0].rstrip("/")
         dialect, op = gateway.routes.get((method, path), (None, ""))
-        body = self._body()
+        raw = self._raw()  # read whatever the answer: the connection stays usable
         if not gateway.authorized(self.headers):
             self._json(*gateway.error_for(dialect, Failure(401, "auth", "missing or wrong session credential")))
             return
@@ -54,18 +54,17 @@ class _Handler(BaseHTTPRequestHandler):
         if dialect is None:
             self._json(*gateway.error_for(None, Failure(404, "not_found", f"no route {method} {path}")))
             return
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = BadCall(Failure(400, "invalid_request", "the body is not JSON"))
         gateway.handle(self, dialect, op, body)
 
-    def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
+    def _raw(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            raw = self._chunked()
-        else:
-            raw = self.rfile.read(min(length, MAX_BODY)) if length else b""
-        try:
-            return json.loads(raw) if raw else None
-        except ValueError:
-            return BadCall(Failure(400, "invalid_request", "the body is not JSON"))
+            return self._chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(min(length, MAX_BODY)) if length else b""
 
     def _chunked(self) -> bytes:
         out = bytearray()
@@ -79,27 +78,28 @@ class _Handler(BaseHTTPRequestHandler):
         return bytes(out)
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send(status, "application/json", json.dumps(body, separators=(",", ":")).encode())
 
     def _events(self, chunks) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        for chunk in chunks:
-            self.wfile.write(chunk)
-        self.wfile.flush()
-        self.close_connection = True
+        """The dialect's server-sent events. The turn is whole before the first event, so they go
+        in one write with their length, and the connection stays open for the next call (a
+        harness that streams every call would otherwise connect anew each time)."""
+        self._send(200, "text/event-stream", b"".join(chunks), extra="Cache-Control: no-cache\r\n")
+
+    def _send(self, status: int, content_type: str, data: bytes, extra: str = "") -> None:
+        """Status line, headers and body in one write (http.server's send_response writes the
+        headers apart and formats a Date header nobody reads)."""
+        if log.isEnabledFor(logging.DEBUG):
+            self.log_request(status, len(data))
+        reason = self.responses.get(status, ("",))[0]
+        close = "Connection: close\r\n" if self.close_connection else ""
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(data)}\r\n{extra}{close}\r\n")
+        self.wfile.write(head.encode("latin-1") + data)
 
 
 class _TCPHandler(_Handler):
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall on a write that follows another
 
 
 class _Serving:

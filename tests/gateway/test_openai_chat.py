@@ -91,7 +91,8 @@ def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, 
     # the conversation once: what each call added, its answers the ones generated
     assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant", "tool",
                                                  "assistant"]
-    assert [m["content"] for m in conversation if m["role"] == "assistant"] == [a["content"] for a in answers]
+    assert [m["content"] or None for m in conversation if m["role"] == "assistant"] == \
+        [a.get("content") or None for a in answers]
     (segment,) = merged(records)
     assert segment["prompt_ids"] == served[0]["prompt_ids"]
     assert segment["prompt_ids"] + segment["response_ids"] == served[2]["prompt_ids"] + served[2]["response_ids"]
