@@ -66,7 +66,11 @@ def end_rollout(client: redis.Redis, job_id: str) -> None:
 
 
 class LLMPool:
-    def __init__(self, client: redis.Redis | None = None):
+    """``background_release``: a successful call's in-flight lease is released off the caller's
+    path (:meth:`Router.release` with ``wait=False``): one Redis round trip less per call, for a
+    caller whose latency is measured against direct calls (the session gateway)."""
+
+    def __init__(self, client: redis.Redis | None = None, background_release: bool = False):
         if client is None:
             from prorl_celery.connections import get_redis
 
@@ -74,6 +78,7 @@ class LLMPool:
         self.redis = client
         self.registry = BackendRegistry(client)
         self.router = Router(client)
+        self.background_release = background_release
 
     def generate(self, job_id: str, request: LLMRequest,
                  should_stop: Callable[[], bool] | None = None) -> Turn:
@@ -123,7 +128,7 @@ class LLMPool:
                 self.router.release(slot, "aborted")
                 raise
             else:
-                self.router.release(slot, "ok")
+                self.router.release(slot, "ok", wait=not self.background_release)
                 return turn.model_copy(update={"attempts": attempts, "started_at": started,
                                                "latency_s": time.monotonic() - t0})
 

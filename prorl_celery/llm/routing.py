@@ -20,7 +20,10 @@ One Lua script per acquire:
 """
 from __future__ import annotations
 
+import logging
+import queue
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +36,8 @@ from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
 from prorl_celery.llm.registry import parse_backend
 from prorl_celery.llm.transport import HeldLease
+
+log = logging.getLogger(__name__)
 
 STICKY_TTL_S = 6 * 3600
 TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
@@ -174,16 +179,62 @@ class Router:
         return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s), load)
 
-    def release(self, slot: Slot, outcome: str) -> None:
+    def release(self, slot: Slot, outcome: str, wait: bool = True) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the
-        backend's measured speed), failed (counts as a failure) or aborted."""
+        backend's measured speed), failed (counts as a failure) or aborted. ``wait=False``: sent
+        by a thread of this process, with the other releases queued meanwhile in one round trip
+        (off the caller's path; the lease is held until then, a few ms)."""
         assert slot.lease is not None
         per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
-        self._release(keys=[slot.lease.key, keys.llm_backend(slot.backend.id)],
-                      args=[slot.lease.token, outcome, per_turn, TURN_EWMA])
+        call = ([slot.lease.key, keys.llm_backend(slot.backend.id)], [slot.lease.token, outcome, per_turn, TURN_EWMA])
+        if wait:
+            self._release(keys=call[0], args=call[1])
+        else:
+            _releaser.put(self, call)
 
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.
         Returns the backend it was on, if any."""
         found = self._end(keys=[keys.llm_sticky(job_id)], args=[keys.llm_sessions(""), job_id])
         return found.decode() if found else None
+
+
+class _Releaser:
+    """The background releases of this process: a daemon thread sends every queued one, each
+    Redis client's in one pipeline. A release that fails is logged: its lease lapses by itself."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[tuple[Router, tuple[list, list]]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def put(self, router: Router, call: tuple[list, list]) -> None:
+        self.queue.put((router, call))
+        if self.thread is None or not self.thread.is_alive():
+            with self.lock:
+                if self.thread is None or not self.thread.is_alive():
+                    self.thread = threading.Thread(target=self._run, name="llm-releaser", daemon=True)
+                    self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.queue.get()]
+            while True:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            by_client: dict[int, tuple[Router, list]] = {}
+            for router, call in batch:
+                by_client.setdefault(id(router.redis), (router, []))[1].append(call)
+            for router, calls in by_client.values():
+                try:
+                    pipe = router.redis.pipeline(transaction=False)
+                    for keys_, args in calls:
+                        router._release(keys=keys_, args=args, client=pipe)
+                    pipe.execute()
+                except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
+                    log.warning("releasing %d LLM leases failed: %s", len(calls), exc)
+
+
+_releaser = _Releaser()

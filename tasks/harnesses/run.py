@@ -128,7 +128,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     harness = HARNESSES.load(spec.harness)()
     config = harness.config_class.model_validate(spec.own_config())
     wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
-    pool = pool or LLMPool(ctx.store.redis)
+    pool = pool or LLMPool(ctx.store.redis, background_release=True)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
     started = time.monotonic()
     session: GatewaySession
