@@ -168,3 +168,58 @@ def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
         assert not thread.is_alive()
     assert out["resp"].status_code == 503 and out["resp"].json()["error"]["code"] == "cancelled"
     assert stored(gw, redis_conn) == ([], [])
+
+
+def _exchange(sock, request: bytes) -> tuple[bytes, bytes]:
+    """Send ``request``; read one answer (past an interim ``100 Continue``): head, body by its length."""
+    sock.sendall(request)
+    data = b""
+    while True:
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, data = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 100"):
+            break
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(data) < length:
+        data += sock.recv(65536)
+    return head, data
+
+
+def test_raw_http_keep_alive_streams_expect_and_bad_headers(fake_llms, pool, redis_conn, script):
+    """The gateway's own request parsing over a raw socket: a streamed answer has its length and
+    the connection serves the next call; ``Expect: 100-continue`` is answered; HTTP/1.0 is served;
+    a malformed header line gets a 400 and the connection closes."""
+    import socket
+
+    (proc,) = fake_llms(1, policy=f"scripted:{script}")
+    add(pool, proc, protocol="generate")
+    with _gateway(pool, redis_conn) as gw:
+        host, port = gw.httpd.server_address[:2]
+
+        def call(stream: bool, expect: bool = False) -> bytes:
+            body = json.dumps({"messages": SYSTEM, "tools": TOOLS, "stream": stream}).encode()
+            extra = b"Expect: 100-continue\r\n" if expect else b""
+            return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + gw.token.encode()
+                    + b"\r\nContent-Type: application/json\r\n" + extra
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+        with socket.create_connection((host, port), timeout=20) as sock:
+            head, body = _exchange(sock, call(stream=True))
+            assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+            assert body.rstrip().endswith(b"data: [DONE]") and b'"tool_calls"' in body
+            head, body = _exchange(sock, call(stream=False, expect=True))  # the same connection
+            assert head.startswith(b"HTTP/1.1 200") and json.loads(body)["object"] == "chat.completion"
+        with socket.create_connection((host, port), timeout=20) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.0\r\nAuthorization: Bearer " + gw.token.encode() + b"\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.") and b"prorl-gateway" in data
+        with socket.create_connection((host, port), timeout=20) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nno colon here\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 400")  # and the server closed the connection

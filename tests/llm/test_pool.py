@@ -276,3 +276,19 @@ def test_quarantined_backend_comes_back_while_others_carry_the_load(pool, fake_l
     assert pool.registry.get(flaky_id).status is BackendStatus.QUARANTINED
     eventually(lambda: pool.generate("y", ask(tokens=4)) and
                pool.registry.get(flaky_id).status is BackendStatus.ACTIVE, 5, "the background probe")
+
+
+def test_background_release_frees_every_lease_and_counts_every_call(pool, fake_llms, redis_conn):
+    """The gateway's pool releases a call's lease off the call's path (queued releases in one
+    pipeline): every lease is still freed and every call counted, concurrent ones included."""
+    from prorl_celery.llm import LLMPool
+
+    procs = fake_llms(2)
+    for proc in procs:
+        add(pool, proc, capacity=4)
+    quick = LLMPool(redis_conn, background_release=True)
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda i: rollout(quick, f"bg-{i}", 3, tokens=4), range(8)))
+    assert all(len(turns) == 3 for turns in results)
+    eventually(lambda: sum(b.served for b in pool.registry.list()) == 24, 10, "every call to be counted")
+    assert [b.in_flight for b in pool.registry.list()] == [0, 0]
