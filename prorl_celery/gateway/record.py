@@ -57,8 +57,8 @@ class CallLog:
             self.transcript.messages.extend(messages)
         self.added.set()
 
-    def wait(self, timeout: float) -> bool:
-        """Until a call is added (True) or ``timeout`` passes."""
+    def wait(self, timeout: float | None) -> bool:
+        """Until a call is added (True) or ``timeout`` passes (None: no timeout)."""
         got = self.added.wait(timeout)
         self.added.clear()
         return got
@@ -87,7 +87,7 @@ class CallLog:
 
     def _write(self) -> None:
         while not self._closed:
-            self.wait(1.0)
+            self.wait(None)  # woken by a call, or by close()
             try:
                 self.flush()
             except Exception:  # noqa: BLE001 - the next flush tries again; close() raises

@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import os
+import selectors
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -172,6 +173,7 @@ class Gateway:
             self.httpd = _TCPServer((host, port), _TCPHandler)
         self.httpd.gateway = self
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     @property
     def url(self) -> str:
@@ -179,15 +181,33 @@ class Gateway:
         return f"http://{host}:{port}"
 
     def start(self) -> "Gateway":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"gateway-{self.session.session_id}", daemon=True)
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name=f"gateway-{self.session.session_id}", daemon=True)
         self._thread.start()
         return self
+
+    def _serve(self) -> None:
+        """Accept connections until :meth:`close` (each one served by its own thread). Blocks
+        without a timeout: http.server's serve_forever wakes every poll interval, which for a
+        node's hundreds of idle sessions is thousands of wake-ups a second."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.httpd, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._closing:
+                for key, _ in selector.select():
+                    if key.fileobj is self.httpd and not self._closing:
+                        self.httpd._handle_request_noblock()  # what serve_forever calls: accept, a thread
 
     def close(self) -> None:
         """Abort in-flight calls, stop serving, remove the socket."""
         self.session.cancel()
-        self.httpd.shutdown()
+        self._closing = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            os.write(self._wake_w, b"x")
+            thread.join(10)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         self.httpd.server_close()
         if self.socket_path and os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
