@@ -105,6 +105,10 @@ def _exec_watched(ctx: StageContext, command: str, timeout: float, session: Gate
             ended = ctx.stopped()
         except JobCancelled:  # the save found the job ended (its calls until then are stored)
             ended = True
+        except BaseException:  # the store went away: stop the harness before the stage fails
+            session.cancel()
+            ctx.sandbox.interrupt()
+            raise
         if ended and thread.is_alive():
             session.cancel()
             ctx.sandbox.interrupt()
