@@ -79,11 +79,11 @@ def serve(args: argparse.Namespace) -> None:
     # bench.private set a URL of its own: the stack's is passed aside; a pool as the service's own
     client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
         os.environ["PRORL_BENCH_REDIS_URL"], max_connections=1024, timeout=30, socket_keepalive=True))
-    pool, store, gateways = LLMPool(client, background_release=True), RolloutStore(client), []
+    pool, store, gateways = LLMPool(client, defer_release=True), RolloutStore(client), []
     for _ in range(args.sessions):
         sid = f"bench-{secrets.token_hex(6)}"
         session = GatewaySession(sid, lambda req, stop, sid=sid: pool.generate(sid, req, should_stop=stop),
-                                 CallLog.to_store(store, sid))
+                                 CallLog.to_store(store, sid), after_answer=pool.send_releases)
         gateways.append(Gateway(session, token=secrets.token_urlsafe(16)).start())
     print(json.dumps([[g.url, g.token] for g in gateways]), flush=True)
     if os.environ.get("PRORL_BENCH_PROFILE"):  # where the gateway host's time goes (all threads)

@@ -4,8 +4,8 @@ same packed records the built-in agent's turns are, read back by the same path
 
 A :class:`CallLog` holds the session's :class:`~prorl_celery.transcript.Transcript`: a completed
 call adds its packed record (its prompt kept as the ids past what the session's last call held)
-and the conversation messages it brought, in memory, on the call's own thread, and wakes whoever
-saves. Saving is never on a call's path: the run stage's loop saves what came (fenced, with the
+and the conversation messages it brought, in memory, on the call's own thread, which wakes whoever
+saves once its answer is written (:meth:`CallLog.wake`). Saving is never on a call's path: the run stage's loop saves what came (fenced, with the
 job's state: :meth:`tasks.context.StageContext.save`), or, outside a job, a writer thread appends
 it to the store (:meth:`CallLog.to_store`). Calls that complete together are saved in one round
 trip."""
@@ -55,7 +55,8 @@ class CallLog:
         with self.lock:
             self.transcript.add(turn, extra={GATEWAY_META: meta})
             self.transcript.messages.extend(messages)
-        self.added.set()
+        # whoever saves is woken by wake(), once the caller has its answer: a thread woken now
+        # would take the GIL from the call it is part of
 
     def wait(self, timeout: float | None) -> bool:
         """Until a call is added (True) or ``timeout`` passes (None: no timeout)."""

@@ -237,6 +237,15 @@ class Gateway:
 
     def handle(self, handler: _Handler, dialect: Any, op: str, body: Any) -> None:
         try:
+            self._answer(handler, dialect, op, body)
+        finally:
+            try:
+                self.session.answered()
+            except Exception:  # noqa: BLE001 - the call is answered; its lease lapses by itself
+                log.exception("gateway %s: after the answer", self.session.session_id)
+
+    def _answer(self, handler: _Handler, dialect: Any, op: str, body: Any) -> None:
+        try:
             if isinstance(body, BadCall):
                 raise body
             request = dialect.parse(body)

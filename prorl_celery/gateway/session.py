@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -40,11 +41,13 @@ class GatewaySession:
 
     ``generate`` is the LLM pool's (token mode); ``stop`` aborts the in-flight calls (the job was
     cancelled); ``tokenizer``/``max_model_len`` pass through to the pool's request; ``sampling``
-    (SamplingParams fields) overrides what each call asks for."""
+    (SamplingParams fields) overrides what each call asks for; ``after_answer`` runs on the call's
+    thread once its caller has the answer (``LLMPool.send_releases`` for a pool that defers them)."""
 
     def __init__(self, session_id: str, generate: Generate, log: CallLog, budget: Budget | None = None,
                  stop: Callable[[], bool] | None = None, tokenizer: str | None = None,
-                 max_model_len: int | None = None, sampling: dict | None = None):
+                 max_model_len: int | None = None, sampling: dict | None = None,
+                 after_answer: Callable[[], Any] | None = None):
         self.session_id = session_id
         self.generate = generate
         self.log = log
@@ -54,6 +57,7 @@ class GatewaySession:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.sampling = dict(sampling or {})  # over every call's own (the trainer's say)
+        self._after_answer = after_answer
         self.started = time.monotonic()
         self.history: list[Seen] = []
         self.generated_tokens = 0
@@ -95,6 +99,13 @@ class GatewaySession:
                 self.in_flight -= 1
         self._record(request, api, base, Seen(0, canon, key, turn), time.monotonic() - t0 - generated_s)
         return turn
+
+    def answered(self) -> None:
+        """The caller has its answer: wake whoever saves the call, and run ``after_answer`` (the
+        pool's deferred lease releases), off the call's path."""
+        self.log.wake()
+        if self._after_answer is not None:
+            self._after_answer()
 
     def _timeout(self) -> float | None:
         if not self.budget.wall_s:

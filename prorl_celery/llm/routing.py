@@ -21,7 +21,6 @@ One Lua script per acquire:
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -182,15 +181,36 @@ class Router:
     def release(self, slot: Slot, outcome: str, wait: bool = True) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the
         backend's measured speed), failed (counts as a failure) or aborted. ``wait=False``: sent
-        by a thread of this process, with the other releases queued meanwhile in one round trip
-        (off the caller's path; the lease is held until then, a few ms)."""
+        later by this thread (:meth:`send_deferred`, e.g. once the caller has its answer), all
+        of them in one round trip; the lease is held until then."""
         assert slot.lease is not None
         per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
         call = ([slot.lease.key, keys.llm_backend(slot.backend.id)], [slot.lease.token, outcome, per_turn, TURN_EWMA])
         if wait:
             self._release(keys=call[0], args=call[1])
         else:
-            _releaser.put(self, call)
+            _deferred_of_thread().append((self, call))
+
+    @staticmethod
+    def send_deferred() -> int:
+        """Send this thread's deferred releases (``release(wait=False)``), each Redis client's in
+        one pipeline; returns how many. A release that fails is logged: its lease lapses by itself."""
+        batch = _deferred_of_thread()
+        if not batch:
+            return 0
+        calls, batch[:] = list(batch), []
+        by_client: dict[int, tuple[Router, list]] = {}
+        for router, call in calls:
+            by_client.setdefault(id(router.redis), (router, []))[1].append(call)
+        for router, items in by_client.values():
+            try:
+                pipe = router.redis.pipeline(transaction=False)
+                for keys_, args in items:
+                    router._release(keys=keys_, args=args, client=pipe)
+                pipe.execute()
+            except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
+                log.warning("releasing %d LLM leases failed: %s", len(items), exc)
+        return len(calls)
 
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.
@@ -199,42 +219,11 @@ class Router:
         return found.decode() if found else None
 
 
-class _Releaser:
-    """The background releases of this process: a daemon thread sends every queued one, each
-    Redis client's in one pipeline. A release that fails is logged: its lease lapses by itself."""
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[tuple[Router, tuple[list, list]]] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-
-    def put(self, router: Router, call: tuple[list, list]) -> None:
-        self.queue.put((router, call))
-        if self.thread is None or not self.thread.is_alive():
-            with self.lock:
-                if self.thread is None or not self.thread.is_alive():
-                    self.thread = threading.Thread(target=self._run, name="llm-releaser", daemon=True)
-                    self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            batch = [self.queue.get()]
-            while True:
-                try:
-                    batch.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
-            by_client: dict[int, tuple[Router, list]] = {}
-            for router, call in batch:
-                by_client.setdefault(id(router.redis), (router, []))[1].append(call)
-            for router, calls in by_client.values():
-                try:
-                    pipe = router.redis.pipeline(transaction=False)
-                    for keys_, args in calls:
-                        router._release(keys=keys_, args=args, client=pipe)
-                    pipe.execute()
-                except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
-                    log.warning("releasing %d LLM leases failed: %s", len(calls), exc)
+_deferred = threading.local()
 
 
-_releaser = _Releaser()
+def _deferred_of_thread() -> list:
+    batch = getattr(_deferred, "batch", None)
+    if batch is None:
+        batch = _deferred.batch = []
+    return batch

@@ -132,7 +132,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     harness = HARNESSES.load(spec.harness)()
     config = harness.config_class.model_validate(spec.own_config())
     wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
-    pool = pool or LLMPool(ctx.store.redis, background_release=True)
+    pool = pool or LLMPool(ctx.store.redis, defer_release=True)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
     started = time.monotonic()
     session: GatewaySession
@@ -144,7 +144,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     log = CallLog(save, ctx.transcript)
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop), log,
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
-                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params))
+                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
+                             after_answer=pool.send_releases)
     ctx.state["harness"] = _block(spec, session, started)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     socket_path = _socket_path()
