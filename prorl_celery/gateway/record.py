@@ -11,6 +11,7 @@ it to the store (:meth:`CallLog.to_store`). Calls that complete together are sav
 trip."""
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from prorl_celery.llm.models import Turn
 from prorl_celery.rollouts import Call, RolloutStore
 from prorl_celery.transcript import Transcript
 
+log = logging.getLogger(__name__)
 GATEWAY_META = "gateway"  # in a call's metadata: {"api", "continued", "gateway_s"}
 RESENT = "resent"  # on a stored assistant message: the caller sent it again, no call of ours made it
 
@@ -44,10 +46,10 @@ class CallLog:
             store.append(rollout_id, calls, messages)
             transcript.mark_saved()
 
-        log = cls(save)
-        log._writer = threading.Thread(target=log._write, name=f"gateway-log-{rollout_id}", daemon=True)
-        log._writer.start()
-        return log
+        out = cls(save)
+        out._writer = threading.Thread(target=out._write, name=f"gateway-log-{rollout_id}", daemon=True)
+        out._writer.start()
+        return out
 
     def add(self, turn: Turn, messages: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         """Record one completed call: its turn (``meta`` beside the turn's own) and the messages
@@ -59,7 +61,7 @@ class CallLog:
         # would take the GIL from the call it is part of
 
     def wait(self, timeout: float | None) -> bool:
-        """Until a call is added (True) or ``timeout`` passes (None: no timeout)."""
+        """Until woken (True: a call was answered, or close) or ``timeout`` passes (None: none)."""
         got = self.added.wait(timeout)
         self.added.clear()
         return got
@@ -92,6 +94,4 @@ class CallLog:
             try:
                 self.flush()
             except Exception:  # noqa: BLE001 - the next flush tries again; close() raises
-                import logging
-
-                logging.getLogger(__name__).exception("gateway log: saving calls failed")
+                log.exception("gateway log: saving calls failed")
