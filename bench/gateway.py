@@ -4,9 +4,17 @@ server and through LiteLLM's proxy (the gateway a user would otherwise put in fr
     python bench/gateway.py --sessions 1,256 --calls 4 --litellm ~/.cache/prorl-bench/litellm/bin/litellm
 
 Each session is a harness's loop: ``--calls`` chat completions with tools, each resending the
-whole conversation plus the last answer and a tool result. The server is the fake LLM (no latency
-model: it answers at once), so what is measured is the path, not the model. Three paths, each run
-at every concurrency:
+whole conversation plus the last answer and a tool result. The server is the fake LLM, in one of
+two cases:
+
+- the stress case (``--latency-model none``, the default): it answers at once, so what is
+  measured is the path alone, and on a small machine every proxy competes with the server and
+  the clients for the same cores;
+- the realistic case (``--latency-model realistic``: ``REALISTIC`` below, or any spec of the
+  fake's): a batching GPU server whose own time per call dominates, as a real one's does; the
+  throughput beside direct calls is then what a user sees.
+
+Three paths, each run at every concurrency:
 
 - ``direct``: OpenAI chat to the fake server's ``/v1/chat/completions``;
 - ``gateway``: OpenAI chat to one gateway per session (a separate process, recording every call in
@@ -40,6 +48,7 @@ from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the en
 import psutil  # noqa: E402
 import requests  # noqa: E402
 
+from prorl_celery import keys  # noqa: E402
 from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 from prorl_celery.ops.procs import free_port, wait_for  # noqa: E402
 
@@ -50,6 +59,12 @@ SCRIPT = [{"content": "Looking.", "tool_calls": [{"name": "bash", "arguments": {
           {"content": "", "tool_calls": [{"name": "bash", "arguments": {"cmd": "python -m pytest -x"}}]},
           {"content": "Done."}]
 SYSTEM = "You are a software engineer. " * 40  # a system prompt of some length, as harnesses send
+# A server whose time dominates, as a real one's does: 25 ms per decode step alone (40 tokens/s
+# per sequence, a ~30B model on one GPU), up to twice that with a full batch of 256 sequences,
+# 20 us per uncached prompt token (50k tokens/s prefill) and a prefix cache holding every
+# session's history (vLLM's automatic prefix caching): a call of this script's ~60-100 generated
+# tokens takes 1.5-5 s, about what an agent's turn takes on a real server.
+REALISTIC = "step_s=0.025,capacity=256,slowdown=1,prefill_s=0.00002,cache_tokens=4000000"
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -57,16 +72,18 @@ def serve(args: argparse.Namespace) -> None:
     serves until stdin closes."""
     import redis
 
-    from prorl_celery.gateway import Gateway, GatewaySession, RedisCallStore
+    from prorl_celery.gateway import CallLog, Gateway, GatewaySession
     from prorl_celery.llm import LLMPool
+    from prorl_celery.rollouts import RolloutStore
 
     # bench.private set a URL of its own: the stack's is passed aside; a pool as the service's own
     client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
         os.environ["PRORL_BENCH_REDIS_URL"], max_connections=1024, timeout=30, socket_keepalive=True))
-    pool, store, gateways = LLMPool(client), RedisCallStore(client), []
+    pool, store, gateways = LLMPool(client, defer_release=True), RolloutStore(client), []
     for _ in range(args.sessions):
         sid = f"bench-{secrets.token_hex(6)}"
-        session = GatewaySession(sid, lambda req, stop, sid=sid: pool.generate(sid, req, should_stop=stop), store)
+        session = GatewaySession(sid, lambda req, stop, sid=sid: pool.generate(sid, req, should_stop=stop),
+                                 CallLog.to_store(store, sid), after_answer=pool.send_releases)
         gateways.append(Gateway(session, token=secrets.token_urlsafe(16)).start())
     print(json.dumps([[g.url, g.token] for g in gateways]), flush=True)
     if os.environ.get("PRORL_BENCH_PROFILE"):  # where the gateway host's time goes (all threads)
@@ -150,6 +167,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4, help="Calls per session.")
     parser.add_argument("--rounds", type=int, default=2, help="Runs of each path at each concurrency (best kept).")
     parser.add_argument("--litellm", default=None, help="The LiteLLM proxy's `litellm` binary (its own venv).")
+    parser.add_argument("--latency-model", default="none",
+                        help="The fake server's latency model: none (the stress case), realistic (REALISTIC) "
+                             "or a spec of its own (step_s=...,capacity=...).")
     args = parser.parse_args()
     if args.mode == "serve":
         args.sessions = int(args.sessions)
@@ -160,8 +180,10 @@ def main() -> None:
     stack = Stack(StackOptions(redis_password=REDIS_PASSWORD, state_dir=state, persist=False, beat=False))
     stack.start_redis(REDIS_PORT)
     try:
+        latency = REALISTIC if args.latency_model == "realistic" else args.latency_model
+        print(f"latency model: {latency}; load average at the start: {os.getloadavg()}", flush=True)
         fake = stack.start_fake_llm(extra_args=["--policy", f"scripted:{state / 'script.json'}", "--latency-model",
-                                                "none", "--max-model-len", "100000"])
+                                                latency, "--max-model-len", "100000"])
         stack.register_llm(fake, protocol="generate", dialect="fake", capacity=100000)
         litellm = start_litellm(os.path.expanduser(args.litellm), fake, state) if args.litellm else None
         rows = []
@@ -191,18 +213,19 @@ def main() -> None:
 
 
 def breakdown(url: str) -> None:
-    """Where a gateway call's time went, from the records: the gateway's own share, the pool's."""
+    """Where a gateway call's time went, from its records on the rollout store: the gateway's own
+    share, the pool's."""
     import redis
 
-    from prorl_celery.gateway.models import CallRecord
+    from prorl_celery.rollouts import Call
 
     client = redis.Redis.from_url(url)
-    records = [CallRecord.model_validate_json(raw) for key in client.scan_iter("prorl:gateway:*:calls")
-               for raw in client.lrange(key, 0, -1)]
-    if records:
-        own = statistics.median(r.gateway_s for r in records) * 1000
-        pool = statistics.median(r.latency_s for r in records) * 1000
-        print(f"gateway records: {len(records)}; median own {own:.2f} ms, median pool.generate {pool:.2f} ms")
+    calls = [Call.unpack(raw) for key in client.scan_iter(keys.rollout_calls("bench-*"))
+             for raw in client.lrange(key, 0, -1)]
+    if calls:
+        own = statistics.median(c.meta["gateway"]["gateway_s"] for c in calls) * 1000
+        pool = statistics.median(c.meta["latency_s"] for c in calls) * 1000
+        print(f"gateway records: {len(calls)}; median own {own:.2f} ms, median pool.generate {pool:.2f} ms")
 
 
 def report(rows: list[tuple[int, str, dict[str, float]]]) -> None:

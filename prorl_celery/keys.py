@@ -138,8 +138,3 @@ def rollout_calls(rollout_id: str) -> str:
 def rollout_messages(rollout_id: str) -> str:
     """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollouts`)."""
     return f"{PREFIX}:rollout:messages:{rollout_id}"
-
-
-def gateway_calls(session_id: str) -> str:
-    """List: a gateway session's recorded calls (JSON, appended once each)."""
-    return f"{PREFIX}:gateway:{session_id}:calls"

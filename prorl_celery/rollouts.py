@@ -147,14 +147,16 @@ class RolloutStore:
         self.redis = client
         self.ttl_s = ttl_s
 
-    def append(self, rollout_id: str, calls: Sequence[Call], messages: Sequence[dict[str, Any]] = ()) -> int:
-        """Append calls (and conversation messages); returns the number of calls stored now."""
+    def append(self, rollout_id: str, calls: Sequence[Call | bytes],
+               messages: Sequence[dict[str, Any] | str] = ()) -> int:
+        """Append calls (and conversation messages), each as a :class:`Call` or already packed
+        (bytes; a message: its JSON text); returns the number of calls stored now."""
         pipe = self.redis.pipeline(transaction=True)
         if calls:
-            pipe.rpush(keys.rollout_calls(rollout_id), *(call.pack() for call in calls))
+            pipe.rpush(keys.rollout_calls(rollout_id), *(c if isinstance(c, bytes) else c.pack() for c in calls))
         if messages:
-            pipe.rpush(keys.rollout_messages(rollout_id), *(json.dumps(m, separators=(",", ":"))
-                                                            for m in messages))
+            pipe.rpush(keys.rollout_messages(rollout_id),
+                       *(m if isinstance(m, str) else json.dumps(m, separators=(",", ":")) for m in messages))
         if self.ttl_s:
             pipe.expire(keys.rollout_calls(rollout_id), self.ttl_s)
             pipe.expire(keys.rollout_messages(rollout_id), self.ttl_s)

@@ -93,10 +93,11 @@ def _retokenized(turns: list[Turn]) -> dict[str, list]:
 
 
 def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> list[dict[str, Any]]:
-    """The conversation with each assistant message annotated by the turn that produced it."""
+    """The conversation with each assistant message annotated by the turn that produced it (one
+    a harness sent again, ``resent``, came from no turn of this rollout: left as it is)."""
     out, k = [], 0
     for message in messages:
-        if message.get("role") == "assistant" and k < len(turns):
+        if message.get("role") == "assistant" and not message.get("resent") and k < len(turns):
             turn = turns[k]
             k += 1
             message = {**message, "backend_id": turn.backend_id, "weight_version": turn.weight_version,
@@ -195,6 +196,15 @@ def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]
 
 
 def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    if isinstance(result.get("harness"), dict):  # a harness's gateway calls: also its segments
+        from prorl_celery.gateway.trajectory import harness_fields
+
+        out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
+        out["messages"] = assistant_messages(messages, turns_of(calls, with_prompts=False))
+        view = harness_fields(calls)
+        out.update(tokens=view["tokens"], token_mode=view["token_mode"],
+                   harness={**result["harness"], "segments": view["segments"], "counts": view["counts"]})
+        return out
     tokens, mode = flatten_calls(calls)
     fenced = (result.get("staleness") or {}).get("masked_turns") or []
     mask_turns(calls, tokens, mode, fenced)

@@ -16,13 +16,14 @@ from prorl_celery.rollouts import Call, RolloutStore, prompts
 TURN_IDS = frozenset({"prompt_ids", "response_ids", "logprobs"})
 
 
-def call_of(turn: Turn, previous: Turn | None) -> Call:
-    """The record of ``turn``, its prompt kept as the ids past what ``previous`` held."""
+def call_of(turn: Turn, previous: Turn | None, extra: dict[str, Any] | None = None) -> Call:
+    """The record of ``turn``, its prompt kept as the ids past what ``previous`` held; ``extra``
+    goes into its metadata beside the turn's own fields (a turn read back ignores it)."""
     context = None
     if previous is not None and previous.prompt_ids is not None and previous.response_ids is not None:
         context = previous.prompt_ids + previous.response_ids
-    return Call.of(turn.prompt_ids, turn.response_ids, turn.logprobs,
-                   turn.model_dump(mode="json", exclude=TURN_IDS), context)
+    meta = turn.model_dump(mode="json", exclude=TURN_IDS)
+    return Call.of(turn.prompt_ids, turn.response_ids, turn.logprobs, {**meta, **extra} if extra else meta, context)
 
 
 def turn_of(call: Call, prompt_ids: list[int] | None) -> Turn:
@@ -67,8 +68,8 @@ class Transcript:
     def calls(self) -> int:
         return len(self.records)
 
-    def add(self, turn: Turn) -> None:
-        self.records.append(call_of(turn, self.last).pack())
+    def add(self, turn: Turn, extra: dict[str, Any] | None = None) -> None:
+        self.records.append(call_of(turn, self.last, extra).pack())
         self.last = turn
 
     def counts(self) -> dict[str, int]:

@@ -8,6 +8,7 @@ clients do on the way back: content as a string or a list of parts, tool-call ar
 re-serialised, null fields added or dropped."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -25,17 +26,28 @@ def _args(raw: Any) -> Any:
     return raw or {}
 
 
+@functools.lru_cache(maxsize=4096)
+def _normal_args(raw: str) -> str:
+    """Arguments as a string, re-serialised canonically (a harness resends the same strings on
+    every call: each is parsed once)."""
+    return json.dumps(_args(raw), sort_keys=True)
+
+
 def _calls(message: dict[str, Any]) -> tuple:
     out = []
-    for call in message.get("tool_calls") or []:
+    for call in message.get("tool_calls") or ():
         fn = call.get("function", call) if isinstance(call, dict) else {}
-        out.append((fn.get("name"), json.dumps(_args(fn.get("arguments")), sort_keys=True)))
+        raw = fn.get("arguments")
+        args = _normal_args(raw) if isinstance(raw, str) else json.dumps(_args(raw), sort_keys=True)
+        out.append((fn.get("name"), args))
     return tuple(out)
 
 
 def canonical(message: dict[str, Any]) -> tuple:
     """What of a message decides its rendering: role, text, tool calls (name, parsed arguments)."""
-    return (message.get("role"), text_of(message.get("content")).strip(), _calls(message))
+    content = message.get("content")
+    text = content.strip() if isinstance(content, str) else text_of(content).strip()
+    return (message.get("role"), text, _calls(message) if message.get("tool_calls") else ())
 
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
@@ -51,10 +63,6 @@ class Seen:
     tools: str
     turn: Turn
 
-    @property
-    def context(self) -> list[int]:
-        return list(self.turn.prompt_ids or []) + list(self.turn.response_ids or [])
-
 
 def continues(seen: Seen, messages: list[tuple], tools: str) -> bool:
     """Whether ``messages`` are ``seen``'s conversation, then its answer, then anything."""
@@ -68,20 +76,14 @@ def continues(seen: Seen, messages: list[tuple], tools: str) -> bool:
 
 
 def find_base(history: list[Seen], messages: list[dict[str, Any]],
-              tools: list[dict[str, Any]] | None) -> Seen | None:
-    """The latest earlier call that ``messages`` continue (the longest such history), or None."""
+              tools: list[dict[str, Any]] | None) -> tuple[Seen | None, list[tuple], str]:
+    """The latest earlier call that ``messages`` continue (the longest such history) or None,
+    and the canonical messages and tools key (kept for the next call's search)."""
     canon = [canonical(m) for m in messages]
     key = tools_key(tools)
     best = None
-    for seen in history:
-        if continues(seen, canon, key) and (best is None or len(seen.messages) >= len(best.messages)):
+    for seen in reversed(history):  # the latest first: a later one of the same length wins
+        if (best is None or len(seen.messages) > len(best.messages)) and continues(seen, canon, key):
             best = seen
-    return best
+    return best, canon, key
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

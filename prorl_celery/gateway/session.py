@@ -1,17 +1,20 @@
 """One rollout session's gateway state: the calls it made (to continue their ids), its budget,
-its cancellation, and the recorder every completed call is appended to once."""
+its cancellation, and the log (:class:`~prorl_celery.gateway.record.CallLog`) every completed
+call is added to once, for the rollout store."""
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from prorl_celery.errors import BudgetSpent, LLMCallCancelled
-from prorl_celery.gateway.models import CallRecord, GatewayRequest
-from prorl_celery.gateway.prefix import Seen, canonical, common_prefix, find_base, tools_key
-from prorl_celery.gateway.store import CallStore
+from prorl_celery.gateway.models import GatewayRequest
+from prorl_celery.gateway.prefix import Seen, find_base
+from prorl_celery.gateway.record import RESENT, CallLog
+from prorl_celery.rollouts import Call
 from prorl_celery.llm.models import LLMRequest, Protocol, Turn
 
 Generate = Callable[[LLMRequest, Callable[[], bool]], Turn]
@@ -30,23 +33,28 @@ class GatewaySession:
 
     ``generate`` is the LLM pool's (token mode); ``stop`` aborts the in-flight calls (the job was
     cancelled); ``tokenizer``/``max_model_len`` pass through to the pool's request; ``sampling``
-    (SamplingParams fields) overrides what each call asks for."""
+    (SamplingParams fields) overrides what each call asks for; ``after_answer`` runs on the call's
+    thread once its caller has the answer (``LLMPool.send_releases`` for a pool that defers them)."""
 
-    def __init__(self, session_id: str, generate: Generate, store: CallStore, budget: Budget | None = None,
+    def __init__(self, session_id: str, generate: Generate, log: CallLog, budget: Budget | None = None,
                  stop: Callable[[], bool] | None = None, tokenizer: str | None = None,
-                 max_model_len: int | None = None, sampling: dict | None = None):
+                 max_model_len: int | None = None, sampling: dict | None = None,
+                 after_answer: Callable[[], Any] | None = None):
         self.session_id = session_id
         self.generate = generate
-        self.store = store
+        self.log = log
         self.budget = budget or Budget()
         self.stop_flag = threading.Event()
         self._external_stop = stop
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.sampling = dict(sampling or {})  # over every call's own (the trainer's say)
+        self._after_answer = after_answer
         self.started = time.monotonic()
         self.history: list[Seen] = []
         self.generated_tokens = 0
+        self.llm_s = 0.0  # the pool's time over the calls (generate), and the gateway's own
+        self.gateway_s = 0.0
         self.in_flight = 0
         self.finish_reason: str | None = None
         self.lock = threading.Lock()
@@ -65,7 +73,7 @@ class GatewaySession:
             raise LLMCallCancelled(f"gateway session {self.session_id} is closed")
         self._admit()
         with self.lock:
-            base = find_base(self.history, request.messages, request.tools)
+            base, canon, key = find_base(self.history, request.messages, request.tools)
             self.in_flight += 1
         previous = None
         if base is not None:
@@ -81,8 +89,15 @@ class GatewaySession:
         finally:
             with self.lock:
                 self.in_flight -= 1
-        self._record(request, api, base, turn, time.monotonic() - t0 - generated_s)
+        self._record(request, api, base, Seen(0, canon, key, turn), time.monotonic() - t0 - generated_s)
         return turn
+
+    def answered(self) -> None:
+        """The caller has its answer: wake whoever saves the call, and run ``after_answer`` (the
+        pool's deferred lease releases), off the call's path."""
+        self.log.wake()
+        if self._after_answer is not None:
+            self._after_answer()
 
     def _timeout(self) -> float | None:
         if not self.budget.wall_s:
@@ -103,27 +118,24 @@ class GatewaySession:
             self.finish_reason = self.finish_reason or reason
         raise BudgetSpent(reason)
 
-    def _record(self, request: GatewayRequest, api: str, base: Seen | None, turn: Turn, own_s: float) -> None:
-        prompt = list(turn.prompt_ids or [])
+    def _record(self, request: GatewayRequest, api: str, base: Seen | None, seen: Seen, own_s: float) -> None:
+        turn = seen.turn
         with self.lock:
-            index = len(self.history)
-            if base is None and self.history:  # a fresh render: share what it happens to share
-                last = self.history[-1]
-                shared = common_prefix(last.context, prompt)
-                ref = last if shared else None
-            else:
-                ref, shared = base, len(base.context) if base else 0
-            self.history.append(Seen(index, [canonical(m) for m in request.messages], tools_key(request.tools),
-                                     turn))
+            seen.index = index = len(self.history)
+            last = self.history[-1] if self.history else None
+            self.history.append(seen)
             self.generated_tokens += len(turn.response_ids or [])
-            record = CallRecord(
-                index=index, api=api, base=ref.index if ref else None, shared=shared, prompt_tail=prompt[shared:],
-                continued=base is not None, response_ids=list(turn.response_ids or []), logprobs=turn.logprobs,
-                finish_reason=turn.finish_reason, weight_version=turn.weight_version, backend_id=turn.backend_id,
-                model=turn.model, message_count=len(request.messages), tool_calls=len(turn.tool_calls),
-                format_error=turn.format_error, started_at=turn.started_at, latency_s=turn.latency_s,
-                gateway_s=round(own_s, 6))
-            self.store.append(self.session_id, record)
+            self.llm_s += turn.latency_s
+            self.gateway_s += own_s
+            # the conversation the rollout gains: past the last call's answer when this call
+            # continues it, else the whole of what was sent (assistant messages in it marked as
+            # sent again: no call of this log made them); then this call's own answer
+            if base is not None and base is last:
+                sent = request.messages[len(base.messages) + 1:]
+            else:
+                sent = [{**m, RESENT: True} if m.get("role") == "assistant" else m for m in request.messages]
+            meta = {"api": api, "continued": base is not None, "gateway_s": round(own_s, 6)}
+            self.log.add(turn, [*sent, turn.message], meta)
 
     def count_tokens(self, request: GatewayRequest) -> int:
         """The prompt's length in the tokenizer of the session's model (the last call's; before
@@ -134,5 +146,6 @@ class GatewaySession:
         tok = get_tokenizer(name)
         return len(tok.apply_chat_template(request.messages, tools=request.tools, add_generation_prompt=True))
 
-    def records(self) -> list[CallRecord]:
-        return self.store.records(self.session_id)
+    def calls(self) -> list[Call]:
+        """The session's recorded calls, in order (from the log: saved or not yet)."""
+        return self.log.calls()

@@ -1,4 +1,6 @@
-"""Trajectories a trainer can use, rebuilt from a session's :class:`CallRecord` list.
+"""Trajectories a trainer can use, from a session's calls as the rollout store holds them
+(:class:`prorl_celery.rollouts.Call`, in order; each prompt rebuilt by
+:func:`prorl_celery.rollouts.prompts`):
 
 - per call: one trace each (the call's exact prompt ids, its response ids and logprobs);
 - merged: calls chained by token prefix into one sequence per segment. A call whose prompt
@@ -6,80 +8,75 @@
   between with loss mask 0 (tool results, template glue) and its own response with mask 1; a call
   that does not (context compaction, a sub-agent, a re-rendered history) starts a new segment,
   reported with the reason. Mask-0 ids are counted: they are the ids the gateway cannot prove
-  were sampled."""
+  were sampled.
+
+:func:`harness_fields` is what :func:`prorl_celery.trajectory.expand_results` adds to a harness's
+result: ``tokens`` and ``token_mode`` (``exact`` as for the built-in agent: one sequence, each
+prompt extending the last; else ``segmented``, ``tokens`` the first segment), the segments and
+the counts."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from prorl_celery.gateway.models import CallRecord
+from prorl_celery import rollouts
+from prorl_celery.gateway.record import GATEWAY_META
+from prorl_celery.rollouts import Call
 
 
-def prompts(records: list[CallRecord]) -> list[list[int]]:
-    """Each call's whole prompt ids, from the stored base + shared prefix + tail."""
-    out: list[list[int]] = []
-    for record in records:
-        if record.base is None:
-            out.append(list(record.prompt_tail))
-            continue
-        base = records[record.base]
-        context = out[record.base] + list(base.response_ids)
-        out.append(context[: record.shared] + list(record.prompt_tail))
-    return out
+def prompts(calls: Sequence[Call]) -> list[list[int]]:
+    """Each call's whole prompt ids (a gateway call always has them)."""
+    return [p or [] for p in rollouts.prompts(calls)]
 
 
-def _logprobs(record: CallRecord) -> list[float]:
-    n = len(record.response_ids)
-    return list(record.logprobs) if record.logprobs and len(record.logprobs) == n else [0.0] * n
+def continued(call: Call) -> bool:
+    """Whether the call's prompt was built by appending to ids the session held (not re-rendered)."""
+    return bool((call.meta.get(GATEWAY_META) or {}).get("continued"))
 
 
-def per_call(records: list[CallRecord]) -> list[dict[str, Any]]:
-    return [{"call": r.index, "prompt_ids": p, "response_ids": list(r.response_ids), "logprobs": _logprobs(r),
-             "loss_mask": [1] * len(r.response_ids), "weight_version": r.weight_version, "backend_id": r.backend_id,
-             "finish_reason": r.finish_reason}
-            for r, p in zip(records, prompts(records))]
+def _logprobs(call: Call) -> list[float]:
+    ids = call.response_ids or []
+    return list(call.logprobs) if call.logprobs and len(call.logprobs) == len(ids) else [0.0] * len(ids)
 
 
-def _segment(first: CallRecord, prompt: list[int], reason: str) -> dict[str, Any]:
-    return {"calls": [first.index], "reason": reason, "prompt_ids": list(prompt),
-            "response_ids": list(first.response_ids), "loss_mask": [1] * len(first.response_ids),
-            "logprobs": _logprobs(first), "weight_versions": [first.weight_version]}
+def per_call(calls: Sequence[Call]) -> list[dict[str, Any]]:
+    return [{"call": k, "prompt_ids": p, "response_ids": list(c.response_ids or []), "logprobs": _logprobs(c),
+             "loss_mask": [1] * len(c.response_ids or []), "weight_version": c.meta.get("weight_version"),
+             "backend_id": c.meta.get("backend_id"), "finish_reason": c.meta.get("finish_reason")}
+            for k, (c, p) in enumerate(zip(calls, prompts(calls)))]
 
 
-def merged(records: list[CallRecord]) -> list[dict[str, Any]]:
+def merged(calls: Sequence[Call]) -> list[dict[str, Any]]:
     """The segments (see the module docstring), each ``{calls, reason, prompt_ids, response_ids,
     loss_mask, logprobs, weight_versions}``."""
     segments: list[dict[str, Any]] = []
-    context: list[int] = []
-    for record, prompt in zip(records, prompts(records)):
-        if segments and prompt[: len(context)] == context:
+    length = 0  # of the running sequence: the last call's prompt + response
+    for k, (call, prompt) in enumerate(zip(calls, prompts(calls))):
+        response = list(call.response_ids or [])
+        if segments and call.keep == length:  # the prompt starts with the whole running sequence
             seg = segments[-1]
-            added = prompt[len(context):]
-            seg["calls"].append(record.index)
-            seg["response_ids"] += added + list(record.response_ids)
-            seg["loss_mask"] += [0] * len(added) + [1] * len(record.response_ids)
-            seg["logprobs"] += [0.0] * len(added) + _logprobs(record)
-            seg["weight_versions"].append(record.weight_version)
+            added = prompt[length:]
+            seg["calls"].append(k)
+            seg["response_ids"] += added + response
+            seg["loss_mask"] += [0] * len(added) + [1] * len(response)
+            seg["logprobs"] += [0.0] * len(added) + _logprobs(call)
+            seg["weight_versions"].append(call.meta.get("weight_version"))
         else:
-            segments.append(_segment(record, prompt, "first" if not segments else "not_a_prefix"))
-        context = prompt + list(record.response_ids)
+            segments.append({"calls": [k], "reason": "first" if not segments else "not_a_prefix",
+                             "prompt_ids": prompt, "response_ids": response, "loss_mask": [1] * len(response),
+                             "logprobs": _logprobs(call), "weight_versions": [call.meta.get("weight_version")]})
+        length = len(prompt) + len(response)
     return segments
 
 
-def summary(records: list[CallRecord]) -> dict[str, Any]:
-    """The result's view: ``tokens`` (the first segment, as the built-in agent's), ``token_mode``,
-    the segments, and the counts a trainer checks."""
-    segments = merged(records)
-    empty = {"prompt_ids": [], "response_ids": [], "loss_mask": [], "logprobs": []}
-    first = segments[0] if segments else None
-    tokens = {k: first[k] for k in empty} if first else empty
-    if not records:
-        mode = "none"
-    elif len(segments) == 1 and all(r.continued for r in records[1:]):
-        mode = "exact"
-    else:
-        mode = "segmented"
-    masked = sum(seg["loss_mask"].count(0) for seg in segments)
-    return {"tokens": tokens, "token_mode": mode, "segments": segments,
-            "counts": {"calls": len(records), "segments": len(segments), "masked_tokens": masked,
-                       "generated_tokens": sum(len(r.response_ids) for r in records),
-                       "retokenized_calls": sum(1 for r in records[1:] if not r.continued)}}
+def harness_fields(calls: Sequence[Call]) -> dict[str, Any]:
+    """``tokens``, ``token_mode``, ``segments`` and ``counts`` of a harness's calls."""
+    segments = merged(calls)
+    empty: dict[str, list] = {"prompt_ids": [], "response_ids": [], "loss_mask": [], "logprobs": []}
+    tokens = {k: segments[0][k] for k in empty} if segments else empty
+    mode = "none" if not calls else "exact" if len(segments) == 1 else "segmented"
+    counts = {"calls": len(calls), "segments": len(segments),
+              "masked_tokens": sum(seg["loss_mask"].count(0) for seg in segments),
+              "generated_tokens": sum(len(c.response_ids or []) for c in calls),
+              "retokenized_calls": sum(1 for c in calls[1:] if not continued(c))}
+    return {"tokens": tokens, "token_mode": mode, "segments": segments, "counts": counts}

@@ -71,7 +71,12 @@ def end_rollout(client: redis.Redis, job_id: str) -> None:
 
 
 class LLMPool:
-    def __init__(self, client: redis.Redis | None = None):
+    """``defer_release``: a successful call's in-flight lease is released only when the calling
+    thread sends its deferred releases (:meth:`send_releases`, after it answered its own caller):
+    one Redis round trip less on the path per call, for a caller whose latency is measured against
+    direct calls (the session gateway). A caller that defers must send them."""
+
+    def __init__(self, client: redis.Redis | None = None, defer_release: bool = False):
         if client is None:
             from prorl_celery.connections import get_redis
 
@@ -79,6 +84,7 @@ class LLMPool:
         self.redis = client
         self.registry = BackendRegistry(client)
         self.router = Router(client)
+        self.defer_release = defer_release
 
     def generate(self, job_id: str, request: LLMRequest,
                  should_stop: Callable[[], bool] | None = None) -> Turn:
@@ -133,9 +139,14 @@ class LLMPool:
                 self.router.release(slot, "aborted")
                 raise
             else:
-                self.router.release(slot, "ok")
+                self.router.release(slot, "ok", wait=not self.defer_release)
                 return turn.model_copy(update={"attempts": attempts, "started_at": started,
                                                "latency_s": time.monotonic() - t0})
+
+    @staticmethod
+    def send_releases() -> int:
+        """Send this thread's deferred releases (``defer_release``) in one round trip."""
+        return Router.send_deferred()
 
     def end_rollout(self, job_id: str) -> None:
         """Rollout ``job_id`` made its last call: its backend stops counting it as a session (its

@@ -20,7 +20,9 @@ One Lua script per acquire:
 """
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
 from prorl_celery.llm.registry import parse_backend
 from prorl_celery.llm.transport import HeldLease
+
+log = logging.getLogger(__name__)
 
 STICKY_TTL_S = 6 * 3600
 TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
@@ -174,16 +178,52 @@ class Router:
         return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s), load)
 
-    def release(self, slot: Slot, outcome: str) -> None:
+    def release(self, slot: Slot, outcome: str, wait: bool = True) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the
-        backend's measured speed), failed (counts as a failure) or aborted."""
+        backend's measured speed), failed (counts as a failure) or aborted. ``wait=False``: sent
+        later by this thread (:meth:`send_deferred`, e.g. once the caller has its answer), all
+        of them in one round trip; the lease is held until then."""
         assert slot.lease is not None
         per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
-        self._release(keys=[slot.lease.key, keys.llm_backend(slot.backend.id)],
-                      args=[slot.lease.token, outcome, per_turn, TURN_EWMA])
+        call = ([slot.lease.key, keys.llm_backend(slot.backend.id)], [slot.lease.token, outcome, per_turn, TURN_EWMA])
+        if wait:
+            self._release(keys=call[0], args=call[1])
+        else:
+            _deferred_of_thread().append((self, call))
+
+    @staticmethod
+    def send_deferred() -> int:
+        """Send this thread's deferred releases (``release(wait=False)``), each Redis client's in
+        one pipeline; returns how many. A release that fails is logged: its lease lapses by itself."""
+        batch = _deferred_of_thread()
+        if not batch:
+            return 0
+        calls, batch[:] = list(batch), []
+        by_client: dict[int, tuple[Router, list]] = {}
+        for router, call in calls:
+            by_client.setdefault(id(router.redis), (router, []))[1].append(call)
+        for router, items in by_client.values():
+            try:
+                pipe = router.redis.pipeline(transaction=False)
+                for keys_, args in items:
+                    router._release(keys=keys_, args=args, client=pipe)
+                pipe.execute()
+            except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
+                log.warning("releasing %d LLM leases failed: %s", len(items), exc)
+        return len(calls)
 
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.
         Returns the backend it was on, if any."""
         found = self._end(keys=[keys.llm_sticky(job_id)], args=[keys.llm_sessions(""), job_id])
         return found.decode() if found else None
+
+
+_deferred = threading.local()
+
+
+def _deferred_of_thread() -> list:
+    batch = getattr(_deferred, "batch", None)
+    if batch is None:
+        batch = _deferred.batch = []
+    return batch

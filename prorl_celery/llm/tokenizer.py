@@ -7,9 +7,12 @@ turn, by diffing two renders of a fixed dummy conversation.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
+import time
+import weakref
 from typing import Any, Protocol, runtime_checkable
 
 from prorl_celery.backoff import Backoff, wait
@@ -167,13 +170,34 @@ def _auto_tokenizer(name: str) -> Any:
 
 
 _DUMMY = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+_DUMMY_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], list[int]]] = weakref.WeakKeyDictionary()
+_DUMMY_CACHE_SIZE = 64  # per tokenizer
+
+
+def _dummy_ids(tok: Tokenizer, tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> list[int]:
+    """The dummy conversation rendered with ``tools`` (read-only): the same for every turn of a
+    rollout, so rendered once per tokenizer, tools and template arguments, not twice a turn (a
+    harness's tools are ~100 kB of JSON in the system prompt: tens of ms to tokenise)."""
+    key = (json.dumps(tools, sort_keys=True) if tools else "",
+           json.dumps(kwargs, sort_keys=True, default=str) if kwargs else "")
+    try:
+        cache = _DUMMY_CACHE.setdefault(tok, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: rendered each time
+        cache = {}
+    ids = cache.get(key)
+    if ids is None:
+        ids = tok.apply_chat_template(_DUMMY, tools=tools, add_generation_prompt=False, **kwargs)
+        if len(cache) >= _DUMMY_CACHE_SIZE:
+            cache.clear()
+        cache[key] = ids
+    return ids
 
 
 def continuation_ids(tok: Tokenizer, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                      **kwargs: Any) -> list[int]:
     """Ids of ``new_messages`` plus the generation prompt, as the template renders them right
     after a finished assistant turn."""
-    base = tok.apply_chat_template(_DUMMY, tools=tools, add_generation_prompt=False, **kwargs)
+    base = _dummy_ids(tok, tools, kwargs)
     full = tok.apply_chat_template(_DUMMY + list(new_messages), tools=tools, add_generation_prompt=True,
                                    **kwargs)
     if full[: len(base)] != base:
@@ -191,7 +215,7 @@ def turn_closing_ids(tok: Tokenizer, response_ids: list[int], tools: list[dict[s
                      **kwargs: Any) -> list[int]:
     """What the template puts after a generated assistant turn before the next message: the stop
     token if the model did not emit one (cut off by length), then whatever follows it (``\\n``)."""
-    base = tok.apply_chat_template(_DUMMY, tools=tools, add_generation_prompt=False, **kwargs)
+    base = _dummy_ids(tok, tools, kwargs)
     stop_at = max((i for i, t in enumerate(base) if t in tok.stop_ids), default=None)
     if stop_at is None:
         return []

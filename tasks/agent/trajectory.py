@@ -34,7 +34,7 @@ def reference_messages(messages: list[dict[str, Any]], turns: list[Turn] | None)
     out, k = [], 0
     for message in annotated:
         role = message.get("role")
-        if role == "assistant":
+        if role == "assistant" and not message.get("resent"):  # resent: a harness's, made by no turn
             turn = turns[k] if turns and k < len(turns) else None
             k += 1
             message = {**message, "tool_calls": flat_tool_calls(message.get("tool_calls"))}

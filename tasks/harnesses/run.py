@@ -1,5 +1,7 @@
 """The run stage of a harness: a gateway session for the job, the harness started in the sandbox
-against it, cancellation and budget watched while it runs, its calls kept for the result.
+against it, cancellation and budget watched while it runs, its calls saved on the job's rollout
+as they complete (the built-in agent's records: the result reads them back the same way, and a
+cancelled job's result has the calls made before the cancel).
 
 The gateway runs in this worker (it generates through this worker's LLM pool) on a unix socket
 with an unguessable name in ``gateway_socket_dir``, which bwrap binds into every sandbox read-only
@@ -23,7 +25,7 @@ from typing import Any
 from config.settings import get_settings
 
 from prorl_celery.errors import JobCancelled
-from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore, forward
+from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forward
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from sandboxes.base import ExecResult
@@ -79,8 +81,10 @@ def _cleanup(ctx: StageContext) -> None:
         log.debug("job %s: harness cleanup skipped: %s", ctx.job_id, exc)
 
 
-def _exec_watched(ctx: StageContext, command: str, timeout: float, session: GatewaySession) -> ExecResult | None:
-    """Run ``command`` in the sandbox; interrupt it (and abort its calls) once the job stops.
+def _exec_watched(ctx: StageContext, command: str, timeout: float, session: GatewaySession,
+                  log: CallLog) -> ExecResult | None:
+    """Run ``command`` in the sandbox, saving each call the harness makes as it completes (with
+    the job's state, in one fenced step); interrupt it (and abort its calls) once the job stops.
     None when it was cancelled."""
     box: dict[str, Any] = {}
 
@@ -89,12 +93,23 @@ def _exec_watched(ctx: StageContext, command: str, timeout: float, session: Gate
             box["result"] = ctx.sandbox.exec(command, timeout=timeout)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the stage's thread
             box["error"] = exc
+        finally:
+            log.wake()
 
     thread = threading.Thread(target=target, name=f"harness-{ctx.job_id}", daemon=True)
     thread.start()
     while thread.is_alive():
-        thread.join(POLL_S)
-        if thread.is_alive() and ctx.stopped():
+        log.wait(POLL_S)
+        try:
+            log.flush()
+            ended = ctx.stopped()
+        except JobCancelled:  # the save found the job ended (its calls until then are stored)
+            ended = True
+        except BaseException:  # the store went away: stop the harness before the stage fails
+            session.cancel()
+            ctx.sandbox.interrupt()
+            raise
+        if ended and thread.is_alive():
             session.cancel()
             ctx.sandbox.interrupt()
             thread.join(30)
@@ -111,33 +126,44 @@ def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
-    """Run the instance's harness on ``instruction`` in the job's sandbox; ``ctx.state["harness"]``
-    gets what the result needs (its calls, how it ended)."""
+    """Run the instance's harness on ``instruction`` in the job's sandbox; its calls go on the
+    job's rollout (:attr:`StageContext.transcript`), ``ctx.state["harness"]`` gets how it ended."""
     spec = HarnessSpec.model_validate(ctx.instance["agent"])
     harness = HARNESSES.load(spec.harness)()
     config = harness.config_class.model_validate(spec.own_config())
     wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
-    pool = pool or LLMPool(ctx.store.redis)
+    pool = pool or LLMPool(ctx.store.redis, defer_release=True)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
-    session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop),
-                             RedisCallStore(ctx.store.redis),
-                             Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
-                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params))
     started = time.monotonic()
+    session: GatewaySession
+
+    def save(_transcript: Any) -> None:  # on the stage's thread, under the log's lock
+        ctx.state["harness"] = {**ctx.state["harness"], **_running(session, started)}
+        ctx.save()
+
+    log = CallLog(save, ctx.transcript)
+    session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop), log,
+                             Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
+                             stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
+                             after_answer=pool.send_releases)
+    ctx.state["harness"] = _block(spec, session, started)
+    ctx.save()  # a cancel from here on finds a harness's result in the state
     socket_path = _socket_path()
     with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=socket_path) as gateway:
         task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
                            socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
         _install(ctx, harness.launch(task, config))
         try:
-            result = _exec_watched(ctx, _wrapped(socket_path), wall, session)
+            result = _exec_watched(ctx, _wrapped(socket_path), wall, session, log)
         finally:
             _cleanup(ctx)
     if result is None:
         _keep(ctx, spec, session, None, "cancelled", started)
         raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
     reason = _finish_reason(harness, session, result)
-    return _keep(ctx, spec, session, result, reason, started)
+    state = _keep(ctx, spec, session, result, reason, started)
+    log.flush()  # the last calls, with the state that says how it ended
+    return state
 
 
 def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) -> str:
@@ -150,14 +176,22 @@ def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) ->
     return harness.finish_reason(result.exit_code, result.output) or "harness_error"
 
 
+def _block(spec: HarnessSpec, session: GatewaySession, started: float) -> dict[str, Any]:
+    """``state["harness"]`` while it runs: which harness, its session, its time so far."""
+    return {"name": spec.harness, "session": session.session_id, "finish_reason": None, "exit_code": None,
+            "output": "", **_running(session, started)}
+
+
+def _running(session: GatewaySession, started: float) -> dict[str, Any]:
+    return {"final_text": session.history[-1].turn.content if session.history else "",
+            "run_s": round(time.monotonic() - started, 3), "llm_s": round(session.llm_s, 4),
+            "gateway_s": round(session.gateway_s, 4)}
+
+
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
           reason: str, started: float) -> dict[str, Any]:
-    records = session.records()
-    state = {"name": spec.harness, "session": session.session_id, "finish_reason": reason,
+    state = {**_block(spec, session, started), "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
-             "output": (result.output[-OUTPUT_TAIL:] if result else ""),
-             "calls": [r.model_dump() for r in records],
-             "final_text": session.history[-1].turn.content if session.history else "",
-             "run_s": round(time.monotonic() - started, 3)}
+             "output": (result.output[-OUTPUT_TAIL:] if result else "")}
     ctx.state["harness"] = state
     return state

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 import requests
 
-from prorl_celery.gateway.trajectory import merged, prompts
-from tests.gateway.test_openai_chat import _gateway
+from prorl_celery.gateway.trajectory import continued, merged, prompts
+from tests.gateway.test_openai_chat import _gateway, stored
 from tests.llm.conftest import add
 
 if importlib.util.find_spec("anthropic") is None:
@@ -56,7 +56,7 @@ def test_tool_use_round_trips_chain_on_the_servers_ids(fake_llms, pool, redis_co
     add(pool, proc, protocol="generate")
     with _gateway(pool, redis_conn) as gw:
         answers = _loop(_client(gw), stream)
-        records = gw.session.records()
+    records, _ = stored(gw, redis_conn)
     assert [a.stop_reason for a in answers] == ["tool_use", "tool_use", "end_turn"]
     first = answers[0]
     assert first.content[0].type == "text" and first.content[0].text == "Let me look."
@@ -65,7 +65,7 @@ def test_tool_use_round_trips_chain_on_the_servers_ids(fake_llms, pool, redis_co
     served = [r for r in proc.received() if r["status"] == "ok"]
     assert [r.response_ids for r in records] == [s["response_ids"] for s in served]
     assert prompts(records) == [s["prompt_ids"] for s in served]
-    assert [r.continued for r in records] == [False, True, True] and len(merged(records)) == 1
+    assert [continued(r) for r in records] == [False, True, True] and len(merged(records)) == 1
     assert answers[0].usage.input_tokens == len(served[0]["prompt_ids"])
 
 

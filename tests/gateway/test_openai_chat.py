@@ -1,6 +1,7 @@
 """The session gateway over real HTTP with the real ``openai`` client, generating through the LLM
 pool (real Redis) against the fake LLM in token mode: what the caller gets back, what is recorded
-(the very ids the server generated), how calls chain, and each failure in OpenAI's shape."""
+on the rollout store (the very ids the server generated, each prompt stored as the ids past the
+last call's), how calls chain, and each failure in OpenAI's shape."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,9 @@ import secrets
 import pytest
 import requests
 
-from prorl_celery.gateway import Budget, Gateway, GatewaySession, RedisCallStore
-from prorl_celery.gateway.trajectory import merged, prompts, summary
+from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession
+from prorl_celery.gateway.trajectory import continued, harness_fields, merged, prompts
+from prorl_celery.rollouts import RolloutStore
 from tests.llm.conftest import TOOLS, add
 
 if importlib.util.find_spec("openai") is None:
@@ -22,7 +24,7 @@ SYSTEM = [{"role": "system", "content": "You are an agent."}, {"role": "user", "
 def _gateway(pool, redis_conn, budget=None, **session) -> Gateway:
     sid = f"gw-{secrets.token_hex(4)}"
     sess = GatewaySession(sid, lambda req, stop: pool.generate(sid, req, should_stop=stop),
-                          RedisCallStore(redis_conn), budget=budget, **session)
+                          CallLog.to_store(RolloutStore(redis_conn), sid), budget=budget, **session)
     return Gateway(sess, token=secrets.token_urlsafe(16)).start()
 
 
@@ -31,6 +33,13 @@ def _sdk():
     import openai
 
     return openai
+
+
+def stored(gw: Gateway, redis_conn):
+    """The session's calls and conversation as the rollout store holds them (its log closed)."""
+    gw.session.log.close()
+    store = RolloutStore(redis_conn)
+    return store.read(gw.session.session_id), store.messages(gw.session.session_id)
 
 
 def _client(gw: Gateway):
@@ -74,7 +83,7 @@ def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, 
     add(pool, proc, protocol="generate", weight_version="v7")
     with _gateway(pool, redis_conn) as gw:
         answers = _harness_loop(_client(gw), stream=stream)
-        records = gw.session.records()
+    records, conversation = stored(gw, redis_conn)
     assert [a["tool_calls"][0]["function"]["name"] for a in answers[:2]] == ["bash", "bash"]
     assert json.loads(answers[1]["tool_calls"][0]["function"]["arguments"]) == {"cmd": "cat a.txt"}
     assert answers[2]["content"] == "Done: the answer is 42." and not answers[2].get("tool_calls")
@@ -82,16 +91,22 @@ def test_calls_are_recorded_with_the_servers_own_ids_and_chain(fake_llms, pool, 
     assert len(records) == len(served) == 3
     assert [r.response_ids for r in records] == [s["response_ids"] for s in served]
     assert prompts(records) == [s["prompt_ids"] for s in served]
-    assert [r.continued for r in records] == [False, True, True]
-    assert all(r.weight_version == "v7" and len(r.logprobs) == len(r.response_ids) for r in records)
-    # stored linearly: a later call keeps only the ids past its base's context
-    assert records[2].base == 1 and records[2].shared == len(served[1]["prompt_ids"]) + len(served[1]["response_ids"])
-    assert len(records[2].prompt_tail) < 40
+    assert [continued(r) for r in records] == [False, True, True]
+    assert all(r.meta["weight_version"] == "v7" and len(r.logprobs) == len(r.response_ids) for r in records)
+    assert [r.meta["gateway"]["api"] for r in records] == ["openai_chat"] * 3
+    # stored linearly: a later call keeps only the ids past the last call's prompt + response
+    assert records[2].keep == len(served[1]["prompt_ids"]) + len(served[1]["response_ids"])
+    assert len(records[2].new_ids) < 40
+    # the conversation once: what each call added, its answers the ones generated
+    assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant", "tool",
+                                                 "assistant"]
+    assert [m["content"] or None for m in conversation if m["role"] == "assistant"] == \
+        [a.get("content") or None for a in answers]
     (segment,) = merged(records)
     assert segment["prompt_ids"] == served[0]["prompt_ids"]
     assert segment["prompt_ids"] + segment["response_ids"] == served[2]["prompt_ids"] + served[2]["response_ids"]
     assert sum(segment["loss_mask"]) == sum(len(s["response_ids"]) for s in served)
-    view = summary(records)
+    view = harness_fields(records)
     assert view["token_mode"] == "exact" and view["counts"]["masked_tokens"] == segment["loss_mask"].count(0) > 0
 
 
@@ -104,11 +119,13 @@ def test_a_rewritten_history_starts_a_new_segment(fake_llms, pool, redis_conn, s
         edited = {"role": "assistant", "content": "something the model never said"}
         client.chat.completions.create(model="m", messages=[*SYSTEM, edited, {"role": "user", "content": "go on"}],
                                        tools=TOOLS)
-        records = gw.session.records()
-    assert first.tool_calls and [r.continued for r in records] == [False, False]
+    records, conversation = stored(gw, redis_conn)
+    assert first.tool_calls and [continued(r) for r in records] == [False, False]
     segments = merged(records)
     assert [s["reason"] for s in segments] == ["first", "not_a_prefix"]
-    assert summary(records)["token_mode"] == "segmented"
+    assert harness_fields(records)["token_mode"] == "segmented"
+    # the second call's history is stored whole again, the edited answer marked as no call's
+    assert [m.get("resent", False) for m in conversation if m["role"] == "assistant"] == [False, True, False]
 
 
 def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, script):
@@ -134,7 +151,7 @@ def test_models_and_failures_in_openai_shapes(fake_llms, pool, redis_conn, scrip
         assert ok.status_code == 200, ok.text
         spent = requests.post(f"{url}/chat/completions", json={"messages": SYSTEM}, headers=auth, timeout=10)
         assert spent.status_code == 403 and spent.json()["error"]["type"] == "insufficient_quota"
-        assert gw.session.finish_reason == "max_calls" and len(gw.session.records()) == 1
+        assert gw.session.finish_reason == "max_calls" and len(gw.session.calls()) == 1
 
 
 def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
@@ -159,4 +176,59 @@ def test_cancel_aborts_the_call_in_flight(fake_llms, pool, redis_conn, script):
         thread.join(10)
         assert not thread.is_alive()
     assert out["resp"].status_code == 503 and out["resp"].json()["error"]["code"] == "cancelled"
-    assert gw.session.records() == []
+    assert stored(gw, redis_conn) == ([], [])
+
+
+def _exchange(sock, request: bytes) -> tuple[bytes, bytes]:
+    """Send ``request``; read one answer (past an interim ``100 Continue``): head, body by its length."""
+    sock.sendall(request)
+    data = b""
+    while True:
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, data = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 100"):
+            break
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(data) < length:
+        data += sock.recv(65536)
+    return head, data
+
+
+def test_raw_http_keep_alive_streams_expect_and_bad_headers(fake_llms, pool, redis_conn, script):
+    """The gateway's own request parsing over a raw socket: a streamed answer has its length and
+    the connection serves the next call; ``Expect: 100-continue`` is answered; HTTP/1.0 is served;
+    a malformed header line gets a 400 and the connection closes."""
+    import socket
+
+    (proc,) = fake_llms(1, policy=f"scripted:{script}")
+    add(pool, proc, protocol="generate")
+    with _gateway(pool, redis_conn) as gw:
+        host, port = gw.httpd.server_address[:2]
+
+        def call(stream: bool, expect: bool = False) -> bytes:
+            body = json.dumps({"messages": SYSTEM, "tools": TOOLS, "stream": stream}).encode()
+            extra = b"Expect: 100-continue\r\n" if expect else b""
+            return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + gw.token.encode()
+                    + b"\r\nContent-Type: application/json\r\n" + extra
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+        with socket.create_connection((host, port), timeout=20) as sock:
+            head, body = _exchange(sock, call(stream=True))
+            assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+            assert body.rstrip().endswith(b"data: [DONE]") and b'"tool_calls"' in body
+            head, body = _exchange(sock, call(stream=False, expect=True))  # the same connection
+            assert head.startswith(b"HTTP/1.1 200") and json.loads(body)["object"] == "chat.completion"
+        with socket.create_connection((host, port), timeout=20) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.0\r\nAuthorization: Bearer " + gw.token.encode() + b"\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.") and b"prorl-gateway" in data
+        with socket.create_connection((host, port), timeout=20) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nno colon here\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 400")  # and the server closed the connection

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from prorl_celery.gateway.trajectory import merged, prompts
-from tests.gateway.test_openai_chat import _client, _gateway
+from prorl_celery.gateway.trajectory import continued, merged, prompts
+from tests.gateway.test_openai_chat import _client, _gateway, stored
 from tests.llm.conftest import add
 
 TOOLS = [{"type": "function", "name": "bash", "description": "run a command",
@@ -37,7 +37,7 @@ def test_function_calls_round_trip_on_the_servers_ids(fake_llms, pool, redis_con
     add(pool, proc, protocol="generate")
     with _gateway(pool, redis_conn) as gw:
         answers = _loop(_client(gw), stream)
-        records = gw.session.records()
+    records, _ = stored(gw, redis_conn)
     first = answers[0]
     assert [i.type for i in first.output] == ["message", "function_call"]
     assert first.output_text == "Let me look." and first.output[1].arguments == '{"cmd": "ls"}'
@@ -45,7 +45,7 @@ def test_function_calls_round_trip_on_the_servers_ids(fake_llms, pool, redis_con
     served = [r for r in proc.received() if r["status"] == "ok"]
     assert [r.response_ids for r in records] == [s["response_ids"] for s in served]
     assert prompts(records) == [s["prompt_ids"] for s in served]
-    assert [r.continued for r in records] == [False, True, True] and len(merged(records)) == 1
+    assert [continued(r) for r in records] == [False, True, True] and len(merged(records)) == 1
 
 
 def test_stored_responses_are_refused_in_openai_shape(fake_llms, pool, redis_conn, script):

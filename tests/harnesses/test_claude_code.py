@@ -12,7 +12,7 @@ import requests
 from prorl_celery.fakes import swe
 from tasks.harnesses.claude_code import claude_binary
 from tests.conftest import submit, wait
-from tests.harnesses.test_mini_swe_agent import _served
+from tests.harnesses.test_mini_swe_agent import _served, generated
 
 pytestmark = [pytest.mark.harness,
               pytest.mark.skipif(not Path(claude_binary()).is_absolute(), reason="Claude Code is not installed "
@@ -43,7 +43,7 @@ def test_claude_code_fixes_the_swe_fixture(api, big_oracle_llm, tmp_path):
     assert result["reward"] == 1.0 and result["resolved"] is True, result["harness"]["output"][-3000:]
     assert result["finish_reason"] == "submitted", result["harness"]["output"][-3000:]
     served = _served(big_oracle_llm, since)
-    calls = result["messages"]
+    calls = generated(result)
     assert len(calls) == len(served) >= 3
     assert [c["token_ids"] for c in calls] == [s["response_ids"] for s in served]
     # the main loop keeps its history: its calls chain into one segment (side calls, if any, are

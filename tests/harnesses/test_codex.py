@@ -14,7 +14,7 @@ from prorl_celery.fakes.problems import MATH
 from tasks.harnesses.codex import codex_binary
 from tests.conftest import submit, wait
 from tests.harnesses.test_claude_code import big_oracle_llm  # noqa: F401 - fixture
-from tests.harnesses.test_mini_swe_agent import _served
+from tests.harnesses.test_mini_swe_agent import _served, generated
 
 pytestmark = [pytest.mark.harness,
               pytest.mark.skipif(not Path(codex_binary()).is_absolute(), reason="Codex is not installed "
@@ -33,7 +33,7 @@ def test_codex_fixes_the_swe_fixture(api, big_oracle_llm, tmp_path):
                         "agent": {"harness": "codex", "max_calls": 20, "wall_s": 300}})
     assert result["reward"] == 1.0 and result["finish_reason"] == "submitted", result["harness"]["output"][-3000:]
     served = _served(big_oracle_llm, since)
-    assert [c["token_ids"] for c in result["messages"]] == [s["response_ids"] for s in served]
+    assert [c["token_ids"] for c in generated(result)] == [s["response_ids"] for s in served]
     longest = max(result["harness"]["segments"], key=lambda s: len(s["calls"]))
     assert len(longest["calls"]) >= 3
 

@@ -8,9 +8,10 @@ import os
 import pytest
 import requests
 
+from prorl_celery import keys
 from prorl_celery.fakes.problems import MATH
 from tests.conftest import submit, wait, wait_until
-from tests.harnesses.test_mini_swe_agent import oracle_llm  # noqa: F401 - the oracle backend fixture
+from tests.harnesses.test_mini_swe_agent import generated, oracle_llm  # noqa: F401 - the oracle backend fixture
 
 AGENT = r'''
 import json, os, sys, urllib.request
@@ -47,7 +48,8 @@ def test_a_command_harness_calls_its_gateway(api, oracle_llm, tmp_path):
     result = _run(api, tmp_path, agent_command(2))
     assert result["finish_reason"] == "exited" and "calls done" in result["harness"]["output"]
     assert result["turns"] == 2 and result["token_mode"] == "exact"
-    assert sum(result["tokens"]["loss_mask"]) == sum(len(m["token_ids"]) for m in result["messages"]) > 0
+    assert sum(result["tokens"]["loss_mask"]) == sum(len(m["token_ids"]) for m in generated(result)) > 0
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant", "tool", "assistant"]
 
 
 @pytest.mark.parametrize("command,agent,reason,turns", [
@@ -72,15 +74,22 @@ def _running(marker: str) -> bool:
     return False
 
 
-def test_cancel_kills_the_harness_and_its_calls(api, oracle_llm, tmp_path):
+def test_cancel_kills_the_harness_and_keeps_its_calls(api, redis_client, oracle_llm, tmp_path):
     marker = f"{301 + os.getpid() % 97}.25"
     instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
                 "agent": {"harness": "command", "command": f"{agent_command(1)}\nsleep {marker}"}}
     job = submit(api, instance)
     wait_until(lambda: _running(marker), 60, "the harness to reach its sleep")
+    # its one call is on the job's rollout once the run stage saved it (as it completed)
+    wait_until(lambda: redis_client.llen(keys.rollout_calls(job)) == 1, 30, "the call to be saved")
     assert requests.delete(f"{api}/jobs/{job}", timeout=10).status_code in (200, 202)
     view = wait(api, job, timeout=60)
     assert view["status"] == "cancelled"
+    result = view["result"]
+    assert result["error"]["type"] == "cancelled" and result["harness"]["name"] == "command"
+    assert result["turns"] == 1 and result["token_mode"] == "exact"  # the partial trajectory
+    (answer,) = generated(result)
+    assert answer["token_ids"] and result["tokens"]["response_ids"] == answer["token_ids"]
     wait_until(lambda: not _running(marker), 30, "the harness's processes to be gone")
 
 

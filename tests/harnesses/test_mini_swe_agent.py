@@ -35,6 +35,12 @@ def _served(url: str, since: int) -> list[dict]:
     return [r for r in got if r["status"] == "ok"]
 
 
+def generated(result: dict) -> list[dict]:
+    """The result's assistant messages the gateway generated (the conversation's others are the
+    harness's system, task and tool messages, and any it sent again)."""
+    return [m for m in result["messages"] if m["role"] == "assistant" and not m.get("resent")]
+
+
 def test_mini_swe_agent_fixes_the_swe_fixture(api, oracle_llm, tmp_path):
     since = len(requests.get(f"{oracle_llm}/debug/requests", timeout=5).json()["requests"])
     instance = {**swe.build("statkit", tmp_path / "repos"),
@@ -45,8 +51,9 @@ def test_mini_swe_agent_fixes_the_swe_fixture(api, oracle_llm, tmp_path):
     assert result["reward"] == 1.0 and result["resolved"] is True, result.get("eval")
     assert result["finish_reason"] == "submitted", result["harness"]["output"][-2000:]
     served = _served(oracle_llm, since)
-    calls = result["messages"]
+    calls = generated(result)
     assert len(calls) == len(served) == result["turns"] >= 3
+    assert result["messages"][0]["role"] == "system" and result["messages"][1]["role"] == "user"
     assert [c["token_ids"] for c in calls] == [s["response_ids"] for s in served]
     assert all(c["weight_version"] == "w1" and len(c["logprobs"]) == len(c["token_ids"]) for c in calls)
     # mini-swe-agent keeps its whole history: each prompt extends the last one, one segment

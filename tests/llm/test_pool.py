@@ -276,3 +276,29 @@ def test_quarantined_backend_comes_back_while_others_carry_the_load(pool, fake_l
     assert pool.registry.get(flaky_id).status is BackendStatus.QUARANTINED
     eventually(lambda: pool.generate("y", ask(tokens=4)) and
                pool.registry.get(flaky_id).status is BackendStatus.ACTIVE, 5, "the background probe")
+
+
+def test_deferred_releases_are_held_until_sent_and_free_every_lease(pool, fake_llms, redis_conn):
+    """The gateway's pool defers a call's release until its thread sends them (after answering
+    its own caller): the lease is held until then; sent, every lease is freed and every call
+    counted, from concurrent threads too."""
+    from prorl_celery.llm import LLMPool
+
+    procs = fake_llms(2)
+    for proc in procs:
+        add(pool, proc, capacity=4)
+    quick = LLMPool(redis_conn, defer_release=True)
+    quick.generate("held", ask(tokens=4))
+    assert sum(b.in_flight for b in pool.registry.list()) == 1  # held until sent
+    assert quick.send_releases() == 1 and quick.send_releases() == 0
+    assert sum(b.in_flight for b in pool.registry.list()) == 0
+
+    def run(i: int) -> tuple[list, int]:
+        turns = rollout(quick, f"deferred-{i}", 3, tokens=4)
+        return turns, quick.send_releases()
+
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(run, range(8)))
+    assert all(len(turns) == 3 and sent == 3 for turns, sent in results)
+    backends = pool.registry.list()
+    assert sum(b.served for b in backends) == 25 and [b.in_flight for b in backends] == [0, 0]

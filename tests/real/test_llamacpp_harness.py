@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from prorl_celery.gateway.models import CallRecord
-from prorl_celery.gateway.trajectory import prompts
+from prorl_celery.gateway.trajectory import continued, prompts
+from prorl_celery.rollouts import RolloutStore
 from tasks.harnesses.mini_swe_agent import mini_binary
 from tests.conftest import submit, wait
 from tests.real.test_llamacpp import _detokenize, _register, recorder  # noqa: F401 - fixture
@@ -30,8 +30,7 @@ def test_mini_swe_agent_on_llamacpp_is_token_exact(api, redis_client, llamacpp, 
     view = wait(api, submit(api, instance, sampling_params={"max_tokens": 16, "seed": 3}), timeout=300)
     assert view["status"] == "completed", view["result"]
     result = view["result"]
-    session = result["harness"]["session"]
-    records = [CallRecord.model_validate_json(raw) for raw in redis_client.lrange(f"prorl:gateway:{session}:calls", 0, -1)]
+    records = RolloutStore(redis_client).read(result["job_id"])  # the job's rollout, as the built-in agent's
     wire = recorder.posts("/completion")[before:]
     assert len(records) == len(wire) == result["turns"] >= 2, result["harness"]["output"][-2000:]
     assert [body["prompt"] for body, _ in wire] == prompts(records)
@@ -44,8 +43,8 @@ def test_mini_swe_agent_on_llamacpp_is_token_exact(api, redis_client, llamacpp, 
     assert server.json()["tokens"] == first
     # mini-swe-agent drops an answer it could not parse from its history (it keeps only the format
     # error), so such a call does not continue the last one: a new segment, its prompt still stored
-    # as the ids past what the session holds
-    assert all(r.base is not None and r.shared > 0 for r in records[1:])
+    # as the ids past what the last call held
+    assert all(r.keep > 0 for r in records[1:])
     counts = result["harness"]["counts"]
-    assert counts["retokenized_calls"] == sum(not r.continued for r in records[1:])
+    assert counts["retokenized_calls"] == sum(not continued(r) for r in records[1:])
     assert counts["segments"] == 1 + sum(s["reason"] == "not_a_prefix" for s in result["harness"]["segments"])
