@@ -163,8 +163,9 @@ def test_backends_fall_back_to_what_they_can_and_bad_bodies_name_the_field(llm_a
     paused = requests.post(f"{api}/llm_servers/pause", json={"mode": "keep"}, timeout=30).json()
     # no pause API: drained; chat (no per-token versions to continue from): drained too
     assert paused["modes"] == {plain: "drain", chat: "drain"} and paused["safe"] is True
-    assert paused["in_flight"] == {plain: 0, chat: 0} and not thread.is_alive()
-    thread.join(10)
+    assert paused["in_flight"] == {plain: 0, chat: 0}
+    thread.join(10)  # its lease is released before the call returns: the thread may still be ending
+    assert not thread.is_alive()
     assert box["out"].weight_segments[0].version == "v1"
     requests.post(f"{api}/llm_servers/resume", json={"weight_version": "v2"}, timeout=10).raise_for_status()
     for body, field in [({"mode": "sideways"}, "mode"), ({"wait": -1}, "wait"), ({"backends": "x"}, "backends"),
