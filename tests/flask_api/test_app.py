@@ -18,6 +18,21 @@ pytestmark = pytest.mark.unit
 TOKEN = {"Authorization": f"Bearer {os.environ['PRORL_API_TOKEN']}"}
 
 
+# bodies /jobs refuses, and the field each refusal names (also sent over HTTP: test_service.py)
+BAD_BODIES = [
+    ({"instance": {"commands": ["true"]}}, "instance"),
+    ({"instance": {"data_source": ""}}, "instance"),
+    ({"instance": {"data_source": "no-such-domain"}}, "instance.data_source"),
+    ({"instance": {"data_source": "shell"}, "job_id": "bad id with spaces"}, "job_id"),
+    ({"instance": {"data_source": "shell"}, "surprise": 1}, "surprise"),
+    ({"sampling_params": {}}, "instance"),
+    ({"jobs": []}, "jobs"),
+    ({"jobs": [{"instance": {"data_source": "shell"}}, {"instance": 3}]}, "jobs.1.instance"),
+    ({"jobs": [{"instance": {"data_source": "shell"}, "job_id": "a"},
+               {"instance": {"data_source": "shell"}, "job_id": "a"}]}, "jobs"),
+]
+
+
 @pytest.fixture(scope="module")
 def app(redis_url):
     """One app for the module: each app's first wait starts a thread that follows the completion
@@ -56,16 +71,7 @@ def refusal(resp, status: int) -> dict:
 
 
 @pytest.mark.parametrize("body,field", [
-    ({"instance": {"commands": ["true"]}}, "instance"),
-    ({"instance": {"data_source": ""}}, "instance"),
-    ({"instance": {"data_source": "no-such-domain"}}, "instance.data_source"),
-    ({"instance": {"data_source": "shell"}, "job_id": "bad id with spaces"}, "job_id"),
-    ({"instance": {"data_source": "shell"}, "surprise": 1}, "surprise"),
-    ({"sampling_params": {}}, "instance"),
-    ({"jobs": []}, "jobs"),
-    ({"jobs": [{"instance": {"data_source": "shell"}}, {"instance": 3}]}, "jobs.1.instance"),
-    ({"jobs": [{"instance": {"data_source": "shell"}, "job_id": "a"},
-               {"instance": {"data_source": "shell"}, "job_id": "a"}]}, "jobs"),
+    *BAD_BODIES,
     ({"instance": {"data_source": "shell", "x": json.loads("[" * 150 + "]" * 150)}}, "body"),
 ])
 def test_bad_bodies_are_400_naming_the_field(client, nothing_stored, body, field):

@@ -10,6 +10,7 @@ import requests
 
 from prorl_celery.celery_app import app as celery_app
 from tests.conftest import submit, wait, wait_until
+from tests.flask_api.test_app import BAD_BODIES
 
 LOCAL = {"runtime": "local"}
 
@@ -76,18 +77,7 @@ def test_resubmitting_a_job_id_runs_it_once(api, tmp_path):
     assert marker.read_text() == "ran\n"
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"instance": {"commands": ["true"]}}, "instance"),
-    ({"instance": {"data_source": ""}}, "instance"),
-    ({"instance": {"data_source": "no-such-domain"}}, "instance.data_source"),
-    ({"instance": {"data_source": "shell"}, "job_id": "bad id with spaces"}, "job_id"),
-    ({"instance": {"data_source": "shell"}, "surprise": 1}, "surprise"),
-    ({"sampling_params": {}}, "instance"),
-    ({"jobs": []}, "jobs"),
-    ({"jobs": [{"instance": {"data_source": "shell"}}, {"instance": 3}]}, "jobs.1.instance"),
-    ({"jobs": [{"instance": {"data_source": "shell"}, "job_id": "a"},
-               {"instance": {"data_source": "shell"}, "job_id": "a"}]}, "jobs"),
-])
+@pytest.mark.parametrize("body,field", BAD_BODIES)
 def test_bad_bodies_are_400_and_enqueue_nothing(api, redis_client, body, field):
     before = redis_client.scard("prorl:status:queued"), redis_client.llen("init")
     resp = requests.post(f"{api}/jobs", json=body, timeout=10)
