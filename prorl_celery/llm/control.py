@@ -37,13 +37,19 @@ def drain(registry: BackendRegistry, ids: list[str] | None, wait_s: float, abort
     for bid in ids:
         registry.set_status(bid, BackendStatus.DRAINING, sources)
     aborted = {bid: registry.abort_in_flight(bid) for bid in ids} if abort else {}
+    in_flight = _wait_in_flight(registry, ids, wait_s, sleep)
+    return {"drained": not any(in_flight.values()), "in_flight": in_flight, "aborted": aborted}
+
+
+def _wait_in_flight(registry: BackendRegistry, ids: list[str], wait_s: float,
+                    sleep: Callable[[float], None]) -> dict[str, int]:
+    """Wait until nothing is in flight on ``ids`` or ``wait_s`` ran out; what is still in flight."""
     deadline = time.monotonic() + wait_s
     while True:
         in_flight = {bid: registry.in_flight(bid) for bid in ids}
         if not any(in_flight.values()) or time.monotonic() >= deadline:
-            break
+            return in_flight
         sleep(POLL_S)
-    return {"drained": not any(in_flight.values()), "in_flight": in_flight, "aborted": aborted}
 
 
 def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: float,
@@ -61,12 +67,7 @@ def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: 
         modes[bid] = "drain"
         registry.set_fields(bid, paused_mode="drain")
     drained = [bid for bid, m in modes.items() if m == "drain"]
-    deadline = time.monotonic() + wait_s
-    while True:
-        in_flight = {bid: registry.in_flight(bid) for bid in drained}
-        if not any(in_flight.values()) or time.monotonic() >= deadline:
-            break
-        sleep(POLL_S)
+    in_flight = _wait_in_flight(registry, drained, wait_s, sleep)
     return {"safe": not any(in_flight.values()), "pause_s": time.monotonic() - started, "modes": modes,
             "server_s": server_s, "in_flight": in_flight, "errors": errors}
 
