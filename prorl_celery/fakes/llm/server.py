@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
 import signal
 import socket
@@ -38,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from prorl_celery import wirejson
 from prorl_celery.llm import chatml
 from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
 from prorl_celery.fakes.llm import pause_api
@@ -190,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+        data = wirejson.dumps(body)
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -242,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path
         try:
             length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = wirejson.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:
