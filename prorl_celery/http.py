@@ -69,6 +69,19 @@ class Response:
         while chunk := self._raw.read(size):
             yield chunk
 
+    def iter_lines(self) -> Iterator[bytes]:
+        """The body line by line, as it arrives (server-sent events), each with its newline."""
+        while line := self._raw.readline():
+            yield line
+
+    def header(self, name: str) -> str | None:
+        return self._raw.getheader(name)
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The connection's socket, for a streamed body another thread may have to cut short."""
+        return self._conn.sock
+
     def close(self) -> None:
         if not self._raw.isclosed():  # not read to the end: the connection cannot be reused
             self._conn.close()

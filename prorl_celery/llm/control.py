@@ -8,6 +8,9 @@ resumed (abort-and-continue, :mod:`prorl_celery.llm.pool`); ``drain`` — no new
 ones in flight finish. Either way the router holds new turns until resume. ``pause`` returns
 when it is safe to write weights: at once after the servers' own pause answered, after the
 drained ones finished (or ``wait_s`` ran out: ``safe`` false). A server whose pause fails is drained.
+A server with no pause of its own whose answers are streamed (llama.cpp) is aborted by the
+service: the leases of its calls are withdrawn, each call cuts its stream within the lease
+keeper's check period and keeps the tokens that came; ``pause`` returns after that period.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from prorl_celery.errors import BackendFailed
-from prorl_celery.llm.models import Backend, BackendStatus
+from prorl_celery.leases import CALL_CHECK_S, TICK_S
+from prorl_celery.llm.models import Backend, BackendStatus, PauseApi
 from prorl_celery.llm.pause import Mode, effective_mode, pause_server, resume_server
 from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.staleness import WeightVersions
@@ -62,7 +66,13 @@ def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: 
     for b in backends:  # the router holds new turns from now on
         registry.set_status(b.id, BackendStatus.DRAINING, PAUSE_SOURCES)
         registry.set_fields(b.id, paused_mode=modes[b.id])
-    server_s, errors = _pause_servers(registry, [b for b in backends if modes[b.id] != "drain"], modes)
+    own = [b for b in backends if modes[b.id] != "drain" and b.pause_api not in (None, PauseApi.NONE)]
+    cut = [b for b in backends if modes[b.id] == "abort" and b.pause_api in (None, PauseApi.NONE)]
+    server_s, errors = _pause_servers(registry, own, modes)
+    if cut:  # the service's own abort: each call sees its lease gone and cuts its stream
+        for b in cut:
+            registry.abort_in_flight(b.id)
+        sleep(CALL_CHECK_S + 2 * TICK_S)
     for bid in errors:
         modes[bid] = "drain"
         registry.set_fields(bid, paused_mode="drain")

@@ -5,12 +5,15 @@
   with ``VLLM_SERVER_DEV_MODE=1``), ``POST /update_weight_version {"new_version"}``;
 - ``sglang``: ``POST /pause_generation {"mode": "in_place"|"abort"}``, ``POST /continue_generation``,
   ``POST /update_weight_version {"new_version"}``;
-- ``none`` (llama.cpp, any server without them): only the service's own drain.
+- ``none`` (llama.cpp, any server without them): the service's own abort where the backend's
+  answers are streamed (llama.cpp's token API: the service cuts the stream and keeps the tokens
+  that came), else only the service's own drain.
 
 Mode fallback: ``keep`` needs the server's pause and answers that say which tokens each version
 sampled (``weight_versions`` spans: vLLM's ``/inference/v1/generate``, the fake's token API), else
-a frozen turn's tokens could not be told apart; ``abort`` (abort-and-continue) needs the server's
-pause and a token-mode backend (the turn goes on from its ids); else ``drain``.
+a frozen turn's tokens could not be told apart; ``abort`` (abort-and-continue) needs a token-mode
+backend (the turn goes on from its ids) and either the server's pause or a streamed answer; else
+``drain``.
 """
 from __future__ import annotations
 
@@ -26,11 +29,17 @@ SPAN_DIALECTS = frozenset({Dialect.FAKE, Dialect.VLLM_GENERATE})  # answers carr
 TIMEOUT_S = 120.0
 
 
+# token APIs the service reads streamed: it can cut a turn and keep its tokens without the server's help
+STREAMED_DIALECTS = frozenset({Dialect.LLAMACPP})
+
+
 def effective_mode(backend: Backend, asked: Mode) -> Mode:
     """What ``backend`` can do of ``asked`` (keep > abort-and-continue > drain)."""
     api = backend.pause_api or PauseApi.NONE
-    if asked == "drain" or api is PauseApi.NONE or backend.protocol is not Protocol.GENERATE:
+    if asked == "drain" or backend.protocol is not Protocol.GENERATE:
         return "drain"
+    if api is PauseApi.NONE:
+        return "abort" if backend.dialect in STREAMED_DIALECTS else "drain"
     if asked == "keep" and backend.dialect in SPAN_DIALECTS:
         return "keep"
     return "abort"

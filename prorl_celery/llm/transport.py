@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prorl_celery import http
+from prorl_celery import http, wirejson
 from prorl_celery.leases import HeldLease, keeper
 
-__all__ = ["Call", "CallAborted", "HeldLease", "request_json"]
+__all__ = ["Call", "CallAborted", "HeldLease", "open_stream", "request_json"]
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +115,23 @@ def request_json(call: Call, method: str, url: str, body: Any = None,
         raise
     call.check()
     return answer
+
+
+def open_stream(call: Call, url: str, body: Any, headers: dict[str, str] | None = None) -> http.Response:
+    """POST ``body`` as JSON for a streamed answer: the response with its headers read and its
+    socket still attached to ``call``, so an abort shuts the stream down while it is read (the
+    caller reads it, calls ``call.check()`` when it ends early, and closes it). Raises as
+    :func:`request_json`."""
+    remaining = max(call.deadline - time.monotonic(), 0.01)
+    call.check()
+    try:
+        resp = http.request("POST", url, timeout=remaining + 1.0, on_socket=call.attach,
+                            headers={"Content-Type": "application/json", "Accept": "text/event-stream",
+                                     **(headers or {})},
+                            data=wirejson.dumps(body), stream=True,
+                            connect_timeout=min(remaining, CONNECT_TIMEOUT_S))
+    except OSError:
+        call.check()
+        raise
+    call.attach(resp.sock)
+    return resp

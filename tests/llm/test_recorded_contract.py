@@ -22,7 +22,7 @@ from prorl_celery.llm import LLMRequest
 from prorl_celery.llm.clients.base import post
 from prorl_celery.llm.clients.chat import ChatClient
 from prorl_celery.fakes.llm.server import FakeOptions, make_server
-from prorl_celery.llm.clients.generate import wire_for
+from prorl_celery.llm.clients.generate import fetch, wire_for
 from prorl_celery.llm.models import Dialect, Protocol
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, request_json
@@ -242,6 +242,6 @@ def test_each_wire_reads_the_fake_answering_its_own_request(dialect: Dialect, fa
     request = LLMRequest(messages=[{"role": "user", "content": "hello"}])
     prompt = tok.apply_chat_template(request.messages)
     with Call(30) as call:
-        out = wire.answer(post(slot, wire.path, wire.body(request, "m", tok, prompt, 12), call))
+        out = fetch(slot, wire, wire.body(request, "m", tok, prompt, 12), call)
     assert 0 < len(out.response_ids) <= 12 and len(out.logprobs) == len(out.response_ids)
     assert out.finish_reason in ("stop", "length")

@@ -114,6 +114,19 @@ class _Recorder(http.server.ThreadingHTTPServer):
             return [(sent, got) for p, sent, got in self.calls if p == path]
 
 
+def _answer(up: requests.Response) -> dict:
+    """The answer as one document: a streamed one's events joined (tokens and their
+    probabilities in order, the rest from the last event)."""
+    if "text/event-stream" not in up.headers.get("Content-Type", ""):
+        return up.json()
+    events = [json.loads(line[5:]) for line in up.text.splitlines() if line.startswith("data:")]
+    whole = dict(events[-1])
+    whole["tokens"] = [t for e in events for t in e.get("tokens") or []]
+    if any("completion_probabilities" in e for e in events):
+        whole["completion_probabilities"] = [p for e in events for p in e.get("completion_probabilities") or []]
+    return whole
+
+
 class _Forward(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -128,7 +141,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
                               timeout=300)
         if method == "POST":
             try:
-                record = (self.path, json.loads(raw or b"{}"), up.json())
+                record = (self.path, json.loads(raw or b"{}"), _answer(up))
             except ValueError:
                 record = (self.path, {}, {})
             with self.server.lock:

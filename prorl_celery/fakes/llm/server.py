@@ -41,7 +41,7 @@ from prorl_celery import wirejson
 from prorl_celery.llm import chatml
 from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
 from prorl_celery.fakes.llm import pause_api
-from prorl_celery.fakes.llm.token_api import ROUTES
+from prorl_celery.fakes.llm.token_api import ROUTES, EventStream
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
 from prorl_celery.fakes.llm.options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
 from prorl_celery.fakes.llm.policies import Policy, load_policy
@@ -279,8 +279,21 @@ class Handler(BaseHTTPRequestHandler):
         if status is not None:
             raise HTTPError(status, "injected failure", "InternalServerError")
         answer = handlers[path](fake, body, self.connection)
-        if answer is not None:
+        if isinstance(answer, EventStream):
+            self._send_events(answer)
+        elif answer is not None:
             self._send(200, answer)
+
+    def _send_events(self, events: EventStream) -> None:
+        data = b"".join(b"data: " + wirejson.dumps(event) + b"\n\n" for event in events)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client is gone
 
 
 class FakeHTTPServer(ThreadingHTTPServer):

@@ -162,7 +162,24 @@ def llamacpp_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, 
         "timings": timings(prompt, ids)}
     if body.get("n_probs"):
         out["completion_probabilities"] = llamacpp_probs(fake, ids, int(body["n_probs"]))
+    if body.get("stream"):  # as llama.cpp: an event a token, then the last one with the totals
+        return EventStream(_llamacpp_events(out))
     return out
+
+
+class EventStream(list):
+    """Server-sent events to answer with (``data: <json>`` each), instead of one JSON body."""
+
+
+def _llamacpp_events(whole: dict[str, Any]) -> list[dict[str, Any]]:
+    probs = whole.get("completion_probabilities")
+    tokens = whole["tokens"]
+    events = [{"index": 0, "content": "", "tokens": [t] if tokens else [], "stop": False, "id_slot": -1,
+               "tokens_predicted": k + 1, "tokens_evaluated": whole["tokens_evaluated"],
+               **({"completion_probabilities": [probs[k]]} if probs is not None else {})}
+              for k, t in enumerate(tokens)]
+    last = {key: value for key, value in whole.items() if key != "completion_probabilities"}
+    return events + [{**last, "content": "", "tokens": []}]
 
 
 def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:

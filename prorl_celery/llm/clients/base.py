@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol as TypingProtocol
 
 from config.settings import get_settings
-from prorl_celery import http
+from prorl_celery import http, wirejson
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, LLMRequestRejected
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.routing import Slot
-from prorl_celery.llm.transport import Call, request_json
+from prorl_celery.llm.transport import Call, open_stream, request_json
 
 # vLLM: "This model's maximum context length is N tokens ..."; SGLang: "... longer than the
 # model's context length ..."; OpenAI: "context_length_exceeded"; llama.cpp: "request (N tokens)
@@ -45,6 +46,48 @@ def post(slot: Slot, path: str, body: dict[str, Any], call: Call) -> dict[str, A
         raise BackendFailed(f"{url}: {type(exc).__name__}: {exc}") from None
     if status == 200 and isinstance(data, dict):
         return data
+    raise_for_answer(url, status, data)
+    raise AssertionError("unreachable")
+
+
+def post_events(slot: Slot, path: str, body: dict[str, Any], call: Call) -> Iterator[dict[str, Any]]:
+    """POST ``body`` for server-sent events: each ``data:`` line's JSON as it arrives (a server
+    that answered with one JSON document instead: that document). Errors as :func:`post`; a
+    stream the peer broke: BackendFailed; one an abort cut (the call's socket is shut down while
+    it is read): CallAborted, raised when the reading ends, so the caller keeps what came before."""
+    url = slot.backend.address + path
+    try:
+        resp = open_stream(call, url, body, headers(slot))
+    except OSError as exc:
+        raise BackendFailed(f"{url}: {type(exc).__name__}: {exc}") from None
+    try:
+        with resp:
+            if resp.status_code != 200 or "text/event-stream" not in (resp.header("Content-Type") or ""):
+                try:
+                    data = resp.json() if resp.content else None
+                except ValueError:
+                    data = resp.text
+                if resp.status_code == 200 and isinstance(data, dict):
+                    yield data
+                    return
+                raise_for_answer(url, resp.status_code, data)
+            try:
+                for line in resp.iter_lines():
+                    if line.startswith(b"data:"):
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            return
+                        yield wirejson.loads(payload)
+            except OSError as exc:
+                call.check()
+                raise BackendFailed(f"{url}: the stream broke: {type(exc).__name__}: {exc}") from None
+            call.check()  # the stream ended because an abort shut it down
+    finally:
+        call.attach(None)
+
+
+def raise_for_answer(url: str, status: int, data: Any) -> None:
+    """The pool's exception for an answer that is not a usable 200 (see :func:`post`)."""
     message = _error_message(data)
     if status != 200 and _MISSING_FLAG_RE.search(message):
         raise LLMRequestRejected(f"{url} -> {status}: {message} (restart the server with the "

@@ -4,8 +4,11 @@ messages' ids, so the history is never re-tokenised.
 
 The backend's ``dialect`` names its token API (there is no default: real servers share none):
 
-- ``llama.cpp``: ``POST /completion {"prompt": [ids], "n_predict", "n_probs": 1, "return_tokens"}``
-  -> ``{"tokens", "completion_probabilities": [{"id", "logprob"}, ...], "stop_type", "truncated"}``;
+- ``llama.cpp``: ``POST /completion {"prompt": [ids], "n_predict", "n_probs": 1, "return_tokens",
+  "stream": true}`` -> server-sent events, each ``{"tokens", "completion_probabilities": [{"id",
+  "logprob"}, ...]}``, the last with ``"stop": true, "stop_type", "truncated"``. Streamed so that
+  a turn the service aborts (a weight update's pause in ``abort`` mode: llama.cpp has no pause of
+  its own) keeps the tokens that came, and goes on from them (abort-and-continue);
 - ``sglang``: SGLang's native ``POST /generate {"input_ids", "sampling_params": {"max_new_tokens",
   ...}, "return_logprob": true}`` -> ``{"output_ids", "meta_info": {"output_token_logprobs": [[logprob,
   id, text], ...], "completion_tokens", "finish_reason": {"type": "stop" | "length" | "abort"}}}``;
@@ -27,12 +30,12 @@ import threading
 from prorl_celery.errors import (BackendAborted, BackendFailed, ContextWindowExceeded, InvalidRequest,
                                  LLMRequestRejected, LogprobMismatch, PartialAborted)
 from prorl_celery.llm import chatml
-from prorl_celery.llm.clients.base import DEFAULT_MAX_TOKENS, model_name, post, sampling_body
+from prorl_celery.llm.clients.base import DEFAULT_MAX_TOKENS, model_name, post, post_events, sampling_body
 from prorl_celery.llm.models import (Dialect, LLMRequest, PartialResponse, Protocol, Turn, WeightSegment,
                                      merge_segments)
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import Tokenizer, continuation_ids, get_tokenizer, turn_closing_ids
-from prorl_celery.llm.transport import Call
+from prorl_celery.llm.transport import Call, CallAborted
 
 
 def build_prompt(tok: Tokenizer, request: LLMRequest) -> list[int]:
@@ -132,16 +135,34 @@ class LlamaCppWire:
         params = sampling_body(request, "llama.cpp-completion", max_tokens)
         params.setdefault("stop", [])
         return {**params, "prompt": prompt, "n_probs": 1, "post_sampling_probs": False, "return_tokens": True,
-                "cache_prompt": True, "samplers": self.SAMPLERS, "stream": False}
+                "cache_prompt": True, "samplers": self.SAMPLERS, "stream": True}
 
     def answer(self, data: dict[str, Any]) -> Generated:
-        if data.get("truncated"):
-            raise ContextWindowExceeded("llama.cpp truncated the prompt to fit its context")
-        ids = [int(i) for i in data["tokens"]]
-        probs = data.get("completion_probabilities")
-        if probs is not None and [int(p["id"]) for p in probs] != ids:
-            raise LogprobMismatch("llama.cpp: the logprobs' token ids are not the tokens it returned")
-        return Generated(ids, _logprobs(probs), self.FINISH.get(data.get("stop_type") or "", None))
+        """One answer whole (a server that did not stream)."""
+        return self.read_events(iter([data]), [], [])
+
+    def read_events(self, events: Any, ids: list[int], logprobs: list[float]) -> Generated:
+        """The streamed answer: ``ids`` and ``logprobs`` grow as the events come (the caller keeps
+        them when the stream is cut); the Generated of the last event (``stop``)."""
+        final: dict[str, Any] | None = None
+        for event in events:  # read to the end, so the connection can be used again
+            if "error" in event:
+                raise BackendFailed(f"llama.cpp: {str(event['error'])[:300]}")
+            if event.get("truncated"):
+                raise ContextWindowExceeded("llama.cpp truncated the prompt to fit its context")
+            got = [int(i) for i in event.get("tokens") or []]
+            probs = event.get("completion_probabilities")
+            if probs is not None and [int(p["id"]) for p in probs] != got:
+                raise LogprobMismatch("llama.cpp: the logprobs' token ids are not the tokens it returned")
+            if probs is None and got:
+                raise LogprobMismatch(f"llama.cpp: no logprobs for {len(got)} tokens")
+            ids.extend(got)
+            logprobs.extend(_logprobs(probs) or [])
+            if event.get("stop"):
+                final = event
+        if final is None:
+            raise BackendFailed("llama.cpp: the stream ended before its last event")
+        return Generated(list(ids), list(logprobs), self.FINISH.get(final.get("stop_type") or "", None))
 
 
 class SGLangWire:
@@ -235,8 +256,10 @@ class GenerateClient:
             return self._turn(slot, request, model, tok, prompt, Generated([], [], "length"), 0,
                               backend.logprobs_mode or getattr(wire, "logprobs_mode", None), partial)
         try:
-            data = self._post(slot, wire, request, model, tok, sent, max_tokens, call)
-            out = wire.answer(data)
+            if isinstance(wire, LlamaCppWire):
+                out = _streamed(slot, wire, wire.body(request, model, tok, sent, max_tokens), call)
+            else:
+                out = wire.answer(self._post(slot, wire, request, model, tok, sent, max_tokens, call))
         except PartialAborted as exc:
             raise PartialAborted(str(exc), _joined(slot, partial, exc.partial)) from None
         except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -282,6 +305,27 @@ class GenerateClient:
                     logprobs_mode=logprobs_mode, token_source="local", message_count=len(request.messages),
                     format_error="tool_call" if malformed else ("length" if finish == "length" else None),
                     weight_segments=joined.segments, continued=partial.continued)
+
+
+def fetch(slot: Slot, wire: Wire, body: dict[str, Any], call: Call) -> Generated:
+    """What ``wire``'s server answers to ``body``: read as it streams where the wire streams."""
+    if isinstance(wire, LlamaCppWire):
+        return _streamed(slot, wire, body, call)
+    return wire.answer(post(slot, wire.path, body, call))
+
+
+def _streamed(slot: Slot, wire: LlamaCppWire, body: dict[str, Any], call: Call) -> Generated:
+    """The streamed turn; cut by the service's abort (the call's lease withdrawn: a pause in
+    ``abort`` mode), the tokens that came, as the server's own abort of the turn would give them."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    try:
+        return wire.read_events(post_events(slot, wire.path, body, call), ids, logprobs)
+    except CallAborted as exc:
+        if exc.reason != "lost" or not ids:
+            raise
+        raise aborted(Generated(ids[:len(logprobs)], logprobs[:len(ids)], "abort"),
+                      f"{slot.backend.address} (the service cut the stream)") from None
 
 
 def _joined(slot: Slot, partial: PartialResponse, out: Generated) -> PartialResponse:
