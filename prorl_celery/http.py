@@ -14,7 +14,6 @@ out and ``None`` after the answer was read; shutting that socket down ends the c
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import select
 import socket
@@ -23,6 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
+
+from prorl_celery import jsonfast
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # A request that cannot be resent does not go out on a connection idle longer than this: uvicorn
@@ -62,7 +63,7 @@ class Response:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return jsonfast.loads(self.content)
 
     def iter_content(self, size: int = 1 << 16) -> Iterator[bytes]:
         while chunk := self._raw.read(size):
@@ -208,7 +209,7 @@ def request_json(method: str, url: str, body: Any = None, *, timeout: float,
                  on_socket: OnSocket | None = None) -> tuple[int, Any]:
     """Send ``body`` as JSON; (status, the parsed answer, its text when not JSON, None when empty)."""
     hdrs = {"Content-Type": "application/json", **(headers or {})}
-    payload = None if body is None else json.dumps(body).encode()
+    payload = None if body is None else jsonfast.dumps(body)
     resp = request(method, url, timeout=timeout, headers=hdrs, data=payload,
                    connect_timeout=connect_timeout, on_socket=on_socket)
     try:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +54,7 @@ class ToolParser:
 
 def _call(name: Any, arguments: Any) -> ToolCall:
     text = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=str(name), arguments=text)
+    return ToolCall(id=chatml.call_id(), name=str(name), arguments=text)
 
 
 def _args_of(arguments: Any) -> Any:

@@ -106,7 +106,7 @@ def test_a_connection_closed_while_idle_is_replaced_before_reuse(server):
         return [first, http.request_json("POST", server.url + "/gen", {"n": 2}, timeout=5)]
 
     assert _in_thread(two_posts) == [(200, {"ok": True})] * 2
-    assert [body for _, _, body in server.seen] == [b'{"n": 1}', b'{"n": 2}']  # each sent once
+    assert [body for _, _, body in server.seen] == [b'{"n":1}', b'{"n":2}']  # each sent once
     assert len(server.ports()) == 2
 
 
@@ -129,7 +129,7 @@ def test_a_post_dropped_on_a_reused_connection_is_not_sent_again(server):
 
     with pytest.raises(http.TransportError, match="RemoteDisconnected"):
         _in_thread(two_posts)
-    assert [body for _, _, body in server.seen] == [b'{"n": 1}', b'{"n": 2}']  # the generate: once
+    assert [body for _, _, body in server.seen] == [b'{"n":1}', b'{"n":2}']  # the generate: once
 
 
 def test_a_request_dropped_on_a_fresh_connection_is_not_retried(server):
