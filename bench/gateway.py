@@ -14,10 +14,13 @@ two cases:
   fake's): a batching GPU server whose own time per call dominates, as a real one's does; the
   throughput beside direct calls is then what a user sees.
 
+``--host-processes N`` spreads the sessions over N gateway host processes, as a node's run worker
+started as N processes (``PRORL_RUN_WORKER_PROCESSES``) spreads its harness sessions.
+
 Three paths, each run at every concurrency:
 
 - ``direct``: OpenAI chat to the fake server's ``/v1/chat/completions``;
-- ``gateway``: OpenAI chat to one gateway per session (a separate process, recording every call in
+- ``gateway``: OpenAI chat to one gateway per session (in separate host processes, recording every call in
   Redis), which renders the prompt to ids (appending to the session's own ids) and generates
   through the LLM pool on the fake server's token API;
 - ``litellm``: OpenAI chat to a LiteLLM proxy (its own venv, a pinned version: 1.107.0 was a
