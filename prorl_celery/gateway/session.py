@@ -52,8 +52,12 @@ class GatewaySession:
         self._after_answer = after_answer
         # the staleness bound (tasks.agent.fence.StalenessFence, as the built-in agent's): its
         # counts in fence_data["staleness"], one entry of turn_versions per recorded call
+        # under fence_lock only, which is never held while taking another lock: the run stage
+        # reads the counts while it saves, under the call log's lock, which _record takes
+        # under self.lock
         self.fence = fence
         self.fence_data: dict[str, Any] = {}
+        self.fence_lock = threading.Lock()
         self.started = time.monotonic()
         self.history: list[Seen] = []
         self.generated_tokens = 0
@@ -77,7 +81,7 @@ class GatewaySession:
             raise LLMCallCancelled(f"gateway session {self.session_id} is closed")
         self._admit()
         if self.fence is not None:  # the session goes on: earlier calls beyond the bound are masked
-            with self.lock:
+            with self.fence_lock:
                 self.fence.fence(self.fence_data)
         with self.lock:
             base, canon, key = find_base(self.history, request.messages, request.tools)
@@ -115,7 +119,7 @@ class GatewaySession:
         """The session ended: mask every call beyond the bound now; the counts (None: no bound)."""
         if self.fence is None:
             return None
-        with self.lock:
+        with self.fence_lock:
             self.fence.fence(self.fence_data)
         return self.staleness()
 
@@ -123,7 +127,7 @@ class GatewaySession:
         """The fence's counts so far, the built-in agent's ``staleness`` block (None: no bound)."""
         if self.fence is None:
             return None
-        with self.lock:
+        with self.fence_lock:
             stats = self.fence.stats(self.fence_data)
             return {**stats, "masked_turns": list(stats["masked_turns"]),
                     "turn_versions": [list(v) for v in stats["turn_versions"]]}
@@ -159,10 +163,11 @@ class GatewaySession:
         turn = seen.turn
         with self.lock:
             if fresh is not None:  # the fence's counts of this call, its versions at its index
-                stats = self.fence.stats(self.fence_data)
-                stats["regenerated_turns"] += fresh["regenerated_turns"]
-                stats["regenerated_tokens"] += fresh["regenerated_tokens"]
-                stats["turn_versions"].extend(fresh["turn_versions"])
+                with self.fence_lock:
+                    stats = self.fence.stats(self.fence_data)
+                    stats["regenerated_turns"] += fresh["regenerated_turns"]
+                    stats["regenerated_tokens"] += fresh["regenerated_tokens"]
+                    stats["turn_versions"].extend(fresh["turn_versions"])
             seen.index = index = len(self.history)
             last = self.history[-1] if self.history else None
             self.history.append(seen)
