@@ -14,10 +14,13 @@ two cases:
   fake's): a batching GPU server whose own time per call dominates, as a real one's does; the
   throughput beside direct calls is then what a user sees.
 
+``--host-processes N`` spreads the sessions over N gateway host processes, as a node's run worker
+started as N processes (``PRORL_RUN_WORKER_PROCESSES``) spreads its harness sessions.
+
 Three paths, each run at every concurrency:
 
 - ``direct``: OpenAI chat to the fake server's ``/v1/chat/completions``;
-- ``gateway``: OpenAI chat to one gateway per session (a separate process, recording every call in
+- ``gateway``: OpenAI chat to one gateway per session (in separate host processes, recording every call in
   Redis), which renders the prompt to ids (appending to the session's own ids) and generates
   through the LLM pool on the fake server's token API;
 - ``litellm``: OpenAI chat to a LiteLLM proxy (its own venv, a pinned version: 1.107.0 was a
@@ -112,7 +115,8 @@ def one_session(base: str, key: str, calls: int, latencies: list[float], http: r
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"output {k}\n" * 5})
 
 
-def run_path(targets: list[tuple[str, str]], calls: int, proc: psutil.Process | None) -> dict[str, float]:
+def run_path(targets: list[tuple[str, str]], calls: int, proc) -> dict[str, float]:
+    """``proc``: the path's own process(es), whose CPU is counted (None: not counted)."""
     latencies: list[float] = []
     sessions = [requests.Session() for _ in targets]
     cpu0 = _cpu(proc)
@@ -131,11 +135,11 @@ def run_path(targets: list[tuple[str, str]], calls: int, proc: psutil.Process | 
             "calls_per_s": n / wall, "cpu_ms_per_call": 1000 * cpu / n if proc else float("nan"), "calls": n}
 
 
-def _cpu(proc: psutil.Process | None) -> float:
+def _cpu(proc) -> float:
     if proc is None:
         return 0.0
-    times = proc.cpu_times()
-    return times.user + times.system
+    procs = proc if isinstance(proc, list) else [proc]
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
 def start_litellm(binary: str, fake: str, state: Path) -> tuple[subprocess.Popen, str]:
@@ -167,6 +171,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4, help="Calls per session.")
     parser.add_argument("--rounds", type=int, default=2, help="Runs of each path at each concurrency (best kept).")
     parser.add_argument("--litellm", default=None, help="The LiteLLM proxy's `litellm` binary (its own venv).")
+    parser.add_argument("--host-processes", type=int, default=1,
+                        help="Gateway host processes the sessions are spread over (the run workers of a node: "
+                             "PRORL_RUN_WORKER_PROCESSES).")
     parser.add_argument("--latency-model", default="none",
                         help="The fake server's latency model: none (the stress case), realistic (REALISTIC) "
                              "or a spec of its own (step_s=...,capacity=...).")
@@ -188,12 +195,15 @@ def main() -> None:
         litellm = start_litellm(os.path.expanduser(args.litellm), fake, state) if args.litellm else None
         rows = []
         for n in [int(x) for x in args.sessions.split(",")]:
-            host = subprocess.Popen([sys.executable, __file__, "serve", "--sessions", str(n)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True,
-                                    env={**stack.env(), "PRORL_BENCH_REDIS_URL": stack.redis_url})
-            gateways = [tuple(x) for x in json.loads(host.stdout.readline())]
+            counts = [n // args.host_processes + (i < n % args.host_processes) for i in range(args.host_processes)]
+            hosts = [subprocess.Popen([sys.executable, __file__, "serve", "--sessions", str(c)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True,
+                                      env={**stack.env(), "PRORL_BENCH_REDIS_URL": stack.redis_url})
+                     for c in counts if c]
+            gateways = [tuple(x) for host in hosts for x in json.loads(host.stdout.readline())]
+            gateways = [gateways[i] for i in _interleaved(counts)]  # each host's sessions spread over the run
             paths = {"direct": ([(f"{fake}/v1", "none")] * n, None),
-                     "gateway": ([(f"{u}/v1", k) for u, k in gateways], psutil.Process(host.pid))}
+                     "gateway": ([(f"{u}/v1", k) for u, k in gateways], [psutil.Process(h.pid) for h in hosts])}
             if litellm:
                 paths["litellm"] = ([(f"{litellm[1]}/v1", "sk-bench")] * n, psutil.Process(litellm[0].pid))
             run_path(paths["gateway"][0][:1], 1, None)  # warm: tokenizer, connections
@@ -201,8 +211,10 @@ def main() -> None:
                 runs = [run_path(targets, args.calls, proc) for _ in range(args.rounds)]
                 best = min(runs, key=lambda r: r["p50_ms"])
                 rows.append((n, name, best))
-            host.stdin.close()
-            host.wait(30)
+            for host in hosts:
+                host.stdin.close()
+            for host in hosts:
+                host.wait(30)
         report(rows)
         breakdown(stack.redis_url)
     finally:
@@ -210,6 +222,15 @@ def main() -> None:
             litellm[0].terminate()
             litellm[0].wait(30)
         stack.stop()
+
+
+def _interleaved(counts: list[int]) -> list[int]:
+    """Indices into the hosts' concatenated session lists, taking one of each host in turn."""
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    out = []
+    for j in range(max(counts, default=0)):
+        out += [starts[i] + j for i, c in enumerate(counts) if j < c]
+    return out
 
 
 def breakdown(url: str) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 from urllib.parse import urlencode, urlsplit
 
-from prorl_celery import wirejson
+from prorl_celery import jsonfast
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # A request that cannot be resent does not go out on a connection idle longer than this: uvicorn
@@ -63,7 +63,7 @@ class Response:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return wirejson.loads(self.content)
+        return jsonfast.loads(self.content)
 
     def iter_content(self, size: int = 1 << 16) -> Iterator[bytes]:
         while chunk := self._raw.read(size):
@@ -222,7 +222,7 @@ def request_json(method: str, url: str, body: Any = None, *, timeout: float,
                  on_socket: OnSocket | None = None) -> tuple[int, Any]:
     """Send ``body`` as JSON; (status, the parsed answer, its text when not JSON, None when empty)."""
     hdrs = {"Content-Type": "application/json", **(headers or {})}
-    payload = None if body is None else wirejson.dumps(body)
+    payload = None if body is None else jsonfast.dumps(body)
     resp = request(method, url, timeout=timeout, headers=hdrs, data=payload,
                    connect_timeout=connect_timeout, on_socket=on_socket)
     try:

@@ -190,6 +190,19 @@ def expand_results(client: redis.Redis, results: Sequence[dict[str, Any] | None]
     return out
 
 
+def _mark_fenced(annotated: list[dict[str, Any]], fenced: Sequence[int]) -> list[dict[str, Any]]:
+    """``stale_masked`` on the assistant messages of the fenced turns: a trainer that builds its
+    own masks from the messages (NeMo Gym) sees them too."""
+    if fenced:
+        k, fenced_set = 0, set(fenced)
+        for i, message in enumerate(annotated):
+            if message.get("role") == "assistant" and not message.get("resent"):  # one per turn
+                if k in fenced_set:
+                    annotated[i] = {**message, "stale_masked": True}
+                k += 1
+    return annotated
+
+
 def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]:
     """:func:`expand_results` of one result."""
     return expand_results(client, [result])[0]
@@ -200,22 +213,16 @@ def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str
         from prorl_celery.gateway.trajectory import harness_fields
 
         out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
-        out["messages"] = assistant_messages(messages, turns_of(calls, with_prompts=False))
-        view = harness_fields(calls)
+        fenced = (result.get("staleness") or {}).get("masked_turns") or []
+        out["messages"] = _mark_fenced(assistant_messages(messages, turns_of(calls, with_prompts=False)), fenced)
+        view = harness_fields(calls, fenced)
         out.update(tokens=view["tokens"], token_mode=view["token_mode"],
                    harness={**result["harness"], "segments": view["segments"], "counts": view["counts"]})
         return out
     tokens, mode = flatten_calls(calls)
     fenced = (result.get("staleness") or {}).get("masked_turns") or []
     mask_turns(calls, tokens, mode, fenced)
-    annotated = assistant_messages(messages, turns_of(calls, with_prompts=False))
-    if fenced:  # a trainer that builds its own masks from the messages (NeMo Gym) sees them too
-        k, fenced_set = 0, set(fenced)
-        for i, message in enumerate(annotated):
-            if message.get("role") == "assistant":
-                if k in fenced_set:
-                    annotated[i] = {**message, "stale_masked": True}
-                k += 1
+    annotated = _mark_fenced(assistant_messages(messages, turns_of(calls, with_prompts=False)), fenced)
     out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
     out.update(messages=annotated, tokens=tokens, token_mode=mode, token_versions=token_versions(calls, tokens, mode))
     return out

@@ -8,7 +8,6 @@ connection stays open); a failure is sent in the caller's API's own error shape.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import selectors
@@ -17,6 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prorl_celery import jsonfast
 from prorl_celery.gateway.apis import load_all
 from prorl_celery.gateway.apis.base import BadCall, Failure, failure_of
 from prorl_celery.gateway.session import GatewaySession
@@ -97,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(*gateway.error_for(None, Failure(404, "not_found", f"no route {method} {path}")))
             return
         try:
-            body = json.loads(raw) if raw else None
+            body = jsonfast.loads(raw) if raw else None
         except ValueError:
             body = BadCall(Failure(400, "invalid_request", "the body is not JSON"))
         gateway.handle(self, dialect, op, body)
@@ -120,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
         return bytes(out)
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
-        self._send(status, "application/json", json.dumps(body, separators=(",", ":")).encode())
+        self._send(status, "application/json", jsonfast.dumps(body))
 
     def _events(self, chunks) -> None:
         """The dialect's server-sent events. The turn is whole before the first event, so they go

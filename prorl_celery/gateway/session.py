@@ -39,7 +39,7 @@ class GatewaySession:
     def __init__(self, session_id: str, generate: Generate, log: CallLog, budget: Budget | None = None,
                  stop: Callable[[], bool] | None = None, tokenizer: str | None = None,
                  max_model_len: int | None = None, sampling: dict | None = None,
-                 after_answer: Callable[[], Any] | None = None):
+                 after_answer: Callable[[], Any] | None = None, fence: Any = None):
         self.session_id = session_id
         self.generate = generate
         self.log = log
@@ -50,6 +50,14 @@ class GatewaySession:
         self.max_model_len = max_model_len
         self.sampling = dict(sampling or {})  # over every call's own (the trainer's say)
         self._after_answer = after_answer
+        # the staleness bound (tasks.agent.fence.StalenessFence, as the built-in agent's): its
+        # counts in fence_data["staleness"], one entry of turn_versions per recorded call
+        # under fence_lock only, which is never held while taking another lock: the run stage
+        # reads the counts while it saves, under the call log's lock, which _record takes
+        # under self.lock
+        self.fence = fence
+        self.fence_data: dict[str, Any] = {}
+        self.fence_lock = threading.Lock()
         self.started = time.monotonic()
         self.history: list[Seen] = []
         self.generated_tokens = 0
@@ -72,6 +80,9 @@ class GatewaySession:
         if self.stopped():
             raise LLMCallCancelled(f"gateway session {self.session_id} is closed")
         self._admit()
+        if self.fence is not None:  # the session goes on: earlier calls beyond the bound are masked
+            with self.fence_lock:
+                self.fence.fence(self.fence_data)
         with self.lock:
             base, canon, key = find_base(self.history, request.messages, request.tools)
             self.in_flight += 1
@@ -85,12 +96,41 @@ class GatewaySession:
         try:
             t1 = time.monotonic()
             turn = self.generate(llm, self.stopped)
+            fresh = None
+            if self.fence is not None:
+                turn, fresh = self._fresh(turn, llm)
             generated_s = time.monotonic() - t1
         finally:
             with self.lock:
                 self.in_flight -= 1
-        self._record(request, api, base, Seen(0, canon, key, turn), time.monotonic() - t0 - generated_s)
+        self._record(request, api, base, Seen(0, canon, key, turn), time.monotonic() - t0 - generated_s, fresh)
         return turn
+
+    def _fresh(self, turn: Turn, llm: LLMRequest) -> tuple[Turn, dict[str, Any]]:
+        """The fence's ``regenerate``: the call's answer has not reached the harness yet, so a stale
+        one is generated again on the current weights (its tokens counted, thrown away), as the
+        built-in agent's latest turn is; ``mask``: the turn as it is. Its counts, to be added to
+        the session's in the order the call is recorded."""
+        scratch: dict[str, Any] = {}
+        turn = self.fence.fresh(turn, lambda: self.generate(llm, self.stopped), scratch)
+        return turn, scratch["staleness"]
+
+    def fence_all(self) -> dict[str, Any] | None:
+        """The session ended: mask every call beyond the bound now; the counts (None: no bound)."""
+        if self.fence is None:
+            return None
+        with self.fence_lock:
+            self.fence.fence(self.fence_data)
+        return self.staleness()
+
+    def staleness(self) -> dict[str, Any] | None:
+        """The fence's counts so far, the built-in agent's ``staleness`` block (None: no bound)."""
+        if self.fence is None:
+            return None
+        with self.fence_lock:
+            stats = self.fence.stats(self.fence_data)
+            return {**stats, "masked_turns": list(stats["masked_turns"]),
+                    "turn_versions": [list(v) for v in stats["turn_versions"]]}
 
     def answered(self) -> None:
         """The caller has its answer: wake whoever saves the call, and run ``after_answer`` (the
@@ -118,9 +158,16 @@ class GatewaySession:
             self.finish_reason = self.finish_reason or reason
         raise BudgetSpent(reason)
 
-    def _record(self, request: GatewayRequest, api: str, base: Seen | None, seen: Seen, own_s: float) -> None:
+    def _record(self, request: GatewayRequest, api: str, base: Seen | None, seen: Seen, own_s: float,
+                fresh: dict[str, Any] | None = None) -> None:
         turn = seen.turn
         with self.lock:
+            if fresh is not None:  # the fence's counts of this call, its versions at its index
+                with self.fence_lock:
+                    stats = self.fence.stats(self.fence_data)
+                    stats["regenerated_turns"] += fresh["regenerated_turns"]
+                    stats["regenerated_tokens"] += fresh["regenerated_tokens"]
+                    stats["turn_versions"].extend(fresh["turn_versions"])
             seen.index = index = len(self.history)
             last = self.history[-1] if self.history else None
             self.history.append(seen)

@@ -10,6 +10,10 @@
   reported with the reason. Mask-0 ids are counted: they are the ids the gateway cannot prove
   were sampled.
 
+Calls the staleness fence masked (``fenced``: their indices, the result's
+``staleness.masked_turns``, as for the built-in agent) keep their ids with loss mask 0, counted
+apart (``stale_masked_tokens``).
+
 :func:`harness_fields` is what :func:`prorl_celery.trajectory.expand_results` adds to a harness's
 result: ``tokens`` and ``token_mode`` (``exact`` as for the built-in agent: one sequence, each
 prompt extending the last; else ``segmented``, ``tokens`` the first segment), the segments and
@@ -39,44 +43,50 @@ def _logprobs(call: Call) -> list[float]:
     return list(call.logprobs) if call.logprobs and len(call.logprobs) == len(ids) else [0.0] * len(ids)
 
 
-def per_call(calls: Sequence[Call]) -> list[dict[str, Any]]:
+def per_call(calls: Sequence[Call], fenced: Sequence[int] = ()) -> list[dict[str, Any]]:
+    out = set(fenced)
     return [{"call": k, "prompt_ids": p, "response_ids": list(c.response_ids or []), "logprobs": _logprobs(c),
-             "loss_mask": [1] * len(c.response_ids or []), "weight_version": c.meta.get("weight_version"),
+             "loss_mask": [0 if k in out else 1] * len(c.response_ids or []),
+             "weight_version": c.meta.get("weight_version"), "stale_masked": k in out,
              "backend_id": c.meta.get("backend_id"), "finish_reason": c.meta.get("finish_reason")}
             for k, (c, p) in enumerate(zip(calls, prompts(calls)))]
 
 
-def merged(calls: Sequence[Call]) -> list[dict[str, Any]]:
+def merged(calls: Sequence[Call], fenced: Sequence[int] = ()) -> list[dict[str, Any]]:
     """The segments (see the module docstring), each ``{calls, reason, prompt_ids, response_ids,
-    loss_mask, logprobs, weight_versions}``."""
+    loss_mask, logprobs, weight_versions}``; a fenced call's response has loss mask 0."""
     segments: list[dict[str, Any]] = []
     length = 0  # of the running sequence: the last call's prompt + response
+    out = set(fenced)
     for k, (call, prompt) in enumerate(zip(calls, prompts(calls))):
         response = list(call.response_ids or [])
+        own = 0 if k in out else 1
         if segments and call.keep == length:  # the prompt starts with the whole running sequence
             seg = segments[-1]
             added = prompt[length:]
             seg["calls"].append(k)
             seg["response_ids"] += added + response
-            seg["loss_mask"] += [0] * len(added) + [1] * len(response)
+            seg["loss_mask"] += [0] * len(added) + [own] * len(response)
             seg["logprobs"] += [0.0] * len(added) + _logprobs(call)
             seg["weight_versions"].append(call.meta.get("weight_version"))
         else:
             segments.append({"calls": [k], "reason": "first" if not segments else "not_a_prefix",
-                             "prompt_ids": prompt, "response_ids": response, "loss_mask": [1] * len(response),
+                             "prompt_ids": prompt, "response_ids": response, "loss_mask": [own] * len(response),
                              "logprobs": _logprobs(call), "weight_versions": [call.meta.get("weight_version")]})
         length = len(prompt) + len(response)
     return segments
 
 
-def harness_fields(calls: Sequence[Call]) -> dict[str, Any]:
-    """``tokens``, ``token_mode``, ``segments`` and ``counts`` of a harness's calls."""
-    segments = merged(calls)
+def harness_fields(calls: Sequence[Call], fenced: Sequence[int] = ()) -> dict[str, Any]:
+    """``tokens``, ``token_mode``, ``segments`` and ``counts`` of a harness's calls (``fenced``:
+    the calls the staleness fence masked)."""
+    segments = merged(calls, fenced)
     empty: dict[str, list] = {"prompt_ids": [], "response_ids": [], "loss_mask": [], "logprobs": []}
     tokens = {k: segments[0][k] for k in empty} if segments else empty
     mode = "none" if not calls else "exact" if len(segments) == 1 else "segmented"
     counts = {"calls": len(calls), "segments": len(segments),
               "masked_tokens": sum(seg["loss_mask"].count(0) for seg in segments),
+              "stale_masked_tokens": sum(len(calls[k].response_ids or []) for k in set(fenced) if k < len(calls)),
               "generated_tokens": sum(len(c.response_ids or []) for c in calls),
               "retokenized_calls": sum(1 for c in calls[1:] if not continued(c))}
     return {"tokens": tokens, "token_mode": mode, "segments": segments, "counts": counts}

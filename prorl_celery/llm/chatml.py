@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
+import random
 from typing import Any
 
 from prorl_celery.llm.models import ToolCall
@@ -66,6 +66,11 @@ def parse(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def call_id() -> str:
+    """A tool call's id: unique in its conversation, not a secret (no urandom syscall per call)."""
+    return f"call_{random.getrandbits(48):012x}"
+
+
 def split_tool_calls(text: str) -> tuple[str, list[ToolCall], bool]:
     """(content without the tool-call blocks, the tool calls, whether any block was malformed)."""
     calls: list[ToolCall] = []
@@ -78,7 +83,7 @@ def split_tool_calls(text: str) -> tuple[str, list[ToolCall], bool]:
             malformed = True
             continue
         arguments = args if isinstance(args, str) else json.dumps(args)
-        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=str(name), arguments=arguments))
+        calls.append(ToolCall(id=call_id(), name=str(name), arguments=arguments))
     content = _TOOL_CALL_RE.sub("", text)
     if TOOL_CALL in content:  # an opened block that never closed
         malformed = True

@@ -5,7 +5,7 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -87,6 +87,19 @@ class BackendSpec(BaseModel):
                                            "accepted.")
     exact_tokens: bool = Field(False, description="The trainer needs exact token ids: the probe checks that "
                                                   "they come back.")
+    tool_parser: str | None = Field(None, description="The format the model writes tool calls in, read out of "
+                                                      "its text in token mode (and in chat mode when the server "
+                                                      "returns raw text): hermes (default), llama3_json, mistral, "
+                                                      "qwen3_coder, pythonic.")
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_tool_parser(cls, value: str | None) -> str | None:
+        from prorl_celery.llm.tool_parsers import PARSERS
+
+        if value is not None and value not in PARSERS:
+            raise ValueError(f"unknown tool-call format {value!r}; known: {', '.join(sorted(PARSERS))}")
+        return value
 
     @model_validator(mode="after")
     def _dialect_of_protocol(self) -> "BackendSpec":
@@ -120,6 +133,7 @@ class Backend(BaseModel):
     tokenizer: str | None = None
     logprobs_mode: str | None = None
     pause_api: PauseApi | None = None
+    tool_parser: str | None = Field(None, description="Tool-call format of the model's text (None: hermes).")
     paused_mode: str | None = Field(None, description="While paused for a weight update: keep, abort or drain.")
     in_flight: int = 0
     served: int = 0

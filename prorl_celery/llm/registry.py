@@ -82,7 +82,7 @@ class BackendRegistry:
         bid = backend_id(address)
         fields: dict[str, object] = {"address": address}
         for name in ("protocol", "dialect", "capacity", "model", "weight_version", "max_model_len",
-                     "tokenizer", "api_key", "logprobs_mode", "pause_api"):
+                     "tokenizer", "api_key", "logprobs_mode", "pause_api", "tool_parser"):
             value = getattr(spec, name)
             if value is not None and name in spec.model_fields_set:
                 fields[name] = value.value if name in ("protocol", "dialect", "pause_api") else value

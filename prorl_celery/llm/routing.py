@@ -30,6 +30,8 @@ from typing import Any
 
 import redis
 
+import redis
+
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
@@ -204,13 +206,25 @@ class Router:
             by_client.setdefault(id(router.redis), (router, []))[1].append(call)
         for router, items in by_client.values():
             try:
-                pipe = router.redis.pipeline(transaction=False)
-                for keys_, args in items:
-                    router._release(keys=keys_, args=args, client=pipe)
-                pipe.execute()
+                router._send_releases(items)
             except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
                 log.warning("releasing %d LLM leases failed: %s", len(items), exc)
         return len(calls)
+
+    def _send_releases(self, items: list) -> None:
+        """The releases in one pipeline of EVALSHA: a pipeline of registered scripts asks Redis
+        SCRIPT EXISTS first (redis-py), a second round trip on every call's path. A server that
+        lost its script cache (restarted) answers NOSCRIPT: then once more the loading way."""
+        pipe = self.redis.pipeline(transaction=False)
+        for keys_, args in items:
+            pipe.evalsha(self._release.sha, len(keys_), *keys_, *args)
+        try:
+            pipe.execute()
+        except redis.exceptions.NoScriptError:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys_, args in items:
+                self._release(keys=keys_, args=args, client=pipe)
+            pipe.execute()
 
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.

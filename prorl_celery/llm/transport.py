@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prorl_celery import http, wirejson
+from prorl_celery import http, jsonfast
 from prorl_celery.leases import HeldLease, keeper
 
 __all__ = ["Call", "CallAborted", "HeldLease", "open_stream", "request_json"]
@@ -128,7 +128,7 @@ def open_stream(call: Call, url: str, body: Any, headers: dict[str, str] | None 
         resp = http.request("POST", url, timeout=remaining + 1.0, on_socket=call.attach,
                             headers={"Content-Type": "application/json", "Accept": "text/event-stream",
                                      **(headers or {})},
-                            data=wirejson.dumps(body), stream=True,
+                            data=jsonfast.dumps(body), stream=True,
                             connect_timeout=min(remaining, CONNECT_TIMEOUT_S))
     except OSError:
         call.check()

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import requests
 
+from config.settings import get_settings
+
 from prorl_celery import keys
 from prorl_celery.ops import sizing
 from prorl_celery.ops.procs import Child, free_port, wait_for
@@ -190,13 +192,23 @@ class Stack:
         backend, _ = registry.add(BackendSpec(address=address, **spec))
         return backend.id
 
-    def start_worker(self, queue: str, name: str | None = None) -> Child:
+    def start_worker(self, queue: str, name: str | None = None, threads: int | None = None) -> Child:
         name = name or f"worker-{queue}"
         argv = [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker", "-Q", queue,
                 "-n", f"{name.removeprefix('worker-')}@%h", "-c",
-                str(self.concurrency.get(queue) or self.plan.concurrency[queue]), "--loglevel", "INFO",
+                str(threads or self.concurrency.get(queue) or self.plan.concurrency[queue]), "--loglevel", "INFO",
                 "--without-mingle", "--without-gossip"]
         return self._child(name, argv)
+
+    def start_workers(self, queue: str) -> list[Child]:
+        """The queue's worker: one process, or for ``run`` ``run_worker_processes`` of them
+        (worker-run, worker-run-2, ...) sharing its threads (each holds its harness sessions'
+        gateways: more processes, more cores for their per-call work)."""
+        threads = self.concurrency.get(queue) or self.plan.concurrency[queue]
+        processes = max(1, min(get_settings().run_worker_processes if queue == "run" else 1, threads))
+        return [self.start_worker(queue, f"worker-{queue}" if i == 0 else f"worker-{queue}-{i + 1}",
+                                  threads // processes + (i < threads % processes))
+                for i in range(processes)]
 
     def start_beat(self) -> Child:
         schedule = self.state_dir / "celerybeat-schedule"
@@ -225,7 +237,7 @@ class Stack:
                 self.start_redis()
             self.start_sandbox_host()
             for queue in self.concurrency:
-                self.start_worker(queue)
+                self.start_workers(queue)
             if self.options.beat:
                 self.start_beat()
             self.start_api()

@@ -8,15 +8,32 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.trajectory import TRAJECTORY_KEY
-from tasks.context import ROLLOUT_KEY
+from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
 
 
 def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
     block = state.get("harness") or {}
     saved = state.get(ROLLOUT_KEY) or {}
-    return {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
-            "turns": saved.get("calls", 0), "finish_reason": block.get("finish_reason"),
-            "harness": {"name": block.get("name"), "exit_code": block.get("exit_code"),
-                        "output": block.get("output", ""), "session": block.get("session")},
-            "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
-                       "gateway": block.get("gateway_s", 0.0)}}
+    out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
+           "turns": saved.get("calls", 0), "finish_reason": block.get("finish_reason"),
+           "harness": {"name": block.get("name"), "exit_code": block.get("exit_code"),
+                       "output": block.get("output", ""), "session": block.get("session")},
+           "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
+                      "gateway": block.get("gateway_s", 0.0)}}
+    staleness = staleness_fields(block, state.get(ADMISSION_KEY))
+    if staleness:
+        out["staleness"] = staleness
+    return out
+
+
+def staleness_fields(block: dict[str, Any], admission: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The result's ``staleness`` as the built-in agent's (:func:`tasks.handlers.agentic.staleness_fields`):
+    the bound, the fence, the calls masked (indices: ``masked_turns``), the calls regenerated and
+    their tokens, the largest lag, and the admission wait; None without a bound."""
+    fenced = dict(block.get("staleness") or {})
+    if not fenced and not admission:
+        return None
+    fenced.pop("turn_versions", None)
+    if admission:
+        fenced["admission_wait_s"], fenced["admitted_version"] = admission["wait_s"], admission["version"]
+    return fenced

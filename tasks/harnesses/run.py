@@ -28,6 +28,7 @@ from prorl_celery.errors import JobCancelled
 from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forward
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
+from prorl_celery.staleness import WeightVersions
 from sandboxes.base import ExecResult
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
@@ -145,7 +146,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop), log,
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
                              stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
-                             after_answer=pool.send_releases)
+                             after_answer=pool.send_releases, fence=staleness_fence(ctx))
     ctx.state["harness"] = _block(spec, session, started)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     socket_path = _socket_path()
@@ -157,6 +158,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
             result = _exec_watched(ctx, _wrapped(socket_path), wall, session, log)
         finally:
             _cleanup(ctx)
+    session.fence_all()  # the session ended: what the result holds is within the bound, or masked
     if result is None:
         _keep(ctx, spec, session, None, "cancelled", started)
         raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
@@ -164,6 +166,15 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     state = _keep(ctx, spec, session, result, reason, started)
     log.flush()  # the last calls, with the state that says how it ended
     return state
+
+
+def staleness_fence(ctx: StageContext) -> Any:
+    """The built-in agent's fence for the job's ``max_staleness`` (None: no bound), in the
+    operator's mode (``staleness_fence``: mask or regenerate)."""
+    from tasks.agent.fence import StalenessFence
+
+    k = ctx.max_staleness()
+    return None if k is None else StalenessFence(WeightVersions(ctx.store.redis), k, get_settings().staleness_fence)
 
 
 def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) -> str:
@@ -183,9 +194,13 @@ def _block(spec: HarnessSpec, session: GatewaySession, started: float) -> dict[s
 
 
 def _running(session: GatewaySession, started: float) -> dict[str, Any]:
-    return {"final_text": session.history[-1].turn.content if session.history else "",
-            "run_s": round(time.monotonic() - started, 3), "llm_s": round(session.llm_s, 4),
-            "gateway_s": round(session.gateway_s, 4)}
+    out = {"final_text": session.history[-1].turn.content if session.history else "",
+           "run_s": round(time.monotonic() - started, 3), "llm_s": round(session.llm_s, 4),
+           "gateway_s": round(session.gateway_s, 4)}
+    staleness = session.staleness()
+    if staleness is not None:  # the fence's counts, as the built-in agent's state["agent"] holds them
+        out["staleness"] = staleness
+    return out
 
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,

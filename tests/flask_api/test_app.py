@@ -153,7 +153,8 @@ def test_a_long_poll_over_the_clients_cap_is_429_at_once(redis_url):
 @pytest.mark.parametrize("body,field", [({}, "address"), ({"address": "http://127.0.0.1:1", "protocol": "telnet"},
                                                           "protocol"),
                                         ({"address": "http://127.0.0.1:1", "capacity": 0}, "capacity"),
-                                        ({"address": "http://127.0.0.1:1", "protocol": "generate"}, "dialect")])
+                                        ({"address": "http://127.0.0.1:1", "protocol": "generate"}, "dialect"),
+                                        ({"address": "http://127.0.0.1:1", "tool_parser": "nope"}, "tool_parser")])
 def test_a_bad_llm_server_registration_is_400_naming_the_field(client, body, field):
     error = refusal(client.post("/llm_servers", json={"probe": False, **body}, headers=TOKEN), 400)
     assert error["field"] == field

@@ -71,7 +71,12 @@ def test_prompts_are_rebuilt_and_merged_with_masks_and_segments():
     view = harness_fields(records)
     assert view["token_mode"] == "segmented" and view["tokens"]["response_ids"] == [4, 5, 6, 7]
     assert view["counts"] == {"calls": 4, "segments": 2, "masked_tokens": 2, "generated_tokens": 5,
-                              "retokenized_calls": 1}
+                              "retokenized_calls": 1, "stale_masked_tokens": 0}
+    # calls the staleness fence masked keep their ids, loss mask 0, counted apart
+    fenced = harness_fields(records, [1, 3])
+    assert [seg["loss_mask"] for seg in fenced["segments"]] == [[1, 1, 0, 0], [1, 0, 0]]
+    assert fenced["counts"]["stale_masked_tokens"] == 2 and fenced["counts"]["masked_tokens"] == 4
+    assert [t["loss_mask"] for t in per_call(records, [1, 3])] == [[1, 1], [0], [1], [0]]
     assert [t["prompt_ids"] for t in per_call(records)] == prompts(records)
     assert harness_fields([])["token_mode"] == "none"
     # packed and read back as the store does: the same

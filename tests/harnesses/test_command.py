@@ -104,3 +104,60 @@ def test_a_bad_agent_block_is_refused_at_submission(api, agent, field):
                                                            "agent": agent}}, timeout=30)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["field"] == field, resp.json()
+
+
+GATED = r'''
+import json, os, sys, time, urllib.request
+url, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+messages = [{"role": "user", "content": open(os.environ["PRORL_TASK_FILE"]).read()}]
+for k in range(2):
+    if k == 1:  # the test's gate: a file it makes once the trainer has moved on
+        for _ in range(1200):
+            if os.path.exists(sys.argv[1]):
+                break
+            time.sleep(0.1)
+    req = urllib.request.Request(url + "/chat/completions", method="POST",
+        data=json.dumps({"model": os.environ["PRORL_MODEL"], "messages": messages}).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    messages += [json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"],
+                 {"role": "tool", "tool_call_id": "t", "content": "ok"}]
+print("calls done")
+'''
+
+
+def test_a_stale_call_of_a_harness_is_fenced_as_the_built_in_agents_turns(api, oracle_llm, redis_client, tmp_path):
+    """Issue 25's bound for a harness session, through the whole service: k = 1; the harness's
+    first call is sampled at g1, the trainer moves to g3 before its second (the harness waits on
+    a gate file in the gateway's socket directory, which the sandbox sees), so the session going
+    on masks the first call: the result's ``staleness`` says so and its tokens have loss mask 0."""
+    from config.settings import get_settings
+
+    names = (keys.weight_versions(), keys.weight_current(), keys.weight_unconsumed())
+    redis_client.delete(*names)
+    gate = os.path.join(get_settings().gateway_socket_dir, f"gate-{os.getpid()}-{os.urandom(6).hex()}")
+    try:
+        assert requests.post(f"{api}/llm_servers/resume", json={"weight_version": "g1"}, timeout=10).ok
+        instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
+                    "agent": {"harness": "command", "command": f"python3 -I - {gate} <<'PY'\n{GATED}\nPY"}}
+        job = submit(api, instance, sampling_params={"max_staleness": 1})
+        wait_until(lambda: redis_client.llen(keys.rollout_calls(job)) == 1, 60, "the first call to be saved")
+        for version in ("g2", "g3"):
+            assert requests.post(f"{api}/llm_servers/resume", json={"weight_version": version}, timeout=10).ok
+        open(gate, "w").close()
+        view = wait(api, job, timeout=120)
+    finally:
+        redis_client.delete(*names)
+        if os.path.exists(gate):
+            os.unlink(gate)
+    assert view["status"] == "completed", view["result"]
+    result = view["result"]
+    assert result["finish_reason"] == "exited" and result["turns"] == 2, result["harness"]
+    stats = result["staleness"]
+    assert stats["masked_turns"] == [0] and stats["max_lag"] == 2 and stats["max_lag_kept"] == 0
+    assert stats["fence"] == "mask" and stats["max_staleness"] == 1
+    first, second = generated(result)
+    assert [first["weight_version"], second["weight_version"]] == ["g1", "g3"]
+    assert first.get("stale_masked") is True and not second.get("stale_masked")
+    assert result["token_mode"] == "exact"
+    assert sum(result["tokens"]["loss_mask"]) == len(second["token_ids"]) > 0
+    assert result["harness"]["counts"]["stale_masked_tokens"] == len(first["token_ids"]) > 0

@@ -63,3 +63,21 @@ def test_up_then_sigterm_leaves_no_process(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_run_worker_splits_into_processes_that_all_serve(tmp_path, monkeypatch):
+    """``run_worker_processes``: the run queue's threads split over that many worker processes
+    (each holding its harness sessions' gateways), every one of them a consumer the health census
+    counts, and a job still goes through."""
+    from config.settings import get_settings
+    from tests.conftest import own_stack, submit, wait
+
+    monkeypatch.setattr(get_settings(), "run_worker_processes", 2)
+    with own_stack(tmp_path, concurrency={"init": 1, "run": 3, "eval": 1}) as stack:
+        run = {name: child for name, child in stack.children.items() if name.startswith("worker-run")}
+        assert sorted(run) == ["worker-run", "worker-run-2"]
+        assert sorted(child.argv[child.argv.index("-c") + 1] for child in run.values()) == ["1", "2"]
+        health = requests.get(f"{stack.api_url}/healthz", timeout=10).json()
+        assert health["workers"]["run"] == 2
+        job = submit(stack.api_url, {"data_source": "shell", "commands": ["echo hi"]})
+        assert wait(stack.api_url, job, timeout=120)["status"] == "completed"

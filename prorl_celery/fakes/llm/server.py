@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prorl_celery import wirejson
+from prorl_celery import jsonfast
 from prorl_celery.llm import chatml
 from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
 from prorl_celery.fakes.llm import pause_api
@@ -190,7 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def _send(self, status: int, body: Any) -> None:
-        data = wirejson.dumps(body)
+        data = jsonfast.dumps(body)
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -242,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path
         try:
             length = int(self.headers.get("Content-Length") or 0)
-            body = wirejson.loads(self.rfile.read(length) or b"{}")
+            body = jsonfast.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:
@@ -285,7 +285,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, answer)
 
     def _send_events(self, events: EventStream) -> None:
-        data = b"".join(b"data: " + wirejson.dumps(event) + b"\n\n" for event in events)
+        data = b"".join(b"data: " + jsonfast.dumps(event) + b"\n\n" for event in events)
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

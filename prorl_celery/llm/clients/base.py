@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol as TypingProtocol
 
 from config.settings import get_settings
-from prorl_celery import http, wirejson
+from prorl_celery import http, jsonfast
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, LLMRequestRejected
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.routing import Slot
@@ -77,7 +77,7 @@ def post_events(slot: Slot, path: str, body: dict[str, Any], call: Call) -> Iter
                         payload = line[5:].strip()
                         if payload == b"[DONE]":
                             return
-                        yield wirejson.loads(payload)
+                        yield jsonfast.loads(payload)
             except OSError as exc:
                 call.check()
                 raise BackendFailed(f"{url}: the stream broke: {type(exc).__name__}: {exc}") from None

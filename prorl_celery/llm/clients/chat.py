@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.errors import BackendFailed, LogprobMismatch
-from prorl_celery.llm import chatml
+from prorl_celery.llm import chatml, tool_parsers
 from prorl_celery.llm.clients.base import model_name, post, sampling_body
 from prorl_celery.llm.clients.llamacpp_tools import forced_call
 from prorl_celery.llm.models import Dialect, LLMRequest, ToolCall, Turn
@@ -123,8 +123,9 @@ class ChatClient:
                           arguments=c["function"].get("arguments") or "")
                  for i, c in enumerate(message.get("tool_calls") or [])]
         malformed = False
-        if request.tools and not calls and content and chatml.TOOL_CALL in content:
-            content, calls, malformed = chatml.split_tool_calls(content)  # server had no tool parser
+        parser = tool_parsers.get(backend.tool_parser)
+        if request.tools and not calls and content and parser.marker(content):
+            content, calls, malformed = parser.split(content, request.tools)  # server had no tool parser
         entries = (choice.get("logprobs") or {}).get("content") or []
         response_ids = choice.get("token_ids") or data.get("response_token_ids")
         if response_ids is None and entries and all("id" in e for e in entries):

@@ -29,7 +29,7 @@ import threading
 
 from prorl_celery.errors import (BackendAborted, BackendFailed, ContextWindowExceeded, InvalidRequest,
                                  LLMRequestRejected, LogprobMismatch, PartialAborted)
-from prorl_celery.llm import chatml
+from prorl_celery.llm import chatml, tool_parsers
 from prorl_celery.llm.clients.base import DEFAULT_MAX_TOKENS, model_name, post, post_events, sampling_body
 from prorl_celery.llm.models import (Dialect, LLMRequest, PartialResponse, Protocol, Turn, WeightSegment,
                                      merge_segments)
@@ -295,7 +295,7 @@ class GenerateClient:
         stopped = len(body) < len(response_ids)
         cut = not stopped and max_tokens is not None and len(out.response_ids) >= max_tokens
         finish = out.finish_reason or ("length" if cut else "stop")
-        content, calls, malformed = chatml.split_tool_calls(tok.decode(body))
+        content, calls, malformed = tool_parsers.split(slot.backend.tool_parser, tok.decode(body), request.tools)
         versions = list(dict.fromkeys(seg.version for seg in joined.segments))
         version = "+".join(v for v in versions if v) if len(versions) > 1 else (
             versions[0] if versions else out.weight_version or slot.backend.weight_version)
