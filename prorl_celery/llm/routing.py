@@ -30,8 +30,6 @@ from typing import Any
 
 import redis
 
-import redis
-
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
