@@ -27,7 +27,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from prorl_celery import keys
-from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION
+from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.trajectory import expand_results
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
@@ -119,6 +119,7 @@ class JobStore:
         self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
         self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV})
         self._statuses = client.register_script(STATUSES)
+        self._watched = client.register_script(WATCHED_STATUSES)
         self._save = client.register_script(SAVE)
 
     # -- creation -------------------------------------------------------------------------
@@ -183,6 +184,14 @@ class JobStore:
             return []
         raw = self._statuses(keys=[keys.job(job_id) for job_id in job_ids])
         return [JobStatus(_text(value)) if value else None for value in raw]
+
+    def watched_statuses(self, watch_key: str, add: list[str], remove: list[str],
+                         ttl_s: int = 60) -> dict[str, JobStatus | None]:
+        """The status of every job in the watcher's set ``watch_key`` (None: gone), after adding
+        ``add`` and removing ``remove``, in one round trip; the set lapses ``ttl_s`` after the
+        last reading (a watcher that died leaves nothing behind)."""
+        raw = self._watched(keys=[watch_key], args=[keys.job(""), ttl_s, len(add), *add, *remove])
+        return {_text(raw[i]): JobStatus(_text(raw[i + 1])) if raw[i + 1] else None for i in range(0, len(raw), 2)}
 
     def ids_in(self, status: JobStatus) -> list[str]:
         return sorted(_text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))

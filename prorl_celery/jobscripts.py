@@ -86,6 +86,24 @@ redis.call('HSET', KEYS[1], 'state', ARGV[6])
 return 1
 """
 
+# KEYS[1]: a watcher's set of job ids; ARGV: the job key prefix, the set's ttl, how many ids
+# follow to add, those ids, then ids to remove. Returns id, status, id, status ... of every member
+# ('' for a job that is gone). The job hashes are named from the members (one Redis, not a
+# cluster): a reading sends only what changed in the set, not every watched job's key.
+WATCHED_STATUSES = """
+local set, prefix, ttl, n_add = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 4, 3 + n_add do redis.call('SADD', set, ARGV[i]) end
+for i = 4 + n_add, #ARGV do redis.call('SREM', set, ARGV[i]) end
+local ids = redis.call('SMEMBERS', set)
+redis.call('EXPIRE', set, ttl)
+local out = {}
+for i, id in ipairs(ids) do
+  out[2 * i - 1] = id
+  out[2 * i] = redis.call('HGET', prefix .. id, 'status') or ''
+end
+return out
+"""
+
 # KEYS: job hashes. The status of each ('' for a job that is gone).
 STATUSES = """
 local out = {}

@@ -8,6 +8,11 @@ from __future__ import annotations
 PREFIX = "prorl"
 
 
+def status_watch(watcher: str) -> str:
+    """Set: the job ids one process's status watch reads (prorl_celery/watch.py)."""
+    return f"{PREFIX}:watch:{watcher}"
+
+
 def job(job_id: str) -> str:
     """Hash: the job record (status, stage, instance, timings, result ...)."""
     return f"{PREFIX}:job:{job_id}"

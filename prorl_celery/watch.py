@@ -4,13 +4,19 @@ A running stage polls its job's status to notice a cancel or a requeue elsewhere
 monitor asks every call's ``should_stop()`` four times a second). One Redis round trip per poll
 per job made that the largest part of a run worker's Redis traffic; here the statuses of every
 job asked about lately are read in one script call, at most once per ``max_age_s``, and each
-poll is answered from that reading.
+poll is answered from that reading. The watched ids live in a Redis set of the watch's own, so
+a reading sends only the ids that joined or left it (sending every watched job's key, four
+times a second for the hours a batch of long rollouts runs, was most of what a run worker sent
+Redis besides the rollouts themselves).
 """
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 import weakref
+
+from prorl_celery import keys
 
 from prorl_celery.jobs import JobStore
 from prorl_celery.status import JobStatus
@@ -28,6 +34,8 @@ class StatusWatch:
         self._known: dict[str, tuple[float, JobStatus | None]] = {}
         self._lock = threading.Lock()
         self._reading = threading.Lock()
+        self.key = keys.status_watch(uuid.uuid4().hex)
+        self._in_set: set[str] = set()  # what the Redis set held at the last reading
 
     def status(self, job_id: str) -> JobStatus | None:
         """The job's status as read at most ``max_age_s`` ago (a job asked about for the first
@@ -58,10 +66,14 @@ class StatusWatch:
             for job_id in [j for j, t in self._asked.items() if started - t > self.forget_s]:
                 del self._asked[job_id]
                 self._known.pop(job_id, None)
-            ids = list(self._asked)
-        statuses = self.store.statuses(ids)
+            ids = set(self._asked)
+        read = self.store.watched_statuses(self.key, sorted(ids - self._in_set), sorted(self._in_set - ids))
+        missing = ids - read.keys()  # the set lapsed (a reading more than its ttl after the last)
+        if missing:
+            read.update(self.store.watched_statuses(self.key, sorted(missing), []))
+        self._in_set = set(read)
         with self._lock:
-            self._known.update((job_id, (started, status)) for job_id, status in zip(ids, statuses))
+            self._known.update((job_id, (started, read.get(job_id))) for job_id in ids)
 
 
 _watches: weakref.WeakKeyDictionary[JobStore, StatusWatch] = weakref.WeakKeyDictionary()

@@ -30,8 +30,8 @@ def test_one_reading_answers_every_watched_job_until_it_is_old(redis_client):
     ids = _jobs(store, 20)
     watch = StatusWatch(store, max_age_s=1.5, forget_s=10.0)
     reads = []
-    real = store.statuses
-    store.statuses = lambda job_ids: reads.append(list(job_ids)) or real(job_ids)
+    real = store.watched_statuses
+    store.watched_statuses = lambda key, add, remove: reads.append((list(add), list(remove))) or real(key, add, remove)
     assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 20
     before = len(reads)
     assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 20
@@ -41,5 +41,34 @@ def test_one_reading_answers_every_watched_job_until_it_is_old(redis_client):
     while watch.status(ids[5]) is not JobStatus.CANCELLED:
         assert time.monotonic() < deadline, "the cancel was not seen within max_age_s"
         time.sleep(0.05)
-    assert len(reads) == before + 1 and set(reads[-1]) == set(ids)  # one reading covered them all
+    assert len(reads) == before + 1 and sorted(reads[-1][0]) == sorted(ids)  # one reading covered them all
     assert watch.status(ids[0]) is JobStatus.QUEUED and len(reads) == before + 1
+
+
+def test_readings_send_only_the_ids_that_joined_or_left(redis_client):
+    """The watched ids live in Redis: a reading sends what changed, not every job's key; a job
+    nobody asks about leaves the set; a set that lapsed is filled again."""
+    store = JobStore(redis_client)
+    ids = _jobs(store, 5)
+    watch = StatusWatch(store, max_age_s=0.0, forget_s=0.5)
+    reads = []
+    real = store.watched_statuses
+    store.watched_statuses = lambda key, add, remove: reads.append((list(add), list(remove))) or real(key, add, remove)
+    for j in ids:
+        watch.status(j)  # first asked: read alone
+    assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 5
+    assert sorted(reads[0][0]) == sorted(ids) and reads[0][1] == []
+    assert all(add == [] and remove == [] for add, remove in reads[1:])  # nothing sent again
+    assert {m.decode() for m in redis_client.smembers(watch.key)} == set(ids)
+    assert 0 < redis_client.ttl(watch.key) <= 60
+    store.transition(ids[2], JobStatus.CANCELLED)
+    assert watch.status(ids[2]) is JobStatus.CANCELLED
+    time.sleep(0.6)
+    reads.clear()
+    assert watch.status(ids[0]) is JobStatus.QUEUED  # the others were forgotten: they leave the set
+    assert any(sorted(remove) == sorted(ids[1:]) for _, remove in reads), reads
+    assert {m.decode() for m in redis_client.smembers(watch.key)} == {ids[0]}
+    redis_client.delete(watch.key)  # as if the set lapsed
+    store.transition(ids[0], JobStatus.CANCELLED)
+    assert watch.status(ids[0]) is JobStatus.CANCELLED
+    assert {m.decode() for m in redis_client.smembers(watch.key)} == {ids[0]}
