@@ -49,7 +49,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tm
     done = subprocess.run(
         [st, "run", f"{fuzz_api}/openapi.json", "--checks",
          "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-         "--max-examples", "25", "--exclude-path", "/events", "--request-timeout", "20",
+         "--max-examples", "12", "--exclude-path", "/events", "--request-timeout", "20",
          "--generation-deterministic", "--suppress-health-check", "all",
          "--header", f"Authorization: Bearer {API_TOKEN}"],  # the stack's token (env has it too)
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
