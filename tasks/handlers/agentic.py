@@ -7,6 +7,7 @@ from tasks.agent import AgentConfig, AgentOutcome
 from prorl_celery.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
+from tasks.agent.fence import result_block
 from tasks.context import ADMISSION_KEY, ROLLOUT_KEY, StageContext
 from tasks.handlers.base import AgentHandler
 from tasks.harnesses import is_harness_agent
@@ -85,14 +86,7 @@ class AgentTaskHandler(AgentHandler):
 def staleness_fields(state: dict[str, Any]) -> dict[str, Any] | None:
     """The result's ``staleness``: the bound, the fence, the turns masked, the turns regenerated
     and their tokens, the largest lag kept unmasked, and the admission wait; None without a bound."""
-    fenced = dict((state.get("agent") or {}).get("staleness") or {})
-    admission = state.get(ADMISSION_KEY)
-    if not fenced and not admission:
-        return None
-    fenced.pop("turn_versions", None)
-    if admission:
-        fenced["admission_wait_s"], fenced["admitted_version"] = admission["wait_s"], admission["version"]
-    return fenced
+    return result_block((state.get("agent") or {}).get("staleness"), state.get(ADMISSION_KEY))
 
 
 def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:

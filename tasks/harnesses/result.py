@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.trajectory import TRAJECTORY_KEY
+from tasks.agent.fence import result_block
 from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
 
 
@@ -30,10 +31,4 @@ def staleness_fields(block: dict[str, Any], admission: dict[str, Any] | None) ->
     """The result's ``staleness`` as the built-in agent's (:func:`tasks.handlers.agentic.staleness_fields`):
     the bound, the fence, the calls masked (indices: ``masked_turns``), the calls regenerated and
     their tokens, the largest lag, and the admission wait; None without a bound."""
-    fenced = dict(block.get("staleness") or {})
-    if not fenced and not admission:
-        return None
-    fenced.pop("turn_versions", None)
-    if admission:
-        fenced["admission_wait_s"], fenced["admitted_version"] = admission["wait_s"], admission["version"]
-    return fenced
+    return result_block(block.get("staleness"), admission)
