@@ -250,7 +250,7 @@ class LiveEngine:
             if row.finish_reason is None:
                 row.finish_reason = "abort" if out is None else "length"
         self.batches.append({"rows": len(rows), "prompt_len": width, "tokens": sum(len(r.ids) for r in rows),
-                             "seconds": time.monotonic() - started})
+                             "seconds": time.monotonic() - started, "ended": time.monotonic()})
 
     def _generator(self, row: Row) -> Any:
         """The row's random stream: its own when seeded, else the engine's (the trainer's global
