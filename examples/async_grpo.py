@@ -103,6 +103,7 @@ class Run:
     steps: list[dict[str, Any]] = field(default_factory=list)
     heldout: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> accuracy, seconds
     started: float = field(default_factory=time.monotonic)
+    unconsumed_after: int = -1  # results admitted under the bound but never acknowledged, at the end
 
 
 def evaluate(client: ProrlClient, numbers: list[str], max_tokens: int, model_dir: Path) -> dict[str, Any]:
@@ -189,7 +190,7 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
                       "lag_mean": batch["lags"]["mean"], "lag_max": batch["lags"]["max"],
                       "stale_share": batch["lags"]["stale_share"],
                       "tokens": sum(sum(t.loss_mask) for t in trajs), "load1": os.getloadavg()[0],
-                      "elapsed_s": end - run.started}
+                      "elapsed_s": end - run.started, "modes": sorted(set((pause["modes"] or {}).values()))}
             run.steps.append(record)
             log(f"step {record['step']:3d}: reward {record['reward']:.3f} | wait {record['wait_s']:5.1f}s "
                 f"train {record['train_s']:5.1f}s (pause {record['pause_call_s']:.2f}s, frozen {record['frozen_s']:.2f}s) "
@@ -205,6 +206,7 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
         run.trainer.train()
     finally:
         run.rollout.close()
+    run.unconsumed_after = int(run.client.weights().get("unconsumed", -1))
     return run
 
 
@@ -222,6 +224,7 @@ def summary(run: Run) -> dict[str, Any]:
            "lag_mean": sum(r["lag_mean"] for r in run.steps) / len(run.steps),
            "lag_max": max(r["lag_max"] for r in run.steps),
            "load1_mean": sum(r["load1"] for r in run.steps) / len(run.steps)}
+    out["unconsumed_after"] = run.unconsumed_after
     out["goal_reward"] = out["last5"] >= out["first5"] + 0.3
     out["goal_heldout"] = after >= before + 0.2
     return out

@@ -217,9 +217,9 @@ class LiveEngine:
         with torch.no_grad():
             from transformers import DynamicCache
 
-            cache = DynamicCache()
-            out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                                use_cache=True, logits_to_keep=1)
+            cache = {self._cache_arg(): DynamicCache()}
+            out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1, **cache)
             for step in range(steps):
                 if out is None:  # aborted by a pause
                     break
@@ -245,12 +245,19 @@ class LiveEngine:
                 mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=-1)
                 positions = positions[:, -1:] + 1
                 out = self._forward(input_ids=nxt.view(-1, 1).to(device), attention_mask=mask, position_ids=positions,
-                                    past_key_values=cache, use_cache=True)
+                                    use_cache=True, **cache)
         for row in rows:
             if row.finish_reason is None:
                 row.finish_reason = "abort" if out is None else "length"
         self.batches.append({"rows": len(rows), "prompt_len": width, "tokens": sum(len(r.ids) for r in rows),
                              "seconds": time.monotonic() - started, "ended": time.monotonic()})
+
+    def _cache_arg(self) -> str:
+        """The forward's name for the key/value cache: ``cache`` (transformers >= 5.2x), else
+        ``past_key_values``."""
+        import inspect
+
+        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def _generator(self, row: Row) -> Any:
         """The row's random stream: its own when seeded, else the engine's (the trainer's global
