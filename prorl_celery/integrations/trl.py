@@ -138,8 +138,10 @@ class AsyncRolloutFunc(RolloutFunc):
         self.pending: dict[str, Any] | None = None
 
     def _submit_next(self, groups: int, n: int) -> dict[str, Any]:
-        prompts = [p for p in self.draw(groups) for _ in range(n)]
-        return {"job_ids": self._submit(prompts), "submitted": time.monotonic(), "prompts": prompts}
+        job_ids: list[str] = []
+        for prompt in self.draw(groups):  # one group each, even if two draws are equal
+            job_ids += self.client.submit_group(self.build(prompt), n=n, sampling_params=self.sampling_params)[1]
+        return {"job_ids": job_ids, "submitted": time.monotonic()}
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
