@@ -94,10 +94,11 @@ def test_keep_pause_through_the_service_freezes_a_turn_and_versions_its_tokens(l
             frozen_at = len(row.ids) if row else None
             time.sleep(1.0)
             still = len(row.ids) if row else None
+            mid_turn = row is not None and row.finish_reason is None  # frozen with tokens still to come
             client.resume(ids=[backend["id"]], weight_version="v2")
             view = client.wait(job, timeout=300)
             assert view["status"] == "completed", view
-            if row is None or row.finish_reason is not None:
+            if not mid_turn:
                 continue
             assert still == frozen_at  # nothing was sampled while paused
             versions = view["result"]["token_versions"]
