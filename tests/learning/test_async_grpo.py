@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_ENV
 
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
 STEPS = int(os.environ.get("PRORL_LEARNING_STEPS", "40"))
@@ -38,7 +38,10 @@ def result(tmp_path_factory):
     # PRORL_LEARNING_OUT keeps the curve, its figures and the log (bench/learning for the record)
     out = Path(os.environ.get("PRORL_LEARNING_OUT") or tmp_path_factory.mktemp("learning"))
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PRORL_REDIS_URL"}  # the example starts its own stack
+    # the example starts its own stack with the operator's defaults: not the test session's Redis,
+    # token or its short stage leases (built for fault tests, they would requeue slow stages here)
+    dropped = (set(TEST_ENV) - {"PYTHONPATH"}) | {"PRORL_REDIS_URL", "PRORL_API_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "async_grpo.py"), "--steps", str(STEPS),
                            "--seed", str(SEED), "--out", str(out)], env=env, cwd=ROOT, timeout=3300,
                           capture_output=True, text=True)
