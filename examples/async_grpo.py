@@ -137,7 +137,8 @@ def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR) 
                                       sampling_params=sampling(settings.max_tokens), backend_ids=[backend["id"]])
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="async-grpo-"), max_steps=settings.steps,
                       per_device_train_batch_size=settings.groups * settings.n, num_generations=settings.n,
-                      gradient_accumulation_steps=1, learning_rate=settings.lr, lr_scheduler_type="constant", beta=0.0, loss_type="dapo",
+                      gradient_accumulation_steps=1, learning_rate=settings.lr, lr_scheduler_type="constant",
+                      beta=0.0, loss_type="dapo",
                       temperature=1.0, max_completion_length=settings.max_tokens, logging_steps=1,
                       save_strategy="no", report_to="none", use_vllm=False, use_cpu=True, bf16=False,
                       seed=settings.seed, mask_truncated_completions=False, dataloader_num_workers=0,
@@ -193,7 +194,8 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
                       "elapsed_s": end - run.started, "modes": sorted(set((pause["modes"] or {}).values()))}
             run.steps.append(record)
             log(f"step {record['step']:3d}: reward {record['reward']:.3f} | wait {record['wait_s']:5.1f}s "
-                f"train {record['train_s']:5.1f}s (pause {record['pause_call_s']:.2f}s, frozen {record['frozen_s']:.2f}s) "
+                f"train {record['train_s']:5.1f}s (pause {record['pause_call_s']:.2f}s, "
+                f"frozen {record['frozen_s']:.2f}s) "
                 f"| engine {gen_s:5.1f}s/{rows} rows, service {record['service_s']:.1f}s/rollout, "
                 f"llm {record['llm_s']:.1f}s/rollout | lag {record['lag_mean']:.2f} (max {record['lag_max']}) "
                 f"| load {record['load1']:.1f}")

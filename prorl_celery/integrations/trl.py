@@ -179,8 +179,8 @@ def lags(trajectories: list[Trajectory], step: int) -> dict[str, float]:
              if v and (m := _STEP.match(v))]
     if not found:
         return {"mean": 0.0, "max": 0, "stale_share": 0.0, "tokens": 0}
-    return {"mean": sum(found) / len(found), "max": max(found), "stale_share": sum(1 for x in found if x > 0) / len(found),
-            "tokens": len(found)}
+    stale = sum(1 for x in found if x > 0)
+    return {"mean": sum(found) / len(found), "max": max(found), "stale_share": stale / len(found), "tokens": len(found)}
 
 
 class WeightSync:

@@ -80,7 +80,8 @@ def test_keep_pause_through_the_service_freezes_a_turn_and_versions_its_tokens(l
     assert backend["pause_api"] == "vllm" and backend["dialect"] == "vllm-generate"
     try:
         for _ in range(4):  # a sample may end before the pause lands; try another
-            job = client.submit({"data_source": "echo", "text": "dragon", "prompt": "Write a long story about a dragon."},
+            story = {"data_source": "echo", "text": "dragon", "prompt": "Write a long story about a dragon."}
+            job = client.submit(story,
                                 sampling_params={"max_turns": 1, "max_tokens": 48, "temperature": 1.0,
                                                  "token_level_generation": True,
                                                  "tokenizer": str(MODEL_DIR)})
