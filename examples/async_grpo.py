@@ -129,8 +129,9 @@ def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR) 
     torch.manual_seed(settings.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    server = LiveModelServer(model, tokenizer, name="smollm2-135m-live", max_batch=max(64, settings.heldout)).start()
-    backend = server.register(client, tokenizer=str(model_dir), weight_version="step0")
+    rows = settings.groups * settings.n + settings.heldout  # a training batch and a held-out pass
+    server = LiveModelServer(model, tokenizer, name="smollm2-135m-live", max_batch=rows).start()
+    backend = server.register(client, tokenizer=str(model_dir), weight_version="step0", capacity=rows)
     held = heldout_numbers(settings.heldout)
     draw = Numbers(settings.seed, set(held))
     rollout = make_async_rollout_func(client, instance, draw, tokenizer, max_staleness=settings.max_staleness,
@@ -287,8 +288,10 @@ def _stack():
     # the workers import this checkout's code (the domain), like this process
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(
         os.pathsep) if p])
+    # room for a training batch (32) and a held-out pass (64) at once, each rollout in its sandbox
     stack = Stack(StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="async-grpo-")), persist=False,
-                               concurrency={"init": 16, "run": 72, "eval": 16, "maint": 1}))
+                               concurrency={"init": 16, "run": 100, "eval": 16, "maint": 1},
+                               env={"PRORL_SANDBOX_CAPACITY": "128"}))
     stack.start_redis(int(os.environ["PRORL_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]))
     stack.start()
     return stack
