@@ -209,8 +209,12 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
         run.trainer.train()
     finally:
         run.rollout.close()
-    run.unconsumed_after = int(run.client.weights().get("unconsumed", -1))
-    return run
+    deadline = time.monotonic() + 60  # the cancelled batch's jobs are consumed as they end
+    while True:
+        run.unconsumed_after = int(run.client.weights().get("unconsumed", -1))
+        if run.unconsumed_after == 0 or time.monotonic() > deadline:
+            return run
+        time.sleep(1)
 
 
 def summary(run: Run) -> dict[str, Any]:
