@@ -249,6 +249,8 @@ class LiveEngine:
         for row in rows:
             if row.finish_reason is None:
                 row.finish_reason = "abort" if out is None else "length"
+        if len(self.batches) >= 10_000:  # a long-lived server keeps the recent ones
+            del self.batches[:5_000]
         self.batches.append({"rows": len(rows), "prompt_len": width, "tokens": sum(len(r.ids) for r in rows),
                              "seconds": time.monotonic() - started, "ended": time.monotonic()})
 
