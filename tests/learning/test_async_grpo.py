@@ -1,4 +1,4 @@
-"""A model learns from the service's rollouts (``pytest -m learning``, ~25 minutes of both cores):
+"""A model learns from the service's rollouts (``pytest -m learning``, ~20 minutes of both cores):
 examples/async_grpo.py, asynchronous TRL GRPO on SmolLM2-135M with its live weights served as
 the backend (batched, paused in keep mode around every optimizer step, ``max_staleness`` 1),
 on the ``echo`` task, for 40 steps.
