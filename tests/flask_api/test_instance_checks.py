@@ -23,6 +23,8 @@ BAD = [  # (instance, the status and field of its refusal: 400 malformed, 403 po
     ({"data_source": "shell", "commands": ["true"], "sandbox": {"env": {"LD_PRELOAD": "/x.so"}}},
      400, "instance.sandbox.env"),
     ({"data_source": "no-such-domain"}, 400, "instance.data_source"),
+    ({"data_source": "echo", "text": " "}, 400, "instance.text"),
+    ({"data_source": "echo", "text": "12345", "tools": "bash"}, 400, "instance.tools"),
 ]
 
 

@@ -80,6 +80,29 @@ def test_stem_grades_choices_by_letter_whatever_the_reference_names(answer, said
     assert "C. Nice" in stage.policy.requests[0].messages[1]["content"]
 
 
+@pytest.mark.parametrize("match,said,reward", [
+    ("exact", "48213.", 1.0), ("exact", "The number is 48213.", 0.0), ("contains", "The number is 48213.", 1.0),
+    ("contains", "It is 482130.", 0.0), ("contains", "48 213", 0.0)])
+def test_echo_grades_the_text_said_back_exactly_or_inside_a_sentence(match, said, reward):
+    stage = FakeStage({"data_source": "echo", "text": "48213", "match": match}, policy=ScriptedPolicy([said]))
+    result = run_stages("echo", stage)
+    assert result["reward"] == reward and result["eval"]["expected"] == "48213"
+    request = stage.policy.requests[0]
+    assert request.tools is None  # tools "none": the shortest prompt, one assistant turn
+    assert request.messages == [{"role": "user", "content": "Repeat this 5-digit number exactly: 48213"}]
+    assert stage.admissions == 1  # the staleness bound is asked before the turn
+
+
+def test_echo_offers_the_tool_set_the_instance_names_and_grades_a_submitted_answer():
+    stage = FakeStage({"data_source": "echo", "text": "hello", "tools": "submit", "system": "Be brief."},
+                      policy=ScriptedPolicy([submit("hello")]))
+    result = run_stages("echo", stage)
+    assert result["reward"] == 1.0 and result["eval"]["given"] == "hello"
+    request = stage.policy.requests[0]
+    assert [t["function"]["name"] for t in request.tools] == ["submit"]
+    assert request.messages[0] == {"role": "system", "content": "Be brief."}
+
+
 # -- code -------------------------------------------------------------------------------------
 SOLUTION = "def add(a, b):\n    return a + b\n"
 

@@ -1,6 +1,6 @@
 """TRL's GRPO trains for real with the service's rollouts (``pytest -m trainer``): 3 optimizer
 steps on SmolLM2-135M on the CPU, every rollout through the whole service (sandbox, agent loop,
-grader), sampled by the trainer's own live weights served as a ``vllm-completions`` backend.
+grader), sampled by the trainer's own live weights served as a ``vllm-generate`` backend.
 
 What it proves: the steps happened (gradient norm above zero, weights moved), every trajectory is
 exact and carries the weight version of the step that sampled it, the versions advance with the
