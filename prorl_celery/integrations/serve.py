@@ -37,13 +37,11 @@ from prorl_celery.errors import error_body
 from prorl_celery.integrations.live_engine import LiveEngine, Row, RowParams
 
 
-class CompletionRequest(BaseModel):
-    """The ``/v1/completions`` fields the ``vllm-completions`` wire sends; anything else is refused."""
+class _Sampling(BaseModel):
+    """The sampling fields both token routes take; a field the server cannot honour is refused."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    prompt: list[int] = Field(min_length=1, description="Token ids (a text prompt is not served).")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -57,11 +55,7 @@ class CompletionRequest(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = Field(None, ge=0, le=0, description="0: the sampled token's logprob only.")
-    return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
-    echo: bool = Field(False)
     n: int = Field(1, ge=1, le=1)
-    stream: bool = Field(False)
 
     @field_validator("stop")
     @classmethod
@@ -69,6 +63,19 @@ class CompletionRequest(BaseModel):
         if value:
             raise ValueError("stop strings are not served here; use stop_token_ids")
         return value
+
+
+class CompletionRequest(_Sampling):
+    """The ``/v1/completions`` fields the ``vllm-completions`` wire sends; anything else is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: list[int] = Field(min_length=1, description="Token ids (a text prompt is not served).")
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    echo: bool = Field(False)
+    stream: bool = Field(False)
 
     @field_validator("echo", "stream")
     @classmethod
@@ -78,38 +85,17 @@ class CompletionRequest(BaseModel):
         return value
 
 
-class GenerateParams(BaseModel):
+class GenerateParams(_Sampling):
     """``sampling_params`` of ``/inference/v1/generate``: vLLM's ``SamplingParams`` fields the
     ``vllm-generate`` wire sends; what this server cannot honour is refused, never ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0)
     presence_penalty: float = Field(0.0, ge=0, le=0, description="not served here")
     frequency_penalty: float = Field(0.0, ge=0, le=0, description="not served here")
-    seed: int | None = None
-    stop: list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
-    min_tokens: int = Field(0, ge=0)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logprobs: int | None = Field(None, ge=0, le=0, description="0: the sampled token's logprob only.")
     detokenize: bool = True
-    n: int = Field(1, ge=1, le=1)
-
-    @field_validator("stop")
-    @classmethod
-    def _no_stop_strings(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError("stop strings are not served here; use stop_token_ids")
-        return value
 
 
 class GenerateRequest(BaseModel):
