@@ -214,3 +214,19 @@ class SandboxRuntime:
         """Just before :meth:`kill`: once killed, let this sandbox's processes have the CPU
         before the living until they are gone (a bulk close calls it for each sandbox before
         killing any). Default: nothing."""
+
+
+def gateway_dir() -> str | None:
+    """The node's directory of harness gateway sockets (``settings.gateway_socket_dir``; made here,
+    0711: a sandbox may enter it, never list it), or None when there is none. bwrap binds it into
+    every sandbox; a session's socket in it is the sandbox's one way out (tasks.harnesses.run)."""
+    from config.settings import get_settings
+
+    path = get_settings().gateway_socket_dir
+    if not path:
+        return None
+    try:
+        os.makedirs(path, mode=0o711, exist_ok=True)
+    except OSError:
+        pass
+    return path if os.path.isdir(path) else None

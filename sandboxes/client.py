@@ -20,7 +20,7 @@ from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
-                                HostRecord, SandboxEntry, StatResult, StopStraysRequest,
+                                HostRecord, RelayResponse, SandboxEntry, StatResult, StopStraysRequest,
                                 StopStraysResponse, Stray, StrayList)
 from sandboxes.registry import AUTO, requested_runtime
 
@@ -100,6 +100,11 @@ class RemoteSandbox:
 
     def renew(self, lease_s: float | None = None) -> SandboxEntry:
         return self._invoke("renew", lease_s=lease_s)
+
+    def relay(self, socket: str, target: str | None = None, close: bool = False) -> RelayResponse:
+        """The host's way for this sandbox to a harness session's gateway socket (host-only:
+        :meth:`sandboxes.host.pool.SandboxPool.relay`)."""
+        return self._invoke("relay", socket=socket, target=target, close=close)
 
     def read_file(self, path: str) -> bytes:
         return self._invoke("read_file", path=path)

@@ -94,6 +94,20 @@ class RenewRequest(_Body):
     lease_s: float | None = Field(None, gt=0, description="New lease length; default: the current one.")
 
 
+class RelayRequest(_Body):
+    socket: str = Field(description="The session socket's name in the node's gateway directory (32 hex digits, .sock).")
+    target: str | None = Field(None, description="host:port of the gateway on the worker's node: relay the socket there. "
+                               "None: only say whether the socket is already here.")
+    close: bool = Field(False, description="Remove the relay of that name.")
+
+
+class RelayResponse(BaseModel):
+    route: Literal["direct", "relay", "none", "closed"] = Field(
+        description="direct: the gateway's own socket is on this node; relay: this host pipes the socket to "
+                    "target; none: neither (ask again with a target); closed: the relay was removed.")
+    path: str = Field("", description="The socket's path on this node: what the sandbox connects to.")
+
+
 class SandboxEntry(BaseModel):
     sandbox_id: str
     host_id: str
@@ -188,7 +202,8 @@ class Method:
         return "data" in self.response.model_fields
 
 
-# method name (a method of Sandbox, except the host-only renew: the lease) -> its models
+# method name (a method of Sandbox, except the host-only ones: renew, the lease; relay, a gateway's
+# socket piped from another node) -> its models
 METHODS: dict[str, Method] = {
     "exec": Method(ExecRequest, ExecResult),
     "interrupt": Method(Empty, InterruptResponse, ""),
@@ -198,6 +213,7 @@ METHODS: dict[str, Method] = {
     "info": Method(Empty, InfoResponse, "info"),
     "close": Method(Empty, CloseResponse, "closed"),
     "renew": Method(RenewRequest, SandboxEntry, host_only=True),
+    "relay": Method(RelayRequest, RelayResponse, host_only=True),
 }
 
 

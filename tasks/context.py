@@ -115,6 +115,12 @@ class StageContext:
         if self._transcript is not None and self._transcript.has_pending():
             self.save()
 
+    def restart_transcript(self) -> None:
+        """Start the job's rollout over (what was recorded is dropped at the next save, which
+        trims the rollout's lists to what the state says was saved: nothing)."""
+        self.state[ROLLOUT_KEY] = {"calls": 0, "messages": 0}
+        self._transcript = Transcript()
+
     @property
     def transcript(self) -> Transcript:
         """The job's conversation and turns as saved (read from its rollout once), plus what

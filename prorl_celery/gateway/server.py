@@ -172,8 +172,20 @@ class Gateway:
         else:
             self.httpd = _TCPServer((host, port), _TCPHandler)
         self.httpd.gateway = self
+        self.servers: list[Any] = [self.httpd]
         self._thread: threading.Thread | None = None
         self._closing = False
+
+    def listen_tcp(self, host: str) -> str:
+        """Also serve on TCP at ``host`` (a free port): the address a sandbox host on another node
+        relays the session's socket to (:mod:`sandboxes.host.relay`). Before :meth:`start`.
+        Returns ``host:port``."""
+        assert self._thread is None, "listen_tcp() after start()"
+        server = _TCPServer((host, 0), _TCPHandler)
+        server.gateway = self
+        self.servers.append(server)
+        bound, port = server.server_address[:2]
+        return f"[{bound}]:{port}" if ":" in bound else f"{bound}:{port}"
 
     @property
     def url(self) -> str:
@@ -191,12 +203,13 @@ class Gateway:
         without a timeout: http.server's serve_forever wakes every poll interval, which for a
         node's hundreds of idle sessions is thousands of wake-ups a second."""
         with selectors.DefaultSelector() as selector:
-            selector.register(self.httpd, selectors.EVENT_READ)
+            for server in self.servers:
+                selector.register(server, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             while not self._closing:
                 for key, _ in selector.select():
-                    if key.fileobj is self.httpd and not self._closing:
-                        self.httpd._handle_request_noblock()  # what serve_forever calls: accept, a thread
+                    if key.fileobj is not self._wake_r and not self._closing:
+                        key.fileobj._handle_request_noblock()  # what serve_forever calls: accept, a thread
 
     def close(self) -> None:
         """Abort in-flight calls, stop serving, remove the socket."""
@@ -208,7 +221,8 @@ class Gateway:
             thread.join(10)
             os.close(self._wake_r)
             os.close(self._wake_w)
-        self.httpd.server_close()
+        for server in self.servers:
+            server.server_close()
         if self.socket_path and os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 

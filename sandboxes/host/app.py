@@ -189,6 +189,7 @@ _POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
     "exec": _exec, "info": _info,
     "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
     "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
+    "relay": lambda pool, sandbox_id, args: pool.relay(sandbox_id, **args),
 }
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from prorl_celery.errors import NoSandboxCapacity, SandboxGone
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
-from sandboxes.protocol import SandboxEntry
+from sandboxes.host.relay import Relay, is_socket, parse_target, socket_path
+from sandboxes.protocol import RelayResponse, SandboxEntry
 from sandboxes import policy
 from sandboxes.registry import ServedRuntimes, isolation_of, load_runtime, requested_runtime
 from sandboxes.host.warm import WarmPool
@@ -35,6 +36,7 @@ class _Slot:
     wall_deadline: float | None = None
     busy: int = 0  # requests in flight; a busy sandbox's lease cannot lapse
     policy: dict[str, Any] = field(default_factory=dict)  # what the host decided, for info()
+    relays: dict[str, Relay] = field(default_factory=dict)  # socket name -> its relay (harness sessions)
 
     def renew(self, lease_s: float | None = None) -> None:
         self.lease_s = lease_s or self.lease_s
@@ -159,6 +161,39 @@ class SandboxPool:
             slot.renew(lease_s)
         return self.entry(slot)
 
+    def relay(self, sandbox_id: str, socket: str, target: str | None = None,
+              close: bool = False) -> RelayResponse:
+        """The way out of ``sandbox_id`` to a harness session's gateway (:mod:`sandboxes.host.relay`):
+        whether the socket ``socket`` is on this node already, else a relay of it to ``target``
+        (kept until closed, or until the sandbox is)."""
+        path = socket_path(socket)
+        with self._lock:
+            slot = self._slots.get(sandbox_id)
+            if slot is None:
+                raise SandboxGone(f"no sandbox {sandbox_id!r} on host {self.host_id}")
+            if close:
+                relay = slot.relays.pop(socket, None)
+            elif socket in slot.relays:
+                return RelayResponse(route="relay", path=path)
+        if close:
+            if relay is not None:
+                relay.close()
+            return RelayResponse(route="closed", path=path)
+        if is_socket(path):  # the session's gateway is on this node: the sandbox reaches it itself
+            return RelayResponse(route="direct", path=path)
+        if target is None:
+            return RelayResponse(route="none", path=path)
+        relay = Relay(path, parse_target(target))
+        with self._lock:
+            if self._slots.get(sandbox_id) is slot:
+                slot.relays[socket] = relay
+                relay = None
+        if relay is not None:  # the sandbox closed meanwhile
+            relay.close()
+            raise SandboxGone(f"no sandbox {sandbox_id!r} on host {self.host_id}")
+        log.info("sandbox %s of job %s: gateway socket %s relayed to %s", sandbox_id, slot.job_id, socket[:8], target)
+        return RelayResponse(route="relay", path=path)
+
     def close(self, sandbox_id: str, reason: str = "closed") -> bool:
         return bool(self.close_many([sandbox_id], reason))
 
@@ -181,6 +216,9 @@ class SandboxPool:
             except Exception:
                 log.exception("killing sandbox %s failed", slot.sandbox_id)
         exitboost.commit()
+        for slot in slots:  # its harness sessions' ways out go with it
+            for relay in slot.relays.values():
+                relay.close()
         if len(slots) == 1:
             log.info("closing sandbox %s of job %s: %s", slots[0].sandbox_id, slots[0].job_id, reason)
         elif slots:

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import Limits, SandboxSpec
+from sandboxes.base import Limits, SandboxSpec, gateway_dir
 from sandboxes.runtimes.bwrapshell import BwrapShell, tree_info
 from sandboxes.runtimes import exitboost
 from sandboxes.runtimes.cgroups import SandboxLimits, warm_limits
@@ -89,7 +89,7 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
         argv += ["--ro-bind", resolv, "/etc/resolv.conf"]
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
-    gateways = _gateway_dir()
+    gateways = gateway_dir()
     # harness sessions' gateway sockets (unlistable, each behind its own credential); an image's
     # read-only root needs the mount point already there (bwrap cannot make it in a read-only
     # tree), so an image without it gets no gateway: a harness there ends as harness_error
@@ -100,20 +100,6 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
              "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp",
              "--bind", workspace_dir, config.mount, "--remount-ro", "/", "--chdir", workdir]
     return prefix + argv + list(config.shell)
-
-
-def _gateway_dir() -> str | None:
-    """The node's directory of gateway sockets (made here, 0711, where this process may)."""
-    from config.settings import get_settings
-
-    path = get_settings().gateway_socket_dir
-    if not path:
-        return None
-    try:
-        os.makedirs(path, mode=0o711, exist_ok=True)
-    except OSError:
-        pass
-    return path if os.path.isdir(path) else None
 
 
 _IMAGE_ENV_KEPT = ("HOME", "TMPDIR", "HOSTNAME", "USER", "LOGNAME", "SHELL")

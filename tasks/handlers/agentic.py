@@ -48,9 +48,15 @@ class AgentTaskHandler(AgentHandler):
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
         ctx.admit()  # the staleness bound: held while the trainer is too far ahead
         if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
-            from tasks.harnesses.run import run_harness
+            from tasks.harnesses.run import restart_harness, run_harness
 
-            outcome = run_harness(ctx, self.instruction(ctx))
+            ended = (ctx.state.get("harness") or {}).get("finish_reason") if ctx.resumed else None
+            if ended:  # it had ended, and its calls were saved, before the worker died
+                outcome = ctx.state["harness"]
+            else:
+                if ctx.resumed and "harness" in ctx.state:  # it died with its worker: it cannot go on
+                    restart_harness(ctx, lambda: self.init(ctx))
+                outcome = run_harness(ctx, self.instruction(ctx))
         else:
             outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
         self.after_run(ctx, outcome)

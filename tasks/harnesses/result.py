@@ -11,6 +11,8 @@ from prorl_celery.trajectory import TRAJECTORY_KEY
 from tasks.agent.fence import result_block
 from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
 
+RESTARTS_KEY = "harness_restarts"  # in a job's state: how often its harness ran again (tasks.harnesses.run)
+
 
 def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
     block = state.get("harness") or {}
@@ -18,7 +20,8 @@ def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
     out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
            "turns": saved.get("calls", 0), "finish_reason": block.get("finish_reason"),
            "harness": {"name": block.get("name"), "exit_code": block.get("exit_code"),
-                       "output": block.get("output", ""), "session": block.get("session")},
+                       "output": block.get("output", ""), "session": block.get("session"),
+                       "route": block.get("route"), "restarts": state.get(RESTARTS_KEY, 0)},
            "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
                       "gateway": block.get("gateway_s", 0.0)}}
     staleness = staleness_fields(block, state.get(ADMISSION_KEY))

@@ -9,7 +9,9 @@ and unlistable; a sandbox has no network, so its one way out is that socket. Ins
 forwarder (:mod:`prorl_celery.gateway.forward`, run by the system's python3) listens on the
 sandbox's own loopback and pipes to the socket; the harness is given ``http://127.0.0.1:<port>``
 and the session's credential, which no other session's gateway accepts. The socket is node-local:
-the run worker must be on the sandbox host's node."""
+when the sandbox's host is on another node than this worker, the gateway also listens on this
+node's address toward that host, and the host relays a socket of the same name in its own gateway
+directory to it (:mod:`sandboxes.host.relay`); ``state["harness"]["route"]`` says which."""
 from __future__ import annotations
 
 import base64
@@ -17,10 +19,12 @@ import logging
 import os
 import secrets
 import shlex
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from config.settings import get_settings
 
@@ -30,9 +34,11 @@ from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from prorl_celery.staleness import WeightVersions
 from sandboxes.base import ExecResult
+from sandboxes.client import RemoteSandbox
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
+from tasks.harnesses.result import RESTARTS_KEY
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -149,8 +155,14 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                              after_answer=pool.send_releases, fence=staleness_fence(ctx))
     ctx.state["harness"] = _block(spec, session, started)
     ctx.save()  # a cancel from here on finds a harness's result in the state
-    socket_path = _socket_path()
-    with Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=socket_path) as gateway:
+    gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
+    try:
+        route, socket_path = _reach(ctx, gateway)
+    except BaseException:
+        gateway.close()
+        raise
+    ctx.state["harness"]["route"] = route
+    with gateway:
         task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
                            socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
         _install(ctx, harness.launch(task, config))
@@ -158,6 +170,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
             result = _exec_watched(ctx, _wrapped(socket_path), wall, session, log)
         finally:
             _cleanup(ctx)
+            if route == "relay":
+                _unrelay(ctx, gateway.socket_path)
     session.fence_all()  # the session ended: what the result holds is within the bound, or masked
     if result is None:
         _keep(ctx, spec, session, None, "cancelled", started)
@@ -166,6 +180,54 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     state = _keep(ctx, spec, session, result, reason, started)
     log.flush()  # the last calls, with the state that says how it ended
     return state
+
+
+def restart_harness(ctx: StageContext, init: Callable[[], None]) -> None:
+    """The run stage came again after its worker died while the harness ran: the harness's
+    process and its gateway session went with that worker, and a harness cannot be resumed
+    mid-session. It runs again from the start, in a fresh sandbox (``init``: the handler's, which
+    closes the old one: its workspace holds what the first run changed), on a rollout started
+    over: the result holds the calls of one session, never a lost one's beside it.
+    ``harness.restarts`` counts these."""
+    lost = ctx.state.pop("harness", None) or {}
+    ctx.state[RESTARTS_KEY] = ctx.state.get(RESTARTS_KEY, 0) + 1
+    log.warning("job %s: its harness session %s was lost with its worker; running it again in a fresh sandbox",
+                ctx.job_id, lost.get("session"))
+    ctx.restart_transcript()
+    init()
+
+
+def _reach(ctx: StageContext, gateway: Gateway) -> tuple[str, str]:
+    """How the sandbox reaches ``gateway`` and the socket's path as the sandbox sees it: ``direct``
+    when the sandbox's host is on this node (it sees the socket this worker bound), else
+    ``relay``: the gateway also listens on this node's address toward the host, and the host
+    relays a socket of the same name to it (:mod:`sandboxes.host.relay`)."""
+    sandbox = ctx.sandbox
+    if not isinstance(sandbox, RemoteSandbox):  # an in-process sandbox is on this node
+        return "direct", gateway.socket_path
+    name = os.path.basename(gateway.socket_path)
+    answer = sandbox.relay(name)
+    if answer.route == "none":
+        answer = sandbox.relay(name, target=gateway.listen_tcp(_address_toward(sandbox.handle.address)))
+        log.info("job %s: the sandbox is on another node (%s): gateway relayed by its host",
+                 ctx.job_id, sandbox.handle.address)
+    return answer.route, answer.path
+
+
+def _address_toward(url: str) -> str:
+    """This node's address on the route to ``url``'s host (what that host can connect back to)."""
+    parts = urlsplit(url)
+    family = socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((parts.hostname, parts.port or 80))  # no packet: only the route is looked up
+        return probe.getsockname()[0]
+
+
+def _unrelay(ctx: StageContext, socket_path: str) -> None:
+    try:
+        ctx.sandbox.relay(os.path.basename(socket_path), close=True)
+    except Exception as exc:  # noqa: BLE001 - the relay goes with the sandbox anyway
+        log.debug("job %s: relay not closed: %s", ctx.job_id, exc)
 
 
 def staleness_fence(ctx: StageContext) -> Any:
@@ -205,7 +267,7 @@ def _running(session: GatewaySession, started: float) -> dict[str, Any]:
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
           reason: str, started: float) -> dict[str, Any]:
-    state = {**_block(spec, session, started), "finish_reason": reason,
+    state = {**_block(spec, session, started), "route": ctx.state["harness"].get("route"), "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}
     ctx.state["harness"] = state

@@ -161,3 +161,45 @@ def test_a_stale_call_of_a_harness_is_fenced_as_the_built_in_agents_turns(api, o
     assert result["token_mode"] == "exact"
     assert sum(result["tokens"]["loss_mask"]) == len(second["token_ids"]) > 0
     assert result["harness"]["counts"]["stale_masked_tokens"] == len(first["token_ids"]) > 0
+
+
+def test_a_harness_lost_with_its_worker_runs_again_from_the_start(api, stack, oracle_llm, redis_client):
+    """The run worker is killed (SIGKILL) while its harness runs, after the harness's first call
+    was saved. A harness cannot be resumed mid-session (its process and gateway went with the
+    worker), so the redelivered run stage runs it again from the start, in a fresh sandbox, on a
+    rollout started over: the result holds the second session's call alone, never the lost one's
+    beside it, and says it restarted."""
+    import signal
+
+    from config.settings import get_settings
+    from prorl_celery.jobs import JobStore
+
+    marker = f"{401 + os.getpid() % 97}.75"
+    gate = os.path.join(get_settings().gateway_socket_dir, f"gate-{os.getpid()}-{os.urandom(6).hex()}")
+    command = (f'if [ -e ~/touched ]; then echo DIRTY; fi; touch ~/touched\n{agent_command(1)}\n'
+               f'[ -e {gate} ] || sleep {marker}')
+    instance = {"data_source": "math", "problem": MATH[0]["problem"], "answer": MATH[0]["answer"],
+                "agent": {"harness": "command", "command": command}}
+    try:
+        job = submit(api, instance)
+        wait_until(lambda: _running(marker), 60, "the harness to reach its sleep")
+        wait_until(lambda: redis_client.llen(keys.rollout_calls(job)) == 1, 30, "its call to be saved")
+        first_sandbox = JobStore(redis_client).get(job).sandbox["sandbox_id"]
+        open(gate, "w").close()  # the harness run again will not sleep
+        old = stack.children["worker-run"]
+        old.signal(signal.SIGKILL)
+        old.popen.wait()
+        view = wait(api, job, timeout=120)  # the stack's supervisor starts a new run worker
+    finally:
+        if os.path.exists(gate):
+            os.unlink(gate)
+    result = view["result"]
+    assert view["status"] == "completed", result
+    assert view["attempts"]["run"] == 2 and result["harness"]["restarts"] == 1, (view["attempts"], result["harness"])
+    assert JobStore(redis_client).get(job).sandbox["sandbox_id"] != first_sandbox
+    assert "DIRTY" not in result["harness"]["output"] and "calls done" in result["harness"]["output"]
+    assert result["turns"] == 1 and [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    assert redis_client.llen(keys.rollout_calls(job)) == 1  # the lost session's call is gone from the rollout
+    (answer,) = generated(result)
+    assert result["tokens"]["response_ids"] == answer["token_ids"] and result["token_mode"] == "exact"
+    wait_until(lambda: not _running(marker), 30, "the lost harness's processes to be gone")

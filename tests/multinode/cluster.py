@@ -20,6 +20,7 @@ nodes' sandboxes (and any other test's on this machine).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -148,8 +149,15 @@ class Cluster:
         return f"http://{self.head.address}:{LLM_PORT}"
 
     def node_env(self, node: Node, **extra: str) -> dict[str, str]:
+        # a node's /run is its own: harness sessions' gateway sockets are not seen by the other nodes
         return base_env(PRORL_REDIS_URL=self.redis_url, PRORL_API_TOKEN=self.token,
-                        PRORL_SANDBOX_ROOT=str(node.scratch / "sandboxes"), **extra)
+                        PRORL_SANDBOX_ROOT=str(node.scratch / "sandboxes"),
+                        PRORL_GATEWAY_SOCKET_DIR=str(self.gateway_dir(node)), **extra)
+
+    def gateway_dir(self, node: Node) -> Path:
+        """The node's own gateway socket directory (where its /run/prorl-gateway would be); under
+        /run, not the test's tmp: a sandbox's /tmp is its own."""
+        return Path("/run") / f"prorl-multinode-{os.getpid()}-{node.name}"
 
     def start_readme_node(self, node: Node) -> None:
         """The README's cluster commands, one process each."""
@@ -200,3 +208,4 @@ class Cluster:
             if node in self.fabric.nodes:
                 node.stop()
                 self.reap_cgroups(node)
+            shutil.rmtree(self.gateway_dir(node), ignore_errors=True)

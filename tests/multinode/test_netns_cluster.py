@@ -132,6 +132,45 @@ def test_rollouts_spread_over_both_worker_nodes(cluster):
     assert {cluster.node1.name, cluster.node2.name} <= set(workers), workers
 
 
+def test_harness_sessions_reach_their_gateway_from_either_node(cluster):
+    """A harness's sandbox and the run worker holding its gateway are often on different nodes
+    (placement picks the host, any node's run worker takes the stage): the sandbox's host relays
+    the session's socket to the gateway, and every session completes with its calls recorded."""
+    from tests.harnesses.test_command import agent_command
+
+    backends = cluster.http("GET", "/llm_servers").json()["backends"]
+    cluster.http("POST", "/clear_llm_server")
+    resp = cluster.http("POST", "/llm_servers", json={"address": cluster.llm_url, "protocol": "generate",
+                                                      "dialect": "fake", "weight_version": "w1"})
+    assert resp.status_code == 201, resp.text
+    try:
+        instances = [{"data_source": "math", **task, "agent": {"harness": "command", "command": agent_command(2),
+                                                              "wall_s": 120}} for task in (MATH * 3)[:12]]
+        ids = _submit(cluster, instances)
+        views = _wait_all(cluster, ids, 300)
+    finally:
+        cluster.http("POST", "/clear_llm_server")
+        for backend in backends:
+            cluster.http("POST", "/llm_servers", json={"address": backend["address"]})
+    assert len(views) == len(ids), f"{len(ids) - len(views)} jobs never ended\n{cluster.diagnose()}"
+    failed = {j: v["result"] for j, v in views.items() if v["status"] != "completed"}
+    assert not failed, failed
+    node_of_host = {_host_of(cluster, node): node.name for node in (cluster.node1, cluster.node2)}
+    routes = Counter()
+    for view in views.values():
+        result = view["result"]
+        assert result["turns"] == 2 and result["token_mode"] == "exact", result["harness"]
+        assert "calls done" in result["harness"]["output"], result["harness"]["output"]
+        sandbox_node = node_of_host[result["sandbox"]["host_id"]]
+        run_node = view["workers"]["run"].rsplit("@", 1)[-1]
+        expected = "direct" if sandbox_node == run_node else "relay"
+        assert result["harness"]["route"] == expected, (sandbox_node, run_node, result["harness"])
+        routes[expected] += 1
+    assert routes["relay"] >= 1, routes  # 12 sessions, random placement: a node's worker drove another's sandbox
+    for node in (cluster.node1, cluster.node2):  # every session's socket and relay went with it
+        assert not list(cluster.gateway_dir(node).glob("*.sock")), node.name
+
+
 def test_killing_a_worker_node_mid_batch(cluster):
     survivor, doomed = cluster.node1, cluster.node2
     survivor_host, doomed_host = _host_of(cluster, survivor), _host_of(cluster, doomed)
