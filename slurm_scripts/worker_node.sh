@@ -18,6 +18,9 @@
 #   PRORL_SANDBOX_CAPACITY    sandboxes this node serves at once (default: 32 per CPU, at most
 #                             available memory / 16 MiB; prorl_celery/ops/sizing.py)
 #   PRORL_RUN_CONCURRENCY     threads of the run worker (default: the sandbox capacity)
+#   PRORL_RUN_WORKER_PROCESSES  processes the run worker is started as (default 1), its threads
+#                             split between them: the gateways of harness sessions live there, so
+#                             a node with hundreds of them wants its cores (config/settings.py)
 #   PRORL_INIT_CONCURRENCY, PRORL_EVAL_CONCURRENCY   (default: a quarter of it, 8 to 64)
 #   PRORL_MAINT_CONCURRENCY   (default 2)
 #   PRORL_SANDBOX_PORT        sandbox host port (default 0: any free port)
@@ -97,10 +100,9 @@ host_args=(--host 0.0.0.0 --port "$SANDBOX_PORT"
 [[ -n ${PRORL_SANDBOX_RUNTIME_CONFIG:-} ]] && host_args+=(--runtime-config "$PRORL_SANDBOX_RUNTIME_CONFIG")
 prorl_start sandbox-host "$PRORL_PYTHON" -m prorl_celery.ops.cli sandbox-host "${host_args[@]}"
 
+WORKERS=()
 stop_all() {
-    local workers=() q
-    for q in "${QUEUES[@]}"; do workers+=("worker-$q"); done
-    prorl_stop "${workers[@]}"
+    ((${#WORKERS[@]})) && prorl_stop "${WORKERS[@]}"
     prorl_stop sandbox-host
     rm -f "$READY_FILE"
     prorl_log "stopped"
@@ -121,10 +123,23 @@ SANDBOX_URL=$("$PRORL_PYTHON" -c 'import json, sys; print(json.load(open(sys.arg
 prorl_log "sandbox host on $SANDBOX_URL"
 
 # -- one worker per queue -----------------------------------------------------------------------
+# The run queue's worker may be several processes (PRORL_RUN_WORKER_PROCESSES), as `prorl-celery up`
+# starts it (prorl_celery/ops/launcher.py): worker-run, worker-run-2, ... sharing its threads.
 for q in "${QUEUES[@]}"; do
     [[ -n ${CONCURRENCY[$q]:-} ]] || { stop_all; prorl_die "unknown queue '$q' in PRORL_NODE_QUEUES"; }
-    prorl_start "worker-$q" "$PRORL_PYTHON" -m celery -A prorl_celery worker -Q "$q" \
-        -n "$q-j$JOB_ID@%h" -c "${CONCURRENCY[$q]}" --loglevel INFO --without-mingle --without-gossip
+    threads=${CONCURRENCY[$q]}
+    procs=1
+    [[ $q == run ]] && procs=${PRORL_RUN_WORKER_PROCESSES:-1}
+    [[ $procs =~ ^[1-9][0-9]*$ ]] || { stop_all; prorl_die "PRORL_RUN_WORKER_PROCESSES must be a positive integer"; }
+    ((procs > threads)) && procs=$threads
+    for ((i = 1; i <= procs; i++)); do
+        name=$q
+        ((i > 1)) && name="$q-$i"
+        prorl_start "worker-$name" "$PRORL_PYTHON" -m celery -A prorl_celery worker -Q "$q" \
+            -n "$name-j$JOB_ID@%h" -c $((threads / procs + (i <= threads % procs))) \
+            --loglevel INFO --without-mingle --without-gossip
+        WORKERS+=("worker-$name")
+    done
 done
 prorl_log "ready"
 

@@ -5,12 +5,14 @@
 - ``node1`` (10.77.0.2): the README's "Running the parts yourself" commands: ``prorl-celery
   sandbox-host --host 0.0.0.0`` and one Celery worker per queue; no address given anywhere, so the
   host must find the one the other nodes reach it at.
-- ``node2`` (10.77.0.3): ``slurm_scripts/worker_node.sh HEAD_FILE`` with its defaults (no
+- ``node2`` (10.77.0.3): ``slurm_scripts/worker_node.sh HEAD_FILE`` with its defaults but a run worker
+  of two processes (``PRORL_RUN_WORKER_PROCESSES=2``; no
   ``PRORL_NODE_ADDR``: the host name "node2" resolves nowhere, the published address must not
   depend on it).
 - ``client`` (10.77.0.10): where the test, as the trainer, talks to the API and Redis from.
 
-Every node has its own hostname and sandbox root (its "local disk" for workspaces); the file
+Every node has its own hostname, sandbox root (its "local disk" for workspaces) and gateway socket
+directory (its own /run: a harness session on another node is relayed); the file
 system is otherwise shared, as a cluster's shared file system is. The sandbox uid leases stay in
 the machine's one lock directory: the nodes share one kernel, hence one uid space, and a host
 that starts reaps every process of a sandbox uid whose lease nobody holds in *its* lock
@@ -176,7 +178,7 @@ class Cluster:
         env = self.node_env(node, PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM),
                             PRORL_STATE_DIR=str(self.work / f"{node.name}-state"),
                             PRORL_LOG_DIR=str(self.logs),
-                            PRORL_SANDBOX_CAPACITY=str(CAPACITY),
+                            PRORL_SANDBOX_CAPACITY=str(CAPACITY), PRORL_RUN_WORKER_PROCESSES="2",
                             **{f"PRORL_{q.upper()}_CONCURRENCY": str(n) for q, n in QUEUE_THREADS.items()})
         node.spawn("worker-node-sh", ["bash", str(SLURM / "worker_node.sh"), str(self.head_file)],
                    env, self.logs, cwd=self.work)
