@@ -226,7 +226,9 @@ def gateway_dir() -> str | None:
     if not path:
         return None
     try:
-        os.makedirs(path, mode=0o711, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
+        if os.stat(path).st_uid == os.getuid():  # whatever the umask (worker_node.sh sets 077): 0700
+            os.chmod(path, 0o711)  # would shut every sandbox uid out of its own socket
     except OSError:
         pass
     return path if os.path.isdir(path) else None

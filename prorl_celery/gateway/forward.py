@@ -49,6 +49,13 @@ def serve(client, path):
 
 def main():
     port, path, ready = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:  # a socket this sandbox cannot reach fails here, said plainly, not as a reset connection later
+        probe.connect(path)
+    except OSError as exc:
+        sys.exit(f"the session's gateway socket {path} cannot be reached: {exc}")
+    finally:
+        probe.close()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))

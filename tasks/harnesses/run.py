@@ -33,7 +33,7 @@ from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forwa
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from prorl_celery.staleness import WeightVersions
-from sandboxes.base import ExecResult
+from sandboxes.base import ExecResult, gateway_dir
 from sandboxes.client import RemoteSandbox
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
@@ -75,8 +75,10 @@ def _wrapped(socket_path: str) -> str:
 
 
 def _socket_path() -> str:
-    directory = get_settings().gateway_socket_dir
-    os.makedirs(directory, mode=0o711, exist_ok=True)
+    directory = gateway_dir()
+    if directory is None:
+        raise RuntimeError(f"no gateway socket directory (settings.gateway_socket_dir: "
+                           f"{get_settings().gateway_socket_dir!r}): a harness has no way to its gateway")
     return os.path.join(directory, f"{secrets.token_hex(16)}.sock")
 
 

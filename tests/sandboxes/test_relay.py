@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -149,3 +150,25 @@ def test_relay_requests_are_checked(start_host, node2_gateways):
     with pytest.raises(SandboxGone):
         sandbox.relay(name, target="127.0.0.1:9")
     assert json.dumps(sorted(os.listdir(node2_gateways))) == json.dumps([name])  # the closed sandbox's relay went
+
+
+def test_the_gateway_directory_is_enterable_whatever_the_umask(tmp_path, monkeypatch):
+    """worker_node.sh runs everything under umask 077: a directory made with mode 0711 then is
+    0700, and every sandbox uid is shut out of its own session's socket (seen on the multinode
+    cluster: each harness on that node ended with a reset connection)."""
+    from config.settings import get_settings
+    from sandboxes.base import gateway_dir
+
+    target = tmp_path / "node-run" / "prorl-gateway"
+    monkeypatch.setenv("PRORL_GATEWAY_SOCKET_DIR", str(target))
+    get_settings.cache_clear()
+    old = os.umask(0o077)
+    try:
+        assert gateway_dir() == str(target)
+        target.chmod(0o700)  # as a run under that umask left it before
+        assert gateway_dir() == str(target)
+    finally:
+        os.umask(old)
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o711
