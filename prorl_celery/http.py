@@ -229,3 +229,19 @@ def request_json(method: str, url: str, body: Any = None, *, timeout: float,
         return resp.status_code, resp.json() if resp.content else None
     except ValueError:
         return resp.status_code, resp.text
+
+
+def route_source(host: str, port: int) -> str | None:
+    """The local address a packet to ``host:port`` leaves from (a UDP ``connect`` sends nothing)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.connect(address)
+                return sock.getsockname()[0]
+        except OSError:
+            continue
+    return None

@@ -15,24 +15,10 @@ import logging
 import socket
 import urllib.parse
 
+from prorl_celery.http import route_source
+
 log = logging.getLogger(__name__)
 WILDCARDS = ("0.0.0.0", "::", "")
-
-
-def route_source(host: str, port: int) -> str | None:
-    """The local address a packet to ``host:port`` leaves from (a UDP ``connect`` sends nothing)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    except OSError:
-        return None
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.connect(address)
-                return sock.getsockname()[0]
-        except OSError:
-            continue
-    return None
 
 
 def is_loopback(host: str) -> bool:

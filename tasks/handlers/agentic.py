@@ -50,11 +50,11 @@ class AgentTaskHandler(AgentHandler):
         if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
             from tasks.harnesses.run import restart_harness, run_harness
 
-            ended = (ctx.state.get("harness") or {}).get("finish_reason") if ctx.resumed else None
-            if ended:  # it had ended, and its calls were saved, before the worker died
-                outcome = ctx.state["harness"]
+            before = ctx.state.get("harness") if ctx.resumed else None  # a delivery that died in it
+            if before and before.get("finish_reason"):  # it had ended, its calls saved, before the worker died
+                outcome = before
             else:
-                if ctx.resumed and "harness" in ctx.state:  # it died with its worker: it cannot go on
+                if before:  # it died with its worker: it cannot go on
                     restart_harness(ctx, lambda: self.init(ctx))
                 outcome = run_harness(ctx, self.instruction(ctx))
         else:

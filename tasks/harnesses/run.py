@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import shlex
-import socket
 import threading
 import time
 from pathlib import Path
@@ -28,8 +27,9 @@ from urllib.parse import urlsplit
 
 from config.settings import get_settings
 
-from prorl_celery.errors import JobCancelled
+from prorl_celery.errors import JobCancelled, SandboxError
 from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forward
+from prorl_celery.http import route_source
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from prorl_celery.staleness import WeightVersions
@@ -210,19 +210,14 @@ def _reach(ctx: StageContext, gateway: Gateway) -> tuple[str, str]:
     name = os.path.basename(gateway.socket_path)
     answer = sandbox.relay(name)
     if answer.route == "none":
-        answer = sandbox.relay(name, target=gateway.listen_tcp(_address_toward(sandbox.handle.address)))
+        host = urlsplit(sandbox.handle.address)
+        here = route_source(host.hostname, host.port or 80)  # this node's address on the way to that host
+        if here is None:
+            raise SandboxError(f"no route to the sandbox's host {sandbox.handle.address} for its gateway relay")
+        answer = sandbox.relay(name, target=gateway.listen_tcp(here))
         log.info("job %s: the sandbox is on another node (%s): gateway relayed by its host",
                  ctx.job_id, sandbox.handle.address)
     return answer.route, answer.path
-
-
-def _address_toward(url: str) -> str:
-    """This node's address on the route to ``url``'s host (what that host can connect back to)."""
-    parts = urlsplit(url)
-    family = socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((parts.hostname, parts.port or 80))  # no packet: only the route is looked up
-        return probe.getsockname()[0]
 
 
 def _unrelay(ctx: StageContext, socket_path: str) -> None:
