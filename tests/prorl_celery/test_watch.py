@@ -17,6 +17,14 @@ def _jobs(store: JobStore, n: int) -> list[str]:
     return [job_id for job_id, _ in named]
 
 
+def _recorded(store: JobStore) -> list:
+    """Every reading the watch makes of ``store`` from now on: (ids added, ids removed) each."""
+    reads: list = []
+    real = store.watched_statuses
+    store.watched_statuses = lambda key, add, remove: reads.append((list(add), list(remove))) or real(key, add, remove)
+    return reads
+
+
 def test_statuses_reads_each_job_and_none_for_unknown(redis_client):
     store = JobStore(redis_client)
     ids = _jobs(store, 3)
@@ -29,9 +37,7 @@ def test_one_reading_answers_every_watched_job_until_it_is_old(redis_client):
     store = JobStore(redis_client)
     ids = _jobs(store, 20)
     watch = StatusWatch(store, max_age_s=1.5, forget_s=10.0)
-    reads = []
-    real = store.watched_statuses
-    store.watched_statuses = lambda key, add, remove: reads.append((list(add), list(remove))) or real(key, add, remove)
+    reads = _recorded(store)
     assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 20
     before = len(reads)
     assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 20
@@ -51,9 +57,7 @@ def test_readings_send_only_the_ids_that_joined_or_left(redis_client):
     store = JobStore(redis_client)
     ids = _jobs(store, 5)
     watch = StatusWatch(store, max_age_s=0.0, forget_s=0.5)
-    reads = []
-    real = store.watched_statuses
-    store.watched_statuses = lambda key, add, remove: reads.append((list(add), list(remove))) or real(key, add, remove)
+    reads = _recorded(store)
     for j in ids:
         watch.status(j)  # first asked: read alone
     assert [watch.status(j) for j in ids] == [JobStatus.QUEUED] * 5
