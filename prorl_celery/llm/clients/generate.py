@@ -16,7 +16,7 @@ The backend's ``dialect`` names its token API (there is no default: real servers
   versions put the prompt in front of ``output_ids`` (the last ``completion_tokens`` are taken,
   cross-checked with the logprobs' ids), older ones reject ``sampling_seed`` (resent without it),
   and ``abort`` (a weight update) is retried without quarantine;
-- ``vllm-completions`` / ``vllm-generate``: vLLM's, in :mod:`prorl_celery.llm.clients.vllm`;
+- ``vllm-completions`` / ``vllm-generate``: vLLM's, in :mod:`prorl_celery.llm.dialects.vllm`;
 - ``fake``: the project's fake server only, ``{"prompt_ids"}`` -> ``{"response_ids", "logprobs"}``.
 
 Every answer must carry one logprob per generated token (:class:`LogprobMismatch` otherwise).
@@ -221,7 +221,7 @@ _wires_lock = threading.Lock()
 
 
 def wire_for(slot: Slot) -> Wire:
-    """The backend's wire; vLLM's live in :mod:`prorl_celery.llm.clients.vllm`, imported on first use."""
+    """The backend's wire; vLLM's live in :mod:`prorl_celery.llm.dialects.vllm`, imported on first use."""
     dialect = slot.backend.dialect
     if dialect is None:
         raise LLMRequestRejected(f"backend {slot.backend.id} has no dialect: register it with the server's "
@@ -231,7 +231,7 @@ def wire_for(slot: Slot) -> Wire:
     with _wires_lock:
         if dialect in (Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE) and dialect not in WIRES:
             try:
-                from prorl_celery.llm.clients import vllm
+                from prorl_celery.llm.dialects import vllm
             except ImportError as exc:
                 raise LLMRequestRejected(f"dialect {dialect.value} is not available here: {exc}") from None
             WIRES[Dialect.VLLM_COMPLETIONS] = vllm.VllmCompletionsWire()

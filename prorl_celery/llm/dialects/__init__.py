@@ -1,0 +1,1 @@
+"""One module per LLM server dialect (see README.md)."""
