@@ -26,7 +26,7 @@ from prorl_celery.fakes.llm.policies import Reply
 from prorl_celery.fakes.llm.server import FakeLLM
 from prorl_celery.fakes.llm.token_api import fake_generate
 from prorl_celery.llm.clients.generate import GenerateClient, build_prompt, max_new_tokens, wire_for
-from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
+from prorl_celery.llm.models import LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import get_tokenizer
 
@@ -68,7 +68,7 @@ class ScriptedPolicy:
         self.fake = FakeLLM(self, _instant_engine(), model, max_model_len, self.tok)
         self.slot = Slot.direct(backend_id="scripted", address="inprocess://scripted", protocol=Protocol.GENERATE,
                                 model=model, weight_version=weight_version, max_model_len=max_model_len,
-                                tokenizer=tokenizer, dialect=Dialect.FAKE)
+                                tokenizer=tokenizer, dialect="fake")
         self.requests: list[LLMRequest] = []
         self._reply = Reply()
 

@@ -16,33 +16,6 @@ class Protocol(str, Enum):
     GENERATE = "generate"  # token in, token out: {"prompt_ids", ...} -> {"response_ids", "logprobs"}
 
 
-class Dialect(str, Enum):
-    """Wire format of a backend: which real server's API the protocol is spoken in.
-
-    generate (token in, token out): ``sglang`` (``POST /generate``, SGLang's native API),
-    ``vllm-completions`` (``POST /v1/completions`` with a token-id prompt), ``vllm-generate``
-    (``POST /inference/v1/generate``), ``llama.cpp`` (``POST /completion`` with a token-id prompt),
-    ``fake`` (the project's fake server only: ``{"prompt_ids"}`` -> ``{"response_ids"}``).
-    chat (OpenAI chat completions): ``openai`` (strict OpenAI fields), ``vllm`` (plus
-    ``return_token_ids``), ``nemo-gym`` (NeMo Gym's model server: vLLM's fields, and each earlier
-    turn's token ids back on its assistant message), ``sglang``, ``llama.cpp``.
-    """
-
-    FAKE = "fake"
-    SGLANG = "sglang"
-    VLLM_COMPLETIONS = "vllm-completions"
-    VLLM_GENERATE = "vllm-generate"
-    LLAMACPP = "llama.cpp"
-    OPENAI = "openai"
-    VLLM = "vllm"
-    NEMO_GYM = "nemo-gym"
-
-
-GENERATE_DIALECTS = frozenset({Dialect.FAKE, Dialect.SGLANG, Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE,
-                               Dialect.LLAMACPP})
-CHAT_DIALECTS = frozenset({Dialect.OPENAI, Dialect.VLLM, Dialect.NEMO_GYM, Dialect.SGLANG, Dialect.LLAMACPP})
-
-
 class PauseApi(str, Enum):
     """The server's own pause around a weight update (see :mod:`prorl_celery.llm.pause`)."""
 
@@ -66,9 +39,10 @@ class BackendSpec(BaseModel):
     capacity: int | None = Field(None, ge=1, le=100000,
                                  description="Sequences it runs at once; default llm_default_capacity.")
     protocol: Protocol = Field(Protocol.CHAT, description="chat (OpenAI-compatible) or generate (token ids).")
-    dialect: Dialect | None = Field(None, description="The server's API: generate needs one of fake, sglang, "
-                                                      "vllm-completions, vllm-generate, llama.cpp; chat takes "
-                                                      "openai, vllm (default), nemo-gym, sglang, llama.cpp.")
+    dialect: str | None = Field(None, description="The server's API (prorl_celery/llm/dialects): generate needs "
+                                                  "one of fake, sglang, vllm-completions, vllm-generate, "
+                                                  "llama.cpp; chat takes openai, vllm (default), nemo-gym, "
+                                                  "sglang, llama.cpp.")
     model: str | None = Field(None, description="Model name to send; default: the first of /v1/models.")
     weight_version: str | None = Field(None, description="Version of the weights it serves now.")
     max_model_len: int | None = Field(None, ge=1, description="Context window; token mode keeps within it.")
@@ -101,20 +75,36 @@ class BackendSpec(BaseModel):
             raise ValueError(f"unknown tool-call format {value!r}; known: {', '.join(sorted(PARSERS))}")
         return value
 
+    @field_validator("dialect")
+    @classmethod
+    def _known_dialect(cls, value: str | None) -> str | None:
+        from prorl_celery.errors import UnknownPlugin
+        from prorl_celery.llm import dialects
+
+        if value is not None:
+            try:
+                dialects.get(value)
+            except UnknownPlugin as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     @model_validator(mode="after")
     def _dialect_of_protocol(self) -> "BackendSpec":
         """A generate backend names its wire (there is no default token API that real servers share);
         a chat backend takes only chat dialects."""
+        from prorl_celery.llm import dialects
+
+        serves = dialects.get(self.dialect).protocols() if self.dialect is not None else frozenset()
         if self.protocol is Protocol.GENERATE:
-            if self.dialect not in GENERATE_DIALECTS:
+            if Protocol.GENERATE not in serves:
                 raise PydanticCustomError(
                     "dialect", "the generate protocol needs the server's token API, one of {names}",
-                    {"loc": "dialect", "names": ", ".join(sorted(d.value for d in GENERATE_DIALECTS))})
-        elif self.dialect is not None and self.dialect not in CHAT_DIALECTS:
+                    {"loc": "dialect", "names": ", ".join(dialects.serving(Protocol.GENERATE))})
+        elif self.dialect is not None and Protocol.CHAT not in serves:
             raise PydanticCustomError(
                 "dialect", "{name!r} is a wire format of the generate protocol: set protocol to "
                 "generate (chat takes {names})",
-                {"loc": "dialect", "name": self.dialect.value, "names": ", ".join(sorted(d.value for d in CHAT_DIALECTS))})
+                {"loc": "dialect", "name": self.dialect, "names": ", ".join(dialects.serving(Protocol.CHAT))})
         return self
 
 
@@ -124,7 +114,7 @@ class Backend(BaseModel):
     id: str
     address: str
     protocol: Protocol
-    dialect: Dialect | None = None
+    dialect: str | None = None
     capacity: int
     status: BackendStatus
     model: str | None = None

@@ -22,15 +22,11 @@ from typing import Literal
 
 from prorl_celery import http
 from prorl_celery.errors import BackendFailed
-from prorl_celery.llm.models import Backend, Dialect, PauseApi, Protocol
+from prorl_celery.llm import dialects
+from prorl_celery.llm.models import Backend, PauseApi, Protocol
 
 Mode = Literal["keep", "abort", "drain"]
-SPAN_DIALECTS = frozenset({Dialect.FAKE, Dialect.VLLM_GENERATE})  # answers carry weight_versions spans
 TIMEOUT_S = 120.0
-
-
-# token APIs the service reads streamed: it can cut a turn and keep its tokens without the server's help
-STREAMED_DIALECTS = frozenset({Dialect.LLAMACPP})
 
 
 def effective_mode(backend: Backend, asked: Mode) -> Mode:
@@ -38,9 +34,10 @@ def effective_mode(backend: Backend, asked: Mode) -> Mode:
     api = backend.pause_api or PauseApi.NONE
     if asked == "drain" or backend.protocol is not Protocol.GENERATE:
         return "drain"
-    if api is PauseApi.NONE:
-        return "abort" if backend.dialect in STREAMED_DIALECTS else "drain"
-    if asked == "keep" and backend.dialect in SPAN_DIALECTS:
+    wire = dialects.token_of(backend.dialect)  # what its dialect declares (None: no token API)
+    if api is PauseApi.NONE:  # read streamed: the service can cut a turn and keep its tokens
+        return "abort" if getattr(wire, "streamed", False) else "drain"
+    if asked == "keep" and getattr(wire, "versioned_spans", False):  # spans say which version sampled what
         return "keep"
     return "abort"
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from prorl_celery import http
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, InvalidRequest, LLMError
-from prorl_celery.llm.models import BackendSpec, Dialect, LLMRequest, Protocol, SamplingParams
+from prorl_celery.llm import dialects
+from prorl_celery.llm.models import BackendSpec, LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call
 
@@ -20,22 +21,6 @@ PROBE_TIMEOUT_S = 60.0
 PROBE_TOOL = {"type": "function", "function": {
     "name": "probe", "description": "registration probe",
     "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
-# What each server needs started to answer what was asked (shown with the server's own message).
-FLAGS = {
-    "tools": {Dialect.VLLM: "--enable-auto-tool-choice --tool-call-parser hermes",
-              Dialect.NEMO_GYM: "a vLLM behind Gym's model server started with --enable-auto-tool-choice "
-                                "--tool-call-parser",
-              Dialect.LLAMACPP: "--jinja (and a chat template with tool calls, e.g. --chat-template-file)",
-              Dialect.SGLANG: "--tool-call-parser"},
-    "dialect": {Dialect.VLLM_GENERATE: "--enable-scale-out (serves /inference/v1/generate)",
-                Dialect.VLLM_COMPLETIONS: "vLLM >= 0.10.2 (return_token_ids)"},
-    "exact_tokens": {Dialect.VLLM: "vLLM >= 0.10.2 (return_token_ids)",
-                     Dialect.NEMO_GYM: "return_token_id_information: true in the Gym model server's config",
-                     Dialect.OPENAI: "none: the OpenAI API returns no token ids; use dialect vllm or llama.cpp",
-                     Dialect.SGLANG: "none: use the generate protocol with dialect sglang"},
-}
-
-
 def probe_backend(spec: BackendSpec, address: str) -> dict[str, Any]:
     """The fields the server states (``model``, ``max_model_len``) that ``spec`` leaves open;
     raises InvalidRequest (a 400 naming the field and the missing flag) when it cannot serve."""
@@ -90,9 +75,10 @@ def _one_token(slot: Slot, request: LLMRequest, spec: BackendSpec) -> Any:
 
 
 def _refused(spec: BackendSpec, field: str, why: str) -> InvalidRequest:
-    dialect = spec.dialect or (Dialect.VLLM if spec.protocol is Protocol.CHAT else None)
-    flag = FLAGS.get(field, {}).get(dialect) if dialect else None
+    """The refusal, with what the server needs started as its dialect says (its probe hints)."""
+    dialect = spec.dialect or (dialects.DEFAULT_CHAT if spec.protocol is Protocol.CHAT else None)
+    flag = dialects.get(dialect).probe_hints.get(field) if dialect else None
     asked = {"tools": "tool calls", "exact_tokens": "exact token ids",
-             "dialect": f"the {spec.protocol.value} protocol in dialect {dialect.value if dialect else None}"}[field]
+             "dialect": f"the {spec.protocol.value} protocol in dialect {dialect}"}[field]
     hint = f"; the server needs {flag}" if flag else ""
     return InvalidRequest(f"{field}: the server at {spec.address} cannot serve {asked}: {why}{hint}", field=field)

@@ -85,7 +85,7 @@ class BackendRegistry:
                      "tokenizer", "api_key", "logprobs_mode", "pause_api", "tool_parser"):
             value = getattr(spec, name)
             if value is not None and name in spec.model_fields_set:
-                fields[name] = value.value if name in ("protocol", "dialect", "pause_api") else value
+                fields[name] = value.value if name in ("protocol", "pause_api") else value
         argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
         argv += [item for pair in fields.items() for item in pair]
         created = self.redis.eval(_ADD, 4, keys.llm_backends(), keys.llm_backend(bid),

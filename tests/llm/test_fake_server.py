@@ -76,7 +76,7 @@ def test_sglang_quirks_context_check_prefix_and_abort(fake_llms):
     project's SGLang wire reads the prefixed ids back to the generated ones and the abort as a
     retryable BackendAborted."""
     from prorl_celery.errors import BackendAborted
-    from prorl_celery.llm.clients.generate import SGLangWire
+    from prorl_celery.llm.dialects.sglang import SGLangWire
 
     (plain,) = fake_llms(1, extra=["--max-model-len", "64"])
     (prefixed,) = fake_llms(1, extra=["--max-model-len", "64", "--sglang-prompt-in-output"])
@@ -130,12 +130,12 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     the same request again without the seed and gets its turn (the fake saw both)."""
     from prorl_celery.llm import LLMRequest, SamplingParams
     from prorl_celery.llm.clients.generate import GenerateClient
-    from prorl_celery.llm.models import Dialect, Protocol
+    from prorl_celery.llm.models import Protocol
     from prorl_celery.llm.routing import Slot
     from prorl_celery.llm.transport import Call
 
     (proc,) = fake_llms(1, extra=["--sglang-no-seed"])
-    slot = Slot.direct("old-sglang", proc.url, Protocol.GENERATE, dialect=Dialect.SGLANG, model="m",
+    slot = Slot.direct("old-sglang", proc.url, Protocol.GENERATE, dialect="sglang", model="m",
                        tokenizer="byte", max_model_len=4096)
     request = LLMRequest(messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(seed=3, max_tokens=8))
     with Call(10) as call:
@@ -143,7 +143,7 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     assert turn.response_ids and len(turn.logprobs) == len(turn.response_ids)
     sent = [r.get("sampling_params", {}) for r in proc.received()]
     assert len(sent) == 1 and "sampling_seed" not in sent[0]  # only the unseeded one reached generation
-    from prorl_celery.llm.clients.generate import _no_seed
+    from prorl_celery.llm.dialects.sglang import _no_seed
 
     assert proc.url in _no_seed  # the seeded one was sent first and refused
     refused = _sglang(proc.url, [1, 2, 3], max_new_tokens=2, sampling_seed=1)

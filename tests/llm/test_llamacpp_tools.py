@@ -7,7 +7,7 @@ import pytest
 from tasks.agent.tools import BASH, EDITOR, SUBMIT
 from prorl_celery.llm.clients.chat import chat_body
 from prorl_celery.llm.dialects.llamacpp_tools import forced_call, requested_names, tool_call_grammar
-from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
+from prorl_celery.llm.models import LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 TOOLS = [BASH, EDITOR, SUBMIT]
 
 
-def _body(dialect: Dialect, tool_choice) -> dict:
+def _body(dialect: str, tool_choice) -> dict:
     slot = Slot.direct(backend_id="b", address="http://x", protocol=Protocol.CHAT, dialect=dialect)
     request = LLMRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                          sampling=SamplingParams(tool_choice=tool_choice))
@@ -23,7 +23,7 @@ def _body(dialect: Dialect, tool_choice) -> dict:
 
 
 def test_required_goes_as_a_grammar_with_tool_choice_none():
-    body = _body(Dialect.LLAMACPP, "required")
+    body = _body("llama.cpp", "required")
     assert body["tool_choice"] == "none" and body["tools"] == TOOLS and body["parallel_tool_calls"] is False
     grammar = body["grammar"]
     assert grammar.startswith("root ::= call0 | call1 | call2\n")
@@ -32,7 +32,7 @@ def test_required_goes_as_a_grammar_with_tool_choice_none():
 
 
 def test_a_named_function_allows_only_that_one():
-    body = _body(Dialect.LLAMACPP, {"type": "function", "function": {"name": "submit"}})
+    body = _body("llama.cpp", {"type": "function", "function": {"name": "submit"}})
     assert body["grammar"].startswith("root ::= call0\n") and '\\"submit\\"' in body["grammar"]
     assert '\\"bash\\"' not in body["grammar"]
     assert requested_names(TOOLS, {"type": "function", "function": {"name": "nope"}}) is None
@@ -40,10 +40,10 @@ def test_a_named_function_allows_only_that_one():
 
 def test_auto_none_and_other_dialects_are_left_alone():
     for choice in ("auto", "none", None):
-        body = _body(Dialect.LLAMACPP, choice)
+        body = _body("llama.cpp", choice)
         assert "grammar" not in body and body.get("tool_choice") == choice
     assert forced_call(None, "required") == {}
-    body = _body(Dialect.VLLM, "required")
+    body = _body("vllm", "required")
     assert body["tool_choice"] == "required" and "grammar" not in body
 
 

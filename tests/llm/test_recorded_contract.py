@@ -23,14 +23,14 @@ from prorl_celery.llm.clients.base import post
 from prorl_celery.llm.clients.chat import ChatClient
 from prorl_celery.fakes.llm.server import FakeOptions, make_server
 from prorl_celery.llm.clients.generate import fetch, wire_for
-from prorl_celery.llm.models import Dialect, Protocol
+from prorl_celery.llm.models import Protocol
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, request_json
 
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded"
-TOKEN_DIALECTS = {"/completion": Dialect.LLAMACPP, "/v1/completions": Dialect.VLLM_COMPLETIONS,
-                  "/inference/v1/generate": Dialect.VLLM_GENERATE, "/generate": Dialect.SGLANG}
-CHAT_DIALECTS = {"llamacpp": Dialect.LLAMACPP, "vllm": Dialect.VLLM, "sglang": Dialect.SGLANG}
+TOKEN_DIALECTS = {"/completion": "llama.cpp", "/v1/completions": "vllm-completions",
+                  "/inference/v1/generate": "vllm-generate", "/generate": "sglang"}
+CHAT_DIALECTS = {"llamacpp": "llama.cpp", "vllm": "vllm", "sglang": "sglang"}
 FLAVORS = {"llamacpp": "llama.cpp", "vllm": "vllm", "sglang": "sglang"}
 MISSING_TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "--jinja")
 
@@ -219,7 +219,7 @@ def test_seeded_engine_death_as_recorded(replay):
     with Call(5) as call:
         assert request_json(call, "GET", url + "/health")[0] == 503
     replay.status, replay.body = record["status"], record["response"]
-    slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=Dialect.VLLM_COMPLETIONS)
+    slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect="vllm-completions")
     for address in (replay.url, url):
         with pytest.raises(BackendFailed), Call(5) as call:
             elsewhere = Slot(slot.backend.model_copy(update={"address": address}))
@@ -229,14 +229,14 @@ def test_seeded_engine_death_as_recorded(replay):
         request_json(call, "GET", url + "/health")
 
 
-@pytest.mark.parametrize("dialect", [Dialect.FAKE, Dialect.SGLANG, Dialect.VLLM_COMPLETIONS, Dialect.VLLM_GENERATE,
-                                     Dialect.LLAMACPP], ids=lambda d: d.value)
-def test_each_wire_reads_the_fake_answering_its_own_request(dialect: Dialect, fakes):
+@pytest.mark.parametrize("dialect", ["fake", "sglang", "vllm-completions", "vllm-generate",
+                                     "llama.cpp"], ids=str)
+def test_each_wire_reads_the_fake_answering_its_own_request(dialect: str, fakes):
     """The request each wire really sends (not the recorded one) gets an answer it reads: ids,
     one logprob per id, a finish reason."""
     from prorl_celery.llm.tokenizer import ByteTokenizer
 
-    url = fakes("llamacpp" if dialect is Dialect.LLAMACPP else "vllm", 4096, True)
+    url = fakes("llamacpp" if dialect == "llama.cpp" else "vllm", 4096, True)
     slot = Slot.direct(backend_id="b", address=url, protocol=Protocol.GENERATE, dialect=dialect, model="m")
     wire, tok = wire_for(slot), ByteTokenizer()
     request = LLMRequest(messages=[{"role": "user", "content": "hello"}])

