@@ -93,10 +93,15 @@ def read_tokens(data: dict[str, Any], choice: dict[str, Any], message: dict[str,
     bundle = message_bundle(message)
     if bundle is None:
         return prompt_ids, response_ids, logprobs
-    for mine, theirs, name in ((prompt_ids, bundle[0], "prompt"), (response_ids, bundle[1], "response")):
-        if mine is not None and list(mine) != theirs:
-            raise ValueError(f"the message's {name} token ids disagree with the response's")
+    _agree(prompt_ids, bundle[0], "prompt")
+    _agree(response_ids, bundle[1], "response")
     return bundle[0], bundle[1], bundle[2] or None
+
+
+def _agree(mine: list[int] | None, theirs: list[int], name: str) -> None:
+    """The server's own ids, where it also gave them, are the message bundle's."""
+    if mine is not None and list(mine) != theirs:
+        raise ValueError(f"the message's {name} token ids disagree with the response's")
 
 
 def message_bundle(message: dict[str, Any]) -> tuple[list[int], list[int], list[float]] | None:

@@ -63,9 +63,7 @@ def _arguments_rule(schema: Any) -> str:
     props, required = schema.get("properties") or {}, schema.get("required") or []
     if not isinstance(props, dict) or not props or set(required) - set(props):
         return "object"
-    optional = [name for name in props if name not in required]
-    member = "( " + " | ".join(f'{literal(json.dumps(name))} ws ":" ws {_value_rule(props[name])}'
-                               for name in optional) + " )" if optional else None
+    member = _optional_member(props, [name for name in props if name not in required])
     if not required:  # member is set: props is not empty
         return f'"{{" ws ( {member} ( ws "," ws {member} )* )? ws "}}"'
     parts = [literal(("{" if i == 0 else ", ") + json.dumps(name) + ": ") + " " + _value_rule(props[name])
@@ -73,6 +71,14 @@ def _arguments_rule(schema: Any) -> str:
     if member:
         parts.append(f'( "," ws {member} )*')
     return " ".join(parts) + ' "}"'
+
+
+def _optional_member(props: dict[str, Any], optional: list[str]) -> str | None:
+    """A GBNF expression for any one of the ``optional`` properties as ``"name": value``."""
+    if not optional:
+        return None
+    return "( " + " | ".join(f'{literal(json.dumps(name))} ws ":" ws {_value_rule(props[name])}'
+                             for name in optional) + " )"
 
 
 def _value_rule(prop: Any) -> str:

@@ -64,28 +64,33 @@ class SGLangWire(TokenWire):
         kind = finish.get("type") if isinstance(finish, dict) else finish
         triples = meta.get("output_token_logprobs")
         if kind == "abort":
-            message = finish.get("message") if isinstance(finish, dict) else None
-            ids = [int(t[1]) for t in triples or []] or [int(i) for i in data.get("output_ids") or []]
-            if not ids:
-                raise BackendAborted(f"SGLang aborted the request: {message}")
-            count = meta.get("completion_tokens")
-            ids = ids[len(ids) - count:] if isinstance(count, int) and len(ids) > count else ids
-            raise aborted(Generated(ids, read_logprobs(triples), "abort"), f"SGLang ({message})")
+            raise _aborted(data, meta, finish, triples)
         from_logprobs = [int(t[1]) for t in triples] if triples is not None else None
         ids = data.get("output_ids")
-        if ids is None:  # SGLang before output_ids: the ids come with the logprobs
-            ids = from_logprobs
-        else:
-            ids = [int(i) for i in ids]
-            count = meta.get("completion_tokens")
-            if isinstance(count, int) and len(ids) > count:  # versions that prefix the prompt
-                ids = ids[len(ids) - count:]
+        # SGLang before output_ids: the ids come with the logprobs
+        ids = from_logprobs if ids is None else _generated([int(i) for i in ids], meta)
         if ids is None:
             raise BackendFailed("SGLang answered neither output_ids nor output_token_logprobs")
         if from_logprobs is not None and from_logprobs != ids:
             raise LogprobMismatch(f"SGLang: output_ids ({len(ids)}) and the logprobs' ids "
                                   f"({len(from_logprobs)}) disagree")
         return Generated(ids, read_logprobs(triples), kind)
+
+
+def _generated(ids: list[int], meta: dict[str, Any]) -> list[int]:
+    """The generated ids of ``output_ids``: its last ``completion_tokens`` (versions that prefix
+    the prompt)."""
+    count = meta.get("completion_tokens")
+    return ids[len(ids) - count:] if isinstance(count, int) and len(ids) > count else ids
+
+
+def _aborted(data: dict[str, Any], meta: dict[str, Any], finish: Any, triples: Any) -> BackendAborted:
+    """An answer SGLang aborted (a weight update), with the ids it had generated."""
+    message = finish.get("message") if isinstance(finish, dict) else None
+    ids = [int(t[1]) for t in triples or []] or [int(i) for i in data.get("output_ids") or []]
+    if not ids:
+        return BackendAborted(f"SGLang aborted the request: {message}")
+    return aborted(Generated(_generated(ids, meta), read_logprobs(triples), "abort"), f"SGLang ({message})")
 
 
 _UNSEEDED = SGLangWire(seed=False)
