@@ -102,7 +102,7 @@ class BackendSpec(BaseModel):
                     {"loc": "dialect", "names": ", ".join(dialects.serving(Protocol.GENERATE))})
         elif self.dialect is not None and Protocol.CHAT not in serves:
             raise PydanticCustomError(
-                "dialect", "{name!r} is a wire format of the generate protocol: set protocol to "
+                "dialect", "'{name}' is a wire format of the generate protocol: set protocol to "
                 "generate (chat takes {names})",
                 {"loc": "dialect", "name": self.dialect, "names": ", ".join(dialects.serving(Protocol.CHAT))})
         return self

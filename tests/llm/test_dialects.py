@@ -156,7 +156,9 @@ def test_the_protocol_a_dialect_speaks_is_what_registration_takes():
     assert BackendSpec(address="http://x", dialect="llama.cpp").protocol is Protocol.CHAT
     with pytest.raises(ValueError, match="one of fake, llama.cpp, sglang, vllm-completions, vllm-generate"):
         BackendSpec(address="http://x", protocol="generate", dialect="openai")
-    with pytest.raises(ValueError, match="chat takes llama.cpp, nemo-gym, openai, sglang, vllm"):
+    # pydantic's templates take {name} only: '{name!r}' came out as written
+    with pytest.raises(ValueError, match=r"'vllm-generate' is a wire format of the generate protocol: set protocol "
+                                         r"to generate \(chat takes llama.cpp, nemo-gym, openai, sglang, vllm\)"):
         BackendSpec(address="http://x", dialect="vllm-generate")
 
 
