@@ -4,7 +4,7 @@ SWE-bench builds a conda environment per (repo, version) — ``python``, ``packa
 names, a ``requirements.txt`` read from the repository at ``environment_setup_commit``, or an
 ``environment.yml``), ``pip_packages`` — and then runs ``pre_install`` and ``install`` in the
 repository at ``base_commit``. :func:`recipe_for_row` turns that into an
-:class:`~sandboxes.runtimes.envbuild.EnvRecipe` on this node's Python (the node has one
+:class:`~sandboxes.runtimes.env.build.EnvRecipe` on this node's Python (the node has one
 python3; the version the specs asked for is kept in ``notes``): conda package names are
 installed with pip, requirement files with ``pip install -r``; ``environment.yml`` specs are
 refused (they need conda). The tree is installed without its history, so a project versioned by
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_celery.errors import EnvBuildFailed
-from sandboxes.runtimes.envrecipe import EnvRecipe, RepoAt
+from sandboxes.runtimes.env.recipe import EnvRecipe, RepoAt
 
 ReadFile = Callable[[str, str], str | None]
 SKIPPED_LINES = ("-e .", "#", ".[test")  # as SWE-bench's own requirements reader
@@ -63,7 +63,7 @@ def specs_tables() -> dict[str, Any]:
         installed = Path(found.origin).parent / "harness" / "constants" / "python.py"
         if installed.is_file() and "MAP_REPO_VERSION_TO_SPECS_PY" in installed.read_text():
             return _exec_tables(installed.read_text(), str(installed))
-    from sandboxes.runtimes.envbuild import env_dir
+    from sandboxes.runtimes.env.build import env_dir
 
     wheels = env_dir() / "swebench-specs"
     wheels.mkdir(parents=True, exist_ok=True)

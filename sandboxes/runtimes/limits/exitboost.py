@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandboxes.runtimes.cgroups import PREFIX, V1_ROOT, _write as _write_or_raise
+from sandboxes.runtimes.limits.cgroups import PREFIX, V1_ROOT, _write as _write_or_raise
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ agent never touched, writes ``$?`` and the cwd to the status pipe, which only th
 the output is everything on stdout until then. So a redefined ``printf``/``builtin``/``command``,
 ``enable -n``, traps, ``PROMPT_COMMAND``, ``exec`` of another shell or a printed fake marker
 change only the subshell. What is left is reaching the parent from outside (its fds, its
-memory), which :mod:`sandboxes.runtimes.shellspawn` closes where the host can: ``status_channel``
+memory), which :mod:`sandboxes.runtimes.shell.spawn` closes where the host can: ``status_channel``
 says whether it did. Killing the parent yields no status (``exit_code`` None), never a forged one.
 
 Starting costs one round trip: the parent sources its setup script from a pipe in one read
@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from prorl_celery.errors import SandboxError, SandboxGone
 from sandboxes.base import ExecResult, Limits
-from sandboxes.runtimes.guardian import guardian
-from sandboxes.runtimes.output import cut_middle
+from sandboxes.runtimes.shell.guardian import guardian
+from sandboxes.runtimes.shell.output import cut_middle
 from sandboxes.runtimes.procs import group_members, kill_descendants, kill_pids, ulimit_command, wait_dead
-from sandboxes.runtimes.shellio import ShellChannel
-from sandboxes.runtimes.shellscript import STATE_SUFFIXES, VALID_NAME, shell_quote
-from sandboxes.runtimes.shellspawn import (DEFAULT_ARGV, NONINTERACTIVE_ENV, die_with_parent, remove_own_file,
+from sandboxes.runtimes.shell.channel import ShellChannel
+from sandboxes.runtimes.shell.script import STATE_SUFFIXES, VALID_NAME, shell_quote
+from sandboxes.runtimes.shell.spawn import (DEFAULT_ARGV, NONINTERACTIVE_ENV, die_with_parent, remove_own_file,
                                            spawn_parent)
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class PersistentShell(ShellChannel):
         raise SandboxError(f"shell {self.argv!r} did not start ({state}): {out.text()[-2000:]!r}")
 
     def _spawn(self, cwd: str) -> None:
-        """Start the parent (:func:`~sandboxes.runtimes.shellspawn.spawn_parent`) and take its pipes."""
+        """Start the parent (:func:`~sandboxes.runtimes.shell.spawn.spawn_parent`) and take its pipes."""
         # A preexec_fn makes Popen fork the whole host process instead of vfork-ing (ms per start
         # on a big host), so parent death is the guardian's business unless the caller brings one.
         preexec = self._preexec if self._preexec_fn is not None else None

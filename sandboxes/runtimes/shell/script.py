@@ -1,4 +1,4 @@
-"""The bash text of :mod:`sandboxes.runtimes.shell`: the setup script its parent sources at
+"""The bash text of :mod:`sandboxes.runtimes.shell.persistent`: the setup script its parent sources at
 start, the runner it evals for each command and the trap that carries a command's state to the
 next. Pure strings, no I/O; how they fit together is told in that module's docstring."""
 from __future__ import annotations

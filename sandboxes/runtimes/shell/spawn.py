@@ -1,4 +1,4 @@
-"""How the parent bash of :class:`sandboxes.runtimes.shell.PersistentShell` comes to life: its
+"""How the parent bash of :class:`sandboxes.runtimes.shell.persistent.PersistentShell` comes to life: its
 default argv and environment, its two extra pipes, its parent-death signal, the execute-only
 copy of bash that keeps it out of the sandbox's reach, and what a shell started ahead of demand
 must already match (:func:`shell_warm_spec`).
@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from prorl_celery.spawn import spawn
-from sandboxes.runtimes.shellscript import VALID_NAME, setup_script
+from sandboxes.runtimes.shell.script import VALID_NAME, setup_script
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def die_with_parent() -> None:
 def spawn_parent(argv: Sequence[str], cwd: str, env: Mapping[str, str], state_name: str,
                  preexec: Callable[[], None] | None) -> tuple[subprocess.Popen, int, int, int]:
     """Start the parent with its status pipe's write end and a pipe holding its setup script
-    (:func:`~sandboxes.runtimes.shellscript.setup_script`), which it sources in one read: bash
+    (:func:`~sandboxes.runtimes.shell.script.setup_script`), which it sources in one read: bash
     reads commands from its stdin a byte at a time. Returns the process, the status pipe's read
     end, and the numbers the parent knows the status pipe's write end and the setup pipe by
     (both closed here)."""

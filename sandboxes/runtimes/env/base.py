@@ -1,6 +1,6 @@
 """The base layer of built environments: a rootfs made of this node's own Debian packages.
 
-An environment (:mod:`sandboxes.runtimes.envbuild`) needs a root with the node's Python, git,
+An environment (:mod:`sandboxes.runtimes.env.build`) needs a root with the node's Python, git,
 patch, ``/bin/sh`` (dash: ``subprocess.run(..., shell=True)`` and every ``pip install -e .`` that
 calls a shell need it) and bash, and nothing of the host's state. When the node has a C toolchain
 (``build-essential``) and Python's headers (``python3-dev``), they come too, as in SWE-bench's

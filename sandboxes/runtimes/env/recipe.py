@@ -1,5 +1,5 @@
 """An environment recipe (:class:`EnvRecipe`), its key and its build script; built by
-:mod:`sandboxes.runtimes.envbuild`."""
+:mod:`sandboxes.runtimes.env.build`."""
 from __future__ import annotations
 
 import hashlib

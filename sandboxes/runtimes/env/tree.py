@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 from prorl_celery.errors import EnvBuildFailed
-from sandboxes.runtimes import repo_overlay
-from sandboxes.runtimes.envrecipe import RepoAt
+from sandboxes.runtimes.env import repo_overlay
+from sandboxes.runtimes.env.recipe import RepoAt
 
 
 def link_tree(base: Path, dest: Path) -> None:
@@ -55,7 +55,7 @@ def files(tree: Path) -> set[str]:
 
 def keep_generated(tree: Path, generated: list[str], image: Path, workdir: str) -> None:
     """Files the install wrote into the repository, kept in the image and served to every
-    checkout's imports by :mod:`sandboxes.runtimes.repo_overlay` (nothing is written there)."""
+    checkout's imports by :mod:`sandboxes.runtimes.env.repo_overlay` (nothing is written there)."""
     sites = sorted((image / "usr" / "local" / "lib").glob("python3*/dist-packages"))
     if not generated or not sites:
         return

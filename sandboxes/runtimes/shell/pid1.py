@@ -9,10 +9,10 @@ import signal
 import subprocess
 from typing import Any
 
-from sandboxes.runtimes.netns import UserNet, attach
+from sandboxes.runtimes.limits.netns import UserNet, attach
 from sandboxes.runtimes.procs import child_pids, kill_descendants
-from sandboxes.runtimes.shell import PersistentShell
-from sandboxes.runtimes.shellscript import shell_quote
+from sandboxes.runtimes.shell.persistent import PersistentShell
+from sandboxes.runtimes.shell.script import shell_quote
 
 
 class BwrapShell(PersistentShell):

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def main() -> None:
-    """The guardian process (``python -m sandboxes.runtimes.guardian``): note ``+ <pid>`` and ``- <pid>``
+    """The guardian process (``python -m sandboxes.runtimes.shell.guardian``): note ``+ <pid>`` and ``- <pid>``
     lines until end of file, then kill every shell still held, with its whole tree."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C meant for the host must not disarm it
@@ -52,7 +52,7 @@ class Guardian:
     def _ensure(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "sandboxes.runtimes.guardian"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "sandboxes.runtimes.shell.guardian"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                 bufsize=0)
             if self._held:  # a guardian that died is replaced with the whole list

@@ -7,7 +7,7 @@ SWE-bench's ``pip install -e .``). :func:`ensure_env` builds it on this node int
 read-only as their ``image`` (the operator lists ``env_dir`` in ``PRORL_SANDBOX_IMAGE_DIRS``).
 
 - The key is a hash of the recipe (its ``name`` and ``notes`` aside) and of the base layer
-  (:mod:`sandboxes.runtimes.envbase`: the node's own packages, by version).
+  (:mod:`sandboxes.runtimes.env.base`: the node's own packages, by version).
 - Built once: concurrent callers, threads or processes, wait on one lock and share the build; a
   finished environment is renamed into place whole, so a half-built one is never used.
 - The build runs in a bwrap sandbox whose root is the environment, read-only but for
@@ -19,7 +19,7 @@ read-only as their ``image`` (the operator lists ``env_dir`` in ``PRORL_SANDBOX_
 - A build that fails or outlasts ``env_build_timeout_s`` raises :class:`EnvBuildFailed` with
   the tail of its log (the whole log stays beside the environment).
 
-CLI: ``python -m sandboxes.runtimes.envbuild build RECIPE.json`` (or ``--swebench ROW.json
+CLI: ``python -m sandboxes.runtimes.env.build build RECIPE.json`` (or ``--swebench ROW.json
 --repo DIR``) prints the image directory; ``key`` prints where it would be.
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Iterator
 
 from prorl_celery.errors import EnvBuildFailed, SandboxError
-from sandboxes.runtimes import envbase, envtree
-from sandboxes.runtimes.envrecipe import PIP_VERSION, EnvRecipe, RepoAt, script
+from sandboxes.runtimes.env import base as envbase
+from sandboxes.runtimes.env import tree as envtree
+from sandboxes.runtimes.env.recipe import PIP_VERSION, EnvRecipe, RepoAt, script
 
 __all__ = ["EnvBuildFailed", "EnvRecipe", "RepoAt", "env_dir", "ensure_base", "ensure_env", "key_of", "script", "main"]
 
@@ -225,7 +226,7 @@ def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandboxes.runtimes.envbuild", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sandboxes.runtimes.env.build", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "key"])
     parser.add_argument("recipe", nargs="?", help="An EnvRecipe as JSON.")
     parser.add_argument("--swebench", help="A SWE-bench row (JSON): its recipe from the swebench specs.")

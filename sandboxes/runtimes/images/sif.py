@@ -17,7 +17,7 @@ import subprocess
 from typing import Any
 
 from prorl_celery.errors import SandboxError
-from sandboxes.runtimes.netns import HELPER_ENV
+from sandboxes.runtimes.limits.netns import HELPER_ENV
 from sandboxes.runtimes.procs import run_bounded
 
 
@@ -64,7 +64,7 @@ def pull_image(binary_path: str, ref: str, cache_dir: str, timeout: float,
 def docker_pull(image: str) -> tuple[str, tuple[str, ...], Any]:
     """A ``docker://`` reference as the operator's registry list allows it (canonical), the
     pull options it needs (plain HTTP for an insecure registry) and its typed errors."""
-    from sandboxes.runtimes.image_pull import classify
+    from sandboxes.runtimes.images.pull import classify
     from sandboxes.images import check_reference, insecure
 
     ref = check_reference(image)

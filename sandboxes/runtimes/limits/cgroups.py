@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits
-from sandboxes.runtimes.mountns import JOIN_CGROUPS
+from sandboxes.runtimes.limits.mountns import JOIN_CGROUPS
 
 log = logging.getLogger(__name__)
 
@@ -268,10 +268,10 @@ class SandboxLimits:
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` in the sandbox's cgroup and, on a host that keeps workspace filesystems
-        out of the node's mount table (:mod:`sandboxes.runtimes.mountns`), started from that
+        out of the node's mount table (:mod:`sandboxes.runtimes.limits.mountns`), started from that
         table with only its own workspace mounted."""
-        from sandboxes.runtimes.diskquota import device_of
-        from sandboxes.runtimes.mountns import applies, enter_argv
+        from sandboxes.runtimes.limits.diskquota import device_of
+        from sandboxes.runtimes.limits.mountns import applies, enter_argv
 
         device = device_of(Path(self.workspace_dir))
         if applies(device):  # the mount's shim joins the cgroup too

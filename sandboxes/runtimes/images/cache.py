@@ -31,8 +31,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from prorl_celery.errors import ImageTooLarge, ImageUnavailable
-from sandboxes.runtimes.image_lease import FileLock, ImageLease
-from sandboxes.runtimes.image_pull import Tools, image_config, layer_bytes, sanitize
+from sandboxes.runtimes.images.lease import FileLock, ImageLease
+from sandboxes.runtimes.images.pull import Tools, image_config, layer_bytes, sanitize
 from sandboxes.images import ImageRef
 from sandboxes.safedirs import private_dir, remove_tree
 

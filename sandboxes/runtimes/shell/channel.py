@@ -1,4 +1,4 @@
-"""The command channel of :class:`sandboxes.runtimes.shell.PersistentShell`: one line to the
+"""The command channel of :class:`sandboxes.runtimes.shell.persistent.PersistentShell`: one line to the
 parent, its output read from stdout until the status line with the line's token arrives on
 the status pipe (a line with another token is stale or injected, and ignored)."""
 from __future__ import annotations
@@ -9,15 +9,15 @@ import subprocess
 import threading
 import time
 
-from sandboxes.runtimes.output import Output
+from sandboxes.runtimes.shell.output import Output
 from sandboxes.runtimes.procs import readable
-from sandboxes.runtimes.shellscript import shell_quote
+from sandboxes.runtimes.shell.script import shell_quote
 
 _READ_CHUNK = 1 << 16
 
 
 class ShellChannel:
-    """The round trip of one line; :class:`~sandboxes.runtimes.shell.PersistentShell` starts the
+    """The round trip of one line; :class:`~sandboxes.runtimes.shell.persistent.PersistentShell` starts the
     process and sets the pipes this reads (``_fd``: stdout, ``_status_fd``/``_status_w``: the
     status pipe's ends)."""
 
