@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verify import canaries, sympy_isolation, swe_specs
-from tasks.verify.swe_eval import SYMPY_RUNNER
+from tasks.swe import specs as swe_specs
+from tasks.swe.grader import SYMPY_RUNNER
+from tasks.swe.integrity import canaries
+from tasks.swe.runners import sympy_isolation
 
 SYMPY_CMD = f"{swe_specs.SYMPY} sympy/core/tests/test_calc.py"
 HELPERS = '''

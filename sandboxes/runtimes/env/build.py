@@ -217,7 +217,7 @@ def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path,
 
 def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:
     if args.swebench:
-        from sandboxes.runtimes.swebench_env import recipe_for_row
+        from tasks.swe.env import recipe_for_row
 
         row = json.loads(Path(args.swebench).read_text())
         node = ".".join(_node_python(ensure_base(env_dir())[0]).split(".")[:2])

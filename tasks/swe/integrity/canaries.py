@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.verify import test_log
+from tasks.swe import test_log
 
 FILLER = ("value", "case", "edge", "result", "input", "default", "empty", "order", "simple", "basic",
           "again", "mixed", "nested", "single", "other", "alias", "copy", "repeat", "format", "check")

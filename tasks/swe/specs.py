@@ -1,5 +1,5 @@
 """How a SWE instance's tests run and how their log is read: SWE-bench's own knowledge where the
-instance is one of its rows, the project's parser (:mod:`tasks.verify.test_log`) otherwise.
+instance is one of its rows, the project's parser (:mod:`tasks.swe.test_log`) otherwise.
 
 The test command, first found wins:
 
@@ -17,7 +17,7 @@ The parser: the instance's ``log_parser`` (a name in ``swebench``'s ``PARSER_REG
 ``prorl``), else the one ``swebench`` maps the ``repo`` to (``MAP_REPO_TO_PARSER`` in 4.x, the
 ``MAP_REPO_TO_PARSER_<LANG>`` tables of 5.x), else ``prorl``. SWE-bench's pytest parsers keep
 only the first word of an id with spaces; the ids such a log holds in full (read by ``prorl``)
-are added beside them, and :func:`tasks.verify.test_log.lookup` matches a listed id either way.
+are added beside them, and :func:`tasks.swe.test_log.lookup` matches a listed id either way.
 
 ``swebench`` is imported on first use, never by the API: its ``swebench.harness`` package
 imports docker, modal and datasets (about 1,700 modules, 6 s) although the parsers need ``re``
@@ -38,7 +38,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from tasks.verify import test_log
+from tasks.swe import test_log
 
 PRORL = "prorl"
 PYTEST = "python3 -m pytest -rA -p no:cacheprovider"

@@ -3,7 +3,7 @@
 Fields: ``instance_id``, ``repo``, ``base_commit``, ``problem_statement``, ``test_patch``,
 ``FAIL_TO_PASS``, ``PASS_TO_PASS`` (lists, or lists as JSON strings as the Hugging Face datasets
 store them), optional ``version``, ``eval_script`` and ``log_parser`` (SWE-bench's, see
-:mod:`tasks.verify.swe_specs`), optional ``image`` (the sandbox image, a registered one), ``repo_source``
+:mod:`tasks.swe.specs`), optional ``image`` (the sandbox image, a registered one), ``repo_source``
 (an https URL, or a directory beneath ``PRORL_REPO_SOURCE_DIRS``; default
 ``https://github.com/<repo>``) and ``test_cmd``.
 
@@ -13,7 +13,7 @@ command output); one past ``swe_patch_max_mb`` is not graded (reward 0, ``filter
 ``eval.error.type`` ``patch_too_large``); eval starts a fresh sandbox at a clean ``base_commit``,
 applies the model patch and the test patch, runs the tests and reads each listed test's outcome.
 A model patch that touches tests or test infrastructure is ``eval.tampered`` and earns nothing;
-the tests run reset to base + test patch (see :mod:`tasks.verify.swe_eval`, also for the residual
+the tests run reset to base + test patch (see :mod:`tasks.swe.grader`, also for the residual
 risk: the code under test runs in the test process). ``resolved`` iff every FAIL_TO_PASS and PASS_TO_PASS test passes. The reward is the fraction of
 FAIL_TO_PASS tests that pass, and 0 if any PASS_TO_PASS test broke (doing nothing earns nothing).
 """
@@ -27,8 +27,8 @@ from sandboxes.base import SandboxSpec
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_swe
-from tasks.handlers.repo import checkout_into
-from tasks.verify import swe_eval
+from tasks.swe.repo import checkout_into
+from tasks.swe import grader as swe_eval
 
 REPO_DIR = "repo"
 SYSTEM = ("You are a software engineer fixing an issue in a repository. The repository is checked out in "

@@ -1,7 +1,7 @@
 """A pytest command the repository cannot redirect: the grader's runner, the grader's configuration.
 
 :func:`rewrite` turns every ``pytest`` / ``python -m pytest`` of a test command into
-:mod:`tasks.verify.pytest_runner` (run from outside the repository, plugin autoload off, the
+:mod:`tasks.swe.runners.pytest_runner` (run from outside the repository, plugin autoload off, the
 environment's plugins by name) with ``-c <config> --rootdir <root>``, where the config is the one
 the *base commit* gave pytest, rewritten by :func:`base_config` into an ini file of the grader's
 (what the patch left in ``pytest.ini``, ``.pytest.toml``, ``pyproject.toml`` ... is never read).
@@ -17,7 +17,7 @@ import shlex
 import tomllib
 from typing import Any, Callable
 
-from tasks.verify import command_rewrite
+from tasks.swe.runners import command_rewrite
 
 CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                 "setup.cfg")

@@ -1,4 +1,4 @@
-"""SymPy's ``bin/test`` replaced by the grader's own runner, :mod:`tasks.verify.sympy_runner`.
+"""SymPy's ``bin/test`` replaced by the grader's own runner, :mod:`tasks.swe.runners.sympy_runner`.
 
 ``bin/test`` only parses its options and calls ``sympy.test``, which is
 ``sympy/testing/runtests.py``: all of it package code a patch can reach in process. :func:`rewrite`
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tasks.verify import command_rewrite
+from tasks.swe.runners import command_rewrite
 
 SCRIPT = "bin/test"
 _BIN_TEST = command_rewrite.script_runs(SCRIPT)

@@ -1,24 +1,24 @@
 """The SWE grader: model patch, allow-list, tests reset to base + test patch, canaries, an isolated run.
 
 1. The model patch is applied to a clean checkout; the paths it really changed are read from git.
-2. Each changed path is judged by the allow-list of :mod:`tasks.verify.tamper` (the package's own
+2. Each changed path is judged by the allow-list of :mod:`tasks.swe.integrity.tamper` (the package's own
    source, docs, packaging metadata): anything else is ``integrity.paths.flagged`` and
    ``eval.tampered``: no reward, the tests are not run.
 3. Every file of the test patch and every test-infrastructure file of the base commit is reset to
    the base commit, and the test patch applied (so nothing but the package differs from the
    reference the tests were written against).
-4. Canaries (:mod:`tasks.verify.canaries`) are planted in the test patch's files.
-5. A ``python -m unittest`` command runs under :mod:`tasks.verify.unittest_guard`, whose
+4. Canaries (:mod:`tasks.swe.integrity.canaries`) are planted in the test patch's files.
+5. A ``python -m unittest`` command runs under :mod:`tasks.swe.runners.unittest_guard`, whose
    nonce-framed report (cross-checked with its exit status) is the verdict; each pytest run of
-   another command is replaced by :mod:`tasks.verify.pytest_runner` with the base commit's
-   configuration (:mod:`tasks.verify.pytest_isolation`), and the log's passes are checked against
+   another command is replaced by :mod:`tasks.swe.runners.pytest_runner` with the base commit's
+   configuration (:mod:`tasks.swe.runners.pytest_isolation`), and the log's passes are checked against
    that runner's own report; Django's ``tests/runtests.py`` runs under
-   :mod:`tasks.verify.django_runner` (:mod:`tasks.verify.django_isolation`), the log's passes
-   checked against its record; SymPy's ``bin/test`` is replaced by :mod:`tasks.verify.sympy_runner`
-   (:mod:`tasks.verify.sympy_isolation`), which runs the test functions itself from sources read
+   :mod:`tasks.swe.runners.django_runner` (:mod:`tasks.swe.runners.django_isolation`), the log's passes
+   checked against its record; SymPy's ``bin/test`` is replaced by :mod:`tasks.swe.runners.sympy_runner`
+   (:mod:`tasks.swe.runners.sympy_isolation`), which runs the test functions itself from sources read
    before the package loads, the log's passes checked against its record; other runners are read
    from their log.
-6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
+6. :mod:`tasks.swe.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
 Residual risk: the code under test runs in the test process. A forgery that flips only the listed
 tests (it would have to recognise them) or that finds the runner's objects in memory is not
@@ -34,13 +34,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.verify import (canaries, django_isolation, integrity, pytest_isolation, swe_specs, sympy_isolation,
-                          tamper, test_log)
+from tasks.swe import integrity, specs as swe_specs, test_log
+from tasks.swe.integrity import canaries, tamper
+from tasks.swe.runners import django_isolation, pytest_isolation, sympy_isolation
 
-GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
-PYTEST_RUNNER = Path(__file__).resolve().parent / "pytest_runner.py"
-DJANGO_RUNNER = Path(__file__).resolve().parent / "django_runner.py"
-SYMPY_RUNNER = Path(__file__).resolve().parent / "sympy_runner.py"
+GUARD = Path(__file__).resolve().parent / "runners" / "unittest_guard.py"
+PYTEST_RUNNER = Path(__file__).resolve().parent / "runners" / "pytest_runner.py"
+DJANGO_RUNNER = Path(__file__).resolve().parent / "runners" / "django_runner.py"
+SYMPY_RUNNER = Path(__file__).resolve().parent / "runners" / "sympy_runner.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
@@ -120,7 +121,7 @@ def _sections_changed(box, root: str, base: str, paths: set[str]) -> set[str]:
 def judge_paths(box, root: str, base: str, test_patch: str, in_base: set[str],
                 command: str = "") -> dict[str, list[str]]:
     """The paths the model patch changed, those outside what it may change
-    (:func:`tasks.verify.tamper.flagged`), and the allowed ones outside the package's source."""
+    (:func:`tasks.swe.integrity.tamper.flagged`), and the allowed ones outside the package's source."""
     changed, links = _changes(box, root, base)
     flagged = tamper.flagged(changed, tamper.patch_paths(test_patch), in_base,
                              _sections_changed(box, root, base, changed), links, command)
@@ -178,7 +179,7 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
               instance: dict[str, Any] | None = None, base: str | None = None) -> tuple[dict[str, str], dict[str, Any]]:
     """(outcomes by test name, facts about the run). The command's output goes to a log file
     beside the repository, read back whole (:func:`read_log`). With ``base`` (the base commit),
-    pytest runs isolated (:mod:`tasks.verify.pytest_isolation`) with the base's configuration."""
+    pytest runs isolated (:mod:`tasks.swe.runners.pytest_isolation`) with the base's configuration."""
     if isinstance(spec, str):
         spec = swe_specs.SweSpec(test_cmd=spec, source="instance")
     home = os.path.dirname(root.rstrip("/"))
@@ -296,7 +297,7 @@ def _guard_report(output: str, nonce: str) -> dict | None:
 
 
 def plant_canaries(box, root: str, test_patch: str, command: str) -> list[canaries.Canary]:
-    """Canaries in the Python test files the test patch touches (:mod:`tasks.verify.canaries`)."""
+    """Canaries in the Python test files the test patch touches (:mod:`tasks.swe.integrity.canaries`)."""
     files = {}
     for path in (p for p in swe_specs.test_files(test_patch) if canaries.is_test_module(p)):
         try:

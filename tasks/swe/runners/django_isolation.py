@@ -1,4 +1,4 @@
-"""Django's ``tests/runtests.py`` run under :mod:`tasks.verify.django_runner`, whose record of
+"""Django's ``tests/runtests.py`` run under :mod:`tasks.swe.runners.django_runner`, whose record of
 outcomes the grader cross-checks with the log (Django's runner is the package's own code).
 
 :func:`rewrite` turns each ``./tests/runtests.py`` / ``python tests/runtests.py`` of a test command
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tasks.verify import command_rewrite
+from tasks.swe.runners import command_rewrite
 
 SCRIPT = "tests/runtests.py"
 _RUNTESTS = command_rewrite.script_runs(SCRIPT)

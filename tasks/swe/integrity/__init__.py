@@ -12,9 +12,9 @@ import random
 import secrets
 from typing import Any, Callable
 
-from tasks.verify import canaries as canary_mod
-from tasks.verify import test_log
-from tasks.verify.canaries import Canary
+from tasks.swe.integrity import canaries as canary_mod
+from tasks.swe import test_log
+from tasks.swe.integrity.canaries import Canary
 
 
 def cross_check(log: dict[str, str], runner: dict[str, str],
