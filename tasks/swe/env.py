@@ -4,7 +4,7 @@ SWE-bench builds a conda environment per (repo, version) — ``python``, ``packa
 names, a ``requirements.txt`` read from the repository at ``environment_setup_commit``, or an
 ``environment.yml``), ``pip_packages`` — and then runs ``pre_install`` and ``install`` in the
 repository at ``base_commit``. :func:`recipe_for_row` turns that into an
-:class:`~sandboxes.runtimes.env.build.EnvRecipe` on this node's Python (the node has one
+:class:`~sandboxes.runtimes.env.recipe.EnvRecipe` on this node's Python (the node has one
 python3; the version the specs asked for is kept in ``notes``): conda package names are
 installed with pip, requirement files with ``pip install -r``; ``environment.yml`` specs are
 refused (they need conda). The tree is installed without its history, so a project versioned by
@@ -18,9 +18,14 @@ The specs are swebench's ``MAP_REPO_VERSION_TO_SPECS`` (Python part) and
 when it has them (2.x-4.x), else from the swebench 4.1.0 wheel (5.x dropped the table; its rows
 name prebuilt images instead), which pip downloads once into the environment cache. Only that
 one data file of the wheel is read; nothing of swebench is imported.
+
+CLI: ``python -m tasks.swe.env build ROW.json --repo DIR`` builds the row's environment with the
+generic builder (:func:`sandboxes.runtimes.env.build.run`) and prints its image directory; ``key``
+prints where it would be.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.util
 import json
@@ -169,3 +174,20 @@ def recipe_for_row(row: dict[str, Any], repo: str | None, specs: dict[str, Any] 
         env={"SETUPTOOLS_SCM_PRETEND_VERSION": str(row["version"])}, uploaded_prior_to=cutoff(row, python),
         notes={"swebench_specs": json.loads(json.dumps(specs, default=str)),
                "python_requested": specs.get("python"), **notes})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sandboxes.runtimes.env import build
+
+    parser = argparse.ArgumentParser(prog="python -m tasks.swe.env",
+                                     description="The environment of a SWE-bench row, from the swebench specs.")
+    parser.add_argument("command", choices=build.COMMANDS)
+    parser.add_argument("row", help="A SWE-bench row (JSON).")
+    parser.add_argument("--repo", help="The repository to install from (git directory or tree tar).")
+    args = parser.parse_args(argv)
+    row = json.loads(Path(args.row).read_text())
+    return build.run(args.command, recipe_for_row(row, args.repo, python=build.node_python()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

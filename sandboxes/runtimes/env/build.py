@@ -19,8 +19,9 @@ read-only as their ``image`` (the operator lists ``env_dir`` in ``PRORL_SANDBOX_
 - A build that fails or outlasts ``env_build_timeout_s`` raises :class:`EnvBuildFailed` with
   the tail of its log (the whole log stays beside the environment).
 
-CLI: ``python -m sandboxes.runtimes.env.build build RECIPE.json`` (or ``--swebench ROW.json
---repo DIR``) prints the image directory; ``key`` prints where it would be.
+CLI: ``python -m sandboxes.runtimes.env.build build RECIPE.json`` prints the image directory;
+``key`` prints where it would be. A domain that makes recipes from its own rows gives them to
+:func:`run` (the SWE room's ``python -m tasks.swe.env``).
 """
 from __future__ import annotations
 
@@ -43,12 +44,14 @@ from sandboxes.runtimes.env import base as envbase
 from sandboxes.runtimes.env import tree as envtree
 from sandboxes.runtimes.env.recipe import PIP_VERSION, EnvRecipe, RepoAt, script
 
-__all__ = ["EnvBuildFailed", "EnvRecipe", "RepoAt", "env_dir", "ensure_base", "ensure_env", "key_of", "script", "main"]
+__all__ = ["EnvBuildFailed", "EnvRecipe", "RepoAt", "env_dir", "ensure_base", "ensure_env", "key_of", "script",
+           "node_python", "run", "main"]
 
 BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PASSED_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY",
               "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
 MARKER = "etc/prorl-env.json"
+COMMANDS = ("build", "key")  # the CLI's
 
 
 def _settings():
@@ -215,32 +218,28 @@ def _build(recipe: EnvRecipe, image: Path, scratch: Path, root: Path, log: Path,
     envtree.keep_generated(scratch / "repo", sorted(envtree.files(scratch / "repo") - before), image, recipe.workdir)
 
 
-def _recipe_from_args(args: argparse.Namespace) -> EnvRecipe:
-    if args.swebench:
-        from tasks.swe.env import recipe_for_row
-
-        row = json.loads(Path(args.swebench).read_text())
-        node = ".".join(_node_python(ensure_base(env_dir())[0]).split(".")[:2])
-        return recipe_for_row(row, args.repo, python=node)
-    return EnvRecipe.model_validate_json(Path(args.recipe).read_text())
+def node_python() -> str:
+    """The ``x.y`` of this node's python3, the Python every environment built here runs."""
+    return ".".join(_node_python(ensure_base(env_dir())[0]).split(".")[:2])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandboxes.runtimes.env.build", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["build", "key"])
-    parser.add_argument("recipe", nargs="?", help="An EnvRecipe as JSON.")
-    parser.add_argument("--swebench", help="A SWE-bench row (JSON): its recipe from the swebench specs.")
-    parser.add_argument("--repo", help="With --swebench: the repository (git directory or tree tar).")
-    args = parser.parse_args(argv)
-    if not (args.recipe or args.swebench):
-        parser.error("give a recipe file or --swebench ROW.json --repo DIR")
-    recipe = _recipe_from_args(args)
+def run(command: str, recipe: EnvRecipe) -> int:
+    """The CLI's work on ``recipe``: ``build`` prints its image directory (built unless it
+    exists), ``key`` where it would be; a failure is one line on stderr and status 1."""
     try:
-        print(ensure_env(recipe) if args.command == "build" else key_of(recipe)[1])
+        print(ensure_env(recipe) if command == "build" else key_of(recipe)[1])
     except SandboxError as exc:
         print(f"{exc.type}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandboxes.runtimes.env.build", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("recipe", help="An EnvRecipe as JSON.")
+    args = parser.parse_args(argv)
+    return run(args.command, EnvRecipe.model_validate_json(Path(args.recipe).read_text()))
 
 
 if __name__ == "__main__":
