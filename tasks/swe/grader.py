@@ -34,25 +34,15 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tasks.swe import integrity, specs as swe_specs, test_log
+from tasks.swe import integrity, runners, specs as swe_specs, test_log
 from tasks.swe.integrity import canaries, tamper
-from tasks.swe.runners import django_isolation, pytest_isolation, sympy_isolation
+from tasks.swe.runners.base import RunSite
 
 GUARD = Path(__file__).resolve().parent / "runners" / "unittest_guard.py"
-PYTEST_RUNNER = Path(__file__).resolve().parent / "runners" / "pytest_runner.py"
-DJANGO_RUNNER = Path(__file__).resolve().parent / "runners" / "django_runner.py"
-SYMPY_RUNNER = Path(__file__).resolve().parent / "runners" / "sympy_runner.py"
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
 NOTE_LOG = "outcomes parsed from the test log, which the code under test can print to"
-NOTE_PYTEST = ("outcomes parsed from the test log, cross-checked with the isolated pytest runner's own "
-               "report; the code under test still runs in the test process")
-NOTE_DJANGO = ("outcomes parsed from the test log, cross-checked with a record unittest's TestCase.run "
-               "kept (Django's runner is the package's code); the code under test still runs in the test process")
-NOTE_SYMPY = ("outcomes parsed from the test log, cross-checked with the grader's own SymPy runner's record (it "
-              "runs the test functions itself, from sources read before the package loads; SymPy's runner is the "
-              "package's code); the code under test still runs in the test process")
 
 
 def _q(text: str) -> str:
@@ -214,9 +204,8 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     run = box.exec(_shell(root, spec, command, log), timeout=timeout)
     text, size = read_log(box, log)
     outcomes = swe_specs.parse(spec, text, instance)
-    note = {"pytest-isolated": NOTE_PYTEST, "django-guarded": NOTE_DJANGO, "sympy-isolated": NOTE_SYMPY}.get(
-        runner["kind"], NOTE_LOG)
-    facts = {**_facts(run, text, size, spec), "grader": note, "runner": runner}
+    family = runners.known(runner["kind"])
+    facts = {**_facts(run, text, size, spec), "grader": family.note if family else NOTE_LOG, "runner": runner}
     if not nonces:
         return outcomes, facts
     reports = [_guard_report(text, nonce) for nonce in nonces]
@@ -231,45 +220,22 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
         facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
-    outcomes, facts["log_disagreements"] = integrity.cross_check(  # these runners report an error once
-        outcomes, merged, runner["kind"] in ("django-guarded", "sympy-isolated"))
+    outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged, family.errors_once)
     return outcomes, facts
 
 
-# the script runners: their runner kind, command rewrite, script copied into the sandbox, file name
-SCRIPT_RUNNERS = (("django-guarded", django_isolation.rewrite, DJANGO_RUNNER, "django"),
-                  ("sympy-isolated", sympy_isolation.rewrite, SYMPY_RUNNER, "sympy"))
-
-
 def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:
-    """(``command`` with its test runs isolated, their nonces, what the runner block says):
-    Django's or SymPy's runner, else each pytest run."""
+    """(``command`` with its test runs isolated, their nonces, what the runner block says): the
+    runs of the first family of :mod:`tasks.swe.runners` the command runs (Django's or SymPy's
+    runner, else each pytest run)."""
     if base is None:
         return command, [], {"kind": "log"}
-    home = os.path.dirname(root.rstrip("/"))
-    nonces: list[str] = []
-
-    def starter(name: str, extra: str = ""):
-        def start(python: str, index: int) -> str:
-            nonces.append(secrets.token_hex(16))
-            nonce_file = f"{home}/.prorl-{name}-nonce-{index}"
-            box.write_file(nonce_file, nonces[-1].encode())
-            return f"{python} {_q(f'{home}/.prorl-{name}-runner.py')} {_q(nonce_file)} {_q(root)}{extra}"
-        return start
-
-    for kind, rewrite, script, name in SCRIPT_RUNNERS:
-        command, count = rewrite(command, starter(name))
-        if count:
-            box.write_file(f"{home}/.prorl-{name}-runner.py", script.read_bytes())
-            return command, nonces, {"kind": kind}
-    config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
-    command, count = pytest_isolation.rewrite(command, starter("pytest", f" -c {_q(config)} --rootdir {_q(root)}"))
-    if not count:
-        return command, [], {"kind": "log"}
-    source, text = pytest_isolation.base_config(lambda name: _at_base(box, root, base, name))
-    box.write_file(config, text.encode())
-    box.write_file(f"{home}/.prorl-pytest-runner.py", PYTEST_RUNNER.read_bytes())
-    return command, nonces, {"kind": "pytest-isolated", "config_from": source, "plugin_autoload": False}
+    site = RunSite(box, root, lambda name: _at_base(box, root, base, name))
+    for runner in runners.in_order():
+        found = runner.isolate(command, site)
+        if found is not None:
+            return found[0], site.nonces, found[1]
+    return command, [], {"kind": "log"}
 
 
 def _at_base(box, root: str, base: str, name: str) -> str | None:

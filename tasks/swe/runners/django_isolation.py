@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tasks.swe.runners import command_rewrite
+from tasks.swe.runners.base import RUNNERS_DIR, ScriptRunner, Start
 
 SCRIPT = "tests/runtests.py"
 _RUNTESTS = command_rewrite.script_runs(SCRIPT)
@@ -19,3 +20,17 @@ def rewrite(command: str, runner: Callable[[str, int], str]) -> tuple[str, int]:
     """(``command`` with each run of Django's runner replaced by ``runner(python, index)`` and the
     script's path, how many). ``runtests.py``'s own ``#!/usr/bin/env python`` names ``python``."""
     return command_rewrite.rewrite(command, _RUNTESTS, runner, "python", f" {SCRIPT}")
+
+
+class DjangoRunner(ScriptRunner):
+    """Django's runner under :mod:`tasks.swe.runners.django_runner`'s recorder."""
+
+    kind = "django-guarded"
+    name = "django"
+    script = RUNNERS_DIR / "django_runner.py"
+    errors_once = True
+    note = ("outcomes parsed from the test log, cross-checked with a record unittest's TestCase.run "
+            "kept (Django's runner is the package's code); the code under test still runs in the test process")
+
+    def rewrite(self, command: str, start: Start) -> tuple[str, int]:
+        return rewrite(command, start)

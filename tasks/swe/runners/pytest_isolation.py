@@ -13,11 +13,13 @@ The base config is found as pytest finds one in the root: ``pytest.toml``, ``.py
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import tomllib
 from typing import Any, Callable
 
 from tasks.swe.runners import command_rewrite
+from tasks.swe.runners.base import RUNNERS_DIR, Isolated, RunSite, ScriptRunner, Start
 
 CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                 "setup.cfg")
@@ -92,3 +94,29 @@ def base_config(read: Callable[[str], str | None]) -> tuple[str | None, str]:
 def rewrite(command: str, runner: Callable[[str, int], str]) -> tuple[str, int]:
     """(``command`` with each pytest invocation replaced by ``runner(python, index)``, how many)."""
     return command_rewrite.rewrite(command, _PYTEST, runner, "python3")
+
+
+class PytestRunner(ScriptRunner):
+    """Each pytest run replaced by :mod:`tasks.swe.runners.pytest_runner`, with the base commit's
+    configuration (:func:`base_config`) in a file of the grader's beside the repository."""
+
+    kind = "pytest-isolated"
+    name = "pytest"
+    script = RUNNERS_DIR / "pytest_runner.py"
+    errors_once = False
+    note = ("outcomes parsed from the test log, cross-checked with the isolated pytest runner's own "
+            "report; the code under test still runs in the test process")
+
+    def rewrite(self, command: str, start: Start) -> tuple[str, int]:
+        return rewrite(command, start)
+
+    def isolate(self, command: str, site: RunSite) -> Isolated | None:
+        config = f"{site.root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
+        extra = f" -c {shlex.quote(config)} --rootdir {shlex.quote(site.root)}"
+        command, count = self.rewrite(command, site.starter(self.name, extra))
+        if not count:
+            return None
+        source, text = base_config(site.at_base)
+        site.box.write_file(config, text.encode())
+        site.install(self.name, self.script)
+        return command, {"kind": self.kind, "config_from": source, "plugin_autoload": False}
