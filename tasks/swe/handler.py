@@ -28,7 +28,7 @@ from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_swe
 from tasks.swe.repo import checkout_into
-from tasks.swe import grader as swe_eval
+from tasks.swe import grader
 
 REPO_DIR = "repo"
 SYSTEM = ("You are a software engineer fixing an issue in a repository. The repository is checked out in "
@@ -115,5 +115,5 @@ class SweHandler(AgentTaskHandler):
         ctx.close_sandbox()
         box = ctx.open_sandbox(self.sandbox_spec(ctx.instance))  # a clean tree, not the agent's
         root = checkout_into(box, ctx.instance, REPO_DIR)
-        return swe_eval.grade(box, root, ctx.instance, patch, max(1.0, ctx.remaining() - 5))
+        return grader.grade(box, root, ctx.instance, patch, max(1.0, ctx.remaining() - 5))
 
