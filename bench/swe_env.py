@@ -175,7 +175,7 @@ def bench_checkout(runs: int, source: Path, commit: str) -> dict:
     """Checkout of ``commit`` of the repository at ``source`` into a fresh sandbox on a real host
     over HTTP: the old way (tar of a full clone), cold (mirror read, commit packed) and warm (pack
     cached); the time of the checkout alone (sandbox create excluded) and the bytes written."""
-    from tasks.handlers import repo
+    from tasks.swe import repo
 
     work = Path(tempfile.mkdtemp(prefix="prorl-bench-checkout-"))
     os.chmod(work, 0o711)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Limits(BaseModel):
     """Per-sandbox resource limits. The defaults are safe on their own (a spec that names no
     limits cannot start thousands of processes, hold gigabytes or fill the host's disk); a
-    request may lower them. How each is enforced on a node: :func:`sandboxes.runtimes.cgroups.enforcement`.
+    request may lower them. How each is enforced on a node: :func:`sandboxes.runtimes.limits.cgroups.enforcement`.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -1,7 +1,7 @@
 """Container image references (``docker://``, ``oci:``) and the operator's registry allow-list.
 
 Pure functions over settings, so the API, the worker and the sandbox host judge a reference the
-same way; the host then pulls it (:mod:`sandboxes.runtimes.image_cache`). Any runtime that takes
+same way; the host then pulls it (:mod:`sandboxes.runtimes.images.cache`). Any runtime that takes
 ``docker://`` (bwrap here, ``apptainer pull`` for singularity) calls :func:`check_reference`.
 
 - ``docker://[registry/]repository[:tag][@sha256:<hex>]``, in the grammar of the distribution

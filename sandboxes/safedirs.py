@@ -114,7 +114,7 @@ def remove_tree(path: str | os.PathLike) -> None:
     """Delete ``path`` and everything beneath it by descriptor: a symlink (at ``path`` or inside)
     is unlinked, never followed; unwritable directories a sandbox made are chmod-ed by inode. A
     filesystem mounted at ``path`` (a workspace image) is unmounted first."""
-    from sandboxes.runtimes.diskquota import unmount
+    from sandboxes.runtimes.limits.diskquota import unmount
 
     path = Path(os.path.abspath(path))
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages the tests use, installed when missing: bubblewrap (the rootless sandbox runtime),
 # slirp4netns and nftables (a network sandbox's own user-mode network and its outbound policy,
-# see sandboxes/runtimes/netns.py), iproute2 (the network tests' "outside" namespace), Chromium (the Flower
+# see sandboxes/runtimes/limits/netns.py), iproute2 (the network tests' "outside" namespace), Chromium (the Flower
 # UI check), git (SWE tasks), the system Python's pytest (SWE grader tests in a sandbox), and skopeo, umoci and docker-registry (docker:// sandbox images pulled
 # rootless, see sandboxes/runtimes/images.py; the registry serves the image tests). Idempotent;
 # does nothing when all are present.

@@ -32,7 +32,8 @@ from sandboxes.host.reap import reap_leftovers
 from sandboxes.protocol import HostRecord
 from sandboxes.registry import ServedRuntimes
 from sandboxes import safedirs
-from sandboxes.runtimes import cgroups, exitboost
+from sandboxes.runtimes.limits import cgroups
+from sandboxes.runtimes.limits import exitboost
 from sandboxes.runtimes.workspace import remove_tree
 
 log = logging.getLogger(__name__)
@@ -243,9 +244,9 @@ def main(args: argparse.Namespace) -> None:
     # five descriptors per sandbox (three pipes, a pidfd, the uid lease): a soft limit of 1024
     # stops a host at ~200 sandboxes
     raise_open_files_limit(needed=6 * (args.capacity or get_settings().sandbox_capacity) + 256)
-    from sandboxes.runtimes import mountns
+    from sandboxes.runtimes.limits import mountns
 
-    if mountns.separate():  # first, while single-threaded: see sandboxes/runtimes/mountns.py
+    if mountns.separate():  # first, while single-threaded: see sandboxes/runtimes/limits/mountns.py
         log.info("workspace filesystems are mounted in the host's own mount namespace")
     serve(args.host or get_settings().sandbox_host_bind, args.port, args.redis_url, args.capacity,
           args.token or get_settings().host_token, args.host_id,

@@ -19,7 +19,7 @@ from sandboxes.protocol import RelayResponse, SandboxEntry
 from sandboxes import policy
 from sandboxes.registry import ServedRuntimes, isolation_of, load_runtime, requested_runtime
 from sandboxes.host.warm import WarmPool
-from sandboxes.runtimes import exitboost
+from sandboxes.runtimes.limits import exitboost
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class SandboxPool:
         before any teardown is queued: killed and closed one by one, each kill's syscalls waited
         for the GIL behind the exec threads the earlier kills had woken (bench/RESULTS.md, bulk
         cancel). Their exits are hastened (each one's ``hasten_exit()`` before the kills, then
-        :func:`~sandboxes.runtimes.exitboost.commit`), and one line is logged."""
+        :func:`~sandboxes.runtimes.limits.exitboost.commit`), and one line is logged."""
         with self._lock:
             slots = [slot for i in sandbox_ids if (slot := self._slots.pop(i, None)) is not None]
         for slot in slots:  # before any kill: no dying sandbox competes with these writes yet
@@ -293,9 +293,9 @@ def start_concurrency() -> int:
 
 
 def limit_enforcement() -> dict[str, str]:
-    """Limit name -> how this node enforces it (:func:`sandboxes.runtimes.cgroups.enforcement`,
+    """Limit name -> how this node enforces it (:func:`sandboxes.runtimes.limits.cgroups.enforcement`,
     imported lazily: it probes the node); empty when the probe fails."""
-    from sandboxes.runtimes.cgroups import enforcement
+    from sandboxes.runtimes.limits.cgroups import enforcement
 
     try:
         return dict(enforcement())

@@ -16,7 +16,7 @@ What is a dead host's is found by what it owned, never by a process name:
   line names a path under its directory (a sandbox's outer and inner bwrap, the cgroup shim and
   setpriv before them) is killed, the mounts under it are detached, the loop devices backed by
   images under it are cleared, and the directory is deleted;
-- the sandbox uids (:mod:`sandboxes.runtimes.uids`): a uid whose lease nobody holds runs no live
+- the sandbox uids (:mod:`sandboxes.runtimes.limits.uids`): a uid whose lease nobody holds runs no live
   sandbox (a host takes the lease before it starts anything as that uid and frees it only once
   nothing runs as it), so every process of such a uid is killed, while the reaper holds the lease.
 """
@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from sandboxes import safedirs
 
-from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.limits import cgroups
 
 log = logging.getLogger(__name__)
 _LOOP_CLR_FD = 0x4C01
@@ -242,7 +242,7 @@ def uid_ranges(runtime_config: dict[str, dict[str, Any]] | None) -> list[UidRang
     if os.geteuid() != 0:
         return []
     from sandboxes.runtimes.bwrap import BwrapConfig
-    from sandboxes.runtimes.uids import checked_lock_dir, default_lock_dir
+    from sandboxes.runtimes.limits.uids import checked_lock_dir, default_lock_dir
 
     cfg = (runtime_config or {}).get("bwrap") or {}
     config = BwrapConfig.model_validate({k: v for k, v in cfg.items() if k in BwrapConfig.model_fields})

@@ -1,6 +1,6 @@
-"""Parts of the sandbox runtimes (LAYOUT.md's ``sandboxes/runtimes/`` room). ``images``:
-``docker://``/``oci:`` references and the registry allow-list; ``image_cache``: rootless pulls
-(skopeo + umoci) into a per-host rootfs cache by digest, with a size budget and LRU eviction;
-``envbuild``: environments built once per node from recipes (``envrecipe``, its steps in
-``envtree``, on ``envbase``'s layer of the node's packages; ``swebench_env`` makes a SWE-bench
-row's recipe, ``repo_overlay`` serves modules its install generated) into cached rootfs images."""
+"""The sandbox runtimes (``bwrap``, ``singularity``, ``local``) and their parts, in LAYOUT.md's
+``sandboxes/runtimes/`` room: ``shell/`` the persistent bash each runs its commands in;
+``images/`` rootless pulls (skopeo + umoci) into a per-host rootfs cache by digest, its leases,
+SIF images; ``limits/`` cgroups, disk quota, mount and network namespaces, uids; ``env/``
+environments built once per node from a generic recipe (a domain makes the recipe: the SWE room's
+``tasks.swe.env``) into cached rootfs images."""

@@ -1,14 +1,14 @@
 """``bwrap``: a persistent bash inside bubblewrap namespaces. Rootless; the default runtime.
 
 What the sandbox gets: new user, pid, ipc, uts, cgroup and network namespaces (with
-``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.runtimes.netns`; never the
+``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.runtimes.limits.netns`; never the
 host's); no capabilities and no nested user namespaces; a read-only root (the host's system
 directories, or an image rootfs directory); its workspace read-write at ``/workspace``; a private
 size-capped ``/tmp`` and ``/dev/shm``; a fresh ``/proc`` and a minimal ``/dev``; a cleared
 environment (``--clearenv``, fixed defaults by ``--setenv``, ``spec.env`` exported by the shell
 itself once it runs: a request's variables never reach the host-side ``setpriv``/``bwrap``, which
 start with :data:`HOST_ENV` only, nor their command lines); rlimits set on its shell. A host running as root starts each sandbox as its own
-unprivileged uid (see :mod:`sandboxes.runtimes.uids`), so ``nproc`` holds and nothing runs as host root.
+unprivileged uid (see :mod:`sandboxes.runtimes.limits.uids`), so ``nproc`` holds and nothing runs as host root.
 
 Processes: ``bwrap`` (started by the host, dies with it) -> ``bwrap`` as pid 1 of the sandbox ->
 ``bash``. Killing that pid 1 makes the kernel kill everything in the sandbox.
@@ -27,14 +27,14 @@ from pydantic import Field
 
 from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits, SandboxSpec, gateway_dir
-from sandboxes.runtimes.bwrapshell import BwrapShell, tree_info
-from sandboxes.runtimes import exitboost
-from sandboxes.runtimes.cgroups import SandboxLimits, warm_limits
-from sandboxes.runtimes.image_cache import ImageLease, open_image
+from sandboxes.runtimes.shell.pid1 import BwrapShell, tree_info
+from sandboxes.runtimes.limits import exitboost
+from sandboxes.runtimes.limits.cgroups import SandboxLimits, warm_limits
+from sandboxes.runtimes.images.cache import ImageLease, open_image
 from sandboxes.images import is_reference
-from sandboxes.runtimes.netns import HELPER_ENV, require_network, resolv_conf, tool
+from sandboxes.runtimes.limits.netns import HELPER_ENV, require_network, resolv_conf, tool
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
-from sandboxes.runtimes.shellspawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
+from sandboxes.runtimes.shell.spawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
 from sandboxes.runtimes.workspace import Workspace
 
 HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -203,7 +203,7 @@ class BwrapSandbox(ShellSandbox):
 
     def _shell_config(self, rootfs: str | None) -> BwrapConfig:
         """The config with the execute-only bash as the shell where the sandbox sees the host's
-        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.runtimes.shellspawn`)."""
+        /usr (a sandbox's parent bash is then not dumpable: see :mod:`sandboxes.runtimes.shell.spawn`)."""
         top = "/" + TRUSTED_BASH.split("/")[1]
         if rootfs or top not in self.config.host_paths:
             return self.config
@@ -236,7 +236,7 @@ class BwrapSandbox(ShellSandbox):
         return self._limits.rlimits(limits)
 
     def hasten_exit(self) -> None:
-        """Its cgroup's weight (:mod:`sandboxes.runtimes.exitboost`), until the outer bwrap
+        """Its cgroup's weight (:mod:`sandboxes.runtimes.limits.exitboost`), until the outer bwrap
         (which exits after everything in the sandbox) is gone."""
         cgroup = self._limits.cgroup if self._limits is not None else None
         pidfd = self.shell.exit_fd() if cgroup is not None and self.shell is not None else None

@@ -19,10 +19,10 @@ from typing import Any
 from config.settings import get_settings
 from prorl_celery.errors import SandboxError
 from sandboxes.base import SandboxSpec
-from sandboxes.runtimes.netns import require_network
-from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.limits.netns import require_network
+from sandboxes.runtimes.shell.persistent import PersistentShell
 from sandboxes.runtimes.shellbox import ShellConfig, ShellSandbox
-from sandboxes.runtimes.shellspawn import shell_warm_spec
+from sandboxes.runtimes.shell.spawn import shell_warm_spec
 from sandboxes.runtimes.workspace import Workspace, remove_tree
 
 log = logging.getLogger(__name__)

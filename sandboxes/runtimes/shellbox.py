@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
-from sandboxes.runtimes.shell import PersistentShell
-from sandboxes.runtimes.shellspawn import DEFAULT_ARGV
-from sandboxes.runtimes.uids import UidLease, lease_uid
+from sandboxes.runtimes.shell.persistent import PersistentShell
+from sandboxes.runtimes.shell.spawn import DEFAULT_ARGV
+from sandboxes.runtimes.limits.uids import UidLease, lease_uid
 from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
 
 

@@ -21,7 +21,7 @@ root-owned files such as ``/proc/sys/vm/*`` (tried here). So, as in :mod:`sandbo
   read-only, ``/tmp`` a private tmpfs (its size is the apptainer.conf ``sessiondir max size``);
   no network (``spec.network`` is refused: without ``--net`` a container shares the host's);
 - the environment is cleared (``--containall`` implies ``--cleanenv``) and the shell itself
-  exports the fixed defaults and ``spec.env`` once it runs (:class:`~sandboxes.runtimes.bwrapshell.BwrapShell`,
+  exports the fixed defaults and ``spec.env`` once it runs (:class:`~sandboxes.runtimes.shell.pid1.BwrapShell`,
   whose process tree, runtime parent -> pid 1 -> bash, is this one too): nothing of a request is
   on a host-side command line or environment;
 - a timeout kills every process of the container but the shell (descendants of its pid 1);
@@ -50,10 +50,10 @@ from prorl_celery.errors import SandboxError
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.protocol import Stray
 from sandboxes.runtimes.bwrap import SANDBOX_PATH
-from sandboxes.runtimes.bwrapshell import BwrapShell, tree_info
-from sandboxes.runtimes.netns import HELPER_ENV
-from sandboxes.runtimes.sif_images import docker_pull, pull_image, run_cli
-from sandboxes.runtimes.shellspawn import NONINTERACTIVE_ENV
+from sandboxes.runtimes.shell.pid1 import BwrapShell, tree_info
+from sandboxes.runtimes.limits.netns import HELPER_ENV
+from sandboxes.runtimes.images.sif import docker_pull, pull_image, run_cli
+from sandboxes.runtimes.shell.spawn import NONINTERACTIVE_ENV
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace, quota_supported
 

@@ -6,7 +6,7 @@ of the workspace with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (Linu
 older kernels, one ``O_NOFOLLOW`` component at a time, so no ``..``, absolute symlink or symlink
 race reaches outside it. Only regular files are read (a FIFO cannot block the host), and no
 more than ``sandbox_read_max_mb`` of one (:class:`FileTooLarge`, HTTP 413, past that). Where the
-host is root a workspace is a size-capped filesystem of its own (:mod:`sandboxes.runtimes.diskquota`);
+host is root a workspace is a size-capped filesystem of its own (:mod:`sandboxes.runtimes.limits.diskquota`);
 it is removed by descriptor, never following a symlink (:mod:`sandboxes.safedirs`).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from prorl_celery.errors import FileTooLarge
-from sandboxes.runtimes import diskquota
+from sandboxes.runtimes.limits import diskquota
 from sandboxes.protocol import StatResult
 from sandboxes.safedirs import remove_tree
 

@@ -5,7 +5,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from prorl_celery.plugins import Registry
+from prorl_celery.plugins import Registry, is_dotted_path, split_path
 from tasks.handlers import instances
 from tasks.handlers.base import AgentHandler
 from tasks.handlers.check import STAGES, check_handler, conform
@@ -17,7 +17,7 @@ HANDLERS = Registry("handler", {
     "echo": "tasks.handlers.echo:EchoHandler",
     "code": "tasks.handlers.code:CodeHandler",
     "humaneval": "tasks.handlers.code:HumanEvalHandler",
-    "swe": "tasks.handlers.swe:SweHandler",
+    "swe": "tasks.swe.handler:SweHandler",
 }, aliases={
     "deepscaler": "math", "gsm8k": "math", "aime": "math", "amc": "math",
     "swebench": "swe", "swe-gym": "swe", "r2e": "swe",
@@ -27,13 +27,24 @@ HANDLERS = Registry("handler", {
 # handler not listed checks what every handler does. The API uses these without the handlers.
 INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe,
                                                                    "echo": instances.check_echo}
+# Built-in handler modules that moved, old -> new: a data source that names a class by its old
+# dotted path (a config written before the move) still loads it.
+MOVED = {"tasks.handlers.swe": "tasks.swe.handler"}
+
+
+def _current(data_source: str) -> str:
+    """``data_source`` with a moved module's old dotted path replaced by its new one."""
+    if not is_dotted_path(data_source):
+        return data_source
+    module, attr = split_path(data_source)
+    return f"{MOVED[module]}:{attr}" if module in MOVED else data_source
 
 
 @functools.cache
 def get_handler(data_source: str) -> AgentHandler:
     """The handler for a data source (checked by :func:`check_handler`); an unknown name lists
     the known ones."""
-    return conform(HANDLERS.load(data_source))()
+    return conform(HANDLERS.load(_current(data_source)))()
 
 
 def instance_check(data_source: str) -> Callable[[dict[str, Any]], None]:
@@ -41,7 +52,7 @@ def instance_check(data_source: str) -> Callable[[dict[str, Any]], None]:
     :mod:`tasks.handlers.instances`, without importing the handler; for a dotted path, the
     class's own ``check_instance`` (the class is loaded and checked as by :func:`get_handler`).
     Raises :class:`~prorl_celery.errors.UnknownPlugin` for a data source that names no handler."""
-    short = HANDLERS.canonical(data_source)
+    short = HANDLERS.canonical(_current(data_source))
     if short in HANDLERS.entries:
         return INSTANCE_CHECKS.get(short, instances.check_sandbox)
     return get_handler(data_source).check_instance

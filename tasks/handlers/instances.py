@@ -49,7 +49,7 @@ def check_swe(instance: dict[str, Any]) -> None:
     """``swe``'s: also the instance's ``image`` and ``repo_source`` (https, or an allowed
     directory), the test lists, and a full ``base_commit``."""
     from sandboxes.policy import check_image, check_repo_source
-    from tasks.verify import test_log
+    from tasks.swe import test_log
 
     check_sandbox(instance)
     if isinstance(instance.get("image"), str) and not (instance.get("sandbox") or {}).get("image"):

@@ -31,7 +31,7 @@ import requests
 
 from prorl_celery.ops.launcher import Stack, StackOptions
 from prorl_celery.ops.procs import free_port
-from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.limits import cgroups
 from sandboxes.client import list_sandboxes, live_hosts
 from sandboxes.host.reap import mounts_under, processes_naming
 from prorl_celery.fakes import swe

@@ -274,9 +274,9 @@ def test_the_swebench_environment_command_builds_as_written(tmp_path):
     from tests.real.swebench_data import materialize, rows
 
     section = sections()["SWE-bench rows and their environments"]
-    line = next(b for b in blocks("SWE-bench rows and their environments") if "--swebench" in b)
+    line = next(b for b in blocks("SWE-bench rows and their environments") if "tasks.swe.env" in b)
     command = line.splitlines()[0].split("  #")[0].strip()
-    assert "<clone of the repository>" in command and "row.json" in command and "--swebench" in section
+    assert "<clone of the repository>" in command and "row.json" in command and "swebench" in section
     row = rows()["marshmallow-code__marshmallow-1359"]
     (tmp_path / "row.json").write_text(json.dumps(row))
     repo = materialize(row, tmp_path / "marshmallow")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Serves on a free port and prints it; on each line on stdin ("report [prefix ...]") prints the
-# modules it has loaded under those prefixes (tasks.handlers and tasks.verify by default).
+# modules it has loaded under those prefixes (tasks.handlers, tasks.verify and tasks.swe by default).
 SERVE = """
 import json, logging, sys, threading
 from werkzeug.serving import make_server
@@ -22,7 +22,7 @@ server = make_server("127.0.0.1", 0, create_app(), threaded=True)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 print(server.server_port, flush=True)
 for line in sys.stdin:
-    prefixes = tuple(line.split()[1:]) or ("tasks.handlers", "tasks.verify")
+    prefixes = tuple(line.split()[1:]) or ("tasks.handlers", "tasks.verify", "tasks.swe")
     print(json.dumps(sorted(m for m in sys.modules if m.startswith(prefixes))), flush=True)
 """
 

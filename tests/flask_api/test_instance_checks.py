@@ -45,7 +45,7 @@ def test_a_fresh_api_refuses_bad_instances_without_importing_a_handler(redis_url
         loaded = api.loaded_modules()
     assert "tasks.handlers.instances" in loaded  # the checks ran, from the light module
     assert set(loaded) <= {"tasks.handlers", "tasks.handlers.base", "tasks.handlers.check",
-                           "tasks.handlers.instances", "tasks.verify", "tasks.verify.test_log"}, loaded
+                           "tasks.handlers.instances", "tasks.swe", "tasks.swe.test_log"}, loaded
 
 
 @pytest.mark.parametrize("instance,status,field", BAD)

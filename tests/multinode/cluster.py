@@ -199,7 +199,7 @@ class Cluster:
     def reap_cgroups(self, node: Node) -> int:
         """The cgroups of sandboxes whose host died with ``node`` (what a host restarted on that
         node would sweep at its start)."""
-        from sandboxes.runtimes import cgroups
+        from sandboxes.runtimes.limits import cgroups
 
         roots = node.scratch / "sandboxes"
         return sum(cgroups.sweep(cgroups.host_key(str(path)))

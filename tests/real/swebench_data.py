@@ -93,7 +93,7 @@ def write_recipe(mirror: Path, row: dict[str, Any]) -> Path:
     """``recipes/<instance_id>.json``: the row's recipe from swebench's specs, its requirement
     files read at ``environment_setup_commit`` from a full clone (the shipped tree has only the
     base commit); the repository's path is set at test time."""
-    from sandboxes.runtimes.swebench_env import recipe_for_row
+    from tasks.swe.env import recipe_for_row
 
     recipe = recipe_for_row(row, str(mirror))
     recipe = recipe.model_copy(update={"repo": recipe.repo.model_copy(update={"source": "(set at test time)"})})

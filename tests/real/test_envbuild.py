@@ -1,4 +1,4 @@
-"""Environment recipes built into rootfs images (sandboxes/runtimes/envbuild.py), for real: the
+"""Environment recipes built into rootfs images (sandboxes/runtimes/env/build.py), for real: the
 node's packages as the base, pip from PyPI at build time, bwrap for the build and for the
 sandbox that then uses the image. One small environment (iniconfig from PyPI) per module."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtimes import envbuild
-from sandboxes.runtimes.envbuild import EnvBuildFailed, EnvRecipe, RepoAt
+from sandboxes.runtimes.env import build as envbuild
+from sandboxes.runtimes.env.build import EnvBuildFailed, EnvRecipe, RepoAt
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("dpkg-query") is None,
                                 reason="needs bubblewrap and a Debian node (dpkg)")

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 
 def recipe_of(instance_id: str, repo: Path):
-    from sandboxes.runtimes.envbuild import EnvRecipe, RepoAt
+    from sandboxes.runtimes.env.build import EnvRecipe, RepoAt
 
     recipe = EnvRecipe.model_validate_json((RECIPES / f"{instance_id}.json").read_text())
     return recipe.model_copy(update={"repo": RepoAt(source=str(repo), commit=recipe.repo.commit)})
@@ -52,7 +52,7 @@ def recipe_of(instance_id: str, repo: Path):
 def service(tmp_path_factory):
     """The stack, and one fake LLM server per agent (oracle, empty, no-op), none registered yet."""
     from prorl_celery.ops.launcher import Stack, StackOptions
-    from sandboxes.runtimes.envbuild import env_dir
+    from sandboxes.runtimes.env.build import env_dir
 
     env = {**TEST_ENV, "PRORL_SANDBOX_IMAGE_DIRS": str(env_dir()), "PRORL_ENV_DIR": str(env_dir()),
            "PRORL_REPO_CACHE": str(tmp_path_factory.mktemp("repo-cache"))}
@@ -72,7 +72,7 @@ def service(tmp_path_factory):
 def built(tmp_path_factory):
     """instance id -> the row as a SWE instance: its repository rebuilt at base_commit, its
     environment built (or found in the cache) on this node."""
-    from sandboxes.runtimes.envbuild import ensure_env
+    from sandboxes.runtimes.env.build import ensure_env
 
     cache: dict[str, dict] = {}
 

@@ -375,9 +375,9 @@ def _listed(row: dict, field: str) -> list[str]:
 @pytest.fixture(scope="module")
 def real_row(apptainer_bin, tmp_path_factory):
     """The row at its base_commit (tests/real/swebench_data.py), its environment built by
-    sandboxes/runtimes/envbuild.py (or found in its cache) and made a SIF here."""
+    sandboxes/runtimes/env/build.py (or found in its cache) and made a SIF here."""
     real = pytest.importorskip("tests.real.test_swebench", reason="no real SWE-bench rows here")
-    from sandboxes.runtimes.envbuild import EnvBuildFailed, ensure_env
+    from sandboxes.runtimes.env.build import EnvBuildFailed, ensure_env
 
     rows = real.swebench_data.rows()
     row_id = REAL_ROW

@@ -1,4 +1,4 @@
-"""The CPU weight of dying sandboxes (sandboxes/runtimes/exitboost.py), on the node's real cgroup
+"""The CPU weight of dying sandboxes (sandboxes/runtimes/limits/exitboost.py), on the node's real cgroup
 v1 cpu hierarchy and real processes: raised for the killed ones only after the kills, lowered as
 they exit (pidfds), set back when the last is gone or when the boost is too old."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 
 from sandboxes.base import SandboxSpec
 from sandboxes.host.pool import SandboxPool
-from sandboxes.runtimes import cgroups, exitboost
-from sandboxes.runtimes.exitboost import BASE_SHARES, MAX_SHARES, ExitBoost, level
+from sandboxes.runtimes.limits import cgroups
+from sandboxes.runtimes.limits import exitboost
+from sandboxes.runtimes.limits.exitboost import BASE_SHARES, MAX_SHARES, ExitBoost, level
 from tests.conftest import wait_until
 from tests.sandboxes.conftest import needs_bwrap, sandbox_root  # noqa: F401
 

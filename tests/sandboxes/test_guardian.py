@@ -7,7 +7,7 @@ import subprocess
 
 import psutil
 
-from sandboxes.runtimes.guardian import Guardian
+from sandboxes.runtimes.shell.guardian import Guardian
 from tests.sandboxes.conftest import wait_until
 
 

@@ -17,7 +17,7 @@ import pytest
 from prorl_celery.errors import ImageNotFound, ImageTooLarge
 from sandboxes.client import open_sandbox, request
 from sandboxes.base import SandboxSpec
-from sandboxes.runtimes.image_cache import ImageCache
+from sandboxes.runtimes.images.cache import ImageCache
 from sandboxes.images import check_reference
 from tests.conftest import submit, wait
 from tests.registry import LocalRegistry, needs_registry_tools, push_layout, tar_layer, write_layout

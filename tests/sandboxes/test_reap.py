@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 
-from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.limits import cgroups
 from sandboxes.host.reap import kill_naming, kill_unleased_uids, loops_under, mounts_under, UidRange
 from tests.sandboxes.conftest import REPO, needs_bwrap, wait_until
 
@@ -85,7 +85,7 @@ def node(sandbox_root):
 
 
 def _create(address: str, token: str, i: int) -> str | None:
-    from sandboxes.runtimes.netns import refusal
+    from sandboxes.runtimes.limits.netns import refusal
 
     headers = {"Authorization": f"Bearer {token}"}
     spec = {"runtime": "bwrap", "network": i % 2 == 0 and refusal() is None}
@@ -114,7 +114,7 @@ def _kill(proc: psutil.Process, mode: str) -> None:
             pass
     elif mode == "guardian_first":
         for child in proc.children(recursive=True):
-            if "sandboxes.runtimes.guardian" in " ".join(child.cmdline()):
+            if "sandboxes.runtimes.shell.guardian" in " ".join(child.cmdline()):
                 child.kill()
         time.sleep(0.3)
         proc.kill()
@@ -133,7 +133,7 @@ def test_no_sandbox_outlives_its_host(node, mode):
         assert all(_create(address, token, i) for i in range(3))
     descendants = [p.pid for p in host.children(recursive=True)]
     # (workspace filesystems: loop devices of the node; their mounts may live in the host's own
-    # mount namespace, sandboxes/runtimes/mountns.py, which dies with it)
+    # mount namespace, sandboxes/runtimes/limits/mountns.py, which dies with it)
     assert node.uid_processes() and node.cgroup_members("reap-a") and loops_under(node.root / "reap-a")
     if mode == "burst":
         os.killpg(first.pid, signal.SIGKILL)
@@ -161,7 +161,7 @@ def test_reaper_kills_processes_of_unleased_uids_and_of_dead_hosts_dirs(node):
     the host's fork and bwrap's prctl when the host died), on real processes: one running as a
     sandbox uid nobody leases, one whose command line names a dead host's workspace; a process
     of a leased uid is left alone."""
-    from sandboxes.runtimes.uids import lease_uid
+    from sandboxes.runtimes.limits.uids import lease_uid
 
     uid = node.uid_base + 3
     orphan = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "1000"],

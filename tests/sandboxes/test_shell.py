@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from sandboxes.runtimes.shell import KILL_GRACE_S, PersistentShell
+from sandboxes.runtimes.shell.persistent import KILL_GRACE_S, PersistentShell
 
 
 @pytest.fixture

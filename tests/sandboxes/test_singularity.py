@@ -10,7 +10,7 @@ import pytest
 
 from prorl_celery.errors import SandboxError
 from sandboxes.runtimes import singularity as sif
-from sandboxes.runtimes import sif_images
+from sandboxes.runtimes.images import sif as sif_images
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.runtimes.procs import wait_dead
 from sandboxes.runtimes.singularity import SingularityConfig

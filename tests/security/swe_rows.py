@@ -29,7 +29,7 @@ def row_with_forgeries(tmp_path_factory, row_id: str, forgeries: dict[str, dict[
                        noop_path: str) -> tuple[dict, dict[str, str]]:
     """The row as a SWE instance (its environment built or found), and its forged patches, with a
     no-op patch (a comment added to ``noop_path``) under ``(no-op)``."""
-    from sandboxes.runtimes.envbuild import ensure_env
+    from sandboxes.runtimes.env.build import ensure_env
     from tests.real.test_swebench import recipe_of
 
     row = swebench_data.rows()[row_id]

@@ -17,7 +17,7 @@ import requests
 
 from prorl_celery.errors import ImageUnavailable, InvalidRequest, PolicyDenied
 from sandboxes.policy import check_image
-from sandboxes.runtimes.image_cache import ImageCache
+from sandboxes.runtimes.images.cache import ImageCache
 from sandboxes.images import check_reference
 from sandboxes.safedirs import UnsafeDirectory
 from tests.conftest import REDIS_PORT

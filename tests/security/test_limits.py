@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tasks.agent.editor import Editor, EditorError
-from sandboxes.runtimes import cgroups
+from sandboxes.runtimes.limits import cgroups
 from sandboxes.runtimes.workspace import FileTooLarge
 from tests.sandboxes.conftest import needs_bwrap, sandbox_redis, sandbox_root, start_host  # noqa: F401
 from tests.sandboxes.test_host import create, entry_of
@@ -94,7 +94,7 @@ def test_default_limits_hold_processes_memory_tmpfs_and_disk(start_host):
     box.exec("rm -f /tmp/fill")
     # the workspace is a filesystem of 2 GiB of its own: a 2.5 GB write ends in ENOSPC
     # seen as the sandbox's outer process sees it: the host keeps workspace filesystems out of
-    # the node's mount table (sandboxes/runtimes/mountns.py)
+    # the node's mount table (sandboxes/runtimes/limits/mountns.py)
     info = entry_of(host, box).info
     disk = shutil.disk_usage(f"/proc/{info['pid']}/root{info['workspace']}").total
     big = box.exec("head -c 2500M /dev/zero > big; sync; stat -c %s big", timeout=120)

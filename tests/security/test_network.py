@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from prorl_celery.errors import SandboxError
-from sandboxes.runtimes import netns
+from sandboxes.runtimes.limits import netns
 from tests.conftest import submit, wait
 from tests.sandboxes.conftest import (needs_bwrap, sandbox_redis, sandbox_root,  # noqa: F401
                                       start_host, wait_until)

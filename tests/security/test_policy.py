@@ -202,7 +202,7 @@ def test_repo_source_outside_the_allowed_dirs_is_refused(api, tmp_path, secret_r
 
 def test_https_clone_runs_unprivileged_with_protocols_restricted(tmp_path, monkeypatch):
     """A stand-in ``git`` (first on PATH) reports the uid and argv it was started with."""
-    from tasks.handlers import repo
+    from tasks.swe import repo
 
     bindir = Path(tempfile.mkdtemp(prefix="prorl-fake-git-"))
     try:
@@ -225,7 +225,7 @@ def test_https_clone_runs_unprivileged_with_protocols_restricted(tmp_path, monke
 def test_real_git_reaches_an_https_url_and_nothing_else(tmp_path):
     """Real git, as nobody: an https URL gets as far as a TLS handshake with a local listener
     (no internet needed); the same listener behind http:// or ext:: is never contacted."""
-    from tasks.handlers import repo
+    from tasks.swe import repo
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -274,7 +274,7 @@ def test_results_and_healthz_say_which_runtime_ran(api):
 @pytest.mark.unit
 def test_merge_is_field_by_field_and_only_lowers():
     from sandboxes.policy import merge_limits
-    from tasks.handlers.swe import SweHandler
+    from tasks.swe.handler import SweHandler
 
     defaults = SweHandler.default_sandbox["limits"]
     merged = merge_limits(defaults, {"memory_mb": 10**6, "nproc": None, "fsize_mb": 10}, caps={"nproc": 100})

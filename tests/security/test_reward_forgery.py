@@ -1,6 +1,6 @@
 """Issue 23: forged rewards. Each forgery a policy could write to earn a reward it did not earn.
 
-The real SWE grader (``tasks.verify.swe_eval.grade``) grades each forged patch in a real bwrap
+The real SWE grader (``tasks.swe.grader.grade``) grades each forged patch in a real bwrap
 sandbox, on the statkit fixture (a bug left in place) run two ways: by pytest (the isolated
 runner) and by ``python -m unittest`` (the guard). Every forgery must earn 0 with a typed
 outcome (``eval.integrity.outcome`` ``tampered`` or ``unverified``, and for ``tampered`` the
@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.base import SandboxSpec
-from tasks.handlers import repo
-from tasks.verify import swe_eval
+from tasks.swe import grader as swe_eval, repo
 from tests.helpers import reachable_tmpdir
 from tests.sandboxes.conftest import needs_bwrap
 

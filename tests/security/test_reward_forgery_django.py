@@ -1,6 +1,6 @@
 """Issue 23 on Django's runner: forged rewards on a real row, ``django__django-16255``.
 
-The real SWE grader (``tasks.verify.swe_eval.grade``) grades each forged patch in a real bwrap
+The real SWE grader (``tasks.swe.grader.grade``) grades each forged patch in a real bwrap
 sandbox in the row's own environment (built from its recipe, or found in the environment cache),
 where the checkout is the one ``pip install -e .`` installed, and the test command is SWE-bench's:
 ``./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 <modules>``. Django's runner
@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from tasks.verify import swe_eval
+from tasks.swe import grader as swe_eval
 from tests.helpers import reachable_tmpdir
 from tests.security.swe_rows import row_with_forgeries
 
@@ -121,7 +121,7 @@ def grade(django_row):
     installed one (the recipe's workdir), put back to the base commit before each grade."""
     from sandboxes.base import SandboxSpec
     from sandboxes.runtimes.bwrap import BwrapSandbox
-    from tasks.handlers import repo
+    from tasks.swe import repo
     from tests.real.test_swebench import recipe_of
 
     instance, _ = django_row

@@ -1,12 +1,12 @@
 """Issue 23 on SymPy's runner: forged rewards on a real row, ``sympy__sympy-20590`` (SymPy 1.7).
 
-The real SWE grader (``tasks.verify.swe_eval.grade``) grades each forged patch in a real bwrap
+The real SWE grader (``tasks.swe.grader.grade``) grades each forged patch in a real bwrap
 sandbox in the row's own environment (built from its recipe, or found in the environment cache),
 where the checkout is the one ``pip install -e .`` installed, with SWE-bench's test command:
 ``PYTHONWARNINGS=... bin/test -C --verbose sympy/core/tests/test_basic.py``. ``bin/test`` calls
 ``sympy.test`` (``sympy/testing/runtests.py``): the collector, the loop and the reporter are the
 package's own code, so the grader runs the tests with its own runner
-(:mod:`tasks.verify.sympy_runner`). Each forgery must earn 0 with a typed outcome (``tampered``
+(:mod:`tasks.swe.runners.sympy_runner`). Each forgery must earn 0 with a typed outcome (``tampered``
 naming the path, canary, log line or rewritten file, or ``unverified`` with an error) or be
 defeated outright (the bug stays visible, the run clean); the gold patch, graded in the same
 sandbox, earns 1 with a clean integrity block and the canaries as planted. Marked ``swebench``
@@ -27,7 +27,7 @@ import subprocess
 
 import pytest
 
-from tasks.verify import swe_eval
+from tasks.swe import grader as swe_eval
 from tests.helpers import reachable_tmpdir
 from tests.security.swe_rows import row_with_forgeries
 from tests.real.test_swebench import _changed
@@ -217,7 +217,7 @@ def sandbox(sympy_row):
     """(the sandbox in the row's environment, the installed checkout in it)."""
     from sandboxes.base import SandboxSpec
     from sandboxes.runtimes.bwrap import BwrapSandbox
-    from tasks.handlers import repo
+    from tasks.swe import repo
     from tests.real.test_swebench import recipe_of
 
     instance, _ = sympy_row

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.runtimes.shell import PersistentShell
+from sandboxes.runtimes.shell.persistent import PersistentShell
 from tests.sandboxes.conftest import needs_bwrap, sandbox_redis, sandbox_root, start_host  # noqa: F401
 from tests.sandboxes.test_host import create
 

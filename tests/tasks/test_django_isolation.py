@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from tasks.verify import canaries, django_isolation, integrity
+from tasks.swe import integrity
+from tasks.swe.integrity import canaries
+from tasks.swe.runners import django_isolation
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 

@@ -14,8 +14,7 @@ import pytest
 
 from prorl_celery.errors import PolicyDenied, SandboxError
 from sandboxes.base import SandboxSpec
-from tasks.handlers import repo
-from tasks.verify import swe_eval
+from tasks.swe import grader as swe_eval, repo
 from tests.helpers import reachable_tmpdir
 from tests.sandboxes.conftest import needs_bwrap
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from tasks.verify import canaries, integrity, pytest_isolation, tamper
+from tasks.swe import integrity
+from tasks.swe.integrity import canaries, tamper
+from tasks.swe.runners import pytest_isolation
 
 BASE = {"statkit/__init__.py", "statkit/central.py", "tests/__init__.py", "tests/test_central.py",
         "setup.py", "README.md", "docs/index.rst", "src/other/__init__.py", "src/other/core.py",
@@ -163,7 +165,7 @@ def test_canaries_in_sympys_own_runner(tmp_path, forge, expected):
     """Canaries planted in a SymPy-style test file, run by SymPy's own reporter (what ``bin/test
     --verbose`` prints), read by SWE-bench's SymPy parser: as planted, or caught forging."""
     pytest.importorskip("sympy")
-    from tasks.verify import swe_specs
+    from tasks.swe import specs as swe_specs
 
     (tmp_path / "pkg" / "tests").mkdir(parents=True)
     for init in ("pkg/__init__.py", "pkg/tests/__init__.py"):

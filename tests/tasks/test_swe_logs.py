@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prorl_celery.errors import InvalidRequest
-from tasks.verify import swe_specs, test_log
+from tasks.swe import specs as swe_specs, test_log
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,7 +248,7 @@ def test_api_refuses_garbage_test_lists_naming_the_field(api):
 
 # -- what swebench costs ------------------------------------------------------------------
 def test_swebench_parsers_load_without_docker_modal_or_datasets():
-    probe = ("import sys; from tasks.verify import swe_specs; sb = swe_specs._swebench(); "
+    probe = ("import sys; from tasks.swe import specs as swe_specs; sb = swe_specs._swebench(); "
              "print(sb.version, len(sb.registry), len(sb.by_repo), "
              "sorted(m for m in ('docker', 'modal', 'datasets', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -258,7 +258,7 @@ def test_swebench_parsers_load_without_docker_modal_or_datasets():
 
 
 def test_the_api_process_does_not_import_swebench():
-    probe = ("import sys; from flask_api import create_app; from tasks.handlers.swe import SweHandler; "
+    probe = ("import sys; from flask_api import create_app; from tasks.swe.handler import SweHandler; "
              "print('swebench' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr

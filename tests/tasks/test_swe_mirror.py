@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.handlers import repo
+from tasks.swe import repo
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",

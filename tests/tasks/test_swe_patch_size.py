@@ -1,7 +1,7 @@
 """A SWE patch is graded whole, whatever its size up to the operator's limit.
 
 The agent's view of a command's output keeps 16,000 characters (head and tail); the patch is
-read through a file instead. In process: :func:`tasks.handlers.swe.read_patch` on a real shell
+read through a file instead. In process: :func:`tasks.swe.handler.read_patch` on a real shell
 in a local sandbox. Through the service: a 40 kB honest patch (the fix plus a generated table
 module) resolves."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import requests
 from prorl_celery.fakes import swe
 from sandboxes.base import SandboxSpec
 from sandboxes.runtimes.local import LocalSandbox
-from tasks.handlers.swe import read_patch, too_large
+from tasks.swe.handler import read_patch, too_large
 from tests.conftest import submit, wait
 
 ROWS = 3000  # ~16 characters a line in the patch: well past the 16,000-character view

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verify import canaries, sympy_isolation, swe_specs
-from tasks.verify.swe_eval import SYMPY_RUNNER
+from tasks.swe import specs as swe_specs
+from tasks.swe.integrity import canaries
+from tasks.swe.runners import sympy_isolation
 
 SYMPY_CMD = f"{swe_specs.SYMPY} sympy/core/tests/test_calc.py"
 HELPERS = '''
@@ -109,7 +110,8 @@ def _tree(root: Path, init: str = "") -> Path:
 def _run(root: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     nonce = "n" + "0" * 31
     (root.parent / "nonce").write_text(nonce)
-    done = subprocess.run([sys.executable, str(SYMPY_RUNNER), str(root.parent / "nonce"), str(root), *args],
+    script = sympy_isolation.SympyRunner.script
+    done = subprocess.run([sys.executable, str(script), str(root.parent / "nonce"), str(root), *args],
                           cwd=root, capture_output=True, text=True, timeout=120)
     line = next(x for x in done.stdout.splitlines() if x.startswith(nonce + " "))
     return done, json.loads(line[len(nonce) + 1:])

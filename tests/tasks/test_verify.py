@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prorl_celery.fakes import swe
-from tasks.verify import test_log
+from tasks.swe import test_log
 from tasks.verify.answers import choice_letter, last_boxed, math_equal
 
 RUNNER = Path(__file__).resolve().parents[2] / "tasks" / "verify" / "code_runner.py"

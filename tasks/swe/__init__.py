@@ -1,0 +1,1 @@
+"""The SWE domain: a repository at a commit, a model patch, its tests run so the patch cannot forge them."""
