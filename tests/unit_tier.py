@@ -1,7 +1,7 @@
 """The fast tier (``pytest -m unit``): what a test marked ``unit`` may and may not do, checked.
 
 A ``unit`` test runs in this process: the agent loop, routing decisions, graders, parsers,
-handlers on a fake stage context (``prorl_celery/fakes/stage.py``), the API through
+handlers on a fake stage context (``tasks/fake.py``), the API through
 ``create_app()`` and Flask's test client. It may use the session's private Redis (one
 redis-server, started once: the routing decisions are Lua scripts that run in it); it starts no
 stack, worker, sandbox, server or other process, and connects nowhere else.

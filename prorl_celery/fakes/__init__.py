@@ -1,5 +1,5 @@
-"""Stand-ins for unit tests: the agent loop's ``Policy`` and ``Sandbox`` in process."""
+"""Stand-ins for unit tests: the agent loop's ``Policy`` in process (the ``Sandbox`` stand-in is
+:class:`sandboxes.fake.DummySandbox`, the stage context's :class:`tasks.fake.FakeStage`)."""
 from prorl_celery.fakes.policy import ScriptedPolicy, ScriptExhausted
-from prorl_celery.fakes.sandbox import DummySandbox
 
-__all__ = ["DummySandbox", "ScriptExhausted", "ScriptedPolicy"]
+__all__ = ["ScriptExhausted", "ScriptedPolicy"]

@@ -23,7 +23,7 @@ from prorl_celery.errors import LLMCallCancelled
 from prorl_celery.llm.clients.base import model_name
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
 from prorl_celery.fakes.llm.policies import Reply
-from prorl_celery.fakes.llm.server import FakeLLM
+from prorl_celery.fakes.llm.state import FakeLLM
 from prorl_celery.fakes.llm.token_api import fake_generate
 from prorl_celery.llm.clients.generate import GenerateClient, build_prompt, max_new_tokens, wire_for
 from prorl_celery.llm.models import LLMRequest, Protocol, Turn

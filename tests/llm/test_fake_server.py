@@ -148,3 +148,40 @@ def test_sglang_without_seeded_sampling_is_retried_unseeded(fake_llms):
     assert proc.url in _no_seed  # the seeded one was sent first and refused
     refused = _sglang(proc.url, [1, 2, 3], max_new_tokens=2, sampling_seed=1)
     assert refused.status_code == 400 and "sampling_seed" in refused.json()["error"]["message"]
+
+
+@pytest.mark.unit
+def test_the_fake_is_a_flask_app_its_routes_answer_in_process():
+    """The routes are a Flask app over the fake's state: Flask's test client gets the dialects'
+    answers and errors without a server (no socket: nothing to watch for a disconnect)."""
+    from prorl_celery.fakes.llm.app import create_app
+    from prorl_celery.fakes.llm.engine import BatchEngine
+    from prorl_celery.fakes.llm.policies import load_policy
+    from prorl_celery.fakes.llm.state import FakeLLM
+
+    client = create_app(FakeLLM(load_policy("echo"), BatchEngine(LatencyModel()), "m", 4096)).test_client()
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 4, "return_token_ids": True})
+    assert answer.status_code == 200 and len(answer.json["choices"][0]["token_ids"]) == 4
+    assert client.post("/generate", json={"prompt_ids": [1, 2], "max_tokens": 3}).json["finish_reason"] == "length"
+    assert client.post("/v1/chat/completions", data=b"{bad").json["error"]["message"].startswith("invalid JSON body")
+    for method, path in (("get", "/nowhere"), ("post", "/health"), ("get", "/v1/chat/completions")):
+        missing = getattr(client, method)(path)
+        assert (missing.status_code, missing.status) == (404, "404 Not Found")  # the real servers' status line
+        assert missing.json["error"] == {"message": f"no route {path}", "type": "NotFoundError", "param": None,
+                                         "code": 404}
+    assert client.post("/pause?mode=sideways").status_code == 422
+
+
+def test_every_request_in_flight_reaches_the_engine(fake_llms):
+    """The server's thread pool grows with the requests in flight (each holds a thread while the
+    engine generates): 40 at once, past the pool it starts with, all run in one batch, as a real
+    server admits them, rather than waiting for a thread in front of the engine."""
+    from prorl_celery.fakes.llm.server import FIRST_THREADS
+
+    (proc,) = fake_llms(1, latency="step_s=0.02,capacity=64,slowdown=0")
+    n = 5 * FIRST_THREADS
+    with ThreadPoolExecutor(n) as ex:
+        list(ex.map(lambda _: _generate(proc.url, 50), range(n)))  # 50 steps of 20 ms: a second
+    stats = proc.stats()
+    assert stats["completed"] == n and stats["peak_running"] > 2 * FIRST_THREADS

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from prorl_celery.fakes import DummySandbox, ScriptedPolicy
+from prorl_celery.fakes import ScriptedPolicy
+from sandboxes.fake import DummySandbox
 from prorl_celery.fakes.llm.server import make_server
 from prorl_celery.llm.clients.generate import GenerateClient, build_prompt
 from prorl_celery.llm.models import LLMRequest, Protocol, Turn

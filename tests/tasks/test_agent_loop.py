@@ -13,8 +13,9 @@ import pytest
 
 from prorl_celery.errors import (BackendUnavailable, ContextWindowExceeded, JobCancelled, LLMCallCancelled,
                                  LLMTimeout, StageBudgetExceeded)
-from prorl_celery.fakes import DummySandbox, ScriptedPolicy
-from prorl_celery.fakes.sandbox import failed, timed_out
+from prorl_celery.fakes import ScriptedPolicy
+from sandboxes.fake import DummySandbox
+from sandboxes.fake import failed, timed_out
 from prorl_celery.llm.clients.generate import build_prompt
 from prorl_celery.llm.models import Turn
 from prorl_celery.transcript import Transcript

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prorl_celery.fakes import DummySandbox, ScriptedPolicy
+from prorl_celery.fakes import ScriptedPolicy
+from sandboxes.fake import DummySandbox
 from prorl_celery.llm.models import WeightSegment
 from prorl_celery.transcript import Transcript
 from prorl_celery.trajectory import flatten_calls, mask_turns, token_versions

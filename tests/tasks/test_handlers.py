@@ -10,9 +10,10 @@ import pytest
 
 from config.settings import get_settings
 from prorl_celery.errors import JobCancelled
-from prorl_celery.fakes import DummySandbox, ScriptedPolicy
-from prorl_celery.fakes.sandbox import failed, ok
-from prorl_celery.fakes.stage import FakeStage
+from prorl_celery.fakes import ScriptedPolicy
+from sandboxes.fake import DummySandbox
+from sandboxes.fake import failed, ok
+from tasks.fake import FakeStage
 from tasks.handlers import get_handler
 from tasks.handlers.code import EVAL_LIMITS, RUNNER_FILES, VERIFY
 

@@ -1,6 +1,6 @@
-"""The fake LLM server's chat endpoint and what its endpoints share: each real server's error body
-and context-window rule (see :mod:`prorl_celery.fakes.llm.server`; token endpoints in
-:mod:`prorl_celery.fakes.llm.token_api`).
+"""The fake LLM server's chat endpoint, ``/v1/models`` and ``/tokenize`` (see
+:mod:`prorl_celery.fakes.llm.server`; token endpoints in :mod:`prorl_celery.fakes.llm.token_api`,
+what they share in :mod:`prorl_celery.fakes.llm.wire`).
 
 Chat (and the other shared OpenAI paths) answers in the shape of the server named by ``--flavor`` (``vllm``, ``llama.cpp`` or
 ``sglang``), as recorded from the real ones (``tests/fixtures/recorded``): vLLM's extra fields
@@ -16,63 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.llm import chatml
 
+from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
+from prorl_celery.fakes.llm.wire import (FINGERPRINT, check_max_tokens, llamacpp_error, llamacpp_max_tokens,
+                                         llamacpp_probs, timings, usage, vllm_error, vllm_max_tokens, vllm_usage)
+
 if TYPE_CHECKING:
-    from prorl_celery.fakes.llm.server import FakeLLM
+    from prorl_celery.fakes.llm.state import FakeLLM
 
 TOOL_PARSER_MISSING = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 REQUIRED_PARSER_MISSING = 'tool_choice="required" requires --tool-call-parser to be set'
-FINGERPRINT = "vllm-0.32.0-prorlfake"
-
-
-class HTTPError(Exception):
-    """An error answer; ``body`` is the server's own error JSON when it has one."""
-
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError",
-                 body: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.status, self.type, self.body = status, type_, body
-
-
-def vllm_error(status: int, message: str, type_: str = "BadRequestError", param: str | None = None) -> HTTPError:
-    return HTTPError(status, message, type_, {"error": {"message": message, "type": type_, "param": param,
-                                                        "code": status}})
-
-
-def llamacpp_error(status: int, message: str, type_: str = "invalid_request_error", **extra: Any) -> HTTPError:
-    return HTTPError(status, message, type_, {"error": {"code": status, "message": message, "type": type_,
-                                                        **extra}})
-
-
-def sglang_error(status: int, message: str) -> HTTPError:
-    return HTTPError(status, message, "ValueError", {"error": {"message": message}})
-
-
-def vllm_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None, default: int | None) -> int:
-    """vLLM 0.32's rule, as recorded: a prompt that fills the window is a 400 (its tokenizer stops
-    at the window + 1, hence "at least"); a max_tokens past the window is clipped to the room
-    left (finish ``length``), not refused; no max_tokens means ``default`` (16 on
-    /v1/completions) or, for chat, the whole room."""
-    limit = fake.max_model_len
-    if len(prompt) >= limit:
-        seen = min(len(prompt), limit + 1)
-        raise vllm_error(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
-                              f"contains at least {seen} input tokens, which exceeds this limit even without any "
-                              f"output tokens. Please reduce the length of the input prompt. "
-                              f"(parameter=input_tokens, value={seen})", param="input_tokens")
-    max_tokens = asked if asked is not None else (default if default is not None else limit - len(prompt))
-    return min(max_tokens, limit - len(prompt))
-
-
-def llamacpp_max_tokens(fake: FakeLLM, prompt: list[int], asked: int | None) -> int:
-    """llama.cpp's rule: a prompt that fills the context is refused; generation stops where the
-    context ends (``n_predict`` -1 or absent: no other limit)."""
-    n_ctx = fake.max_model_len
-    if len(prompt) >= n_ctx:
-        raise llamacpp_error(400, f"request ({len(prompt)} tokens) exceeds the available context size "
-                                  f"({n_ctx} tokens), try increasing it",
-                             "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=n_ctx)
-    room = n_ctx - len(prompt)
-    return room if asked is None or asked < 0 else min(asked, room)
 
 
 GRAMMAR_WITH_TOOLS = "Cannot use custom grammar constraints with tools."
@@ -123,10 +75,7 @@ def chat_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
     if flavor == "llama.cpp":
         max_tokens = llamacpp_max_tokens(fake, prompt, asked)
     else:
-        if isinstance(asked, int) and asked > fake.max_model_len:
-            from prorl_celery.fakes.llm.token_api import check_max_tokens
-
-            check_max_tokens(asked, fake.max_model_len)
+        check_max_tokens(asked, fake.max_model_len)
         max_tokens = vllm_max_tokens(fake, prompt, asked, None)
     entry = fake.generate(messages, tools, prompt, max_tokens, "chat", sock, ignore_eos=bool(body.get("ignore_eos")),
                           min_tokens=int(body.get("min_tokens") or 0), force_tool=forced_tool(body, flavor),
@@ -171,11 +120,6 @@ def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dic
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
 
-def vllm_usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
-    return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids),
-            "prompt_tokens_details": None, "completion_tokens_details": None}
-
-
 def vllm_logprob_entries(fake: FakeLLM, ids: list[int], top: int, as_ids: bool = False) -> list[dict[str, Any]]:
     """vLLM's chat-style entries: ``top`` alternatives (the sampled token stands in for them);
     ``as_ids`` (``return_tokens_as_token_ids``): each token named ``token_id:<id>``."""
@@ -208,31 +152,9 @@ def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry:
             "id": f"chatcmpl-{uuid.uuid4().hex}", "timings": timings(prompt, ids)}
 
 
-def llamacpp_probs(fake: FakeLLM, ids: list[int], top: int) -> list[dict[str, Any]]:
-    """llama.cpp's per-token probability entries (``n_probs`` / chat ``logprobs``); the sampled
-    token stands in for each of the ``top`` alternatives."""
-    out = []
-    for t, lp in zip(ids, fake.logprobs(ids)):
-        entry = {"id": t, "token": fake.tok.decode([t]), "bytes": list(fake.tok.decode([t]).encode()), "logprob": lp}
-        out.append({**entry, "top_logprobs": [dict(entry) for _ in range(top)]})
-    return out
-
-
-def usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
-    return {"completion_tokens": len(ids), "prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids)}
-
-
-def timings(prompt: list[int], ids: list[int]) -> dict[str, Any]:
-    return {"cache_n": 0, "prompt_n": len(prompt), "prompt_ms": 1.0, "prompt_per_token_ms": 1.0,
-            "prompt_per_second": 1000.0, "predicted_n": len(ids), "predicted_ms": 1.0,
-            "predicted_per_token_ms": 1.0, "predicted_per_second": 1000.0}
-
-
 def models(fake: FakeLLM) -> dict[str, Any]:
     """``GET /v1/models``: vLLM's card has ``max_model_len``, llama.cpp's ``meta.n_ctx``."""
     if fake.options.flavor == "llama.cpp":
-        from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
-
         return fake_llamacpp.models(fake)
     return {"object": "list", "data": [{"id": fake.model, "object": "model", "created": int(time.time()),
                                         "owned_by": "prorl-fake", "root": fake.model, "parent": None,

@@ -8,7 +8,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prorl_celery.fakes.llm.server import FakeLLM
+    from prorl_celery.fakes.llm.state import FakeLLM
 
 # llama.cpp's sampler defaults, overridden by the request's own values
 SETTINGS: dict[str, Any] = {

@@ -28,10 +28,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from prorl_celery.fakes.llm.endpoints import HTTPError
+from prorl_celery.fakes.llm.wire import HTTPError
 
 if TYPE_CHECKING:
-    from prorl_celery.fakes.llm.server import FakeLLM
+    from prorl_celery.fakes.llm.state import FakeLLM
 
 VLLM_MODES = ("abort", "wait", "keep")
 SGLANG_MODES = {"abort": "abort", "retract": "keep", "in_place": "keep"}

