@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
-from prorl_celery.trajectory import expand_results
+from prorl_celery.rollout.trajectory import expand_results
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",

@@ -14,9 +14,9 @@ from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import JobStatus
 from prorl_celery.watch import watch
 from prorl_celery.llm.models import LLMRequest, Turn
-from prorl_celery.rollouts import RolloutStore
+from prorl_celery.rollout.store import RolloutStore
 from prorl_celery.staleness import WeightVersions
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.transcript import Transcript
 from sandboxes.base import SandboxSpec
 
 if TYPE_CHECKING:

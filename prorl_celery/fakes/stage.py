@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import JobCancelled, StageBudgetExceeded
 from prorl_celery.fakes.sandbox import DummySandbox
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.transcript import Transcript
 
 if TYPE_CHECKING:
     from prorl_celery.fakes.policy import ScriptedPolicy

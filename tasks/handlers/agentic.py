@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.agent import AgentConfig, AgentOutcome
-from prorl_celery.trajectory import TRAJECTORY_KEY
+from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
 from tasks.agent.fence import result_block
@@ -72,7 +72,7 @@ class AgentTaskHandler(AgentHandler):
     def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
         """The episode's fields; its conversation and ids stay in the job's rollout, referenced
         by ``trajectory`` (the API builds ``messages``, ``tokens`` and ``token_mode`` from it:
-        :func:`prorl_celery.trajectory.expand_results`). A harness's come from its gateway calls."""
+        :func:`prorl_celery.rollout.trajectory.expand_results`). A harness's come from its gateway calls."""
         if "harness" in state:
             from tasks.harnesses.result import harness_result_fields
 

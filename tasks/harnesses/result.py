@@ -1,13 +1,13 @@
 """A harness rollout's result fields, in the built-in agent's shape: its calls and conversation
 stay in the job's rollout, referenced by ``trajectory`` (the API builds ``messages``, ``tokens``,
 ``token_mode`` and the harness's segments and counts from it:
-:func:`prorl_celery.trajectory.expand_results`), beside ``turns``, ``finish_reason`` and the
+:func:`prorl_celery.rollout.trajectory.expand_results`), beside ``turns``, ``finish_reason`` and the
 harness's own block (how it exited, its session)."""
 from __future__ import annotations
 
 from typing import Any
 
-from prorl_celery.trajectory import TRAJECTORY_KEY
+from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from tasks.agent.fence import result_block
 from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
 

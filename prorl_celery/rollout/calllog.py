@@ -1,8 +1,8 @@
-"""Where a session's calls go: the append-only rollout store (:mod:`prorl_celery.rollouts`), the
+"""Where a session's calls go: the append-only rollout store (:mod:`prorl_celery.rollout.store`), the
 same packed records the built-in agent's turns are, read back by the same path
-(:mod:`prorl_celery.trajectory`).
+(:mod:`prorl_celery.rollout.trajectory`).
 
-A :class:`CallLog` holds the session's :class:`~prorl_celery.transcript.Transcript`: a completed
+A :class:`CallLog` holds the session's :class:`~prorl_celery.rollout.transcript.Transcript`: a completed
 call adds its packed record (its prompt kept as the ids past what the session's last call held)
 and the conversation messages it brought, in memory, on the call's own thread, which wakes whoever
 saves once its answer is written (:meth:`CallLog.wake`). Saving is never on a call's path: the run stage's loop saves what came (fenced, with the
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.store import Call, RolloutStore
+from prorl_celery.rollout.transcript import Transcript
 
 log = logging.getLogger(__name__)
 GATEWAY_META = "gateway"  # in a call's metadata: {"api", "continued", "gateway_s"}

@@ -24,8 +24,8 @@ from typing import Any
 import redis
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore, is_exact
-from prorl_celery.transcript import turns_of
+from prorl_celery.rollout.store import Call, RolloutStore, is_exact
+from prorl_celery.rollout.transcript import turns_of
 
 TRAJECTORY_KEY = "trajectory"  # in a stored result: {"calls", "messages"} saved of the job's rollout
 
@@ -210,7 +210,7 @@ def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]
 
 def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
     if isinstance(result.get("harness"), dict):  # a harness's gateway calls: also its segments
-        from prorl_celery.gateway.trajectory import harness_fields
+        from prorl_celery.rollout.segments import harness_fields
 
         out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
         fenced = (result.get("staleness") or {}).get("masked_turns") or []

@@ -1,7 +1,7 @@
 """A rollout's turns and conversation as its agent holds them while it runs.
 
 The conversation in full (the next request sends it), the last turn in full (token mode extends
-its ids), every turn as its packed record (:mod:`prorl_celery.rollouts`: what it added, not its
+its ids), every turn as its packed record (:mod:`prorl_celery.rollout.store`: what it added, not its
 whole prompt), and what came since the last save, which the stage appends to the store in the
 same fenced step that saves its state. Memory and the bytes written grow with the trajectory."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore, prompts
+from prorl_celery.rollout.store import Call, RolloutStore, prompts
 
 TURN_IDS = frozenset({"prompt_ids", "response_ids", "logprobs"})
 

@@ -14,7 +14,7 @@ from prorl_celery.errors import RolloutFailed
 
 
 class Trajectory(BaseModel):
-    """One job's tokens, reward and provenance (see tasks/agent/trajectory.py for the ids)."""
+    """One job's tokens, reward and provenance (see prorl_celery/rollout/trajectory.py for the ids)."""
 
     job_id: str
     prompt_ids: list[int]
