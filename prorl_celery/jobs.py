@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
+from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.rollout.trajectory import expand_results
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
@@ -66,7 +67,7 @@ class JobRecord(BaseModel):
     instance: dict[str, Any]
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     sandbox: dict[str, Any] | None = None
-    state: dict[str, Any] = Field(default_factory=dict)
+    state: dict[str, Any] = Field(default_factory=dict, description="A JobState's stored form (prorl_celery/jobstate.py).")
     result: dict[str, Any] | None = None
     workers: dict[str, str] = Field(default_factory=dict)
     attempts: dict[str, int] = Field(default_factory=dict)
@@ -97,7 +98,7 @@ class JobRecord(BaseModel):
 
     def timings(self) -> Timings:
         end = self.t_finished or time.time()
-        waited = self.state.get("_init_wait_s")  # tasks.context; a record read without its state: the result's
+        waited = self.state.get(INIT_WAIT_KEY)  # a record read without its state: the result's
         if waited is None:
             waited = ((self.result or {}).get("timing") or {}).get("init_wait")
         return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,

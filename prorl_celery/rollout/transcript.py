@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from prorl_celery.jobstate import RolloutCounts
 from prorl_celery.llm.models import Turn
 from prorl_celery.rollout.store import Call, RolloutStore, prompts
 
@@ -52,11 +53,12 @@ class Transcript:
         self._saved = (len(self.records), len(self.messages))
 
     @classmethod
-    def load(cls, store: RolloutStore, rollout_id: str, counts: dict[str, int] | None) -> Transcript:
+    def load(cls, store: RolloutStore, rollout_id: str,
+             counts: RolloutCounts | dict[str, int] | None) -> Transcript:
         """The saved transcript of ``rollout_id``: as many calls and messages as ``counts`` says
         were saved (what lies past them was written by a delivery that lost its job)."""
-        counts = counts or {}
-        records, messages = store.snapshot(rollout_id, counts.get("calls", 0), counts.get("messages", 0))
+        saved = RolloutCounts.model_validate(counts or {})
+        records, messages = store.snapshot(rollout_id, saved.calls, saved.messages)
         last = None
         if records:
             calls = [Call.unpack(blob) for blob in records]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
 
+from prorl_celery.jobstate import Admission
 from prorl_celery.llm.models import Turn
 
 Policy = Literal["mask", "regenerate"]
@@ -78,7 +79,7 @@ class StalenessFence:
         return new
 
 
-def result_block(fenced: dict[str, Any] | None, admission: dict[str, Any] | None) -> dict[str, Any] | None:
+def result_block(fenced: dict[str, Any] | None, admission: Any) -> dict[str, Any] | None:
     """A result's ``staleness``, for the built-in agent and harness sessions alike: the fence's
     counts (the bound, the mode, what it masked and regenerated, the largest lag kept) with the
     admission wait; None without a bound."""
@@ -86,6 +87,7 @@ def result_block(fenced: dict[str, Any] | None, admission: dict[str, Any] | None
     if not out and not admission:
         return None
     out.pop("turn_versions", None)
-    if admission:
-        out["admission_wait_s"], out["admitted_version"] = admission["wait_s"], admission["version"]
+    if admission:  # a JobState's Admission, or its stored form
+        admission = Admission.model_validate(admission)
+        out["admission_wait_s"], out["admitted_version"] = admission.wait_s, admission.version
     return out

@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.agent import AgentConfig, AgentOutcome
+from prorl_celery.jobstate import ADMISSION_KEY, JobState, RolloutCounts
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
 from tasks.agent.fence import result_block
-from tasks.context import ADMISSION_KEY, ROLLOUT_KEY, StageContext
+from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
 from tasks.harnesses import is_harness_agent
 
@@ -78,7 +79,7 @@ class AgentTaskHandler(AgentHandler):
 
             return harness_result_fields(state)
         agent = state.get("agent") or {}
-        saved = state.get(ROLLOUT_KEY) or {}
+        saved = (JobState.of(state).rollout or RolloutCounts()).model_dump()
         out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
                "turns": saved.get("calls", 0), "finish_reason": agent.get("finish_reason"),
                "answer": agent.get("answer"),

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from prorl_celery.jobstate import ADMISSION_KEY, RESTARTS_KEY, JobState, RolloutCounts
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from tasks.agent.fence import result_block
-from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
-
-RESTARTS_KEY = "harness_restarts"  # in a job's state: how often its harness ran again (tasks.harnesses.run)
 
 
 def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
     block = state.get("harness") or {}
-    saved = state.get(ROLLOUT_KEY) or {}
+    saved = (JobState.of(state).rollout or RolloutCounts()).model_dump()
     out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
            "turns": saved.get("calls", 0), "finish_reason": block.get("finish_reason"),
            "harness": {"name": block.get("name"), "exit_code": block.get("exit_code"),

@@ -30,6 +30,7 @@ from config.settings import get_settings
 from prorl_celery.errors import JobCancelled, SandboxError
 from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forward
 from prorl_celery.http import route_source
+from prorl_celery.jobstate import RESTARTS_KEY
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
 from prorl_celery.staleness import WeightVersions
@@ -38,7 +39,6 @@ from sandboxes.client import RemoteSandbox
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
-from tasks.harnesses.result import RESTARTS_KEY
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
