@@ -8,7 +8,7 @@ from prorl_celery.jobstate import ADMISSION_KEY, JobState, RolloutCounts
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
-from tasks.agent.fence import result_block
+from tasks.harnesses.result import result_block
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
 from tasks.harnesses import is_harness_agent

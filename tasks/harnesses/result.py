@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prorl_celery.jobstate import ADMISSION_KEY, RESTARTS_KEY, JobState, RolloutCounts
+from prorl_celery.jobstate import ADMISSION_KEY, RESTARTS_KEY, Admission, JobState, RolloutCounts
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
-from tasks.agent.fence import result_block
 
 
 def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
@@ -33,3 +32,17 @@ def staleness_fields(block: dict[str, Any], admission: dict[str, Any] | None) ->
     the bound, the fence, the calls masked (indices: ``masked_turns``), the calls regenerated and
     their tokens, the largest lag, and the admission wait; None without a bound."""
     return result_block(block.get("staleness"), admission)
+
+
+def result_block(fenced: dict[str, Any] | None, admission: Any) -> dict[str, Any] | None:
+    """A result's ``staleness``, for the built-in agent and harness sessions alike: the fence's
+    counts (the bound, the mode, what it masked and regenerated, the largest lag kept) with the
+    admission wait; None without a bound."""
+    out = dict(fenced or {})
+    if not out and not admission:
+        return None
+    out.pop("turn_versions", None)
+    if admission:  # a JobState's Admission, or its stored form
+        admission = Admission.model_validate(admission)
+        out["admission_wait_s"], out["admitted_version"] = admission.wait_s, admission.version
+    return out
