@@ -8,7 +8,7 @@ from prorl_celery.jobstate import ADMISSION_KEY, JobState, RolloutCounts
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
-from tasks.harnesses.result import result_block
+from prorl_celery.rollout.results import result_block
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
 from tasks.harnesses import is_harness_agent
@@ -75,7 +75,7 @@ class AgentTaskHandler(AgentHandler):
         by ``trajectory`` (the API builds ``messages``, ``tokens`` and ``token_mode`` from it:
         :func:`prorl_celery.rollout.trajectory.expand_results`). A harness's come from its gateway calls."""
         if "harness" in state:
-            from tasks.harnesses.result import harness_result_fields
+            from prorl_celery.rollout.results import harness_result_fields
 
             return harness_result_fields(state)
         agent = state.get("agent") or {}

@@ -22,7 +22,7 @@ from prorl_celery.rollout.store import RolloutStore
 from prorl_celery.staleness import WeightVersions
 from prorl_celery.rollout.trajectory import TRAJECTORY_KEY, expand_result
 from tasks.agent.fence import StalenessFence
-from tasks.harnesses.result import harness_result_fields
+from prorl_celery.rollout.results import harness_result_fields
 from tests.gateway.test_openai_chat import _client, stored
 from tests.llm.conftest import TOOLS, add
 
