@@ -12,17 +12,18 @@ from config.settings import get_settings
 from prorl_celery.errors import InvalidRequest, JobCancelled, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.jobstate import AGENT_KEY, ROLLOUT_KEY, Admission, JobState, RolloutCounts
-from prorl_celery.status import JobStatus
-from prorl_celery.watch import watch
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.rollout.store import RolloutStore
-from prorl_celery.staleness import WeightVersions
 from prorl_celery.rollout.transcript import Transcript
+from prorl_celery.staleness import WeightVersions
+from prorl_celery.status import JobStatus
+from prorl_celery.watch import watch
 from sandboxes.base import SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_celery.llm.pool import LLMPool
     from tasks.agent import AgentConfig, DefaultAgent
+    from tasks.agent.fence import StalenessFence
 
 
 class PoolPolicy:
@@ -208,15 +209,27 @@ class StageContext:
     # -- the agent -------------------------------------------------------------------------
     def agent(self, config: AgentConfig, pool: LLMPool | None = None) -> DefaultAgent:
         """The built-in agent on this job: the pool as its policy, the job's sandbox, this
-        stage's budget and cancellation, ``state["agent"]`` and the transcript saved after each turn."""
-        from prorl_celery.llm.pool import LLMPool
+        stage's budget and cancellation, ``state.agent`` and the transcript saved after each turn."""
         from tasks.agent import DefaultAgent
 
+        policy = PoolPolicy(pool or self.llm_pool(), self.job_id)
+        return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
+                            state=self.state.setdefault(AGENT_KEY, {}), transcript=self.transcript,
+                            fence=self.staleness_fence())
+
+    # -- what every agent runs on (tasks/agent/runner.py: the built-in agent and a harness alike)
+    def llm_pool(self, defer_release: bool = False) -> LLMPool:
+        """The LLM pool on the job store's Redis (``defer_release``: lease releases sent after
+        the caller has its answer, as a harness's gateway wants them)."""
+        from prorl_celery.llm.pool import LLMPool
+
+        return LLMPool(self.store.redis, defer_release=defer_release)
+
+    def staleness_fence(self) -> StalenessFence | None:
+        """The fence for the job's ``max_staleness`` (None: no bound), in the operator's mode
+        (``staleness_fence``: mask or regenerate)."""
         from tasks.agent.fence import StalenessFence
 
-        policy = PoolPolicy(pool or LLMPool(self.store.redis), self.job_id)
         k = self.max_staleness()
-        fence = None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
-                                                      get_settings().staleness_fence)
-        return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
-                            state=self.state.setdefault(AGENT_KEY, {}), transcript=self.transcript, fence=fence)
+        return None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
+                                                     get_settings().staleness_fence)

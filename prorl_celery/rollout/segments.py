@@ -14,7 +14,7 @@ Calls the staleness fence masked (``fenced``: their indices, the result's
 ``staleness.masked_turns``, as for the built-in agent) keep their ids with loss mask 0, counted
 apart (``stale_masked_tokens``).
 
-:func:`harness_fields` is what :func:`prorl_celery.rollout.trajectory.expand_results` adds to a harness's
+:func:`harness_fields` is what :func:`prorl_celery.rollout.views.expand_results` adds to a harness's
 result: ``tokens`` and ``token_mode`` (``exact`` as for the built-in agent: one sequence, each
 prompt extending the last; else ``segmented``, ``tokens`` the first segment), the segments and
 the counts."""
