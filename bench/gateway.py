@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> None:
 
     from prorl_celery.gateway import CallLog, Gateway, GatewaySession
     from prorl_celery.llm import LLMPool
-    from prorl_celery.rollouts import RolloutStore
+    from prorl_celery.rollout.store import RolloutStore
 
     # bench.private set a URL of its own: the stack's is passed aside; a pool as the service's own
     client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
@@ -238,7 +238,7 @@ def breakdown(url: str) -> None:
     share, the pool's."""
     import redis
 
-    from prorl_celery.rollouts import Call
+    from prorl_celery.rollout.store import Call
 
     client = redis.Redis.from_url(url)
     calls = [Call.unpack(raw) for key in client.scan_iter(keys.rollout_calls("bench-*"))

@@ -59,7 +59,7 @@ def breakdown(stack: Stack, t_submit: float, jobs: list[str]) -> dict[str, float
     import redis
 
     from prorl_celery.jobs import JobStore
-    from prorl_celery.rollouts import RolloutStore
+    from prorl_celery.rollout.store import RolloutStore
 
     store = JobStore(redis.Redis.from_url(stack.redis_url))
     rollouts = RolloutStore(store.redis)

@@ -35,11 +35,12 @@ from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.llm import Turn
 from prorl_celery.models import Instance, JobId, JobRequest, SamplingParams
-from prorl_celery.rollouts import Call, RolloutStore
-from prorl_celery.trajectory import TRAJECTORY_KEY, expand_result
-from prorl_celery.transcript import turns_of
+from prorl_celery.rollout.reference import reference_messages
+from prorl_celery.rollout.results import TRAJECTORY_KEY
+from prorl_celery.rollout.store import Call, RolloutStore
+from prorl_celery.rollout.transcript import turns_of
+from prorl_celery.rollout.views import expand_result
 from tasks.agent import tools as agent_tools
-from tasks.agent.trajectory import reference_messages
 from tasks.chain import cancel, cancel_many, submit
 
 bp = Blueprint("compat", __name__)

@@ -10,6 +10,7 @@ from flask_api.routes import WAIT_SECONDS, route
 from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest, JobView
+from prorl_celery.rollout.views import job_views
 from tasks.chain import cancel, submit
 from tasks.handlers import instance_check
 
@@ -25,7 +26,7 @@ def _view(job_id: str) -> dict:
     record = _store().get(job_id)
     if record is None:
         raise UnknownJob(job_id)
-    return _store().views([record])[0].model_dump(mode="json")
+    return job_views(_store().redis, [record])[0].model_dump(mode="json")
 
 
 def check_handlers(requests: list[JobRequest]) -> None:
@@ -85,4 +86,4 @@ def wait_job(job_id: str):
 @route(bp, "delete", "/jobs/{job_id}", "Cancel a job", {**_JOB, 409: s.ErrorBody})
 def cancel_job(job_id: str):
     record = cancel(_store(), job_id)
-    return jsonify(_store().views([record])[0].model_dump(mode="json"))
+    return jsonify(job_views(_store().redis, [record])[0].model_dump(mode="json"))

@@ -14,6 +14,7 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
+from prorl_celery.rollout.views import job_views
 from prorl_celery.status import JobStatus
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
             break
     if not entries:
         return [], cursor
-    views = store.views(store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
+    views = job_views(store.redis, store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
     out = []
     for (entry_id, fields), view in zip(entries, views):
         item = {_text(k): _text(v) for k, v in fields.items()}

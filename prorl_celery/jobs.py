@@ -28,8 +28,8 @@ from pydantic import BaseModel, Field
 
 from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
+from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
-from prorl_celery.trajectory import expand_results
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
@@ -66,7 +66,7 @@ class JobRecord(BaseModel):
     instance: dict[str, Any]
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     sandbox: dict[str, Any] | None = None
-    state: dict[str, Any] = Field(default_factory=dict)
+    state: dict[str, Any] = Field(default_factory=dict, description="A JobState's stored form (prorl_celery/jobstate.py).")
     result: dict[str, Any] | None = None
     workers: dict[str, str] = Field(default_factory=dict)
     attempts: dict[str, int] = Field(default_factory=dict)
@@ -97,7 +97,7 @@ class JobRecord(BaseModel):
 
     def timings(self) -> Timings:
         end = self.t_finished or time.time()
-        waited = self.state.get("_init_wait_s")  # tasks.context; a record read without its state: the result's
+        waited = self.state.get(INIT_WAIT_KEY)  # a record read without its state: the result's
         if waited is None:
             waited = ((self.result or {}).get("timing") or {}).get("init_wait")
         return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,
@@ -105,7 +105,7 @@ class JobRecord(BaseModel):
 
     def view(self, result: dict[str, Any] | None = None) -> JobView:
         """The job as the API shows it; ``result``: the stored one as the trainer reads it
-        (:meth:`JobStore.views` builds it: the trajectory from the job's rollout)."""
+        (:func:`prorl_celery.rollout.views.job_views` builds it from the job's rollout)."""
         result = self.result if result is None else result
         return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,
                        data_source=self.data_source, timings=self.timings(), workers=self.workers,
@@ -167,12 +167,6 @@ class JobStore:
             return [_decode(raw) if raw else None for raw in pipe.execute()]
         return [_decode({k: v for k, v in zip(fields, values) if v is not None}) if values[1] else None
                 for values in pipe.execute()]
-
-    def views(self, records: list[JobRecord | None]) -> list[JobView | None]:
-        """Each record as the API shows it, its result's trajectory built from the job's rollout
-        (all of them in one more round trip)."""
-        results = expand_results(self.redis, [r.result if r else None for r in records])
-        return [r.view(result) if r else None for r, result in zip(records, results)]
 
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")

@@ -136,10 +136,10 @@ def sweep_counts() -> str:
 
 
 def rollout_calls(rollout_id: str) -> str:
-    """List: a rollout's LLM calls, one packed record each (:mod:`prorl_celery.rollouts`)."""
+    """List: a rollout's LLM calls, one packed record each (:mod:`prorl_celery.rollout.store`)."""
     return f"{PREFIX}:rollout:calls:{rollout_id}"
 
 
 def rollout_messages(rollout_id: str) -> str:
-    """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollouts`)."""
+    """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollout.store`)."""
     return f"{PREFIX}:rollout:messages:{rollout_id}"

@@ -19,6 +19,7 @@ from prorl_celery.http import Response, TransportError
 from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
+from sandboxes.gateway_route import GatewayRoute, close_gateway_route, gateway_route
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
                                 HostRecord, RelayResponse, SandboxEntry, StatResult, StopStraysRequest,
                                 StopStraysResponse, Stray, StrayList)
@@ -318,3 +319,9 @@ class HostProvider:
 
     def close(self, handle: SandboxHandle | dict[str, Any]) -> bool:
         return close_handle(handle)
+
+    def gateway_route(self, sandbox: Any, socket_path: str, listen: Any) -> GatewayRoute:
+        return gateway_route(sandbox, socket_path, listen)
+
+    def close_gateway_route(self, sandbox: Any, socket_path: str) -> None:
+        close_gateway_route(sandbox, socket_path)

@@ -8,7 +8,8 @@ than this.
 
 Today's one provider is our own sandbox hosts, ``hosts`` (:class:`sandboxes.client.HostProvider`):
 placement on the least-loaded live host, a handle naming the host, hosts that heartbeat in Redis
-and that the beat sweep asks for their sandboxes and strays.
+and that the beat sweep asks for their sandboxes and strays, and the route to a harness's gateway
+(:mod:`sandboxes.gateway_route`: direct on the worker's node, else relayed by the host).
 
 A provider reached by API, with no host of ours (a cloud sandbox service), takes this seat by
 implementing the protocol: ``open`` creates a sandbox through the service (waiting out what is not
@@ -25,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from prorl_celery.plugins import Registry
 from sandboxes.base import Sandbox, SandboxSpec
+from sandboxes.gateway_route import GatewayRoute
 
 
 @runtime_checkable
@@ -59,6 +61,19 @@ class SandboxProvider(Protocol):
     def close(self, handle: dict[str, Any] | Any) -> bool:
         """Close the sandbox a handle names; True if this call closed it. Never raises: a
         sandbox that outlives its job is the provider's lease or sweep to end."""
+
+    def gateway_route(self, sandbox: ProvidedSandbox, socket_path: str,
+                      listen: Callable[[str], str]) -> GatewayRoute:
+        """How ``sandbox`` reaches a harness's gateway listening in this process on the unix
+        socket ``socket_path``: ``direct`` (it sees that socket) or ``relay`` (the provider
+        brings it a socket to the gateway; ``listen(host)`` makes the gateway also serve on
+        TCP at this node's address ``host``, returning ``host:port``), and the socket's path
+        as the sandbox sees it. Raises :class:`~prorl_celery.errors.SandboxError` when there
+        is no way."""
+
+    def close_gateway_route(self, sandbox: ProvidedSandbox, socket_path: str) -> None:
+        """Undo what :meth:`gateway_route` set up for ``socket_path`` (the session ended);
+        never raises."""
 
 
 PROVIDERS = Registry("sandbox provider", {"hosts": "sandboxes.client:HostProvider"}, paths=True)

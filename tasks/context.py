@@ -11,22 +11,19 @@ from typing import TYPE_CHECKING, Any
 from config.settings import get_settings
 from prorl_celery.errors import InvalidRequest, JobCancelled, StageBudgetExceeded
 from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.jobstate import AGENT_KEY, ROLLOUT_KEY, Admission, JobState, RolloutCounts
+from prorl_celery.llm.models import LLMRequest, Turn
+from prorl_celery.rollout.store import RolloutStore
+from prorl_celery.rollout.transcript import Transcript
+from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
 from prorl_celery.watch import watch
-from prorl_celery.llm.models import LLMRequest, Turn
-from prorl_celery.rollouts import RolloutStore
-from prorl_celery.staleness import WeightVersions
-from prorl_celery.transcript import Transcript
 from sandboxes.base import SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_celery.llm.pool import LLMPool
     from tasks.agent import AgentConfig, DefaultAgent
-
-SANDBOX_KEY = "_sandbox"  # in ctx.state: the result's ``sandbox`` block
-INIT_WAIT_KEY = "_init_wait_s"  # in ctx.state: seconds init waited for a sandbox (timings.init_wait)
-ROLLOUT_KEY = "_rollout"  # in ctx.state: {"calls", "messages"} of the job's rollout saved so far
-ADMISSION_KEY = "_admission"  # in ctx.state: {"wait_s", "version"} once admission control let the rollout start
+    from tasks.agent.fence import StalenessFence
 
 
 class PoolPolicy:
@@ -43,9 +40,11 @@ class PoolPolicy:
 class StageContext:
     """One stage of one job: its record, its budget, its sandbox, and a place to keep state.
 
-    ``state`` is saved to the job store by :meth:`save`, with what the :attr:`transcript` (the
-    agent's conversation and turns) gained appended to the job's rollout in the same step, so a
-    stage that is delivered again after its worker died starts from the last saved state.
+    ``state`` (a :class:`~prorl_celery.jobstate.JobState`: the service's keys typed, the
+    handler's own read and written as on a dict) is saved to the job store by :meth:`save`, with
+    what the :attr:`transcript` (the agent's conversation and turns) gained appended to the job's
+    rollout in the same step, so a stage that is delivered again after its worker died starts
+    from the last saved state.
     """
 
     def __init__(self, store: JobStore, record: JobRecord, stage: JobStatus, budget_s: float,
@@ -56,7 +55,7 @@ class StageContext:
         self.resumed = resumed
         self.started = time.monotonic()
         self.deadline = self.started + budget_s
-        self.state: dict[str, Any] = dict(record.state)
+        self.state = JobState.of(record.state)
         self._sandbox = None
         self._transcript: Transcript | None = None
 
@@ -96,14 +95,15 @@ class StageContext:
         job ended (or left this stage or attempt) meanwhile: then nothing is written."""
         calls, messages = self._transcript.pending() if self._transcript is not None else ([], [])
         if calls or messages:
-            state = {**self.state, ROLLOUT_KEY: self._transcript.counts()}  # kept only once stored
+            counts = self._transcript.counts()
+            state = {**self.state.dump(), ROLLOUT_KEY: counts}  # kept in self.state only once stored
             ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state,
                                        self._transcript.saved_counts(), calls, messages)
             if ok:
-                self.state[ROLLOUT_KEY] = state[ROLLOUT_KEY]
+                self.state.rollout = RolloutCounts(**counts)
         else:
             ok, _ = self.store.transition(self.job_id, None, sources=[self.stage], require_state="running",
-                                          expect={"attempt": self.record.attempt}, state=self.state)
+                                          expect={"attempt": self.record.attempt}, state=self.state.dump())
         if not ok:
             raise JobCancelled(f"job {self.job_id} ended or left {self.stage} while in it")
         if self._transcript is not None:
@@ -118,7 +118,7 @@ class StageContext:
     def restart_transcript(self) -> None:
         """Start the job's rollout over (what was recorded is dropped at the next save, which
         trims the rollout's lists to what the state says was saved: nothing)."""
-        self.state[ROLLOUT_KEY] = {"calls": 0, "messages": 0}
+        self.state.rollout = RolloutCounts()
         self._transcript = Transcript()
 
     @property
@@ -126,8 +126,7 @@ class StageContext:
         """The job's conversation and turns as saved (read from its rollout once), plus what
         this delivery added since."""
         if self._transcript is None:
-            self._transcript = Transcript.load(RolloutStore(self.store.redis), self.job_id,
-                                               self.state.get(ROLLOUT_KEY))
+            self._transcript = Transcript.load(RolloutStore(self.store.redis), self.job_id, self.state.rollout)
         return self._transcript
 
     # -- staleness (prorl_celery.staleness) -----------------------------------------------
@@ -144,7 +143,7 @@ class StageContext:
         """Wait (queued in this stage, not refused) until admission control lets the rollout start;
         the wait is not charged to the stage's budget. Raises JobCancelled if the job ends meanwhile."""
         k = self.max_staleness()
-        if k is None or ADMISSION_KEY in self.state:
+        if k is None or self.state.admission is not None:
             return
         versions, started = WeightVersions(self.store.redis), time.monotonic()
         while not versions.admit(self.job_id, k):
@@ -153,7 +152,7 @@ class StageContext:
             time.sleep(get_settings().staleness_poll_s)
         waited = time.monotonic() - started
         self.deadline += waited
-        self.state[ADMISSION_KEY] = {"wait_s": round(waited, 3), "version": versions.current()}
+        self.state.admission = Admission(wait_s=round(waited, 3), version=versions.current())
 
     # -- sandbox --------------------------------------------------------------------------
     def open_sandbox(self, spec: SandboxSpec):
@@ -163,7 +162,7 @@ class StageContext:
         out (cancellable, bounded: the provider's open, sandboxes/provider.py); the wait is kept
         for the job's ``timings.init_wait``. The limits are
         put under the operator's ceilings here (and again by the host); what the host started
-        (runtime, isolation, limits) is kept in ``state["_sandbox"]`` for the result."""
+        (runtime, isolation, limits) is kept in ``state.sandbox`` for the result."""
         from sandboxes.policy import clamp_spec
         from sandboxes.protocol import sandbox_block
 
@@ -171,7 +170,7 @@ class StageContext:
 
         self.close_sandbox()  # a redelivered init must not leave the first attempt's sandbox
         box, waited = self.provider.open(spec, self.job_id, budget_s=self.remaining(), check=self.check)
-        self.state[INIT_WAIT_KEY] = round(self.state.get(INIT_WAIT_KEY, 0.0) + waited, 3)
+        self.state.init_wait_s = round((self.state.init_wait_s or 0.0) + waited, 3)
         handle = box.handle.model_dump()
         ok, _ = self.store.transition(self.job_id, None, sources=[self.stage],
                                       expect={"attempt": self.record.attempt}, sandbox=handle)
@@ -181,7 +180,7 @@ class StageContext:
         self.record.sandbox = handle
         self._sandbox = box
         if box.entry is not None:
-            self.state[SANDBOX_KEY] = sandbox_block(box.entry)
+            self.state.sandbox = sandbox_block(box.entry)
         return box
 
     def close_sandbox(self) -> bool:
@@ -210,15 +209,27 @@ class StageContext:
     # -- the agent -------------------------------------------------------------------------
     def agent(self, config: AgentConfig, pool: LLMPool | None = None) -> DefaultAgent:
         """The built-in agent on this job: the pool as its policy, the job's sandbox, this
-        stage's budget and cancellation, ``state["agent"]`` and the transcript saved after each turn."""
-        from prorl_celery.llm.pool import LLMPool
+        stage's budget and cancellation, ``state.agent`` and the transcript saved after each turn."""
         from tasks.agent import DefaultAgent
 
+        policy = PoolPolicy(pool or self.llm_pool(), self.job_id)
+        return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
+                            state=self.state.setdefault(AGENT_KEY, {}), transcript=self.transcript,
+                            fence=self.staleness_fence())
+
+    # -- what every agent runs on (tasks/agent/runner.py: the built-in agent and a harness alike)
+    def llm_pool(self, defer_release: bool = False) -> LLMPool:
+        """The LLM pool on the job store's Redis (``defer_release``: lease releases sent after
+        the caller has its answer, as a harness's gateway wants them)."""
+        from prorl_celery.llm.pool import LLMPool
+
+        return LLMPool(self.store.redis, defer_release=defer_release)
+
+    def staleness_fence(self) -> StalenessFence | None:
+        """The fence for the job's ``max_staleness`` (None: no bound), in the operator's mode
+        (``staleness_fence``: mask or regenerate)."""
         from tasks.agent.fence import StalenessFence
 
-        policy = PoolPolicy(pool or LLMPool(self.store.redis), self.job_id)
         k = self.max_staleness()
-        fence = None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
-                                                      get_settings().staleness_fence)
-        return DefaultAgent(policy, self.sandbox, config, control=self, sink=self,
-                            state=self.state.setdefault("agent", {}), transcript=self.transcript, fence=fence)
+        return None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
+                                                     get_settings().staleness_fence)

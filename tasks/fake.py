@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import JobCancelled, StageBudgetExceeded
 from sandboxes.fake import DummySandbox
-from prorl_celery.transcript import Transcript
+from prorl_celery.jobstate import AGENT_KEY, JobState
+from prorl_celery.rollout.transcript import Transcript
 
 if TYPE_CHECKING:
     from prorl_celery.fakes.policy import ScriptedPolicy
@@ -37,7 +38,7 @@ class FakeStage:
         self.job_id = job_id
         self.instance = instance
         self.sampling_params = dict(sampling_params or {})
-        self.state: dict[str, Any] = copy.deepcopy(state or {})
+        self.state = JobState.of(copy.deepcopy(state or {}))
         self.policy = policy
         self.resumed = resumed
         self.deadline = time.monotonic() + budget_s
@@ -72,7 +73,7 @@ class FakeStage:
     def save(self) -> None:
         if self.cancelled:
             raise JobCancelled(f"job {self.job_id} ended while in this stage")
-        self.saves.append(copy.deepcopy(self.state))
+        self.saves.append(copy.deepcopy(self.state.dump()))
         self.transcript.mark_saved()
 
     def flush(self) -> None:
@@ -107,4 +108,4 @@ class FakeStage:
         if self.policy is None:
             raise RuntimeError("FakeStage(policy=...) plays the model; none was given")
         return DefaultAgent(self.policy, self.sandbox, config, control=self, sink=self,
-                            state=self.state.setdefault("agent", {}), transcript=self.transcript)
+                            state=self.state.setdefault(AGENT_KEY, {}), transcript=self.transcript)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.jobstate import SANDBOX_KEY
 from prorl_celery.models import ErrorInfo, JobResult
 from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
-from tasks.context import SANDBOX_KEY
 
 if TYPE_CHECKING:
     from tasks.handlers.base import AgentHandler

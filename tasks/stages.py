@@ -152,7 +152,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
     # Narrowed to this stage: the status stays, and only while it is still this stage.
     ok, status = store.transition(record.job_id, None, sources=[stage], stage_state=StageState.DONE,
                                   expect={"attempt": record.attempt},
-                                  state=ctx.state, t_enqueued=time.time(), **elapsed)
+                                  state=ctx.state.dump(), t_enqueued=time.time(), **elapsed)
     if not ok:
         ctx.close_sandbox()
         return _current_result(store, record.job_id)

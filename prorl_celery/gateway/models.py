@@ -1,6 +1,6 @@
 """What crosses between the gateway's API dialects and its session: a call in the caller-neutral
 shape (OpenAI messages and tools, our sampling set). A recorded call is a rollout store record
-(:class:`prorl_celery.rollouts.Call`: :mod:`prorl_celery.gateway.record`)."""
+(:class:`prorl_celery.rollout.store.Call`: :mod:`prorl_celery.rollout.calllog`)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,5 @@
 """One rollout session's gateway state: the calls it made (to continue their ids), its budget,
-its cancellation, and the log (:class:`~prorl_celery.gateway.record.CallLog`) every completed
+its cancellation, and the log (:class:`~prorl_celery.rollout.calllog.CallLog`) every completed
 call is added to once, for the rollout store."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from prorl_celery.errors import BudgetSpent, LLMCallCancelled
 from prorl_celery.gateway.models import GatewayRequest
 from prorl_celery.gateway.prefix import Seen, find_base
-from prorl_celery.gateway.record import RESENT, CallLog
-from prorl_celery.rollouts import Call
+from prorl_celery.rollout.calllog import RESENT, CallLog
+from prorl_celery.rollout.store import Call
 from prorl_celery.llm.models import LLMRequest, Protocol, Turn
 
 Generate = Callable[[LLMRequest, Callable[[], bool]], Turn]

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prorl_celery.client import ProrlClient
-from prorl_celery.integrations.rollouts import RolloutFailed, Trajectory, trajectory
+from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, trajectory
 
 InstanceBuilder = Callable[[Any], dict[str, Any]]
 REWARD_KEY = "prorl_reward"

@@ -23,7 +23,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from prorl_celery.client import ProrlClient
-from prorl_celery.integrations.rollouts import RolloutFailed, Trajectory, trajectory
+from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, trajectory
 
 
 def instance_from_row(row: dict[str, Any]) -> dict[str, Any]:

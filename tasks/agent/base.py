@@ -3,8 +3,9 @@
 The loop needs four things from its caller, each passed explicitly (mini-swe-agent's
 ``DefaultAgent(model, env)``): a :class:`Policy` that generates the next assistant turn, a
 :class:`Sandbox` that runs the tool calls, a :class:`Control` that says how much time is left and
-whether the job was cancelled, and a :class:`Sink` that persists the episode's state after each
-turn. ``tasks/context.py`` implements them for the real stack; ``prorl_celery/fakes`` has
+whether the job was cancelled, and a :class:`Sink` that persists the episode's state and turns
+after each turn (the rollout room's, :mod:`prorl_celery.rollout.transcript`: a harness's gateway
+log saves through the same one). ``tasks/context.py`` implements them for the real stack; ``prorl_celery/fakes`` has
 in-process ones for unit tests.
 
 Exceptions (control flow inside the loop, never seen by the caller)::
@@ -18,6 +19,7 @@ from enum import Enum
 from typing import Protocol
 
 from prorl_celery.llm.models import LLMRequest, Turn
+from prorl_celery.rollout.transcript import Sink  # noqa: F401  (a protocol of the loop's, defined in the rollout room)
 from sandboxes.base import ExecResult
 
 
@@ -82,7 +84,3 @@ class Control(Protocol):
         ...
 
 
-class Sink(Protocol):
-    """Persists the episode state (the dict the loop was given) after each turn."""
-
-    def save(self) -> None: ...

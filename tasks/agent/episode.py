@@ -1,5 +1,5 @@
 """One episode: its counters in a plain dict (the job's ``state["agent"]``) and its conversation
-and turns in a :class:`~prorl_celery.transcript.Transcript` (appended to the job's rollout at each
+and turns in a :class:`~prorl_celery.rollout.transcript.Transcript` (appended to the job's rollout at each
 save, never rewritten), so that a redelivered run stage continues from the last saved turn."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.transcript import Transcript
 from tasks.agent.base import FinishReason
 
 

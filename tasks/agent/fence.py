@@ -77,15 +77,3 @@ class StalenessFence:
         stats["max_lag_kept"] = max([0, *(lag for i, lag in enumerate(lags) if i not in masked and i not in new)])
         return new
 
-
-def result_block(fenced: dict[str, Any] | None, admission: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A result's ``staleness``, for the built-in agent and harness sessions alike: the fence's
-    counts (the bound, the mode, what it masked and regenerated, the largest lag kept) with the
-    admission wait; None without a bound."""
-    out = dict(fenced or {})
-    if not out and not admission:
-        return None
-    out.pop("turn_versions", None)
-    if admission:
-        out["admission_wait_s"], out["admitted_version"] = admission["wait_s"], admission["version"]
-    return out

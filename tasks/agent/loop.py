@@ -17,7 +17,7 @@ from typing import Any
 
 from prorl_celery.errors import ContextWindowExceeded, StageBudgetExceeded
 from prorl_celery.llm.models import Turn
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.transcript import Transcript
 from tasks.agent.actions import Actions
 from tasks.agent.base import Control, EpisodeEnded, FinishReason, Policy, Sandbox, Sink
 from tasks.agent.config import AgentConfig, Timeouts

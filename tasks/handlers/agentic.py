@@ -1,22 +1,23 @@
-"""The base of the built-in domains: a sandbox, the built-in agent, and a domain's own scoring."""
+"""The base of the built-in domains: a sandbox, the instance's agent (the built-in one or a harness,
+:func:`tasks.agent.runner.runner_for`), and a domain's own scoring."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from tasks.agent import AgentConfig, AgentOutcome
-from prorl_celery.trajectory import TRAJECTORY_KEY
+from prorl_celery.jobstate import JobState
 from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
-from tasks.agent.fence import result_block
-from tasks.context import ADMISSION_KEY, ROLLOUT_KEY, StageContext
+from tasks.agent import AgentOutcome
+from tasks.agent.runner import runner_for, runner_of
+from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
-from tasks.harnesses import is_harness_agent
 
 
 class AgentTaskHandler(AgentHandler):
-    """init opens the sandbox and calls :meth:`prepare`; run runs the built-in agent on
-    :meth:`prompt` and calls :meth:`after_run`; eval returns :meth:`score`. Subclasses fill in
-    those four."""
+    """init opens the sandbox and calls :meth:`prepare`; run runs the instance's agent (the
+    built-in one on :meth:`prompt`, or a harness on :meth:`instruction`) and calls
+    :meth:`after_run`; eval returns :meth:`score`. Subclasses fill in those four."""
 
     default_sandbox: dict[str, Any] = {}
 
@@ -31,8 +32,9 @@ class AgentTaskHandler(AgentHandler):
     def prepare(self, ctx: StageContext) -> None:
         """Put the task in the sandbox (runs in init, after the sandbox opened)."""
 
-    def after_run(self, ctx: StageContext, outcome: AgentOutcome) -> None:
-        """Collect what eval needs from the sandbox (runs at the end of run)."""
+    def after_run(self, ctx: StageContext, outcome: AgentOutcome | dict[str, Any]) -> None:
+        """Collect what eval needs from the sandbox (runs at the end of run; ``outcome``: the
+        built-in agent's, or a harness's block)."""
 
     def score(self, ctx: StageContext) -> dict[str, Any]:
         raise NotImplementedError
@@ -47,18 +49,10 @@ class AgentTaskHandler(AgentHandler):
         if ctx.resumed:
             ctx.sandbox.interrupt()  # a command the dead worker started may still be running
         ctx.admit()  # the staleness bound: held while the trainer is too far ahead
-        if is_harness_agent(ctx.instance):  # a black-box harness against its session's gateway
-            from tasks.harnesses.run import restart_harness, run_harness
-
-            before = ctx.state.get("harness") if ctx.resumed else None  # a delivery that died in it
-            if before and before.get("finish_reason"):  # it had ended, its calls saved, before the worker died
-                outcome = before
-            else:
-                if before:  # it died with its worker: it cannot go on
-                    restart_harness(ctx, lambda: self.init(ctx))
-                outcome = run_harness(ctx, self.instruction(ctx))
-        else:
-            outcome = ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(self.prompt(ctx))
+        runner = runner_for(ctx.instance)
+        outcome = runner.resume(ctx, self) if ctx.resumed else None
+        if outcome is None:
+            outcome = runner.run(ctx, self)
         self.after_run(ctx, outcome)
         ctx.save()
 
@@ -69,36 +63,14 @@ class AgentTaskHandler(AgentHandler):
         """The task as a harness gets it: the prompt's user message."""
         return next((m["content"] for m in self.prompt(ctx) if m.get("role") == "user"), "")
 
-    def result_fields(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The episode's fields; its conversation and ids stay in the job's rollout, referenced
-        by ``trajectory`` (the API builds ``messages``, ``tokens`` and ``token_mode`` from it:
-        :func:`prorl_celery.trajectory.expand_results`). A harness's come from its gateway calls."""
-        if "harness" in state:
-            from tasks.harnesses.result import harness_result_fields
-
-            return harness_result_fields(state)
-        agent = state.get("agent") or {}
-        saved = state.get(ROLLOUT_KEY) or {}
-        out = {TRAJECTORY_KEY: {"calls": saved.get("calls", 0), "messages": saved.get("messages", 0)},
-               "turns": saved.get("calls", 0), "finish_reason": agent.get("finish_reason"),
-               "answer": agent.get("answer"),
-               "timing": {"llm": agent.get("llm_s", 0.0), "actions": agent.get("actions_s", 0.0)}}
-        staleness = staleness_fields(state)
-        if staleness:
-            out["staleness"] = staleness
-        return out
+    def result_fields(self, state: JobState | Mapping[str, Any]) -> dict[str, Any]:
+        """The rollout's fields, from the block its runner left in the state; its conversation and
+        ids stay in the job's rollout, referenced by ``trajectory`` (the API builds ``messages``,
+        ``tokens`` and ``token_mode`` from it: :mod:`prorl_celery.rollout.views`)."""
+        return runner_of(state).result_fields(state)
 
 
-def staleness_fields(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The result's ``staleness``: the bound, the fence, the turns masked, the turns regenerated
-    and their tokens, the largest lag kept unmasked, and the admission wait; None without a bound."""
-    return result_block((state.get("agent") or {}).get("staleness"), state.get(ADMISSION_KEY))
-
-
-def final_answer(state: dict[str, Any]) -> tuple[str | None, str]:
-    """(the submit answer, the last assistant message's text) of a finished episode; a harness
+def final_answer(state: JobState | Mapping[str, Any]) -> tuple[str | None, str]:
+    """(the submit answer, the last assistant message's text) of a finished rollout; a harness
     has no submit: its model's last message."""
-    if "harness" in state:
-        return None, state["harness"].get("final_text") or ""
-    agent = state.get("agent") or {}
-    return agent.get("answer"), agent.get("final_text") or ""
+    return runner_of(state).final_answer(state)

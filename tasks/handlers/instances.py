@@ -18,15 +18,13 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
 def check_sandbox(instance: dict[str, Any]) -> None:
-    """Every handler's: the ``sandbox`` block's runtime and image under the operator's policy."""
+    """Every handler's: the ``sandbox`` block's runtime and image under the operator's policy,
+    and an ``agent`` block that names a harness."""
     from sandboxes.policy import check_request_sandbox
+    from tasks.harnesses import check_instance_agent
 
     check_request_sandbox(instance.get("sandbox"))
-    agent = instance.get("agent")
-    if isinstance(agent, dict) and "harness" in agent:  # a harness instead of the built-in agent
-        from tasks.harnesses import check_agent
-
-        check_agent(agent)
+    check_instance_agent(instance)  # a harness instead of the built-in agent: its block
 
 
 ECHO_TOOL_SETS = ("none", "submit", "all")

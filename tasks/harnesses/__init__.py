@@ -19,6 +19,13 @@ def is_harness_agent(instance: dict) -> bool:
     return isinstance(agent, dict) and "harness" in agent
 
 
+def check_instance_agent(instance: dict) -> None:
+    """Refuse at submission an instance whose ``agent`` block asks for a harness it cannot run
+    (:func:`check_agent`); the built-in agent's settings are the sampling parameters'."""
+    if is_harness_agent(instance):
+        check_agent(instance["agent"])
+
+
 def check_agent(agent: dict) -> None:
     """Refuse at submission an ``agent`` block that names no known harness or that its harness's
     config does not accept: :class:`~prorl_celery.errors.InvalidRequest` naming the field."""

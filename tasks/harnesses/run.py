@@ -11,7 +11,8 @@ sandbox's own loopback and pipes to the socket; the harness is given ``http://12
 and the session's credential, which no other session's gateway accepts. The socket is node-local:
 when the sandbox's host is on another node than this worker, the gateway also listens on this
 node's address toward that host, and the host relays a socket of the same name in its own gateway
-directory to it (:mod:`sandboxes.host.relay`); ``state["harness"]["route"]`` says which."""
+directory to it (:mod:`sandboxes.host.relay`). Which of the two is the sandbox provider's answer
+(:meth:`sandboxes.provider.SandboxProvider.gateway_route`); ``state.harness["route"]`` keeps it."""
 from __future__ import annotations
 
 import base64
@@ -23,22 +24,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 from config.settings import get_settings
 
-from prorl_celery.errors import JobCancelled, SandboxError
+from prorl_celery.errors import JobCancelled
 from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession, forward
-from prorl_celery.http import route_source
+from prorl_celery.jobstate import HARNESS_KEY
 from prorl_celery.llm.models import SamplingParams
 from prorl_celery.llm.pool import LLMPool
-from prorl_celery.staleness import WeightVersions
 from sandboxes.base import ExecResult, gateway_dir
-from sandboxes.client import RemoteSandbox
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
-from tasks.harnesses.result import RESTARTS_KEY
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -136,34 +133,30 @@ def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
     """Run the instance's harness on ``instruction`` in the job's sandbox; its calls go on the
-    job's rollout (:attr:`StageContext.transcript`), ``ctx.state["harness"]`` gets how it ended."""
+    job's rollout (:attr:`StageContext.transcript`), ``ctx.state.harness`` gets how it ended."""
     spec = HarnessSpec.model_validate(ctx.instance["agent"])
     harness = HARNESSES.load(spec.harness)()
     config = harness.config_class.model_validate(spec.own_config())
     wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
-    pool = pool or LLMPool(ctx.store.redis, defer_release=True)
+    pool = pool or ctx.llm_pool(defer_release=True)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
     started = time.monotonic()
-    session: GatewaySession
-
-    def save(_transcript: Any) -> None:  # on the stage's thread, under the log's lock
-        ctx.state["harness"] = {**ctx.state["harness"], **_running(session, started)}
-        ctx.save()
-
-    log = CallLog(save, ctx.transcript)
+    sink = _Sink(ctx, started)
+    log = CallLog(sink, ctx.transcript)
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop), log,
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
                              stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
-                             after_answer=pool.send_releases, fence=staleness_fence(ctx))
-    ctx.state["harness"] = _block(spec, session, started)
+                             after_answer=pool.send_releases, fence=ctx.staleness_fence())
+    sink.session = session
+    ctx.state.harness = _block(spec, session, started)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
     try:
-        route, socket_path = _reach(ctx, gateway)
+        route, socket_path = ctx.provider.gateway_route(ctx.sandbox, gateway.socket_path, gateway.listen_tcp)
     except BaseException:
         gateway.close()
         raise
-    ctx.state["harness"]["route"] = route
+    ctx.state.harness["route"] = route
     with gateway:
         task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
                            socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
@@ -173,7 +166,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
         finally:
             _cleanup(ctx)
             if route == "relay":
-                _unrelay(ctx, gateway.socket_path)
+                ctx.provider.close_gateway_route(ctx.sandbox, gateway.socket_path)
     session.fence_all()  # the session ended: what the result holds is within the bound, or masked
     if result is None:
         _keep(ctx, spec, session, None, "cancelled", started)
@@ -191,49 +184,25 @@ def restart_harness(ctx: StageContext, init: Callable[[], None]) -> None:
     closes the old one: its workspace holds what the first run changed), on a rollout started
     over: the result holds the calls of one session, never a lost one's beside it.
     ``harness.restarts`` counts these."""
-    lost = ctx.state.pop("harness", None) or {}
-    ctx.state[RESTARTS_KEY] = ctx.state.get(RESTARTS_KEY, 0) + 1
+    lost = ctx.state.pop(HARNESS_KEY, None) or {}
+    ctx.state.harness_restarts = (ctx.state.harness_restarts or 0) + 1
     log.warning("job %s: its harness session %s was lost with its worker; running it again in a fresh sandbox",
                 ctx.job_id, lost.get("session"))
     ctx.restart_transcript()
     init()
 
 
-def _reach(ctx: StageContext, gateway: Gateway) -> tuple[str, str]:
-    """How the sandbox reaches ``gateway`` and the socket's path as the sandbox sees it: ``direct``
-    when the sandbox's host is on this node (it sees the socket this worker bound), else
-    ``relay``: the gateway also listens on this node's address toward the host, and the host
-    relays a socket of the same name to it (:mod:`sandboxes.host.relay`)."""
-    sandbox = ctx.sandbox
-    if not isinstance(sandbox, RemoteSandbox):  # an in-process sandbox is on this node
-        return "direct", gateway.socket_path
-    name = os.path.basename(gateway.socket_path)
-    answer = sandbox.relay(name)
-    if answer.route == "none":
-        host = urlsplit(sandbox.handle.address)
-        here = route_source(host.hostname, host.port or 80)  # this node's address on the way to that host
-        if here is None:
-            raise SandboxError(f"no route to the sandbox's host {sandbox.handle.address} for its gateway relay")
-        answer = sandbox.relay(name, target=gateway.listen_tcp(here))
-        log.info("job %s: the sandbox is on another node (%s): gateway relayed by its host",
-                 ctx.job_id, sandbox.handle.address)
-    return answer.route, answer.path
+class _Sink:
+    """The stage as the session log's sink (:class:`~prorl_celery.rollout.transcript.Sink`): each
+    save carries the harness's block as it stands (on the stage's thread, under the log's lock)."""
 
+    def __init__(self, ctx: StageContext, started: float):
+        self.ctx, self.started = ctx, started
+        self.session: GatewaySession | None = None  # set once the session is built on the log
 
-def _unrelay(ctx: StageContext, socket_path: str) -> None:
-    try:
-        ctx.sandbox.relay(os.path.basename(socket_path), close=True)
-    except Exception as exc:  # noqa: BLE001 - the relay goes with the sandbox anyway
-        log.debug("job %s: relay not closed: %s", ctx.job_id, exc)
-
-
-def staleness_fence(ctx: StageContext) -> Any:
-    """The built-in agent's fence for the job's ``max_staleness`` (None: no bound), in the
-    operator's mode (``staleness_fence``: mask or regenerate)."""
-    from tasks.agent.fence import StalenessFence
-
-    k = ctx.max_staleness()
-    return None if k is None else StalenessFence(WeightVersions(ctx.store.redis), k, get_settings().staleness_fence)
+    def save(self) -> None:
+        self.ctx.state.harness = {**self.ctx.state.harness, **_running(self.session, self.started)}
+        self.ctx.save()
 
 
 def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) -> str:
@@ -247,7 +216,7 @@ def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) ->
 
 
 def _block(spec: HarnessSpec, session: GatewaySession, started: float) -> dict[str, Any]:
-    """``state["harness"]`` while it runs: which harness, its session, its time so far."""
+    """``state.harness`` while it runs: which harness, its session, its time so far."""
     return {"name": spec.harness, "session": session.session_id, "finish_reason": None, "exit_code": None,
             "output": "", **_running(session, started)}
 
@@ -264,8 +233,8 @@ def _running(session: GatewaySession, started: float) -> dict[str, Any]:
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
           reason: str, started: float) -> dict[str, Any]:
-    state = {**_block(spec, session, started), "route": ctx.state["harness"].get("route"), "finish_reason": reason,
+    state = {**_block(spec, session, started), "route": ctx.state.harness.get("route"), "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}
-    ctx.state["harness"] = state
+    ctx.state.harness = state
     return state

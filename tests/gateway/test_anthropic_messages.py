@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import requests
 
-from prorl_celery.gateway.trajectory import continued, merged, prompts
+from prorl_celery.rollout.segments import continued, merged, prompts
 from tests.gateway.test_openai_chat import _gateway, stored
 from tests.llm.conftest import add
 

@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from prorl_celery.gateway import Budget, CallLog, Gateway, GatewaySession
-from prorl_celery.gateway.trajectory import continued, harness_fields, merged, prompts
-from prorl_celery.rollouts import RolloutStore
+from prorl_celery.rollout.segments import continued, harness_fields, merged, prompts
+from prorl_celery.rollout.store import RolloutStore
 from tests.llm.conftest import TOOLS, add
 
 if importlib.util.find_spec("openai") is None:

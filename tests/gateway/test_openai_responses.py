@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from prorl_celery.gateway.trajectory import continued, merged, prompts
+from prorl_celery.rollout.segments import continued, merged, prompts
 from tests.gateway.test_openai_chat import _client, _gateway, stored
 from tests.llm.conftest import add
 

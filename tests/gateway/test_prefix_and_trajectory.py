@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from prorl_celery.gateway.prefix import Seen, canonical, find_base, tools_key
-from prorl_celery.gateway.trajectory import harness_fields, merged, per_call, prompts
+from prorl_celery.rollout.segments import harness_fields, merged, per_call, prompts
 from prorl_celery.llm.models import Protocol, ToolCall, Turn
-from prorl_celery.rollouts import Call
+from prorl_celery.rollout.store import Call
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 

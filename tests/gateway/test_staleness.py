@@ -15,14 +15,14 @@ import pytest
 
 from prorl_celery import keys
 from prorl_celery.gateway import CallLog, Gateway, GatewaySession
-from prorl_celery.gateway.trajectory import harness_fields
+from prorl_celery.jobstate import ROLLOUT_KEY
 from prorl_celery.llm.control import resume
-from prorl_celery.rollouts import RolloutStore
+from prorl_celery.rollout.results import TRAJECTORY_KEY, harness_result_fields
+from prorl_celery.rollout.segments import harness_fields
+from prorl_celery.rollout.store import RolloutStore
+from prorl_celery.rollout.views import expand_result
 from prorl_celery.staleness import WeightVersions
-from prorl_celery.trajectory import TRAJECTORY_KEY, expand_result
 from tasks.agent.fence import StalenessFence
-from tasks.context import ROLLOUT_KEY
-from tasks.harnesses.result import harness_result_fields
 from tests.gateway.test_openai_chat import _client, stored
 from tests.llm.conftest import TOOLS, add
 

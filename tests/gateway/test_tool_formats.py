@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from prorl_celery.gateway.trajectory import continued, prompts
+from prorl_celery.rollout.segments import continued, prompts
 from prorl_celery.llm import tool_parsers
 from prorl_celery.llm.tokenizer import get_tokenizer
 from tests.gateway.test_openai_chat import _client, _gateway, _harness_loop, stored

@@ -11,10 +11,12 @@ from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.llm.models import Protocol, Turn
 from prorl_celery.models import JobRequest
-from prorl_celery.rollouts import Call, RolloutStore, common_prefix, is_exact, prompts
+from prorl_celery.rollout.store import Call, RolloutStore, common_prefix, is_exact, prompts
 from prorl_celery.status import JobStatus, StageState
-from prorl_celery.trajectory import TRAJECTORY_KEY, expand_result, flatten, flatten_calls
-from prorl_celery.transcript import Transcript, call_of, turns_of
+from prorl_celery.rollout.results import TRAJECTORY_KEY
+from prorl_celery.rollout.trajectory import flatten, flatten_calls
+from prorl_celery.rollout.views import expand_result
+from prorl_celery.rollout.transcript import Transcript, call_of, turns_of
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from prorl_celery.gateway.trajectory import continued, prompts
-from prorl_celery.rollouts import RolloutStore
+from prorl_celery.rollout.segments import continued, prompts
+from prorl_celery.rollout.store import RolloutStore
 from tasks.harnesses.mini_swe_agent import mini_binary
 from tests.conftest import submit, wait
 from tests.real.test_llamacpp import _detokenize, _register, recorder  # noqa: F401 - fixture

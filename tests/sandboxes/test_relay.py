@@ -12,13 +12,13 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from prorl_celery.errors import InvalidRequest, SandboxGone
 from prorl_celery.gateway import Gateway, GatewaySession
-from tasks.harnesses.run import _reach, _socket_path, _unrelay
+from sandboxes.client import HostProvider
+from tasks.harnesses.run import _socket_path
 from tests.sandboxes.conftest import wait_until
 from tests.sandboxes.test_host import create
 
@@ -74,10 +74,10 @@ def _call(sandbox, path: str, token: str) -> dict[str, str]:
 def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_host, node2_gateways):
     host = start_host(env={"PRORL_GATEWAY_SOCKET_DIR": str(node2_gateways)})
     sandbox = create(host)
-    ctx = SimpleNamespace(sandbox=sandbox, job_id="job-relay")
+    provider = HostProvider(None)
     gateway = _gateway()
     try:
-        route, path = _reach(ctx, gateway)
+        route, path = provider.gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp)
         gateway.start()
         name = os.path.basename(gateway.socket_path)
         assert route == "relay" and path == str(node2_gateways / name), (route, path)
@@ -89,7 +89,7 @@ def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_ho
         # the worker's own socket is on its own node: the sandbox cannot see it
         assert _call(sandbox, gateway.socket_path, gateway.token)["UNREACHABLE"] == "FileNotFoundError"
         assert sandbox.relay(name).route == "relay"  # asked again: the same relay, no second one
-        _unrelay(ctx, gateway.socket_path)
+        provider.close_gateway_route(sandbox, gateway.socket_path)
         assert not os.path.exists(path)
         assert _call(sandbox, path, gateway.token)["UNREACHABLE"] == "FileNotFoundError"
         # a relay left open goes with its sandbox
@@ -103,7 +103,7 @@ def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_ho
 
 
 def _tcp(gateway: Gateway) -> str:
-    """The TCP address the gateway already serves on (after :func:`_reach` relayed it)."""
+    """The TCP address the gateway already serves on (after the provider relayed it)."""
     server = gateway.servers[-1]
     return "%s:%d" % server.server_address[:2]
 
@@ -113,7 +113,7 @@ def test_a_sandbox_on_the_workers_node_connects_directly(start_host):
     sandbox = create(host)
     gateway = _gateway()
     try:
-        route, path = _reach(SimpleNamespace(sandbox=sandbox, job_id="job-direct"), gateway)
+        route, path = HostProvider(None).gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp)
         gateway.start()
         assert (route, path) == ("direct", gateway.socket_path) and len(gateway.servers) == 1  # no TCP listener
         assert _call(sandbox, path, gateway.token)["MODELS"] == "200 True"

@@ -18,9 +18,9 @@ from sandboxes.fake import DummySandbox
 from sandboxes.fake import failed, timed_out
 from prorl_celery.llm.clients.generate import build_prompt
 from prorl_celery.llm.models import Turn
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.transcript import Transcript
 from tasks.agent import AgentConfig, DefaultAgent, FinishReason, Timeouts
-from tasks.agent.trajectory import flatten
+from prorl_celery.rollout.trajectory import flatten
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 

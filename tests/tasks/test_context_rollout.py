@@ -10,7 +10,8 @@ from prorl_celery.errors import JobCancelled
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import JobRequest
 from prorl_celery.status import JobStatus, StageState
-from prorl_celery.trajectory import expand_result, flatten
+from prorl_celery.rollout.trajectory import flatten
+from prorl_celery.rollout.views import expand_result
 from tasks.context import StageContext
 from tasks.handlers.math import MathHandler
 from tests.prorl_celery.test_rollouts import _exact_turns

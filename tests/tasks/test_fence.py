@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from prorl_celery.fakes import ScriptedPolicy
 from sandboxes.fake import DummySandbox
 from prorl_celery.llm.models import WeightSegment
-from prorl_celery.transcript import Transcript
-from prorl_celery.trajectory import flatten_calls, mask_turns, token_versions
-from prorl_celery.rollouts import Call
+from prorl_celery.rollout.transcript import Transcript
+from prorl_celery.rollout.trajectory import flatten_calls, mask_turns, token_versions
+from prorl_celery.rollout.store import Call
 from tasks.agent import AgentConfig, DefaultAgent
 from tasks.agent.fence import StalenessFence
 from tests.tasks.test_agent_loop import TASK, TIMEOUTS, bash, submit

@@ -1,4 +1,4 @@
-"""The built-in handlers' stages in process, on a fake stage context (``prorl_celery/fakes/stage.py``):
+"""The built-in handlers' stages in process, on a fake stage context (``tasks/fake.py``):
 what each asks of its sandbox and its stage, and how each scores (the graders' verdicts as the
 handlers turn them into rewards). The same handlers run end to end in ``test_domains.py``."""
 from __future__ import annotations

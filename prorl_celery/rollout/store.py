@@ -129,7 +129,7 @@ def prompts(calls: Sequence[Call]) -> Iterator[list[int] | None]:
 
 def is_exact(calls: Sequence[Call]) -> bool:
     """True when every call has ids and each prompt extends the previous prompt and response
-    id for id (then the rollout is one sequence: :func:`prorl_celery.trajectory.flatten_calls`)."""
+    id for id (then the rollout is one sequence: :func:`prorl_celery.rollout.trajectory.flatten_calls`)."""
     length = 0
     for k, call in enumerate(calls):
         if call.new_ids is None or call.response_ids is None or (k and call.keep != length):

@@ -17,17 +17,12 @@ turns fenced for staleness get loss mask 0 (:func:`mask_turns`).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore, is_exact
-from prorl_celery.transcript import turns_of
-
-TRAJECTORY_KEY = "trajectory"  # in a stored result: {"calls", "messages"} saved of the job's rollout
+from prorl_celery.rollout.store import Call, is_exact
+from prorl_celery.rollout.transcript import turns_of
 
 
 def _has_ids(turn: Turn) -> bool:
@@ -166,63 +161,3 @@ def mask_turns(calls: Sequence[Call], tokens: dict[str, list], mode: str, turns:
                 tokens["loss_mask"][i] = 0
         at += n
     return masked
-
-
-def expand_results(client: redis.Redis, results: Sequence[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
-    """Stored results as the trainer reads them, their rollouts read in one round trip: a
-    ``trajectory`` reference (what the built-in agent's result keeps instead of a copy) replaced
-    by ``messages`` (each assistant message with its turn's ids and logprobs), ``tokens`` and
-    ``token_mode``, built from the job's rollout. A result without one is returned as it is."""
-    refs = [(i, r) for i, r in enumerate(results) if r and isinstance(r.get(TRAJECTORY_KEY), dict)]
-    if not refs:
-        return list(results)
-    store = RolloutStore(client)
-    pipe = client.pipeline(transaction=False)
-    for _, result in refs:
-        ref = result[TRAJECTORY_KEY]
-        store.snapshot_into(pipe, result["job_id"], int(ref.get("calls", 0)), int(ref.get("messages", 0)))
-    replies = pipe.execute()
-    out = list(results)
-    for k, (i, result) in enumerate(refs):
-        ref = result[TRAJECTORY_KEY]
-        messages = [json.loads(m) for m in replies[2 * k + 1]]
-        out[i] = _expanded(result, [Call.unpack(blob) for blob in replies[2 * k]], messages)
-    return out
-
-
-def _mark_fenced(annotated: list[dict[str, Any]], fenced: Sequence[int]) -> list[dict[str, Any]]:
-    """``stale_masked`` on the assistant messages of the fenced turns: a trainer that builds its
-    own masks from the messages (NeMo Gym) sees them too."""
-    if fenced:
-        k, fenced_set = 0, set(fenced)
-        for i, message in enumerate(annotated):
-            if message.get("role") == "assistant" and not message.get("resent"):  # one per turn
-                if k in fenced_set:
-                    annotated[i] = {**message, "stale_masked": True}
-                k += 1
-    return annotated
-
-
-def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]:
-    """:func:`expand_results` of one result."""
-    return expand_results(client, [result])[0]
-
-
-def _expanded(result: dict[str, Any], calls: list[Call], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    if isinstance(result.get("harness"), dict):  # a harness's gateway calls: also its segments
-        from prorl_celery.gateway.trajectory import harness_fields
-
-        out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
-        fenced = (result.get("staleness") or {}).get("masked_turns") or []
-        out["messages"] = _mark_fenced(assistant_messages(messages, turns_of(calls, with_prompts=False)), fenced)
-        view = harness_fields(calls, fenced)
-        out.update(tokens=view["tokens"], token_mode=view["token_mode"],
-                   harness={**result["harness"], "segments": view["segments"], "counts": view["counts"]})
-        return out
-    tokens, mode = flatten_calls(calls)
-    fenced = (result.get("staleness") or {}).get("masked_turns") or []
-    mask_turns(calls, tokens, mode, fenced)
-    annotated = _mark_fenced(assistant_messages(messages, turns_of(calls, with_prompts=False)), fenced)
-    out = {k: v for k, v in result.items() if k != TRAJECTORY_KEY}
-    out.update(messages=annotated, tokens=tokens, token_mode=mode, token_versions=token_versions(calls, tokens, mode))
-    return out

@@ -1,37 +1,51 @@
-"""Where a session's calls go: the append-only rollout store (:mod:`prorl_celery.rollouts`), the
+"""Where a session's calls go: the append-only rollout store (:mod:`prorl_celery.rollout.store`), the
 same packed records the built-in agent's turns are, read back by the same path
-(:mod:`prorl_celery.trajectory`).
+(:mod:`prorl_celery.rollout.views`).
 
-A :class:`CallLog` holds the session's :class:`~prorl_celery.transcript.Transcript`: a completed
+A :class:`CallLog` holds the session's :class:`~prorl_celery.rollout.transcript.Transcript`: a completed
 call adds its packed record (its prompt kept as the ids past what the session's last call held)
 and the conversation messages it brought, in memory, on the call's own thread, which wakes whoever
-saves once its answer is written (:meth:`CallLog.wake`). Saving is never on a call's path: the run stage's loop saves what came (fenced, with the
-job's state: :meth:`tasks.context.StageContext.save`), or, outside a job, a writer thread appends
-it to the store (:meth:`CallLog.to_store`). Calls that complete together are saved in one round
-trip."""
+saves once its answer is written (:meth:`CallLog.wake`). Saving is never on a call's path, and
+goes through the :class:`~prorl_celery.rollout.transcript.Sink` the built-in agent's loop saves
+through: the run stage's loop flushes what came (fenced, with the job's state:
+:meth:`tasks.context.StageContext.save`), or, outside a job, a writer thread appends it to the
+store (:meth:`CallLog.to_store`, :class:`StoreSink`). Calls that complete together are saved in
+one round trip."""
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore
-from prorl_celery.transcript import Transcript
+from prorl_celery.rollout.store import Call, RolloutStore
+from prorl_celery.rollout.transcript import Sink, Transcript
 
 log = logging.getLogger(__name__)
 GATEWAY_META = "gateway"  # in a call's metadata: {"api", "continued", "gateway_s"}
 RESENT = "resent"  # on a stored assistant message: the caller sent it again, no call of ours made it
 
 
-class CallLog:
-    """The session's transcript and a ``save(transcript)`` that stores what it gained (and marks
-    it saved). ``add`` is thread-safe; ``flush`` saves under the same lock."""
+class StoreSink:
+    """A :class:`~prorl_celery.rollout.transcript.Sink` with no job: what ``transcript`` gained,
+    appended to ``rollout_id``'s lists (no state, no fence: tests, the benchmark)."""
 
-    def __init__(self, save: Callable[[Transcript], None], transcript: Transcript | None = None):
+    def __init__(self, store: RolloutStore, rollout_id: str, transcript: Transcript):
+        self.store, self.rollout_id, self.transcript = store, rollout_id, transcript
+
+    def save(self) -> None:
+        calls, messages = self.transcript.pending()
+        self.store.append(self.rollout_id, calls, messages)
+        self.transcript.mark_saved()
+
+
+class CallLog:
+    """The session's transcript and the ``sink`` that saves what it gained (and marks it saved:
+    ``sink`` saves this ``transcript``). ``add`` is thread-safe; ``flush`` saves under the same lock."""
+
+    def __init__(self, sink: Sink, transcript: Transcript | None = None):
         self.transcript = Transcript() if transcript is None else transcript
-        self.save = save
+        self.sink = sink
         self.lock = threading.Lock()
         self.added = threading.Event()
         self._writer: threading.Thread | None = None
@@ -41,12 +55,8 @@ class CallLog:
     def to_store(cls, store: RolloutStore, rollout_id: str) -> CallLog:
         """A log whose writer thread appends to ``rollout_id``'s lists (no job, no fence: tests,
         the benchmark); :meth:`close` saves the rest and stops it."""
-        def save(transcript: Transcript) -> None:
-            calls, messages = transcript.pending()
-            store.append(rollout_id, calls, messages)
-            transcript.mark_saved()
-
-        out = cls(save)
+        transcript = Transcript()
+        out = cls(StoreSink(store, rollout_id, transcript), transcript)
         out._writer = threading.Thread(target=out._write, name=f"gateway-log-{rollout_id}", daemon=True)
         out._writer.start()
         return out
@@ -73,7 +83,7 @@ class CallLog:
         """Save what was added since the last save (nothing to do: no round trip)."""
         with self.lock:
             if self.transcript.has_pending():
-                self.save(self.transcript)
+                self.sink.save()
 
     def calls(self) -> list[Call]:
         """Every call recorded (saved or not), unpacked."""

@@ -1,6 +1,6 @@
 """Trajectories a trainer can use, from a session's calls as the rollout store holds them
-(:class:`prorl_celery.rollouts.Call`, in order; each prompt rebuilt by
-:func:`prorl_celery.rollouts.prompts`):
+(:class:`prorl_celery.rollout.store.Call`, in order; each prompt rebuilt by
+:func:`prorl_celery.rollout.store.prompts`):
 
 - per call: one trace each (the call's exact prompt ids, its response ids and logprobs);
 - merged: calls chained by token prefix into one sequence per segment. A call whose prompt
@@ -14,7 +14,7 @@ Calls the staleness fence masked (``fenced``: their indices, the result's
 ``staleness.masked_turns``, as for the built-in agent) keep their ids with loss mask 0, counted
 apart (``stale_masked_tokens``).
 
-:func:`harness_fields` is what :func:`prorl_celery.trajectory.expand_results` adds to a harness's
+:func:`harness_fields` is what :func:`prorl_celery.rollout.views.expand_results` adds to a harness's
 result: ``tokens`` and ``token_mode`` (``exact`` as for the built-in agent: one sequence, each
 prompt extending the last; else ``segmented``, ``tokens`` the first segment), the segments and
 the counts."""
@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prorl_celery import rollouts
-from prorl_celery.gateway.record import GATEWAY_META
-from prorl_celery.rollouts import Call
+from prorl_celery.rollout import store
+from prorl_celery.rollout.calllog import GATEWAY_META
+from prorl_celery.rollout.store import Call
 
 
 def prompts(calls: Sequence[Call]) -> list[list[int]]:
     """Each call's whole prompt ids (a gateway call always has them)."""
-    return [p or [] for p in rollouts.prompts(calls)]
+    return [p or [] for p in store.prompts(calls)]
 
 
 def continued(call: Call) -> bool:

@@ -1,19 +1,31 @@
 """A rollout's turns and conversation as its agent holds them while it runs.
 
 The conversation in full (the next request sends it), the last turn in full (token mode extends
-its ids), every turn as its packed record (:mod:`prorl_celery.rollouts`: what it added, not its
+its ids), every turn as its packed record (:mod:`prorl_celery.rollout.store`: what it added, not its
 whole prompt), and what came since the last save, which the stage appends to the store in the
-same fenced step that saves its state. Memory and the bytes written grow with the trajectory."""
+same fenced step that saves its state, through a :class:`Sink` (the stage, for the built-in
+agent's loop and a harness's gateway log alike). Memory and the bytes written grow with the
+trajectory."""
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
+from prorl_celery.jobstate import RolloutCounts
 from prorl_celery.llm.models import Turn
-from prorl_celery.rollouts import Call, RolloutStore, prompts
+from prorl_celery.rollout.store import Call, RolloutStore, prompts
 
 TURN_IDS = frozenset({"prompt_ids", "response_ids", "logprobs"})
+
+
+class Sink(Protocol):
+    """Persists a running rollout: the job's state and what its transcript gained since the last
+    save, in one step, then marks it saved (:meth:`tasks.context.StageContext.save`). The
+    built-in agent's loop saves through it after each turn, a gateway session's
+    :class:`~prorl_celery.rollout.calllog.CallLog` when its saver flushes."""
+
+    def save(self) -> None: ...
 
 
 def call_of(turn: Turn, previous: Turn | None, extra: dict[str, Any] | None = None) -> Call:
@@ -52,11 +64,12 @@ class Transcript:
         self._saved = (len(self.records), len(self.messages))
 
     @classmethod
-    def load(cls, store: RolloutStore, rollout_id: str, counts: dict[str, int] | None) -> Transcript:
+    def load(cls, store: RolloutStore, rollout_id: str,
+             counts: RolloutCounts | dict[str, int] | None) -> Transcript:
         """The saved transcript of ``rollout_id``: as many calls and messages as ``counts`` says
         were saved (what lies past them was written by a delivery that lost its job)."""
-        counts = counts or {}
-        records, messages = store.snapshot(rollout_id, counts.get("calls", 0), counts.get("messages", 0))
+        saved = RolloutCounts.model_validate(counts or {})
+        records, messages = store.snapshot(rollout_id, saved.calls, saved.messages)
         last = None
         if records:
             calls = [Call.unpack(blob) for blob in records]

@@ -14,7 +14,7 @@ from prorl_celery.errors import RolloutFailed
 
 
 class Trajectory(BaseModel):
-    """One job's tokens, reward and provenance (see tasks/agent/trajectory.py for the ids)."""
+    """One job's tokens, reward and provenance (see prorl_celery/rollout/trajectory.py for the ids)."""
 
     job_id: str
     prompt_ids: list[int]
@@ -41,6 +41,20 @@ class Trajectory(BaseModel):
 def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
     """The trajectory of a terminal job record (``GET /jobs/<id>``); raises RolloutFailed when the
     job did not complete or its ids are not fit to train on."""
+    result = _fit_to_train(view, require_exact)
+    tokens, messages = result["tokens"], result.get("messages") or []
+    return Trajectory(job_id=view.get("job_id", "?"), prompt_ids=tokens["prompt_ids"],
+                      response_ids=tokens["response_ids"], loss_mask=tokens["loss_mask"], logprobs=tokens["logprobs"],
+                      reward=float(result.get("reward") or 0.0), token_mode=result["token_mode"],
+                      turns=result.get("turns") or 0,
+                      weight_versions=[m.get("weight_version") for m in messages if m.get("role") == "assistant"],
+                      token_versions=result.get("token_versions"), staleness=result.get("staleness"),
+                      messages=messages, finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
+                      timing=result.get("timing") or {}, job_timings=view.get("timings") or {})
+
+
+def _fit_to_train(view: dict[str, Any], require_exact: bool) -> dict[str, Any]:
+    """The job's result, if the job completed with ids fit to train on; else RolloutFailed."""
     job_id = view.get("job_id", "?")
     result = view.get("result") or {}
     if view.get("status") != "completed":
@@ -52,11 +66,4 @@ def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
                             "generate protocol, or a chat server that returns token ids")
     if require_exact and mode != "exact":
         raise RolloutFailed(f"job {job_id}: token_mode {mode}, not exact")
-    messages = result.get("messages") or []
-    return Trajectory(job_id=job_id, prompt_ids=tokens["prompt_ids"], response_ids=tokens["response_ids"],
-                      loss_mask=tokens["loss_mask"], logprobs=tokens["logprobs"],
-                      reward=float(result.get("reward") or 0.0), token_mode=mode, turns=result.get("turns") or 0,
-                      weight_versions=[m.get("weight_version") for m in messages if m.get("role") == "assistant"],
-                      token_versions=result.get("token_versions"), staleness=result.get("staleness"),
-                      messages=messages, finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
-                      timing=result.get("timing") or {}, job_timings=view.get("timings") or {})
+    return result

@@ -1,13 +1,13 @@
 """The conversation in the reference system's shape (NeMo Gym's ``prorl_agent`` reads it).
 
-The flattening of turns into ids lives in :mod:`prorl_celery.trajectory` (re-exported here).
+The flattening of turns into ids lives in :mod:`prorl_celery.rollout.trajectory`.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from prorl_celery.llm.models import Turn
-from prorl_celery.trajectory import assistant_messages, flatten  # noqa: F401  (moved there)
+from prorl_celery.rollout.trajectory import assistant_messages
 
 
 def flat_tool_calls(calls: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
