@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tasks.swe.runners import command_rewrite
-from tasks.swe.runners.base import RUNNERS_DIR, ScriptRunner, Start
+from tasks.swe.runners.base import RUNNERS_DIR, ScriptRunner
 
 SCRIPT = "tests/runtests.py"
 _RUNTESTS = command_rewrite.script_runs(SCRIPT)
@@ -31,6 +31,4 @@ class DjangoRunner(ScriptRunner):
     errors_once = True
     note = ("outcomes parsed from the test log, cross-checked with a record unittest's TestCase.run "
             "kept (Django's runner is the package's code); the code under test still runs in the test process")
-
-    def rewrite(self, command: str, start: Start) -> tuple[str, int]:
-        return rewrite(command, start)
+    rewrite = staticmethod(rewrite)  # the module's

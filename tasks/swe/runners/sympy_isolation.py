@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tasks.swe.runners import command_rewrite
-from tasks.swe.runners.base import RUNNERS_DIR, ScriptRunner, Start
+from tasks.swe.runners.base import RUNNERS_DIR, ScriptRunner
 
 SCRIPT = "bin/test"
 _BIN_TEST = command_rewrite.script_runs(SCRIPT)
@@ -33,6 +33,4 @@ class SympyRunner(ScriptRunner):
     note = ("outcomes parsed from the test log, cross-checked with the grader's own SymPy runner's record (it "
             "runs the test functions itself, from sources read before the package loads; SymPy's runner is the "
             "package's code); the code under test still runs in the test process")
-
-    def rewrite(self, command: str, start: Start) -> tuple[str, int]:
-        return rewrite(command, start)
+    rewrite = staticmethod(rewrite)  # the module's

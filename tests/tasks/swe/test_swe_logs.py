@@ -1,6 +1,6 @@
 """SWE test logs read by SWE-bench's parsers and by the project's, on real runner output: pytest
 run here on parametrized ids with spaces and newlines, SymPy's own reporter run here, Django's
-runner recorded (tests/tasks/data/README.md); the test command from SWE-bench's eval scripts;
+runner recorded (tests/tasks/swe/data/README.md); the test command from SWE-bench's eval scripts;
 test lists as JSON strings; and what importing swebench costs the process."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prorl_celery.errors import InvalidRequest
 from tasks.swe import specs as swe_specs, test_log
 
 DATA = Path(__file__).resolve().parent / "data"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 IDS_TESTS = textwrap.dedent('''
     import pytest

@@ -27,7 +27,7 @@ import requests
 from prorl_celery.fakes import swe
 
 NOBODY = 65534
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bwrap_works_for_nobody() -> bool:
