@@ -38,12 +38,14 @@ class ChatClient:
         backend = slot.backend
         wire = dialects.chat_wire(backend.dialect)
         got = wire.answer(data, request, backend.tool_parser)
-        _check_counts(slot, got.logprobs, got.response_ids, (data.get("usage") or {}).get("completion_tokens"))
+        usage = data.get("usage") or {}
+        _check_counts(slot, got.logprobs, got.response_ids, usage.get("completion_tokens"))
         finish = got.finish_reason
         return Turn(backend_id=backend.id, address=backend.address, weight_version=backend.weight_version,
                     protocol=backend.protocol, model=model, content=got.content, tool_calls=got.tool_calls,
                     finish_reason=finish, prompt_ids=got.prompt_ids, response_ids=got.response_ids,
-                    logprobs=got.logprobs, logprobs_mode=(backend.logprobs_mode or wire.logprobs_mode) if got.logprobs else None,
+                    logprobs=got.logprobs,
+                    logprobs_mode=(backend.logprobs_mode or wire.logprobs_mode) if got.logprobs else None,
                     token_source="server" if got.response_ids is not None else "none",
                     message_count=len(request.messages),
                     format_error="tool_call" if got.malformed else ("length" if finish == "length" else None))
