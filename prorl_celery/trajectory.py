@@ -25,7 +25,7 @@ import redis
 
 from prorl_celery.llm.models import Turn
 from prorl_celery.rollouts import Call, RolloutStore, is_exact
-from prorl_celery.transcript import turns_of
+from prorl_celery.transcript import generated_by, turns_of
 
 TRAJECTORY_KEY = "trajectory"  # in a stored result: {"calls", "messages"} saved of the job's rollout
 
@@ -93,13 +93,14 @@ def _retokenized(turns: list[Turn]) -> dict[str, list]:
 
 
 def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> list[dict[str, Any]]:
-    """The conversation with each assistant message annotated by the turn that produced it (one
-    a harness sent again, ``resent``, came from no turn of this rollout: left as it is)."""
-    out, k = [], 0
+    """The conversation with each message a turn generated annotated by that turn, found by the
+    message's provenance tag (:func:`prorl_celery.transcript.generated_by`), never by its
+    position: one a harness wrote (``resent``) or any other untagged one gets no ids."""
+    out = []
     for message in messages:
-        if message.get("role") == "assistant" and not message.get("resent") and k < len(turns):
+        k = generated_by(message)
+        if k is not None and k < len(turns):
             turn = turns[k]
-            k += 1
             message = {**message, "backend_id": turn.backend_id, "weight_version": turn.weight_version,
                        "model": turn.model, "token_ids": turn.response_ids, "logprobs": turn.logprobs,
                        "finish_reason": turn.finish_reason}
@@ -194,12 +195,10 @@ def _mark_fenced(annotated: list[dict[str, Any]], fenced: Sequence[int]) -> list
     """``stale_masked`` on the assistant messages of the fenced turns: a trainer that builds its
     own masks from the messages (NeMo Gym) sees them too."""
     if fenced:
-        k, fenced_set = 0, set(fenced)
+        fenced_set = set(fenced)
         for i, message in enumerate(annotated):
-            if message.get("role") == "assistant" and not message.get("resent"):  # one per turn
-                if k in fenced_set:
-                    annotated[i] = {**message, "stale_masked": True}
-                k += 1
+            if generated_by(message) in fenced_set:
+                annotated[i] = {**message, "stale_masked": True}
     return annotated
 
 
