@@ -12,6 +12,10 @@ from tasks.agent.fence import result_block
 from tasks.context import ADMISSION_KEY, ROLLOUT_KEY
 
 RESTARTS_KEY = "harness_restarts"  # in a job's state: how often its harness ran again (tasks.harnesses.run)
+# in a job's sampling_params: true makes a result filtered (filter: true) when its harness sent
+# any sampling field the gateway dropped (harness.sampling.dropped): its calls were not sampled
+# as the harness asked, and a trainer that wants only such samples refuses the rest
+STRICT_SAMPLING = "strict_sampling"
 
 
 def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
@@ -21,12 +25,16 @@ def harness_result_fields(state: dict[str, Any]) -> dict[str, Any]:
            "turns": saved.get("calls", 0), "finish_reason": block.get("finish_reason"),
            "harness": {"name": block.get("name"), "exit_code": block.get("exit_code"),
                        "output": block.get("output", ""), "session": block.get("session"),
-                       "route": block.get("route"), "restarts": state.get(RESTARTS_KEY, 0)},
+                       "route": block.get("route"), "restarts": state.get(RESTARTS_KEY, 0),
+                       "sampling": block.get("sampling")},
            "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
                       "gateway": block.get("gateway_s", 0.0)}}
     staleness = staleness_fields(block, state.get(ADMISSION_KEY))
     if staleness:
         out["staleness"] = staleness
+    sampling = block.get("sampling") or {}
+    if sampling.get("strict") and sampling.get("dropped"):  # the trainer refuses it (STRICT_SAMPLING)
+        out["filter"] = True
     return out
 
 

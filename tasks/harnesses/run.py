@@ -38,7 +38,7 @@ from sandboxes.client import RemoteSandbox
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
-from tasks.harnesses.result import RESTARTS_KEY
+from tasks.harnesses.result import RESTARTS_KEY, STRICT_SAMPLING
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -129,8 +129,9 @@ def _exec_watched(ctx: StageContext, command: str, timeout: float, session: Gate
 
 
 def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
-    """The job's sampling parameters that every call of its harness gets, over what the harness
-    asks for: the trainer, not the harness, decides how the policy samples."""
+    """The job's sampling parameters, the set every call of its harness is sampled with: the
+    trainer, not the harness, decides how the policy samples (a harness may only lower
+    max_tokens and add stop strings: :mod:`prorl_celery.gateway.sampling`)."""
     return {k: v for k, v in (params or {}).items() if k in SamplingParams.model_fields and v is not None}
 
 
@@ -147,7 +148,7 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     session: GatewaySession
 
     def save(_transcript: Any) -> None:  # on the stage's thread, under the log's lock
-        ctx.state["harness"] = {**ctx.state["harness"], **_running(session, started)}
+        ctx.state["harness"] = {**ctx.state["harness"], **_running(session, started, strict)}
         ctx.save()
 
     log = CallLog(save, ctx.transcript)
@@ -155,7 +156,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
                              stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
                              after_answer=pool.send_releases, fence=staleness_fence(ctx))
-    ctx.state["harness"] = _block(spec, session, started)
+    strict = (ctx.sampling_params or {}).get(STRICT_SAMPLING) is True
+    ctx.state["harness"] = _block(spec, session, started, strict)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
     try:
@@ -176,10 +178,10 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                 _unrelay(ctx, gateway.socket_path)
     session.fence_all()  # the session ended: what the result holds is within the bound, or masked
     if result is None:
-        _keep(ctx, spec, session, None, "cancelled", started)
+        _keep(ctx, spec, session, None, "cancelled", started, strict)
         raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
     reason = _finish_reason(harness, session, result)
-    state = _keep(ctx, spec, session, result, reason, started)
+    state = _keep(ctx, spec, session, result, reason, started, strict)
     log.flush()  # the last calls, with the state that says how it ended
     return state
 
@@ -246,16 +248,16 @@ def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) ->
     return harness.finish_reason(result.exit_code, result.output) or "harness_error"
 
 
-def _block(spec: HarnessSpec, session: GatewaySession, started: float) -> dict[str, Any]:
+def _block(spec: HarnessSpec, session: GatewaySession, started: float, strict: bool) -> dict[str, Any]:
     """``state["harness"]`` while it runs: which harness, its session, its time so far."""
     return {"name": spec.harness, "session": session.session_id, "finish_reason": None, "exit_code": None,
-            "output": "", **_running(session, started)}
+            "output": "", **_running(session, started, strict)}
 
 
-def _running(session: GatewaySession, started: float) -> dict[str, Any]:
+def _running(session: GatewaySession, started: float, strict: bool) -> dict[str, Any]:
     out = {"final_text": session.history[-1].turn.content if session.history else "",
            "run_s": round(time.monotonic() - started, 3), "llm_s": round(session.llm_s, 4),
-           "gateway_s": round(session.gateway_s, 4)}
+           "gateway_s": round(session.gateway_s, 4), "sampling": {**session.sampling_report(), "strict": strict}}
     staleness = session.staleness()
     if staleness is not None:  # the fence's counts, as the built-in agent's state["agent"] holds them
         out["staleness"] = staleness
@@ -263,8 +265,8 @@ def _running(session: GatewaySession, started: float) -> dict[str, Any]:
 
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
-          reason: str, started: float) -> dict[str, Any]:
-    state = {**_block(spec, session, started), "route": ctx.state["harness"].get("route"), "finish_reason": reason,
+          reason: str, started: float, strict: bool) -> dict[str, Any]:
+    state = {**_block(spec, session, started, strict), "route": ctx.state["harness"].get("route"), "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}
     ctx.state["harness"] = state
