@@ -104,7 +104,7 @@ class Call:
 
     def pack(self) -> bytes:
         lengths = [-1 if x is None else len(x) for x in (self.new_ids, self.response_ids, self.logprobs)]
-        head = json.dumps({**self.meta, "_k": self.keep, "_n": lengths}, separators=(",", ":")).encode()
+        head = jsonfast.dumps({**self.meta, "_k": self.keep, "_n": lengths})
         return b"".join((_LEN.pack(len(head)), head, _ints(self.new_ids), _ints(self.response_ids),
                          _floats(self.logprobs)))
 

@@ -121,10 +121,34 @@ def _tool_call(call: Any, field: str) -> dict[str, Any]:
             "function": {"name": text(fn.get("name"), f"{field}.function.name"), "arguments": arguments or ""}}
 
 
+_PLAIN = frozenset({"role", "content", "tool_call_id", "name", "reasoning_content"})
+_CALL, _FUNCTION = frozenset({"id", "type", "function"}), frozenset({"name", "arguments"})
+
+
+def _plain(message: dict[str, Any]) -> bool:
+    """Whether ``message`` holds only strings a template renders, and tool calls of only those."""
+    for key, value in message.items():
+        if key == "tool_calls":
+            if type(value) is not list or not all(map(_plain_call, value)):
+                return False
+        elif key not in _PLAIN or type(value) is not str:
+            return False
+    return True
+
+
+def _plain_call(call: Any) -> bool:
+    fn = call.get("function") if type(call) is dict else None
+    return (type(fn) is dict and call.keys() <= _CALL and type(call.get("id", "")) is str
+            and call.get("type", "function") == "function" and fn.keys() <= _FUNCTION
+            and type(fn.get("name")) is str and type(fn.get("arguments")) is str)
+
+
 def rendered(message: dict[str, Any], field: str) -> dict[str, Any]:
     """An OpenAI chat message reduced to what a chat template renders (role, content as text or
     text parts, tool calls, tool_call_id, name, reasoning_content): nothing else a caller puts
     on a message is kept, stored or rendered."""
+    if _plain(message):
+        return message  # the common case, as it came: nothing in it a template does not render
     out: dict[str, Any] = {"role": message["role"]}
     content = message.get("content")
     if isinstance(content, list):

@@ -37,7 +37,7 @@ class OpenAIChat:
         for i, message in enumerate(messages):
             require(isinstance(message, dict) and message.get("role") in ROLES,
                     f"messages[{i}]: an object with a role of {sorted(ROLES)}", f"messages[{i}]")
-            out.append(rendered({**message, "role": "system" if message["role"] == "developer" else message["role"]},
+            out.append(rendered(message if message["role"] != "developer" else {**message, "role": "system"},
                                 f"messages[{i}]"))
         tools = body.get("tools")
         require(tools is None or isinstance(tools, list) and all(isinstance(t, dict) for t in tools),
