@@ -170,15 +170,23 @@ class RolloutQuota:
         the index of ``messages[0]`` in what the caller sent, for the error's field)."""
         out, total = [], 0
         for i, message in enumerate(messages):
-            data = jsonfast.dumps(message)
-            if len(data) > self.message_bytes:
-                raise self.exceeded("rollout_message_max_bytes", len(data), f"messages[{first + i}]",
-                                    f"messages[{first + i}]")
+            data = self._encoded(message, f"messages[{first + i}]")
             total += len(data)
             out.append(data)
         if total > self.call_bytes:
             raise self.exceeded("rollout_call_max_bytes", total, "the call's messages", "messages")
         return out
+
+
+    def _encoded(self, message: dict[str, Any], where: str) -> bytes:
+        content = message.get("content")
+        size = len(content) if isinstance(content, str) else 0  # a text past the quota: refused uncopied
+        if size <= self.message_bytes:
+            data = jsonfast.dumps(message)
+            size = len(data)
+        if size > self.message_bytes:
+            raise self.exceeded("rollout_message_max_bytes", size, where, where)
+        return data
 
 
 class RolloutStore:

@@ -4,7 +4,9 @@ and 5): a backend that records the sampling set it is sent, and an attacker harn
 from __future__ import annotations
 
 import json
+import threading
 
+import psutil
 import pytest
 import requests
 
@@ -92,3 +94,27 @@ def recording_llm(stack, api):
     assert resp.status_code == 201, resp.text
     yield url
     requests.post(f"{api}/clear_llm_server", timeout=10)
+
+
+class PeakRss:
+    """The largest resident size ``process`` reached while the block ran (sampled every 20 ms)."""
+
+    def __init__(self, process: psutil.Process):
+        self.process, self.rss = process, process.memory_info().rss
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.02):
+            try:
+                self.rss = max(self.rss, self.process.memory_info().rss)
+            except psutil.Error:
+                return
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(5)

@@ -20,7 +20,7 @@ import requests  # noqa: E402
 from prorl_celery import keys  # noqa: E402
 from prorl_celery.rollouts import RolloutStore  # noqa: E402
 from tests.sandboxes.conftest import needs_bwrap  # noqa: E402
-from tests.security.hostile_gwsession import recording_llm, run, saw, seen_so_far, served  # noqa: E402,F401
+from tests.security.hostile_gwsession import PeakRss, recording_llm, run, saw, seen_so_far, served  # noqa: E402,F401
 
 FORGE = r'''
 task = [{"role": "user", "content": TASK}]
@@ -124,9 +124,9 @@ def test_gwsession_input_is_bounded_before_it_reaches_the_store(api, stack, reco
     hundreds of MB); the job's answer stays small; the store's Redis caps its memory and never
     evicts (noeviction)."""
     worker = psutil.Process(stack.children["worker-run"].popen.pid)
-    before = sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
-    view = run(api, BOUNDS)
-    after = sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
+    before = worker.memory_info().rss
+    with PeakRss(worker) as peak:
+        view = run(api, BOUNDS)
     result = view["result"]
     seen = saw(result)
     assert seen["unrendered"] == 200 and result["turns"] == 1, result["harness"]["output"]
@@ -137,7 +137,7 @@ def test_gwsession_input_is_bounded_before_it_reaches_the_store(api, stack, reco
     assert all("junk" not in m for m in RolloutStore(redis_client).messages(job))
     answer = requests.get(f"{api}/jobs/{job}", timeout=30)
     assert len(answer.content) < 256 << 10
-    assert after - before < 400 << 20, (before, after)  # today: +600 MB for the six counts
+    assert peak.rss - before < 200 << 20, (before, peak.rss)  # today: +370 MB seen, each count's ids at once
     memory = redis_client.info("memory")
     assert memory["maxmemory"] > 0 and memory["maxmemory_policy"] == "noeviction", memory
 
