@@ -49,7 +49,8 @@ class GatewaySession:
         self.authority = SamplingAuthority(sampling)
         self.dropped: dict[str, int] = {}  # harness-sent sampling field -> calls it was dropped from
         self.quota = quota or RolloutQuota.from_settings()
-        self.ledger = Ledger(self.budget, limits or Limits.from_settings(), self.quota, log.transcript.size)
+        stored = log.transcript.size if log is not None else 0  # what the rollout holds already
+        self.ledger = Ledger(self.budget, limits or Limits.from_settings(), self.quota, stored)
         self._after_answer = after_answer
         # the staleness bound (tasks.agent.fence.StalenessFence, as the built-in agent's): its
         # counts in fence_data["staleness"], one entry of turn_versions per recorded call
