@@ -1,10 +1,11 @@
 """What one harness session may spend through its gateway, reserved before it is spent.
 
 Every operation (a call, ``count_tokens``, ``models``) first enters: the session's concurrency
-cap, its rate (a token bucket) and its total count. A call is then admitted by reserving: a call slot (calls in flight count against ``max_calls``), its
-tokens (``min(asked, left)``, the call's ``max_tokens`` then clipped to that reservation, so
-concurrent calls can never generate past ``max_tokens`` together), and the bytes it will add to
-the rollout (:class:`prorl_celery.rollouts.RolloutQuota`). A call that ends settles its
+cap, its rate (a token bucket) and its total count. A call is then admitted by reserving: a call
+slot (calls in flight count against ``max_calls``), its tokens (``min(asked, left)``, the call's
+``max_tokens`` then clipped to that reservation, so concurrent calls can never generate past
+``max_tokens`` together), and the bytes it will add to the rollout
+(:class:`prorl_celery.rollouts.RolloutQuota`). A call that ends settles its
 reservation: what it really generated and stored stays counted, the rest is freed. All of it
 under one lock, in memory: nothing here is a round trip."""
 from __future__ import annotations

@@ -266,7 +266,8 @@ def _running(session: GatewaySession, started: float, strict: bool) -> dict[str,
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
           reason: str, started: float, strict: bool) -> dict[str, Any]:
-    state = {**_block(spec, session, started, strict), "route": ctx.state["harness"].get("route"), "finish_reason": reason,
+    state = {**_block(spec, session, started, strict), "route": ctx.state["harness"].get("route"),
+             "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}
     ctx.state["harness"] = state

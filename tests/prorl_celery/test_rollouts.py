@@ -169,7 +169,8 @@ def test_the_result_references_the_rollout_and_reads_build_the_trajectory(jobs, 
     tokens, mode = flatten(turns)
     assert out["tokens"] == tokens and out["token_mode"] == mode == "exact" and TRAJECTORY_KEY not in out
     assistant = [m for m in out["messages"] if m["role"] == "assistant"]
-    assert [m.get("token_ids") for m in assistant] == [turns[0].response_ids, None, *(t.response_ids for t in turns[1:])]
+    ids = [turns[0].response_ids, None, *(t.response_ids for t in turns[1:])]
+    assert [m.get("token_ids") for m in assistant] == ids
     assert [m.get("weight_version") for m in assistant] == ["v0", None, "v1", "v2"]
     assert [m.get("call") for m in assistant] == [0, None, 1, 2]
 

@@ -19,7 +19,8 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
             "logit_bias": "logit_bias"}
 ERROR_TYPES = {"invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
-               "budget": "insufficient_quota", "rate_limited": "rate_limit_exceeded", "too_large": "invalid_request_error",
+               "budget": "insufficient_quota", "rate_limited": "rate_limit_exceeded",
+               "too_large": "invalid_request_error",
                "auth": "authentication_error", "not_found": "not_found_error",
                "cancelled": "server_error", "unavailable": "server_error", "timeout": "timeout",
                "internal": "server_error"}

@@ -32,7 +32,9 @@ def _content(content: Any) -> str:
 
 
 def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": text(instructions, "instructions")}] if instructions else []
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": text(instructions, "instructions")})
     if isinstance(items, str):
         return [*out, {"role": "user", "content": items}]
     require(isinstance(items, list) and items, "input: a string or a non-empty list of items", "input")
