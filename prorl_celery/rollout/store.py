@@ -34,7 +34,8 @@ from typing import Any
 
 import redis
 
-from prorl_celery import keys
+from prorl_celery import jsonfast, keys
+from prorl_celery.errors import QuotaExceeded
 
 _LEN = struct.Struct("<I")
 _SWAP = sys.byteorder == "big"  # records are little-endian on every node
@@ -103,7 +104,7 @@ class Call:
 
     def pack(self) -> bytes:
         lengths = [-1 if x is None else len(x) for x in (self.new_ids, self.response_ids, self.logprobs)]
-        head = json.dumps({**self.meta, "_k": self.keep, "_n": lengths}, separators=(",", ":")).encode()
+        head = jsonfast.dumps({**self.meta, "_k": self.keep, "_n": lengths})
         return b"".join((_LEN.pack(len(head)), head, _ints(self.new_ids), _ints(self.response_ids),
                          _floats(self.logprobs)))
 
@@ -138,6 +139,56 @@ def is_exact(calls: Sequence[Call]) -> bool:
     return bool(calls)
 
 
+@dataclass(frozen=True)
+class RolloutQuota:
+    """Byte quotas of what a rollout stores: each conversation message (its JSON), what one call
+    adds, and the whole rollout (conversation and call records). A writer that takes input from
+    model-controlled code (the gateway) checks them before storing, and is refused with
+    :class:`QuotaExceeded` (413, naming the setting) rather than growing the store."""
+
+    message_bytes: int = 1 << 20
+    call_bytes: int = 4 << 20
+    rollout_bytes: int = 32 << 20
+
+    @classmethod
+    def from_settings(cls) -> RolloutQuota:
+        from config.settings import get_settings
+
+        s = get_settings()
+        return cls(s.rollout_message_max_bytes, s.rollout_call_max_bytes, s.rollout_max_bytes)
+
+    _LIMITS = {"rollout_message_max_bytes": "message_bytes", "rollout_call_max_bytes": "call_bytes",
+               "rollout_max_bytes": "rollout_bytes"}
+
+    def exceeded(self, limit: str, size: int, what: str, field: str | None = None) -> QuotaExceeded:
+        """The refusal of ``what`` (``size`` bytes) by the quota of setting ``limit``."""
+        cap = getattr(self, self._LIMITS[limit])
+        return QuotaExceeded(f"{what} would store {size} bytes, past {limit} ({cap} bytes)", limit, field)
+
+    def encode(self, messages: Sequence[dict[str, Any]], first: int = 0) -> list[bytes]:
+        """Each message's stored JSON, checked against the message and call quotas (``first``:
+        the index of ``messages[0]`` in what the caller sent, for the error's field)."""
+        out, total = [], 0
+        for i, message in enumerate(messages):
+            data = self._encoded(message, f"messages[{first + i}]")
+            total += len(data)
+            out.append(data)
+        if total > self.call_bytes:
+            raise self.exceeded("rollout_call_max_bytes", total, "the call's messages", "messages")
+        return out
+
+
+    def _encoded(self, message: dict[str, Any], where: str) -> bytes:
+        content = message.get("content")
+        size = len(content) if isinstance(content, str) else 0  # a text past the quota: refused uncopied
+        if size <= self.message_bytes:
+            data = jsonfast.dumps(message)
+            size = len(data)
+        if size > self.message_bytes:
+            raise self.exceeded("rollout_message_max_bytes", size, where, where)
+        return data
+
+
 class RolloutStore:
     """A rollout's records in Redis (the lists of :mod:`prorl_celery.keys`). ``append`` is not
     fenced: a caller that may race another writer of the same rollout appends through
@@ -148,15 +199,15 @@ class RolloutStore:
         self.ttl_s = ttl_s
 
     def append(self, rollout_id: str, calls: Sequence[Call | bytes],
-               messages: Sequence[dict[str, Any] | str] = ()) -> int:
+               messages: Sequence[dict[str, Any] | str | bytes] = ()) -> int:
         """Append calls (and conversation messages), each as a :class:`Call` or already packed
-        (bytes; a message: its JSON text); returns the number of calls stored now."""
+        (bytes; a message: its JSON, text or bytes); returns the number of calls stored now."""
         pipe = self.redis.pipeline(transaction=True)
         if calls:
             pipe.rpush(keys.rollout_calls(rollout_id), *(c if isinstance(c, bytes) else c.pack() for c in calls))
         if messages:
             pipe.rpush(keys.rollout_messages(rollout_id),
-                       *(m if isinstance(m, str) else json.dumps(m, separators=(",", ":")) for m in messages))
+                       *(m if isinstance(m, (str, bytes)) else json.dumps(m, separators=(",", ":")) for m in messages))
         if self.ttl_s:
             pipe.expire(keys.rollout_calls(rollout_id), self.ttl_s)
             pipe.expire(keys.rollout_messages(rollout_id), self.ttl_s)

@@ -22,7 +22,7 @@ from typing import Any
 
 from prorl_celery.llm.models import Turn
 from prorl_celery.rollout.store import Call, is_exact
-from prorl_celery.rollout.transcript import turns_of
+from prorl_celery.rollout.transcript import generated_by, turns_of
 
 
 def _has_ids(turn: Turn) -> bool:
@@ -88,13 +88,14 @@ def _retokenized(turns: list[Turn]) -> dict[str, list]:
 
 
 def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> list[dict[str, Any]]:
-    """The conversation with each assistant message annotated by the turn that produced it (one
-    a harness sent again, ``resent``, came from no turn of this rollout: left as it is)."""
-    out, k = [], 0
+    """The conversation with each message a turn generated annotated by that turn, found by the
+    message's provenance tag (:func:`prorl_celery.rollout.transcript.generated_by`), never by its
+    position: one a harness wrote (``resent``) or any other untagged one gets no ids."""
+    out = []
     for message in messages:
-        if message.get("role") == "assistant" and not message.get("resent") and k < len(turns):
+        k = generated_by(message)
+        if k is not None and k < len(turns):
             turn = turns[k]
-            k += 1
             message = {**message, "backend_id": turn.backend_id, "weight_version": turn.weight_version,
                        "model": turn.model, "token_ids": turn.response_ids, "logprobs": turn.logprobs,
                        "finish_reason": turn.finish_reason}

@@ -27,7 +27,7 @@ from prorl_celery.rollout.results import TRAJECTORY_KEY, is_harness_result
 from prorl_celery.rollout.segments import harness_fields
 from prorl_celery.rollout.store import Call, RolloutStore
 from prorl_celery.rollout.trajectory import assistant_messages, flatten_calls, mask_turns, token_versions
-from prorl_celery.rollout.transcript import turns_of
+from prorl_celery.rollout.transcript import generated_by, turns_of
 
 
 def job_views(client: redis.Redis, records: Sequence[JobRecord | None]) -> list[JobView | None]:
@@ -80,10 +80,8 @@ def _mark_fenced(annotated: list[dict[str, Any]], fenced: Sequence[int]) -> list
     """``stale_masked`` on the assistant messages of the fenced turns: a trainer that builds its
     own masks from the messages (NeMo Gym) sees them too."""
     if fenced:
-        k, fenced_set = 0, set(fenced)
+        fenced_set = set(fenced)
         for i, message in enumerate(annotated):
-            if message.get("role") == "assistant" and not message.get("resent"):  # one per turn
-                if k in fenced_set:
-                    annotated[i] = {**message, "stale_masked": True}
-                k += 1
+            if generated_by(message) in fenced_set:  # by its provenance tag, never its position
+                annotated[i] = {**message, "stale_masked": True}
     return annotated

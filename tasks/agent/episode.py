@@ -54,9 +54,8 @@ class Episode:
         return None if reason is None else FinishReason(reason)
 
     def add_turn(self, turn: Turn, llm_s: float) -> None:
-        self.transcript.add(turn)
+        self.transcript.answer(turn)  # its message stored tagged as this call's answer
         self.data["turns"] = self.transcript.calls
-        self.messages.append(turn.message)
         self.data["llm_s"] += llm_s
         self.data["generated"] += len(turn.response_ids or []) or len((turn.content or "").encode())
 

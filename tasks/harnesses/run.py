@@ -36,6 +36,7 @@ from sandboxes.base import ExecResult, gateway_dir
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
+from prorl_celery.rollout.results import STRICT_SAMPLING
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -126,8 +127,9 @@ def _exec_watched(ctx: StageContext, command: str, timeout: float, session: Gate
 
 
 def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
-    """The job's sampling parameters that every call of its harness gets, over what the harness
-    asks for: the trainer, not the harness, decides how the policy samples."""
+    """The job's sampling parameters, the set every call of its harness is sampled with: the
+    trainer, not the harness, decides how the policy samples (a harness may only lower
+    max_tokens and add stop strings: :mod:`prorl_celery.gateway.sampling`)."""
     return {k: v for k, v in (params or {}).items() if k in SamplingParams.model_fields and v is not None}
 
 
@@ -141,14 +143,15 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     pool = pool or ctx.llm_pool(defer_release=True)
     session_id = f"{ctx.job_id}:{ctx.record.attempt}:{secrets.token_hex(4)}"
     started = time.monotonic()
-    sink = _Sink(ctx, started)
+    strict = (ctx.sampling_params or {}).get(STRICT_SAMPLING) is True
+    sink = _Sink(ctx, started, strict)
     log = CallLog(sink, ctx.transcript)
     session = GatewaySession(session_id, lambda req, stop: pool.generate(ctx.job_id, req, should_stop=stop), log,
                              Budget(max_calls=spec.max_calls, max_tokens=spec.max_tokens, wall_s=wall),
                              stop=ctx.stopped, sampling=trainer_sampling(ctx.sampling_params),
                              after_answer=pool.send_releases, fence=ctx.staleness_fence())
     sink.session = session
-    ctx.state.harness = _block(spec, session, started)
+    ctx.state.harness = _block(spec, session, started, strict)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
     try:
@@ -169,10 +172,10 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                 ctx.provider.close_gateway_route(ctx.sandbox, gateway.socket_path)
     session.fence_all()  # the session ended: what the result holds is within the bound, or masked
     if result is None:
-        _keep(ctx, spec, session, None, "cancelled", started)
+        _keep(ctx, spec, session, None, "cancelled", started, strict)
         raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
     reason = _finish_reason(harness, session, result)
-    state = _keep(ctx, spec, session, result, reason, started)
+    state = _keep(ctx, spec, session, result, reason, started, strict)
     log.flush()  # the last calls, with the state that says how it ended
     return state
 
@@ -196,12 +199,12 @@ class _Sink:
     """The stage as the session log's sink (:class:`~prorl_celery.rollout.transcript.Sink`): each
     save carries the harness's block as it stands (on the stage's thread, under the log's lock)."""
 
-    def __init__(self, ctx: StageContext, started: float):
-        self.ctx, self.started = ctx, started
+    def __init__(self, ctx: StageContext, started: float, strict: bool):
+        self.ctx, self.started, self.strict = ctx, started, strict
         self.session: GatewaySession | None = None  # set once the session is built on the log
 
     def save(self) -> None:
-        self.ctx.state.harness = {**self.ctx.state.harness, **_running(self.session, self.started)}
+        self.ctx.state.harness = {**self.ctx.state.harness, **_running(self.session, self.started, self.strict)}
         self.ctx.save()
 
 
@@ -215,16 +218,16 @@ def _finish_reason(harness: Any, session: GatewaySession, result: ExecResult) ->
     return harness.finish_reason(result.exit_code, result.output) or "harness_error"
 
 
-def _block(spec: HarnessSpec, session: GatewaySession, started: float) -> dict[str, Any]:
+def _block(spec: HarnessSpec, session: GatewaySession, started: float, strict: bool) -> dict[str, Any]:
     """``state.harness`` while it runs: which harness, its session, its time so far."""
     return {"name": spec.harness, "session": session.session_id, "finish_reason": None, "exit_code": None,
-            "output": "", **_running(session, started)}
+            "output": "", **_running(session, started, strict)}
 
 
-def _running(session: GatewaySession, started: float) -> dict[str, Any]:
+def _running(session: GatewaySession, started: float, strict: bool) -> dict[str, Any]:
     out = {"final_text": session.history[-1].turn.content if session.history else "",
            "run_s": round(time.monotonic() - started, 3), "llm_s": round(session.llm_s, 4),
-           "gateway_s": round(session.gateway_s, 4)}
+           "gateway_s": round(session.gateway_s, 4), "sampling": {**session.sampling_report(), "strict": strict}}
     staleness = session.staleness()
     if staleness is not None:  # the fence's counts, as the built-in agent's state["agent"] holds them
         out["staleness"] = staleness
@@ -232,8 +235,9 @@ def _running(session: GatewaySession, started: float) -> dict[str, Any]:
 
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
-          reason: str, started: float) -> dict[str, Any]:
-    state = {**_block(spec, session, started), "route": ctx.state.harness.get("route"), "finish_reason": reason,
+          reason: str, started: float, strict: bool) -> dict[str, Any]:
+    state = {**_block(spec, session, started, strict), "route": ctx.state.harness.get("route"),
+             "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}
     ctx.state.harness = state

@@ -161,17 +161,20 @@ def test_the_result_references_the_rollout_and_reads_build_the_trajectory(jobs, 
     turns = _exact_turns(3)
     transcript = Transcript()
     transcript.messages.append({"role": "user", "content": "go"})
-    for turn in turns:
-        transcript.add(turn)
-        transcript.messages.append(turn.message)
+    for k, turn in enumerate(turns):
+        transcript.answer(turn)  # stored tagged as call k's answer
+        if k == 0:  # a message no call generated, in the middle: it takes no call's ids
+            transcript.messages.append({"role": "assistant", "content": "written, not generated"})
     assert _save(jobs, job_id, transcript)
-    stored = {"job_id": job_id, "status": "completed", TRAJECTORY_KEY: {"calls": 3, "messages": 4}}
+    stored = {"job_id": job_id, "status": "completed", TRAJECTORY_KEY: {"calls": 3, "messages": 5}}
     out = expand_result(redis_client, stored)
     tokens, mode = flatten(turns)
     assert out["tokens"] == tokens and out["token_mode"] == mode == "exact" and TRAJECTORY_KEY not in out
     assistant = [m for m in out["messages"] if m["role"] == "assistant"]
-    assert [m["token_ids"] for m in assistant] == [t.response_ids for t in turns]
-    assert [m["weight_version"] for m in assistant] == ["v0", "v1", "v2"]
+    ids = [turns[0].response_ids, None, *(t.response_ids for t in turns[1:])]
+    assert [m.get("token_ids") for m in assistant] == ids
+    assert [m.get("weight_version") for m in assistant] == ["v0", None, "v1", "v2"]
+    assert [m.get("call") for m in assistant] == [0, None, 1, 2]
 
 
 def test_bytes_stored_grow_with_the_trajectory_not_its_square(jobs, redis_client):

@@ -11,14 +11,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prorl_celery.gateway.apis.base import Failure, bad_request, new_id, require, sampling_fields, sse
+from prorl_celery.gateway.apis.base import Failure, bad_request, new_id, require, sampling_fields, sse, text
 from prorl_celery.gateway.models import GatewayRequest
 from prorl_celery.llm.models import SamplingParams, Turn
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop_sequences",
             "max_tokens": "max_tokens"}
 ERROR_TYPES = {"invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
-               "budget": "permission_error", "auth": "authentication_error", "not_found": "not_found_error",
+               "budget": "permission_error", "rate_limited": "rate_limit_error", "too_large": "request_too_large",
+               "auth": "authentication_error", "not_found": "not_found_error",
                "cancelled": "api_error", "unavailable": "overloaded_error", "timeout": "api_error",
                "internal": "api_error"}
 
@@ -36,28 +37,30 @@ def _text(content: Any) -> str:
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
-    text = _text(system) if system else ""
-    return [{"role": "system", "content": text}] if text else []
+    said = _text(system) if system else ""
+    return [{"role": "system", "content": said}] if said else []
 
 
 def _user(content: Any, i: int) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     require(isinstance(content, list), f"messages[{i}].content: a string or a list of blocks", f"messages[{i}]")
-    out = [{"role": "tool", "tool_call_id": b.get("tool_use_id", ""), "content": _text(b.get("content"))}
+    out = [{"role": "tool", "tool_call_id": text(b.get("tool_use_id"), f"messages[{i}].tool_use_id"),
+            "content": _text(b.get("content"))}
            for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
     rest = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
-    text = _text(rest)
-    if text or not out:
-        out.append({"role": "user", "content": text})
+    said = _text(rest)
+    if said or not out:
+        out.append({"role": "user", "content": said})
     return out
 
 
-def _assistant(content: Any) -> dict[str, Any]:
+def _assistant(content: Any, i: int) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    calls = [{"id": b.get("id", ""), "type": "function",
-              "function": {"name": b.get("name", ""), "arguments": json.dumps(b.get("input") or {})}}
+    calls = [{"id": text(b.get("id"), f"messages[{i}].id"), "type": "function",
+              "function": {"name": text(b.get("name"), f"messages[{i}].name"),
+                           "arguments": json.dumps(b.get("input") or {})}}
              for b in content or [] if isinstance(b, dict) and b.get("type") == "tool_use"]
     message: dict[str, Any] = {"role": "assistant", "content": _text(content)}
     if calls:
@@ -72,7 +75,8 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     out = []
     for tool in tools:
         require(isinstance(tool, dict) and tool.get("name"), "tools: each needs a name", "tools")
-        out.append({"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
+        out.append({"type": "function", "function": {"name": text(tool["name"], "tools.name"),
+                                                     "description": text(tool.get("description"), "tools.description"),
                                                      "parameters": tool.get("input_schema") or {"type": "object"}}})
     return out
 
@@ -102,7 +106,7 @@ class AnthropicMessages:
             if role == "system":  # Claude Code puts context between turns as system messages
                 out.append({"role": "system", "content": _text(message.get("content"))})
             else:
-                out += _user(message.get("content"), i) if role == "user" else [_assistant(message.get("content"))]
+                out += _user(message.get("content"), i) if role == "user" else [_assistant(message.get("content"), i)]
         try:
             sampling = SamplingParams.model_validate(sampling_fields(body, SAMPLING))
         except ValidationError as exc:

@@ -7,15 +7,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prorl_celery.gateway.apis.base import Failure, bad_request, new_id, now, require, sampling_fields, sse
+from prorl_celery.gateway.apis.base import (Failure, bad_request, function_tool, new_id, now, rendered, require,
+                                            sampling_fields, sse)
 from prorl_celery.gateway.models import GatewayRequest
 from prorl_celery.llm.models import SamplingParams, Turn
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-            "repetition_penalty": "repetition_penalty", "seed": "seed", "stop": "stop", "tool_choice": "tool_choice"}
+            "repetition_penalty": "repetition_penalty", "seed": "seed", "stop": "stop", "tool_choice": "tool_choice",
+            # never honoured (only the trainer sets these): read to be named as dropped
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+            "logit_bias": "logit_bias"}
 ERROR_TYPES = {"invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
-               "budget": "insufficient_quota", "auth": "authentication_error", "not_found": "not_found_error",
+               "budget": "insufficient_quota", "rate_limited": "rate_limit_exceeded",
+               "too_large": "invalid_request_error",
+               "auth": "authentication_error", "not_found": "not_found_error",
                "cancelled": "server_error", "unavailable": "server_error", "timeout": "timeout",
                "internal": "server_error"}
 
@@ -32,11 +38,13 @@ class OpenAIChat:
         for i, message in enumerate(messages):
             require(isinstance(message, dict) and message.get("role") in ROLES,
                     f"messages[{i}]: an object with a role of {sorted(ROLES)}", f"messages[{i}]")
-            role = "system" if message["role"] == "developer" else message["role"]
-            out.append({**{k: v for k, v in message.items() if v is not None}, "role": role})
+            out.append(rendered(message if message["role"] != "developer" else {**message, "role": "system"},
+                                f"messages[{i}]"))
         tools = body.get("tools")
         require(tools is None or isinstance(tools, list) and all(isinstance(t, dict) for t in tools),
                 "tools: a list of function tools", "tools")
+        tools = [function_tool(t.get("function") if isinstance(t.get("function"), dict) else t, f"tools[{i}]")
+                 for i, t in enumerate(tools or [])]
         require(body.get("n") in (None, 1), "n: only 1 is supported", "n")
         params = sampling_fields(body, SAMPLING)
         cap = body.get("max_completion_tokens") or body.get("max_tokens")

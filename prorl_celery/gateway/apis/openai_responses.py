@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prorl_celery.gateway.apis.base import Failure, bad_request, new_id, now, require, sampling_fields, sse
+from prorl_celery.gateway.apis.base import Failure, bad_request, new_id, now, require, sampling_fields, sse, text
 from prorl_celery.gateway.apis.openai_chat import ERROR_TYPES
 from prorl_celery.gateway.models import GatewayRequest
 from prorl_celery.llm.chatml import text_of
@@ -32,7 +32,9 @@ def _content(content: Any) -> str:
 
 
 def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": text(instructions, "instructions")})
     if isinstance(items, str):
         return [*out, {"role": "user", "content": items}]
     require(isinstance(items, list) and items, "input: a string or a non-empty list of items", "input")
@@ -47,18 +49,20 @@ def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(
-                {"id": item.get("call_id", ""), "type": "function",
-                 "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")}})
+                {"id": text(item.get("call_id"), f"input[{i}].call_id"), "type": "function",
+                 "function": {"name": text(item.get("name"), f"input[{i}].name"),
+                              "arguments": text(item.get("arguments"), f"input[{i}].arguments")}})
         elif kind == "function_call_output":
             output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+            out.append({"role": "tool", "tool_call_id": text(item.get("call_id"), f"input[{i}].call_id"),
                         "content": output if isinstance(output, str) else _content(output)})
     return out
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
     function = [t for t in tools or [] if isinstance(t, dict) and t.get("type") == "function"]
-    return [{"type": "function", "function": {"name": t.get("name", ""), "description": t.get("description", ""),
+    return [{"type": "function", "function": {"name": text(t.get("name"), "tools.name"),
+                                              "description": text(t.get("description"), "tools.description"),
                                               "parameters": t.get("parameters") or {"type": "object"}}}
             for t in function] or None
 
