@@ -37,7 +37,7 @@ def test_a_harness_result_is_read_from_its_block_typed_or_stored():
     assert fields == get_handler("math").result_fields(json.loads(json.dumps(state.dump())))
     assert fields["trajectory"] == {"calls": 2, "messages": 5} and fields["turns"] == 2
     assert fields["harness"] == {"name": "command", "exit_code": 0, "output": "done", "session": "s1",
-                                 "route": "direct", "restarts": 1}
+                                 "route": "direct", "restarts": 1, "sampling": None}
     assert fields["finish_reason"] == "exited" and fields["timing"] == {"llm": 1.0, "harness": 1.5, "gateway": 0.01}
     staleness = fields["staleness"]
     assert staleness["masked_turns"] == [0] and "turn_versions" not in staleness
