@@ -99,6 +99,7 @@ class Settings(BaseSettings):
     llm_retry_budget: int = Field(4, description="Failed LLM calls retried (on other backends) before a turn fails.")
     llm_backoff_s: float = Field(0.5, description="First retry pause after a failed LLM call; doubles, capped at 8 s.")
     llm_probe_period_s: float = Field(5.0, description="How often a quarantined LLM backend is probed.")
+    llm_max_pause_s: float = Field(900.0, gt=0, description="How long a pause for a weight update (POST /llm_servers/pause) holds its backends when no resume comes: then they resume on the weight version they had, and each says so (pause_expired_at). A pause request's max_pause_s may only shorten it.")
     llm_no_backend_wait_s: float = Field(300.0, description="How long a turn waits when no LLM backend is registered or all are quarantined.")
     llm_sticky_reprefill_turns: float = Field(4.0, description="What re-prefilling a rollout's prompt on another backend costs, in turns of that backend: a rollout leaves the backend that holds its prefix only when its turn would queue there (beyond the batch capacity) longer than that.")
     llm_session_idle_s: float = Field(300.0, description="A rollout that has not called the LLM for this long no longer counts as a session of its backend (one that ends says so at once: LLMPool.end_rollout).")
