@@ -29,7 +29,7 @@ class PauseRequest(BaseModel):
     ids: list[str] | None = Field(None, validation_alias=AliasChoices("backends", "ids"),
                                   description="Backends to pause (also accepted as 'backends'); default: all.")
     wait: float = Field(60.0, ge=0, description="Seconds to wait for drained backends' requests to end.")
-    max_pause_s: float | None = Field(None, gt=0, description="Seconds the pause holds if no resume comes; then the "
+    max_pause_s: float | None = Field(None, ge=1, description="Seconds the pause holds if no resume comes; then the "
                                                               "backends resume on the weight version they had. At most "
                                                               "the operator's PRORL_LLM_MAX_PAUSE_S (default: that).")
 
