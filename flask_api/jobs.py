@@ -11,6 +11,7 @@ from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest, JobView
 from prorl_celery.rollout.views import job_views
+from prorl_celery.staleness import check_max_staleness
 from tasks.chain import cancel, submit
 from tasks.handlers import instance_check
 
@@ -29,11 +30,15 @@ def _view(job_id: str) -> dict:
     return job_views(_store().redis, [record])[0].model_dump(mode="json")
 
 
-def check_handlers(requests: list[JobRequest]) -> None:
-    """Refuse, before anything is stored, a job whose data source names no handler, or whose
+def check_handlers(requests: list[JobRequest], batch: bool = False) -> None:
+    """Refuse, before anything is stored, a job whose data source names no handler, whose
     instance its handler refuses (the operator's policy on runtime, image, repository source;
-    a malformed field). A built-in handler is checked without importing it
-    (:func:`tasks.handlers.instance_check`)."""
+    a malformed field), or whose ``max_staleness`` would widen the operator's bound. A built-in
+    handler is checked without importing it (:func:`tasks.handlers.instance_check`). ``batch``:
+    a refusal names the job's place in the batch (``jobs.3.sampling_params...``)."""
+    for i, req in enumerate(requests):
+        check_max_staleness(req.sampling_params, f"jobs.{i}.sampling_params.max_staleness" if batch
+                            else "sampling_params.max_staleness")
     checks = {}
     for source in {req.instance["data_source"] for req in requests}:
         try:
@@ -54,7 +59,7 @@ def submit_jobs():
     ids = [req.job_id for req in requests if req.job_id]
     if len(ids) != len(set(ids)):
         raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
-    check_handlers(requests)
+    check_handlers(requests, batch=isinstance(parsed, BatchRequest))
     return jsonify({"job_ids": submit(_store(), requests)}), 202
 
 

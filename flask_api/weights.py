@@ -29,6 +29,9 @@ class PauseRequest(BaseModel):
     ids: list[str] | None = Field(None, validation_alias=AliasChoices("backends", "ids"),
                                   description="Backends to pause (also accepted as 'backends'); default: all.")
     wait: float = Field(60.0, ge=0, description="Seconds to wait for drained backends' requests to end.")
+    max_pause_s: float | None = Field(None, ge=1, description="Seconds the pause holds if no resume comes; then the "
+                                                              "backends resume on the weight version they had. At most "
+                                                              "the operator's PRORL_LLM_MAX_PAUSE_S (default: that).")
 
 
 class PauseResponse(BaseModel):
@@ -40,6 +43,8 @@ class PauseResponse(BaseModel):
     server_s: dict[str, float]
     in_flight: dict[str, int]
     errors: dict[str, str]
+    max_pause_s: float = Field(description="How long the pause holds with no resume (the operator's limit applied).")
+    expires_at: float = Field(description="When it expires (unix time) if no resume comes.")
 
 
 class AckRequest(BaseModel):
@@ -74,7 +79,7 @@ def pause_servers():
     body: PauseRequest = parse_body(PauseRequest)
     registry = BackendRegistry(current_app.extensions["prorl_store"].redis)
     wait = min(body.wait, current_app.config.get("WAIT_MAX_S", 600.0))
-    return jsonify(pause(registry, body.ids, body.mode, wait))
+    return jsonify(pause(registry, body.ids, body.mode, wait, max_pause_s=body.max_pause_s))
 
 
 @route(bp, "post", "/jobs/ack", "Acknowledge consumed results (they stop holding back admission)",

@@ -212,11 +212,15 @@ class ProrlClient:
         body = {k: v for k, v in {"ids": ids, "weight_version": weight_version}.items() if v is not None}
         return self._call("POST", "/llm_servers/resume", json=body).json()
 
-    def pause(self, mode: str = "keep", ids: list[str] | None = None, wait: float | None = None) -> dict:
+    def pause(self, mode: str = "keep", ids: list[str] | None = None, wait: float | None = None,
+              max_pause_s: float | None = None) -> dict:
         """Pause backends for a weight update (keep | abort | drain); returns once it is safe to
         write weights (``safe``), with the seconds it took (``pause_s``) and each backend's mode.
-        Write the weights, then :meth:`resume` with the new ``weight_version``."""
-        body = {k: v for k, v in {"mode": mode, "ids": ids, "wait": wait}.items() if v is not None}
+        Write the weights, then :meth:`resume` with the new ``weight_version``. With no resume,
+        the pause expires after ``max_pause_s`` (at most the operator's ``PRORL_LLM_MAX_PAUSE_S``,
+        the default): the backends go on with the weights they had (``expires_at`` says when)."""
+        body = {k: v for k, v in {"mode": mode, "ids": ids, "wait": wait, "max_pause_s": max_pause_s}.items()
+                if v is not None}
         return self._call("POST", "/llm_servers/pause", json=body, timeout=(wait or 60) + 60).json()
 
     def ack(self, job_ids: list[str]) -> dict:

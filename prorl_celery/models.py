@@ -28,11 +28,22 @@ def _budgets_are_positive(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _staleness_is_a_bound(value: dict[str, Any]) -> dict[str, Any]:
+    """``max_staleness``: an integer >= 0, or null (no bound); checked at submission, not when the
+    run stage starts. Whether the operator's bound allows it is the API's check
+    (:func:`prorl_celery.staleness.check_max_staleness`)."""
+    k = value.get("max_staleness")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise PydanticCustomError("max_staleness", "max_staleness must be an integer >= 0 or null, not {value!r}",
+                                  {"value": k, "loc": "max_staleness"})
+    return value
+
+
 Instance = Annotated[dict[str, Any], AfterValidator(_has_data_source), Field(
     description="The task; its data_source picks the handler.",
     json_schema_extra={"required": ["data_source"],
                        "properties": {"data_source": {"type": "string", "minLength": 1}}})]
-SamplingParams = Annotated[dict[str, Any], AfterValidator(_budgets_are_positive), Field(
+SamplingParams = Annotated[dict[str, Any], AfterValidator(_budgets_are_positive), AfterValidator(_staleness_is_a_bound), Field(
     description="Agent and LLM parameters; init_budget_s / run_budget_s / eval_budget_s override the budgets.")]
 JobId = Annotated[str, Field(pattern=ID_PATTERN, description="1-128 letters, digits, '_', '-', '.'")]
 

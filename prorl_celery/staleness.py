@@ -14,10 +14,39 @@ Otherwise it waits (queued in its run stage, not refused) until the trainer cons
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
+from config.settings import get_settings
 from prorl_celery import keys
+from prorl_celery.errors import PolicyDenied
+
+NO_BOUND = object()  # a job that names no max_staleness (an explicit null is a request for no bound)
+
+
+def check_max_staleness(sampling_params: dict[str, Any], field: str = "sampling_params.max_staleness") -> None:
+    """A job's ``max_staleness`` may only narrow the operator's ``PRORL_MAX_STALENESS``: with an
+    operator bound k, a job's null (no bound) or a value above k is refused (PolicyDenied, 403,
+    naming ``field``) at submission, not silently clamped, so a trainer learns the bound it runs
+    under. A job that names none takes the operator's."""
+    limit = get_settings().max_staleness
+    asked = sampling_params.get("max_staleness", NO_BOUND)
+    if limit is None or asked is NO_BOUND or (asked is not None and asked <= limit):
+        return
+    raise PolicyDenied(f"max_staleness {'null (no bound)' if asked is None else asked} would widen the operator's "
+                       f"bound of {limit} versions (PRORL_MAX_STALENESS): a job may only ask for at most {limit}",
+                       field=field)
+
+
+def effective_max_staleness(sampling_params: dict[str, Any]) -> int | None:
+    """The bound a job runs under: its own if it names one, the operator's if that is tighter or
+    the job names none (a job stored before the operator lowered the bound still only narrows)."""
+    limit = get_settings().max_staleness
+    asked = sampling_params.get("max_staleness", limit)
+    if asked is None or limit is None:
+        return limit if asked is None else asked
+    return min(asked, limit)
 
 _ADVANCE = """
 local o = redis.call('HGET', KEYS[1], ARGV[1])

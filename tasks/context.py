@@ -15,7 +15,7 @@ from prorl_celery.jobstate import AGENT_KEY, ROLLOUT_KEY, Admission, JobState, R
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.rollout.store import RolloutStore
 from prorl_celery.rollout.transcript import Transcript
-from prorl_celery.staleness import WeightVersions
+from prorl_celery.staleness import WeightVersions, effective_max_staleness
 from prorl_celery.status import JobStatus
 from prorl_celery.watch import watch
 from sandboxes.base import SandboxSpec
@@ -131,13 +131,13 @@ class StageContext:
 
     # -- staleness (prorl_celery.staleness) -----------------------------------------------
     def max_staleness(self) -> int | None:
-        """The job's bound (``sampling_params.max_staleness``), else the operator's; None: none."""
-        value = self.sampling_params.get("max_staleness", get_settings().max_staleness)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        """The job's bound (``sampling_params.max_staleness``) within the operator's; None: none.
+        The API refused a malformed or widening one at submission; this is the backstop for jobs
+        stored before (:func:`prorl_celery.staleness.effective_max_staleness`)."""
+        value = self.sampling_params.get("max_staleness")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise InvalidRequest(f"max_staleness must be an integer >= 0, not {value!r}", field="max_staleness")
-        return value
+        return effective_max_staleness(self.sampling_params)
 
     def admit(self) -> None:
         """Wait (queued in this stage, not refused) until admission control lets the rollout start;

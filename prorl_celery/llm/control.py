@@ -11,6 +11,13 @@ drained ones finished (or ``wait_s`` ran out: ``safe`` false). A server whose pa
 A server with no pause of its own whose answers are streamed (llama.cpp) is aborted by the
 service: the leases of its calls are withdrawn, each call cuts its stream within the lease
 keeper's check period and keeps the tokens that came; ``pause`` returns after that period.
+
+A pause expires: a trainer that dies between pause and resume would otherwise hold every rollout
+forever. Each paused backend records when its pause ends (``paused_until``: ``llm_max_pause_s``,
+or the request's shorter ``max_pause_s``); past it, the first turn waiting for it resumes the
+backend (:func:`expire_pauses`) on the weight version it had, and the backend says so
+(``pause_expired_at``, and a warning in the log). A resume that comes later still names the new
+version and resumes as usual.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from config.settings import get_settings
+from prorl_celery import keys
 from prorl_celery.errors import BackendFailed
 from prorl_celery.leases import CALL_CHECK_S, TICK_S
 from prorl_celery.llm.models import Backend, BackendStatus, PauseApi
@@ -57,15 +66,20 @@ def _wait_in_flight(registry: BackendRegistry, ids: list[str], wait_s: float,
 
 
 def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: float,
-          sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Pause ``ids`` (all when None) for a weight update; see the module docstring. Returns
-    ``{"safe", "pause_s", "modes", "server_s", "in_flight", "errors"}``."""
+          sleep: Callable[[float], None] = time.sleep, max_pause_s: float | None = None) -> dict:
+    """Pause ``ids`` (all when None) for a weight update, for at most ``max_pause_s`` (never
+    longer than the operator's ``llm_max_pause_s``); see the module docstring. Returns
+    ``{"safe", "pause_s", "modes", "server_s", "in_flight", "errors", "max_pause_s", "expires_at"}``."""
     started = time.monotonic()
+    limit = get_settings().llm_max_pause_s
+    max_pause_s = min(max_pause_s, limit) if max_pause_s is not None else limit
+    expires_at = time.time() + max_pause_s
     backends = registry.get_many(registry.resolve(ids))
     modes = {b.id: effective_mode(b, mode) for b in backends}
     for b in backends:  # the router holds new turns from now on
         registry.set_status(b.id, BackendStatus.DRAINING, PAUSE_SOURCES)
-        registry.set_fields(b.id, paused_mode=modes[b.id])
+        registry.set_fields(b.id, paused_mode=modes[b.id], paused_until=expires_at)
+        registry.clear_fields(b.id, "pause_expired_at")
     own = [b for b in backends if modes[b.id] != "drain" and b.pause_api not in (None, PauseApi.NONE)]
     cut = [b for b in backends if modes[b.id] == "abort" and b.pause_api in (None, PauseApi.NONE)]
     server_s, errors = _pause_servers(registry, own, modes)
@@ -79,7 +93,8 @@ def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: 
     drained = [bid for bid, m in modes.items() if m == "drain"]
     in_flight = _wait_in_flight(registry, drained, wait_s, sleep)
     return {"safe": not any(in_flight.values()), "pause_s": time.monotonic() - started, "modes": modes,
-            "server_s": server_s, "in_flight": in_flight, "errors": errors}
+            "server_s": server_s, "in_flight": in_flight, "errors": errors, "max_pause_s": max_pause_s,
+            "expires_at": expires_at}
 
 
 def _pause_servers(registry: BackendRegistry, backends: list[Backend], modes: dict[str, Mode]
@@ -108,11 +123,59 @@ def resume(registry: BackendRegistry, ids: list[str] | None, weight_version: str
     if weight_version is not None:
         WeightVersions(registry.redis).advance(weight_version)
     for backend in registry.get_many(ids):
-        if backend.pause_api not in (None, "none") and (backend.paused_mode in ("keep", "abort")
-                                                          or weight_version is not None):
-            try:
-                resume_server(backend, weight_version, registry.api_key(backend.id))
-            except BackendFailed as exc:  # its turns would stay frozen: the health check takes it from here
-                log.warning("backend %s: resuming the server failed: %s", backend.id, exc)
-        registry.reactivate(backend.id, weight_version, sources)
+        registry.clear_fields(backend.id, "paused_until")  # no expiry after this: it is resumed
+        _resume_one(registry, backend, weight_version, sources)
     return ids
+
+
+def _resume_one(registry: BackendRegistry, backend: Backend, weight_version: str | None,
+                sources: list[BackendStatus]) -> None:
+    if backend.pause_api not in (None, "none") and (backend.paused_mode in ("keep", "abort")
+                                                      or weight_version is not None):
+        try:
+            resume_server(backend, weight_version, registry.api_key(backend.id))
+        except BackendFailed as exc:  # its turns would stay frozen: the health check takes it from here
+            log.warning("backend %s: resuming the server failed: %s", backend.id, exc)
+    registry.reactivate(backend.id, weight_version, sources)
+
+
+# delete a pause's deadline only if it is still the one read: of the turns that found it past,
+# one resumes the backend, and never a newer pause that replaced it meanwhile
+_CLAIM_EXPIRY = """
+if redis.call('HGET', KEYS[1], 'paused_until') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'paused_until')
+  return 1
+end
+return 0
+"""
+EXPIRY_CHECK_S = 0.5  # how often one process looks for expired pauses while its turns wait
+_last_check = 0.0
+
+
+def expire_pauses(registry: BackendRegistry, now: float | None = None) -> list[str]:
+    """Resume, on the weight version they had, the paused backends whose pause is past its
+    ``paused_until`` with no resume; each records ``pause_expired_at``. Returns their ids."""
+    now = time.time() if now is None else now
+    expired = []
+    for backend in registry.get_many(registry.resolve(None)):
+        if backend.status is not BackendStatus.DRAINING or backend.paused_until is None or backend.paused_until > now:
+            continue
+        raw = registry.redis.hget(keys.llm_backend(backend.id), "paused_until")
+        if raw is None or not registry.redis.eval(_CLAIM_EXPIRY, 1, keys.llm_backend(backend.id), raw):
+            continue  # resumed meanwhile, or another turn expires it
+        log.warning("backend %s: paused since %.0f s with no resume (max_pause_s): resuming it on weight version %s",
+                    backend.id, now - backend.status_since, backend.weight_version)
+        _resume_one(registry, backend, None, [BackendStatus.DRAINING])
+        registry.set_fields(backend.id, pause_expired_at=now)
+        expired.append(backend.id)
+    return expired
+
+
+def expire_pauses_now_and_then(registry: BackendRegistry) -> list[str]:
+    """:func:`expire_pauses` at most every ``EXPIRY_CHECK_S`` in this process (called by each
+    turn that waits on a paused backend: many wait at once, and the pause usually ends by resume)."""
+    global _last_check
+    if time.monotonic() - _last_check < EXPIRY_CHECK_S:
+        return []
+    _last_check = time.monotonic()
+    return expire_pauses(registry)

@@ -125,6 +125,9 @@ class Backend(BaseModel):
     pause_api: PauseApi | None = None
     tool_parser: str | None = Field(None, description="Tool-call format of the model's text (None: hermes).")
     paused_mode: str | None = Field(None, description="While paused for a weight update: keep, abort or drain.")
+    paused_until: float | None = Field(None, description="While paused: when the pause expires if no resume comes.")
+    pause_expired_at: float | None = Field(None, description="When its last pause expired with no resume: it went on "
+                                                             "with the weight version it had (cleared by the next pause).")
     in_flight: int = 0
     served: int = 0
     failures: int = 0

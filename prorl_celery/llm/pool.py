@@ -21,6 +21,7 @@ from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import (BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout,
                                  PartialAborted)
 from prorl_celery.llm.clients import client_for
+from prorl_celery.llm.control import expire_pauses_now_and_then
 from prorl_celery.llm.health import probe_quarantined, quarantine
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.registry import BackendRegistry
@@ -174,8 +175,8 @@ class LLMPool:
         return failures
 
     def _wait_for_backend(self, reason: str, stop: Callable[[], bool], since: float, job_id: str) -> None:
-        """Draining: wait for resume, however long. Quarantined: probe now. Nothing registered or
-        nothing healthy: wait up to ``llm_no_backend_wait_s``."""
+        """Draining: wait for resume, or for the pause to expire (``llm_max_pause_s``). Quarantined:
+        probe now. Nothing registered or nothing healthy: wait up to ``llm_no_backend_wait_s``."""
         settings = get_settings()
         if reason == "quarantined":
             healthy = probe_quarantined(self.redis, min_interval_s=min(1.0, settings.llm_probe_period_s))
@@ -186,6 +187,8 @@ class LLMPool:
             raise BackendUnavailable(f"no LLM backend {what} (waited {settings.llm_no_backend_wait_s:.0f}s)")
         # paused for a weight update: resumed within tens of ms, so look often (Redis takes the polls)
         if reason == "draining":
+            if expire_pauses_now_and_then(self.registry):
+                return
             wait(DRAINING_POLL_S, stop, DRAINING_POLL_S)
         else:
             wait(WAIT_POLL_S * 5, stop, WAIT_POLL_S)

@@ -6,8 +6,12 @@ so an idle connection costs a socket, not a thread. What it does not bound is wh
 after ``channel_timeout`` of silence; 1,024 such sockets (no token needed) kept ``/healthz`` from
 answering for 15 minutes. So the server here adds:
 
-- a per-client cap: past ``max_per_client`` connections from one remote address, a new one is
-  closed as soon as it is accepted (the others of that client, and every other client, go on);
+- a per-client cap: one remote address holds at most ``max_per_client`` connections. Past it, a
+  new connection takes the place of that client's idlest one (no request being served, the
+  longest since it last sent a byte), which is closed; only when every one of them is serving a
+  request is the new one closed instead. Refusing the newcomer outright let a harness on the
+  trainer's host, holding the cap in idle sockets, keep that host's own prober from ``/healthz``
+  until the head deadline; now the prober's connection is served and an idle socket pays;
 - a deadline for a request's head: a connection must deliver the head within
   ``header_timeout_s`` of opening, or of the first byte of a later request on it, else it is
   closed. A request being served (a long poll, an event stream, ``/process``) is never cut: only
@@ -34,11 +38,13 @@ ACCEPT_BATCH = 64  # connections accepted per turn of the event loop
 
 
 class ClientCaps:
-    """Connections held per remote address, shared by the listening sockets of one server."""
+    """Connections held per remote address, shared by the listening sockets of one server, and
+    each client's open channels (to choose which one a newcomer past the cap replaces)."""
 
     def __init__(self, max_per_client: int):
         self.max_per_client = max_per_client
         self.held: Counter[str] = Counter()
+        self.channels: dict[str, set[GuardedChannel]] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -48,7 +54,7 @@ class ClientCaps:
             if self.held[client] >= self.max_per_client:
                 if client not in self._warned:
                     self._warned.add(client)
-                    log.warning("client %s holds %d connections (the cap): closing its new ones",
+                    log.warning("client %s holds %d connections (the cap): its idlest ones make room for new ones",
                                 client, self.held[client])
                 return False
             self.held[client] += 1
@@ -61,6 +67,25 @@ class ClientCaps:
                 del self.held[client]
                 self._warned.discard(client)
 
+    def track(self, channel: GuardedChannel) -> None:
+        with self._lock:
+            self.channels.setdefault(channel.client, set()).add(channel)
+
+    def untrack(self, channel: GuardedChannel) -> None:
+        with self._lock:
+            mine = self.channels.get(channel.client)
+            if mine is not None:
+                mine.discard(channel)
+                if not mine:
+                    del self.channels[channel.client]
+
+    def idlest(self, client: str) -> GuardedChannel | None:
+        """``client``'s channel that serves no request, has no answer left to send, and sent its
+        last byte longest ago (the one waitress's idle timeout would close first); None if none."""
+        with self._lock:
+            idle = [ch for ch in self.channels.get(client, ()) if not ch.requests and not ch.total_outbufs_len]
+        return min(idle, key=lambda ch: ch.last_activity, default=None)
+
 
 class GuardedChannel(HTTPChannel):
     """A connection its server admitted (counted against its client's cap until it is closed),
@@ -71,6 +96,7 @@ class GuardedChannel(HTTPChannel):
         self.counted = True  # the server admitted it: see GuardedServer.handle_accept
         self.head_since: float | None = time.time()  # a new connection owes its first head
         super().__init__(server, sock, addr, adj, map)
+        server.caps.track(self)
 
     def received(self, data: bytes) -> bool:
         done = super().received(data)
@@ -83,6 +109,7 @@ class GuardedChannel(HTTPChannel):
     def del_channel(self, map=None) -> None:
         if self.counted:
             self.counted = False
+            self.server.caps.untrack(self)
             self.server.caps.release(self.client)
         super().del_channel(map)
 
@@ -98,8 +125,9 @@ class GuardedServer(TcpWSGIServer):
 
     def handle_accept(self) -> None:
         """Accept what waits, a batch per turn of the loop (waitress takes one, and a turn looks
-        at every connection: a flood of 2,000 took seconds to drain), closing at once, before a
-        channel is made for it, a connection past its client's cap."""
+        at every connection: a flood of 2,000 took seconds to drain). A connection past its
+        client's cap replaces that client's idlest one, or, when every one serves a request, is
+        closed at once, before a channel is made for it."""
         room = min(ACCEPT_BATCH, self.adj.connection_limit - len(self._map))
         for _ in range(max(1, room)):
             try:
@@ -111,7 +139,7 @@ class GuardedServer(TcpWSGIServer):
                 return
             conn, addr = pair
             client = str(addr[0]) if addr else "?"
-            if not self.caps.admit(client):
+            if not self._make_room(client):
                 conn.close()
                 continue
             try:
@@ -121,6 +149,16 @@ class GuardedServer(TcpWSGIServer):
                 conn.close()
                 continue
             self.channel_class(self, conn, self.fix_addr(addr), self.adj, map=self._map)
+
+    def _make_room(self, client: str) -> bool:
+        """Count a new connection of ``client``, closing its idlest one if it is at its cap."""
+        if self.caps.admit(client):
+            return True
+        idlest = self.caps.idlest(client)
+        if idlest is None:
+            return False
+        idlest.handle_close()  # in the loop's own thread, which owns the channel; releases its count
+        return self.caps.admit(client)
 
     def maintenance(self, now: float) -> None:
         super().maintenance(now)

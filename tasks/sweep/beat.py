@@ -9,8 +9,10 @@ Runs on the ``maint`` queue every ``sweep_interval_s``. For every job whose stag
   attempts).
 
 Jobs waiting for their next stage whose message the broker lost get it again
-(:mod:`tasks.sweep.requeue`), and sandboxes and sandbox hosts are reconciled with the jobs
-(:mod:`tasks.sweep.sandboxes`).
+(:mod:`tasks.sweep.requeue`), sandboxes and sandbox hosts are reconciled with the jobs
+(:mod:`tasks.sweep.sandboxes`), and LLM backends paused past their ``paused_until`` with no resume
+are resumed on the weights they had (:func:`prorl_celery.llm.control.expire_pauses`: turns frozen
+in a server wait in no process that could notice).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.connections import get_store
 from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.llm.control import expire_pauses
+from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus, StageState
@@ -89,6 +93,7 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
             report["redispatched"].append(record.job_id)
     report["requeued"] = requeue_lost(store, active, now)
     report.update(sweep_sandboxes(store, now))  # hosts, their sandboxes, singularity instances
+    report["pauses_expired"] = expire_pauses(BackendRegistry(store.redis), now)
     for action, ids in report.items():
         if ids:
             log.warning("sweep %s %d job(s): %s", action, len(ids), ids)

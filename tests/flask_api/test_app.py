@@ -30,6 +30,13 @@ BAD_BODIES = [
     ({"jobs": [{"instance": {"data_source": "shell"}}, {"instance": 3}]}, "jobs.1.instance"),
     ({"jobs": [{"instance": {"data_source": "shell"}, "job_id": "a"},
                {"instance": {"data_source": "shell"}, "job_id": "a"}]}, "jobs"),
+    # refused at submission, not when the run stage starts (issue 32)
+    ({"instance": {"data_source": "shell"}, "sampling_params": {"max_staleness": -1}}, "sampling_params.max_staleness"),
+    ({"instance": {"data_source": "shell"}, "sampling_params": {"max_staleness": "2"}}, "sampling_params.max_staleness"),
+    ({"instance": {"data_source": "shell"}, "sampling_params": {"max_staleness": True}}, "sampling_params.max_staleness"),
+    ({"jobs": [{"instance": {"data_source": "shell"}},
+               {"instance": {"data_source": "shell"}, "sampling_params": {"max_staleness": 1.5}}]},
+     "jobs.1.sampling_params.max_staleness"),
 ]
 
 
@@ -77,6 +84,33 @@ def refusal(resp, status: int) -> dict:
 def test_bad_bodies_are_400_naming_the_field(client, nothing_stored, body, field):
     error = refusal(client.post("/jobs", json=body, headers=TOKEN), 400)
     assert (error["type"], error["field"]) == ("invalid_request", field)
+
+
+def test_a_job_may_only_narrow_the_operators_staleness_bound(client, nothing_stored, monkeypatch):
+    """With ``PRORL_MAX_STALENESS`` 2, a job's null (no bound) or 3 is refused at submission as
+    the operator's policy (403 naming the field), on every way in; 0..2 or none passes; and the
+    run stage's backstop never lets a stored job run wider than the operator's bound."""
+    from config.settings import get_settings
+    from prorl_celery.staleness import check_max_staleness, effective_max_staleness
+
+    monkeypatch.setattr(get_settings(), "max_staleness", 2)
+    shell = {"data_source": "shell", "commands": ["true"]}
+    for asked in (None, 3):
+        params = {"max_staleness": asked}
+        for path, body, field in (
+                ("/jobs", {"instance": shell, "sampling_params": params}, "sampling_params.max_staleness"),
+                ("/jobs", {"jobs": [{"instance": shell}, {"instance": shell, "sampling_params": params}]},
+                 "jobs.1.sampling_params.max_staleness"),
+                ("/groups", {"instance": shell, "n": 2, "sampling_params": params}, "sampling_params.max_staleness")):
+            error = refusal(client.post(path, json=body, headers=TOKEN), 403)
+            assert (error["type"], error["field"]) == ("policy_denied", field) and "at most 2" in error["message"]
+    for allowed in ({}, {"max_staleness": 0}, {"max_staleness": 2}):
+        check_max_staleness(allowed)
+    assert [effective_max_staleness(p) for p in ({}, {"max_staleness": None}, {"max_staleness": 1},
+                                                 {"max_staleness": 7})] == [2, 2, 1, 2]
+    monkeypatch.setattr(get_settings(), "max_staleness", None)  # no operator bound: the job's own, null included
+    check_max_staleness({"max_staleness": None})
+    assert [effective_max_staleness(p) for p in ({}, {"max_staleness": None}, {"max_staleness": 7})] == [None, None, 7]
 
 
 @pytest.mark.parametrize("instance,status,field", BAD)

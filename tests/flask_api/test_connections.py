@@ -6,6 +6,7 @@ from __future__ import annotations
 import resource
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -37,8 +38,8 @@ def _address(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-def _open_idle(address: tuple[str, int], n: int) -> list[socket.socket]:
-    """``n`` connections from ATTACKER that never send a byte (non-blocking connects: none waits
+def _open_idle(address: tuple[str, int], n: int, source: str = ATTACKER) -> list[socket.socket]:
+    """``n`` connections from ``source`` that never send a byte (non-blocking connects: none waits
     for the server to accept it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < n + 512:
@@ -47,7 +48,7 @@ def _open_idle(address: tuple[str, int], n: int) -> list[socket.socket]:
     for _ in range(n):
         sock = socket.socket()
         sock.setblocking(False)
-        sock.bind((ATTACKER, 0))
+        sock.bind((source, 0))
         sock.connect_ex(address)
         socks.append(sock)
     return socks
@@ -88,6 +89,43 @@ def test_healthz_answers_while_one_client_holds_2000_idle_connections(guarded_ap
         # ... until the head deadline passes: a connection that sends nothing is not kept
         wait_until(lambda: len(_closed_by_server(held)) == len(held), 30 + HEAD_S, "the head deadline")
     finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_prober_on_the_attackers_own_host_is_answered(guarded_api):
+    """The cap counts an address, and a harness runs on the trainer's host: holding all of it in
+    idle sockets, re-opened as the server closes them, it must not keep that host's own prober
+    from ``/healthz``. The prober's connection takes the place of the idlest one (before: it was
+    closed at accept, every time, for as long as the attacker kept the cap full)."""
+    address, source = _address(guarded_api), "127.0.0.1"  # the prober's own address
+    idle = _open_idle(address, PER_CLIENT + 20, source)
+    stop = threading.Event()
+
+    def keep_full() -> None:  # what the head deadline or the cap closes is opened again
+        while not stop.is_set():
+            closed = _closed_by_server(idle)
+            for sock in closed:
+                idle.remove(sock)
+                sock.close()
+            idle.extend(_open_idle(address, len(closed), source))
+            time.sleep(0.05)
+
+    refill = threading.Thread(target=keep_full, daemon=True)
+    try:
+        wait_until(lambda: len(_closed_by_server(idle)) >= 20, 30, "the cap to apply")
+        refill.start()
+        answered = []
+        for _ in range(5):  # spread over more than a head deadline: the attacker refills meanwhile
+            try:
+                answered.append(requests.get(f"{guarded_api}/healthz", timeout=10).status_code)
+            except requests.ConnectionError as exc:
+                answered.append(type(exc).__name__)
+            time.sleep(HEAD_S / 4)
+        assert answered == [200] * 5
+    finally:
+        stop.set()
+        refill.join(5)
         for sock in idle:
             sock.close()
 

@@ -177,3 +177,65 @@ def test_backends_fall_back_to_what_they_can_and_bad_bodies_name_the_field(llm_a
     assert requests.post(f"{api}/llm_servers/pause", json={"backends": ["llm-nope"]}, timeout=10).status_code == 404
     resp = requests.post(f"{api}/jobs/ack", json={"job_ids": []}, timeout=10)
     assert resp.status_code == 400 and resp.json()["error"]["field"] == "job_ids"
+
+
+def test_a_pause_no_resume_ends_expires_and_the_turns_go_on_with_the_old_version(llm_api, pool, fake_llms):
+    """A trainer that pauses and never resumes (it died) does not hold every rollout forever: past
+    ``max_pause_s`` the turn waiting on the backend resumes it on the version it had, the backend
+    says so (``pause_expired_at``), and the operator's ``PRORL_LLM_MAX_PAUSE_S`` caps what a
+    request may ask."""
+    api = llm_api
+    (proc,) = fake_llms(1, latency="step_s=0.02,capacity=8")
+    bid = _register(api, proc.url, pause_api="vllm")
+    capped = requests.post(f"{api}/llm_servers/pause", json={"backends": [bid], "max_pause_s": 1e9}, timeout=30)
+    assert capped.status_code == 200, capped.text
+    assert capped.json()["max_pause_s"] == 900  # the operator's default: a request only shortens it
+    requests.post(f"{api}/llm_servers/resume", json={"backends": [bid]}, timeout=10).raise_for_status()
+    thread, box = _in_thread(lambda: pool.generate("job", LONG))
+    eventually(lambda: _tokens(proc) > 10, 10, "tokens of the turn")
+    paused = requests.post(f"{api}/llm_servers/pause", json={"mode": "keep", "backends": [bid], "max_pause_s": 1.5},
+                           timeout=30).json()
+    assert paused["max_pause_s"] == 1.5 and paused["expires_at"] > time.time()
+    time.sleep(0.5)
+    held = pool.registry.get(bid)
+    assert thread.is_alive() and held.status.value == "draining" and held.paused_until == paused["expires_at"]
+    thread.join(30)
+    assert not thread.is_alive(), "the pause never expired"
+    turn = box["out"]
+    assert [s.version for s in turn.weight_segments] == ["v1"] and len(turn.response_ids) == 150
+    backend = pool.registry.get(bid)
+    assert backend.status.value == "active" and backend.weight_version == "v1" and backend.paused_until is None
+    assert paused["expires_at"] <= backend.pause_expired_at < paused["expires_at"] + 5
+    assert requests.get(f"{proc.url}/is_paused", timeout=5).json() == {"is_paused": False}
+    listed = requests.get(f"{api}/llm_servers", timeout=10).json()["backends"]
+    assert [b["pause_expired_at"] for b in listed if b["id"] == bid] == [backend.pause_expired_at]
+    for bad in (0, -1, "soon"):
+        resp = requests.post(f"{api}/llm_servers/pause", json={"backends": [bid], "max_pause_s": bad}, timeout=10)
+        assert resp.status_code == 400 and resp.json()["error"]["field"] == "max_pause_s"
+
+
+@pytest.mark.unit
+def test_an_expired_pause_is_resumed_once_and_a_resume_cancels_the_expiry(pool):
+    """:func:`expire_pauses` on the registry alone (a backend with no pause API: drained, so no
+    server is called): past ``paused_until`` it resumes the backend once however many turns look,
+    on the version it had; a pause that was resumed in time never expires."""
+    from prorl_celery.llm import BackendSpec
+    from prorl_celery.llm.control import expire_pauses, pause, resume
+
+    registry = pool.registry
+    bid, _ = registry.add(BackendSpec(address="http://10.9.0.1:8000", protocol="generate", dialect="fake",
+                                      weight_version="v1"))
+    bid = bid.id
+    paused = pause(registry, [bid], "keep", 0, max_pause_s=30)
+    assert paused["modes"] == {bid: "drain"} and paused["max_pause_s"] == 30
+    assert expire_pauses(registry, paused["expires_at"] - 1) == []  # not yet
+    assert expire_pauses(registry, paused["expires_at"] + 1) == [bid]
+    assert expire_pauses(registry, paused["expires_at"] + 2) == []  # once
+    backend = registry.get(bid)
+    assert (backend.status.value, backend.weight_version, backend.paused_until) == ("active", "v1", None)
+    assert backend.pause_expired_at == paused["expires_at"] + 1
+    again = pause(registry, [bid], "keep", 0, max_pause_s=30)
+    assert registry.get(bid).pause_expired_at is None  # the next pause starts clean
+    resume(registry, [bid], "v2")
+    assert expire_pauses(registry, again["expires_at"] + 1) == []
+    assert registry.get(bid).weight_version == "v2"
