@@ -1,0 +1,140 @@
+"""One event loop thread per process for the sockets that model-controlled code can reach: the
+session gateways of a run worker (:mod:`prorl_celery.gateway.serving`) and the relays of a
+sandbox host (:mod:`sandboxes.host.relay`).
+
+A thread per connection let one sandbox's 1,200 idle connections make 1,200 threads in the
+process every other session shares. Here a connection is a registered socket and a callback:
+idle ones cost a descriptor and a few hundred bytes, and their deadlines are checked by one
+sweep a second. Work that blocks (an LLM call) runs elsewhere, in a bounded pool; it hands
+anything that touches the selector back with :meth:`Loop.call_soon` (only the loop's thread
+registers, modifies or unregisters a socket)."""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+SWEEP_S = 1.0  # how often deadlines are checked: timeouts here are seconds to minutes
+
+_shared: dict[str, "Loop"] = {}
+_shared_lock = threading.Lock()
+
+
+class Loop:
+    """A selector served by one daemon thread. ``register(sock, events, callback)``: the callback
+    gets the ready mask; ``sweep(fn)``: ``fn(now)`` about once a second while registered."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.pid = os.getpid()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._sweeps: list[Callable[[float], None]] = []
+        self._thread = threading.Thread(target=self._run, name=f"netloop-{name}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def shared(cls, name: str) -> "Loop":
+        """This process's loop of that name (a new one in a forked child: threads do not fork)."""
+        with _shared_lock:
+            loop = _shared.get(name)
+            if loop is None or loop.pid != os.getpid():
+                loop = _shared[name] = cls(name)
+            return loop
+
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop's thread (at once when already on it)."""
+        if self.in_loop():
+            fn(*args)
+            return
+        self._calls.append((fn, args))
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:  # the pipe is full of wake-ups already: the loop is awake
+            pass
+
+    def call_and_wait(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> None:
+        """:meth:`call_soon`, then wait until it ran (closing a listener before its socket goes)."""
+        if self.in_loop():
+            fn(*args)
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                done.set()
+
+        self.call_soon(run)
+        done.wait(timeout)
+
+    def register(self, sock: Any, events: int, callback: Callable[[int], None]) -> None:
+        self._selector.register(sock, events, callback)
+
+    def modify(self, sock: Any, events: int, callback: Callable[[int], None]) -> None:
+        """Change what ``sock`` is watched for; 0 events: not watched (still known)."""
+        key = self._selector.get_map().get(sock.fileno())
+        if events == 0:
+            if key is not None:
+                self._selector.unregister(sock)
+        elif key is None:
+            self._selector.register(sock, events, callback)
+        elif key.events != events or key.data is not callback:
+            self._selector.modify(sock, events, callback)
+
+    def unregister(self, sock: Any) -> None:
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError):  # never registered, paused, or already closed
+            pass
+
+    def add_sweep(self, fn: Callable[[float], None]) -> None:
+        self.call_soon(self._sweeps.append, fn)
+
+    def remove_sweep(self, fn: Callable[[float], None]) -> None:
+        self.call_soon(lambda: fn in self._sweeps and self._sweeps.remove(fn))
+
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_S
+        while True:
+            timeout = max(0.0, next_sweep - time.monotonic()) if self._sweeps else None
+            for key, mask in self._selector.select(timeout):
+                if key.data is None:
+                    self._drain_wake()
+                    continue
+                self._guarded(key.data, (mask,))
+            while self._calls:
+                fn, args = self._calls.popleft()
+                self._guarded(fn, args)
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_S
+                for fn in list(self._sweeps):
+                    self._guarded(fn, (now,))
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _guarded(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - one connection's fault never stops the loop
+            log.exception("netloop %s: %r failed", self.name, fn)
