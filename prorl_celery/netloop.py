@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 SWEEP_S = 1.0  # how often deadlines are checked: timeouts here are seconds to minutes
 
 _shared: dict[str, "Loop"] = {}

@@ -101,10 +101,12 @@ class RemoteSandbox:
     def renew(self, lease_s: float | None = None) -> SandboxEntry:
         return self._invoke("renew", lease_s=lease_s)
 
-    def relay(self, socket: str, target: str | None = None, close: bool = False) -> RelayResponse:
+    def relay(self, socket: str, target: str | None = None, close: bool = False,
+              key: str | None = None) -> RelayResponse:
         """The host's way for this sandbox to a harness session's gateway socket (host-only:
-        :meth:`sandboxes.host.pool.SandboxPool.relay`)."""
-        return self._invoke("relay", socket=socket, target=target, close=close)
+        :meth:`sandboxes.host.pool.SandboxPool.relay`); ``key``: the session's relay key, with
+        ``target``."""
+        return self._invoke("relay", socket=socket, target=target, close=close, key=key)
 
     def read_file(self, path: str) -> bytes:
         return self._invoke("read_file", path=path)

@@ -214,7 +214,7 @@ def _reach(ctx: StageContext, gateway: Gateway) -> tuple[str, str]:
         here = route_source(host.hostname, host.port or 80)  # this node's address on the way to that host
         if here is None:
             raise SandboxError(f"no route to the sandbox's host {sandbox.handle.address} for its gateway relay")
-        answer = sandbox.relay(name, target=gateway.listen_tcp(here))
+        answer = sandbox.relay(name, target=gateway.listen_tcp(here), key=gateway.relay_key)
         log.info("job %s: the sandbox is on another node (%s): gateway relayed by its host",
                  ctx.job_id, sandbox.handle.address)
     return answer.route, answer.path
