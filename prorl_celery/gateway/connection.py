@@ -28,7 +28,7 @@ class Connection:
         self.serving, self.sock, self.loop = serving, sock, serving.loop
         self.reader = RequestReader(serving.host.authorize, serving.reserve, serving.release)
         self.lock = threading.Lock()
-        self.busy = self.paused = self.closed = self.disposed = self.lingering = False
+        self.busy = self.paused = self.closed = self.disposed = self.lingering = self.eof = False
         self.out: bytes | memoryview = b""
         self.keep = True
         self.linger_left = 0
@@ -54,6 +54,11 @@ class Connection:
                 self.close()
             return
         if not data:
+            with self.lock:
+                if self.busy:  # the peer sent all it will: answer what it asked, then close
+                    self.eof = True
+                    self.loop.modify(self.sock, 0, self.on_event)
+                    return
             self.close()
             return
         reader = self.reader
@@ -108,6 +113,9 @@ class Connection:
         if self.reader.ready:  # the next pipelined request, in order
             self.serving.dispatch(self, self.reader.ready.popleft())
             return
+        if self.eof:
+            self._drop()
+            return
         self.busy = False
         if self.paused:
             self.loop.call_soon(self._resume)
@@ -143,7 +151,7 @@ class Connection:
             if self.out:
                 return
             self.out = b""
-            self.loop.modify(self.sock, 0 if self.paused else READ, self.on_event)
+            self.loop.modify(self.sock, 0 if self.paused or self.eof else READ, self.on_event)
             self._answered(self.keep)
 
     def _send_small(self, data: bytes) -> None:
