@@ -57,11 +57,11 @@ class Loop:
         return threading.current_thread() is self._thread
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop's thread (at once when already on it)."""
-        if self.in_loop():
-            fn(*args)
-            return
+        """Run ``fn(*args)`` on the loop's thread, after what it is doing now (never within the
+        caller: it may hold a lock ``fn`` takes)."""
         self._calls.append((fn, args))
+        if self.in_loop():
+            return  # the loop runs its calls before it selects again
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:  # the pipe is full of wake-ups already: the loop is awake

@@ -27,7 +27,7 @@ class Connection:
     def __init__(self, serving: Any, sock: socket.socket):
         self.serving, self.sock, self.loop = serving, sock, serving.loop
         self.reader = RequestReader(serving.host.authorize, serving.reserve, serving.release)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a dispatch that fails finishes under it
         self.busy = self.paused = self.closed = self.disposed = self.lingering = self.eof = False
         self.out: bytes | memoryview = b""
         self.keep = True
@@ -197,7 +197,7 @@ class Connection:
                 return
             self.closed = True
             self.loop.unregister(self.sock)
-            if self.busy:
+            if self.busy and not self.out:  # not once it handed the rest of its answer to the loop
                 try:
                     self.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
