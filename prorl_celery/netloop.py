@@ -16,6 +16,7 @@ import selectors
 import threading
 import time
 from collections import deque
+from queue import Empty, SimpleQueue
 from collections.abc import Callable
 from typing import Any
 
@@ -139,3 +140,56 @@ class Loop:
             fn(*args)
         except Exception:  # noqa: BLE001 - one connection's fault never stops the loop
             log.exception("netloop %s: %r failed", self.name, fn)
+
+
+class CallPool:
+    """At most ``size`` threads, started as work comes, taking ``(fn, args)`` off one queue: the
+    loop's way to run what blocks. (A ThreadPoolExecutor's futures cost ~15 us a call that no
+    caller here waits on.)"""
+
+    def __init__(self, size: int, name: str):
+        self.size, self.name = size, name
+        self._queue: SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)``; RuntimeError once shut down."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"call pool {self.name} is shut down")
+            start = self._idle <= 0 and self._threads < self.size
+            if start:
+                self._threads += 1
+            else:
+                self._idle -= 1  # one idle thread is spoken for (or it queues behind busy ones)
+        self._queue.put((fn, args))
+        if start:
+            threading.Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - the caller's work answers its own failures
+                log.exception("call pool %s: %r failed", self.name, fn)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        """No more work; the threads end once what they run returns (queued work is dropped)."""
+        with self._lock:
+            self._closed, threads = True, self._threads
+        while True:  # what was queued and not started
+            try:
+                if self._queue.get_nowait() is None:
+                    continue
+            except Empty:
+                break
+        for _ in range(threads):
+            self._queue.put(None)

@@ -78,6 +78,8 @@ class Connection:
 
     def _next(self) -> None:
         with self.lock:
+            if not self.reader.ready:  # a call thread that finished took it already
+                return
             if self.busy:  # pipelined behind the request being served: wait, and read no more
                 if not self.paused:
                     self.paused = True
@@ -87,23 +89,23 @@ class Connection:
             self.serving.dispatch(self, self.reader.ready.popleft())
 
     def finish(self, data: bytes | None, keep: bool) -> None:
-        """The answer (None: none, close), from the call thread that served the request."""
-        with self.lock:
-            if self.closed or data is None:
-                self._drop()
-                return
+        """The answer (None: none, close), from the call thread that served the request. Sent
+        outside the lock: while busy only this thread writes, and the loop closes no busy socket."""
+        if data is not None and not self.closed:
             try:
                 sent = self.sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
+                data = None
+        with self.lock:
+            if self.closed or data is None:
                 self._drop()
-                return
-            if sent < len(data):
+            elif sent < len(data):
                 self.out, self.keep, self.since = memoryview(data)[sent:], keep, time.monotonic()
                 self.loop.call_soon(self._want_write)
-                return
-            self._answered(keep)
+            else:
+                self._answered(keep)
 
     def _answered(self, keep: bool) -> None:  # under the lock, the answer written whole
         if not keep:

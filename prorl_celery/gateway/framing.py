@@ -127,7 +127,7 @@ class RequestReader:
             self._fail(Refusal(431, "invalid_request", f"more than {self.max_headers} header fields"))
 
     def on_headers_complete(self) -> None:
-        headers = Headers((n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in self._fields)
+        headers = Headers({n.lower().decode("latin-1"): v.decode("latin-1") for n, v in self._fields})
         method = self._parser.get_method().decode("latin-1")
         path = self._url.decode("latin-1").split("?", 1)[0]
         length = headers.get("content-length")

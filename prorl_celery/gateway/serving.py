@@ -18,14 +18,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prorl_celery import handshake, jsonfast
 from prorl_celery.gateway.connection import Connection
 from prorl_celery.gateway.framing import MAX_BODY, Headers, Refusal, Request, RequestReader
-from prorl_celery.netloop import Loop
+from prorl_celery.netloop import CallPool, Loop
 
 log = logging.getLogger(__name__)
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -102,7 +101,7 @@ class Serving:
         self.host, self.name = host, name
         self.limits = limits or Limits()
         self.loop = Loop.shared("gateway")
-        self.calls = ThreadPoolExecutor(self.limits.call_threads, thread_name_prefix=f"gateway-{name}")
+        self.calls = CallPool(self.limits.call_threads, f"gateway-{name}")
         self.listeners: list[Listener] = []
         self.conns: set[Connection] = set()
         self.handshakes: set[Handshake] = set()
@@ -136,7 +135,7 @@ class Serving:
             for conn in list(self.conns):
                 conn.close()
         self.loop.call_and_wait(end)
-        self.calls.shutdown(wait=False, cancel_futures=True)
+        self.calls.shutdown()
 
     # the session's bytes of bodies in flight
     def reserve(self, n: int) -> bool:
