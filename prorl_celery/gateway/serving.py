@@ -157,14 +157,17 @@ class Serving:
             return
         self.conns.add(Connection(self, sock))
 
-    def dispatch(self, conn: "Connection", request: Request) -> None:
+    def dispatch(self, conn: Connection) -> None:
+        """A connection with a whole request, to a call thread (:meth:`Connection.serve`)."""
         try:
-            self.calls.submit(self._call, conn, request)
+            self.calls.submit(conn.serve)
         except RuntimeError:  # shut down: the session is closing
-            request.done()
-            conn.finish(None, False)
+            conn.held = False
+            conn.close()
 
-    def _call(self, conn: "Connection", request: Request) -> None:
+    def call(self, conn: Connection, request: Request) -> None:
+        """Serve one request on the calling thread; an answer is always sent (or the connection
+        ends)."""
         exchange = Exchange(conn, request)
         try:
             self.host.serve(exchange)
