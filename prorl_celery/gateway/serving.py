@@ -2,10 +2,9 @@
 
 Each connection is read by the loop into its :class:`~prorl_celery.gateway.framing.RequestReader`
 (credential from the head before any body, caps on the head, the body and the session's bytes in
-flight); a whole request is handed to the session's bounded pool of call threads, and the one
-that served it writes the answer straight to the socket (the loop only finishes a write the
-socket could not take at once). One request of a connection is served at a time, in order; a
-connection that pipelines more while one is served is no longer read until it is answered.
+flight); a whole request hands the connection to one of the session's bounded pool of call
+threads, which serves it and what follows at once (:mod:`prorl_celery.gateway.connection`). One
+request of a connection is served at a time, in order.
 
 Caps (:class:`Limits`): connections per session; on the relay listener (the worker's routable
 address) connections not yet through the handshake, per peer address and in all; deadlines on
@@ -17,17 +16,16 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prorl_celery import handshake, jsonfast
 from prorl_celery.gateway.connection import Connection
-from prorl_celery.gateway.framing import MAX_BODY, Headers, Refusal, Request, RequestReader
+from prorl_celery.gateway.framing import MAX_BODY, Headers, Refusal, Request
 from prorl_celery.netloop import CallPool, Loop
 
 log = logging.getLogger(__name__)
-READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+READ = selectors.EVENT_READ
 BACKLOG = socket.SOMAXCONN  # the kernel's own cap (4096): a burst of connections waits, is not refused
 
 

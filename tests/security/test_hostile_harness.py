@@ -16,7 +16,6 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-import pytest  # noqa: E402
 
 from config.settings import get_settings  # noqa: E402
 from prorl_celery import handshake  # noqa: E402
