@@ -223,7 +223,7 @@ class Listener:
             sock.close()
             return
         self.pending[peer] = self.pending.get(peer, 0) + 1
-        self.serving.handshakes.add(Handshake(self, sock, peer))
+        Handshake(self, sock, peer)
 
     def done(self, peer: str) -> None:
         left = self.pending.get(peer, 1) - 1
@@ -242,6 +242,7 @@ class Handshake:
         self.loop = listener.serving.loop
         self.since = time.monotonic()
         self.got = b""
+        listener.serving.handshakes.add(self)
         opening, self.nonce = handshake.challenge()
         try:
             sock.send(opening)  # 46 bytes on a fresh socket: its buffer takes them

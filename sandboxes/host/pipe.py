@@ -34,6 +34,7 @@ class _Side:
 class Pipe:
     def __init__(self, relay: Any, client: socket.socket):
         self.relay, self.loop = relay, relay.loop
+        relay.pipes.add(self)
         self.client = _Side(client)
         self.since = time.monotonic()
         self.state = "connecting"

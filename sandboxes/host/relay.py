@@ -110,7 +110,7 @@ class Relay:
                 client.close()
                 continue
             client.setblocking(False)
-            self.pipes.add(Pipe(self, client))
+            Pipe(self, client)  # in self.pipes until it closes
 
     def _sweep(self, now: float) -> None:
         for pipe in list(self.pipes):
