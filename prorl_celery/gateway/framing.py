@@ -74,11 +74,11 @@ class RequestReader:
         self._parser = httptools.HttpRequestParser(self)
         self.ready: deque[Request] = deque()
         self.expect_continue = False  # set once a head that asked for it was accepted
+        self._head_bytes = 0  # fed since the last request ended, while no head was complete
         self._reset()
 
     def _reset(self) -> None:
         self.started = self.in_body = False
-        self._head_bytes = 0
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
@@ -155,7 +155,7 @@ class RequestReader:
         assert request is not None
         request.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request.reserved = self._body_len
-        self._body_len = 0
+        self._body_len = self._head_bytes = 0
         self.ready.append(request)
         self._reset()
 
