@@ -95,7 +95,11 @@ class Pipe:
                 self._fail("not a gateway's handshake")
                 return
             reply, self.proof = answered
-            self.upstream.sock.send(reply)  # 64 bytes into an empty buffer
+            try:
+                self.upstream.sock.send(reply)  # 64 bytes into an empty buffer
+            except OSError as exc:
+                self._fail(f"handshake: {exc}")
+                return
             self.state = "proof"
         elif not hmac.compare_digest(got, self.proof):
             self._fail("the gateway's proof is wrong")
