@@ -10,8 +10,13 @@ import os
 import tomllib
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+# what a bwrap sandbox mounts its own over (sandboxes/runtimes/bwrap.py): a directory under one of
+# them is not the host's inside the sandbox
+SANDBOX_OWN_MOUNTS = ("/tmp", "/dev", "/proc", "/sys")
 
 
 def _file_values() -> dict[str, Any]:
@@ -127,6 +132,19 @@ class Settings(BaseSettings):
     api_idle_timeout_s: float = Field(60.0, description="Seconds a kept-alive connection may sit idle between requests before the API closes it.")
     redis_maxmemory_mb: int = Field(0, ge=0, description="maxmemory of the service's own redis-server (prorl_celery/ops/redis_server.py, as `prorl-celery up` and the Slurm head start it), MiB; 0: half the node's memory. Its policy is noeviction: a full store refuses writes (the API answers 503 store_unavailable) and never evicts job state silently. An operator's own Redis needs the same: maxmemory and maxmemory-policy noeviction.")
     redis_user: str = Field("redis", description="User (name or uid) the service's own redis-server runs as when started by root; nobody when that user does not exist.")
+
+    @field_validator("gateway_socket_dir")
+    @classmethod
+    def _seen_by_sandboxes(cls, value: str) -> str:
+        """Refused at startup under /tmp (or /dev, /proc, /sys): every sandbox mounts its own
+        there, which hides the bound gateway directory and silently breaks relayed harnesses."""
+        for path in {value, os.path.realpath(value)} if value else ():
+            for root in SANDBOX_OWN_MOUNTS:
+                if path == root or path.startswith(root + "/"):
+                    raise ValueError(f"PRORL_GATEWAY_SOCKET_DIR={value!r} is under {root}, which every sandbox "
+                                     f"mounts its own over: a harness could not see its gateway socket. Use a "
+                                     f"directory under /run (the default: /run/prorl-gateway).")
+        return value
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,

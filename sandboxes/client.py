@@ -102,10 +102,12 @@ class RemoteSandbox:
     def renew(self, lease_s: float | None = None) -> SandboxEntry:
         return self._invoke("renew", lease_s=lease_s)
 
-    def relay(self, socket: str, target: str | None = None, close: bool = False) -> RelayResponse:
+    def relay(self, socket: str, target: str | None = None, close: bool = False,
+              key: str | None = None) -> RelayResponse:
         """The host's way for this sandbox to a harness session's gateway socket (host-only:
-        :meth:`sandboxes.host.pool.SandboxPool.relay`)."""
-        return self._invoke("relay", socket=socket, target=target, close=close)
+        :meth:`sandboxes.host.pool.SandboxPool.relay`); ``key``: the session's relay key, with
+        ``target``."""
+        return self._invoke("relay", socket=socket, target=target, close=close, key=key)
 
     def read_file(self, path: str) -> bytes:
         return self._invoke("read_file", path=path)
@@ -320,8 +322,8 @@ class HostProvider:
     def close(self, handle: SandboxHandle | dict[str, Any]) -> bool:
         return close_handle(handle)
 
-    def gateway_route(self, sandbox: Any, socket_path: str, listen: Any) -> GatewayRoute:
-        return gateway_route(sandbox, socket_path, listen)
+    def gateway_route(self, sandbox: Any, socket_path: str, listen: Any, key: str | None = None) -> GatewayRoute:
+        return gateway_route(sandbox, socket_path, listen, key)
 
     def close_gateway_route(self, sandbox: Any, socket_path: str) -> None:
         close_gateway_route(sandbox, socket_path)

@@ -26,9 +26,11 @@ class GatewayRoute(NamedTuple):
     path: str  # the socket's path as the sandbox sees it
 
 
-def gateway_route(sandbox: Any, socket_path: str, listen: Callable[[str], str]) -> GatewayRoute:
+def gateway_route(sandbox: Any, socket_path: str, listen: Callable[[str], str],
+                  key: str | None = None) -> GatewayRoute:
     """The route from ``sandbox`` to a gateway on ``socket_path`` in this process; ``listen(host)``
-    makes the gateway also serve on TCP at this node's address ``host`` (``host:port`` back)."""
+    makes the gateway also serve on TCP at this node's address ``host`` (``host:port`` back);
+    ``key`` the session's relay key the host proves before it relays (:mod:`prorl_celery.handshake`)."""
     from sandboxes.client import RemoteSandbox
 
     if not isinstance(sandbox, RemoteSandbox):  # an in-process sandbox is on this node
@@ -40,7 +42,7 @@ def gateway_route(sandbox: Any, socket_path: str, listen: Callable[[str], str]) 
         here = route_source(host.hostname, host.port or 80)  # this node's address on the way to that host
         if here is None:
             raise SandboxError(f"no route to the sandbox's host {sandbox.handle.address} for its gateway relay")
-        answer = sandbox.relay(name, target=listen(here))
+        answer = sandbox.relay(name, target=listen(here), key=key)
         log.info("sandbox %s is on another node (%s): its gateway relayed by its host",
                  sandbox.handle.sandbox_id, sandbox.handle.address)
     return GatewayRoute(answer.route, answer.path)

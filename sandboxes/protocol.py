@@ -99,6 +99,10 @@ class RelayRequest(_Body):
     target: str | None = Field(None, description="host:port of the gateway on the worker's node: relay the socket there. "
                                "None: only say whether the socket is already here.")
     close: bool = Field(False, description="Remove the relay of that name.")
+    key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                            description="The session's relay key (64 hex digits; with target): the relay proves it "
+                                        "to the gateway, and the gateway to the relay, before a byte of a request "
+                                        "crosses (prorl_celery/handshake.py).")
 
 
 class RelayResponse(BaseModel):

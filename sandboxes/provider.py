@@ -63,11 +63,13 @@ class SandboxProvider(Protocol):
         sandbox that outlives its job is the provider's lease or sweep to end."""
 
     def gateway_route(self, sandbox: ProvidedSandbox, socket_path: str,
-                      listen: Callable[[str], str]) -> GatewayRoute:
+                      listen: Callable[[str], str], key: str | None = None) -> GatewayRoute:
         """How ``sandbox`` reaches a harness's gateway listening in this process on the unix
         socket ``socket_path``: ``direct`` (it sees that socket) or ``relay`` (the provider
         brings it a socket to the gateway; ``listen(host)`` makes the gateway also serve on
-        TCP at this node's address ``host``, returning ``host:port``), and the socket's path
+        TCP at this node's address ``host``, returning ``host:port``; ``key``, the session's relay
+        key, is what the relay proves to the gateway before it carries a byte: see
+        :mod:`prorl_celery.handshake`), and the socket's path
         as the sandbox sees it. Raises :class:`~prorl_celery.errors.SandboxError` when there
         is no way."""
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from prorl_celery.errors import NoSandboxCapacity, SandboxGone
+from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, SandboxGone
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from sandboxes.host.relay import Relay, is_socket, parse_target, socket_path
 from sandboxes.protocol import RelayResponse, SandboxEntry
@@ -162,10 +162,11 @@ class SandboxPool:
         return self.entry(slot)
 
     def relay(self, sandbox_id: str, socket: str, target: str | None = None,
-              close: bool = False) -> RelayResponse:
+              close: bool = False, key: str | None = None) -> RelayResponse:
         """The way out of ``sandbox_id`` to a harness session's gateway (:mod:`sandboxes.host.relay`):
         whether the socket ``socket`` is on this node already, else a relay of it to ``target``
-        (kept until closed, or until the sandbox is)."""
+        (kept until closed, or until the sandbox is), proving ``key`` (the session's relay key) to
+        the gateway at each connection."""
         path = socket_path(socket)
         with self._lock:
             slot = self._slots.get(sandbox_id)
@@ -183,7 +184,10 @@ class SandboxPool:
             return RelayResponse(route="direct", path=path)
         if target is None:
             return RelayResponse(route="none", path=path)
-        relay = Relay(path, parse_target(target))
+        address = parse_target(target)
+        if key is None:
+            raise InvalidRequest("a relay needs the session's relay key", field="key")
+        relay = Relay(path, address, bytes.fromhex(key))
         with self._lock:
             if self._slots.get(sandbox_id) is slot:
                 slot.relays[socket] = relay

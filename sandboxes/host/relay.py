@@ -6,9 +6,16 @@ sandbox). The gateway runs in the run worker that drives the session. When that 
 sandbox's own node it binds the socket itself; when it is on another node the socket it binds is
 in *that* node's directory, which this sandbox cannot see. Then the worker asks this host (the
 protocol's host-only ``relay`` method) for a socket of the same name here, and each connection to
-it is piped to the gateway's TCP address on the worker's node. The relay knows no credential: the
-harness sends its session's own, and the gateway checks it. It ends when the worker asks, or with
-its sandbox."""
+it is piped to the gateway's TCP address on the worker's node. It ends when the worker asks, or
+with its sandbox.
+
+Every relayed connection is authenticated before a byte of its request crosses: the gateway's
+relay listener opens with a challenge, the relay answers with an HMAC of the session's relay key
+(given by the worker with the relay) and checks the gateway's in return
+(:mod:`prorl_celery.handshake`); the sandbox's bytes are not read until then. The harness still
+sends its session's credential, and the gateway checks it. All relays of a host share one event
+loop thread (:mod:`prorl_celery.netloop`; the pipes: :mod:`sandboxes.host.pipe`), within
+:class:`Limits`."""
 from __future__ import annotations
 
 import logging
@@ -16,16 +23,26 @@ import os
 import re
 import socket
 import stat
-import threading
+from dataclasses import dataclass
 
 from prorl_celery.errors import InvalidRequest
+from prorl_celery.netloop import READ, Loop
 from sandboxes.base import gateway_dir
+from sandboxes.host.pipe import Pipe
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = re.compile(r"^[0-9a-f]{32}\.sock$")  # what tasks.harnesses.run names a session's socket
-CONNECT_TIMEOUT_S = 10.0
-CHUNK = 65536
+
+
+@dataclass
+class Limits:
+    """A relay's bounds: connections at once, the connect and handshake, an idle connection (a
+    little past the gateway's own idle deadline, which ends it first)."""
+
+    connections: int = 64
+    handshake_s: float = 10.0
+    idle_s: float = 360.0
 
 
 def socket_path(name: str) -> str:
@@ -54,10 +71,14 @@ def parse_target(target: str) -> tuple[str, int]:
 
 
 class Relay:
-    """A listening unix socket at ``path``; each connection piped to ``target`` (TCP)."""
+    """A listening unix socket at ``path``; each connection piped to ``target`` (TCP) once the
+    gateway there and this relay proved ``key`` to each other. At most ``limits.connections`` at
+    once: more are closed at once (the sandbox's own session is all they can stop)."""
 
-    def __init__(self, path: str, target: tuple[str, int]):
-        self.path, self.target = path, target
+    def __init__(self, path: str, target: tuple[str, int], key: bytes, limits: Limits | None = None):
+        self.path, self.target, self.key = path, target, key
+        self.limits = limits or Limits()
+        self.pipes: set[Pipe] = set()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._listener.bind(path)  # fails if anything is there: a gateway's own, another relay
@@ -65,60 +86,51 @@ class Relay:
             self._listener.close()
             raise InvalidRequest(f"cannot bind {os.path.basename(path)}: {exc.strerror}", field="socket") from exc
         os.chmod(path, 0o666)  # the sandbox's uid connects; the session's credential is the lock
-        self._listener.listen(64)
+        self._listener.listen(socket.SOMAXCONN)
+        self._listener.setblocking(False)
         self._closed = False
-        self._thread = threading.Thread(target=self._accept, name=f"relay-{os.path.basename(path)[:8]}", daemon=True)
-        self._thread.start()
+        self.loop = Loop.shared("relay")
+        self.loop.call_and_wait(self._begin)
 
-    def _accept(self) -> None:
-        while not self._closed:
+    def _begin(self) -> None:
+        self.loop.register(self._listener, READ, self._accept)
+        self.loop.add_sweep(self._sweep)
+
+    def _accept(self, mask: int) -> None:
+        for _ in range(64):  # a burst, then the other relays' sockets get their turn
             try:
                 client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("relay %s: accept failed: %s", self.path, exc)
+                return
+            if len(self.pipes) >= self.limits.connections:
+                log.warning("relay %s: %d connections open already: one more refused", self.path, len(self.pipes))
+                client.close()
+                continue
+            client.setblocking(False)
+            Pipe(self, client)  # in self.pipes until it closes
 
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection(self.target, timeout=CONNECT_TIMEOUT_S)
-        except OSError as exc:
-            log.warning("relay %s: gateway %s:%d unreachable: %s", self.path, *self.target, exc)
-            client.close()
-            return
-        upstream.settimeout(None)
-        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-        back.start()
-        _pipe(client, upstream)
-        back.join()
-        client.close()
-        upstream.close()
+    def _sweep(self, now: float) -> None:
+        for pipe in list(self.pipes):
+            if pipe.expired(now):
+                pipe.close()
 
     def close(self) -> None:
-        """Stop accepting and remove the socket (connections in flight end with their peers)."""
+        """Stop accepting, remove the socket, end its connections."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
+        self.loop.call_and_wait(self._end)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
 
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    """Copy until ``src`` ends, then pass the end on (half-close), as the in-sandbox forwarder does."""
-    try:
-        while data := src.recv(CHUNK):
-            dst.sendall(data)
-    except OSError:
-        pass
-    for sock, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-        try:
-            sock.shutdown(how)
-        except OSError:
-            pass
+    def _end(self) -> None:
+        self.loop.remove_sweep(self._sweep)
+        self.loop.unregister(self._listener)
+        self._listener.close()
+        for pipe in list(self.pipes):
+            pipe.close()

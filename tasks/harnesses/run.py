@@ -155,7 +155,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     ctx.save()  # a cancel from here on finds a harness's result in the state
     gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
     try:
-        route, socket_path = ctx.provider.gateway_route(ctx.sandbox, gateway.socket_path, gateway.listen_tcp)
+        route, socket_path = ctx.provider.gateway_route(ctx.sandbox, gateway.socket_path, gateway.listen_tcp,
+                                                         gateway.relay_key)
     except BaseException:
         gateway.close()
         raise

@@ -205,7 +205,7 @@ def test_raw_http_keep_alive_streams_expect_and_bad_headers(fake_llms, pool, red
     (proc,) = fake_llms(1, policy=f"scripted:{script}")
     add(pool, proc, protocol="generate")
     with _gateway(pool, redis_conn) as gw:
-        host, port = gw.httpd.server_address[:2]
+        host, port = gw.address[:2]
 
         def call(stream: bool, expect: bool = False) -> bytes:
             body = json.dumps({"messages": SYSTEM, "tools": TOOLS, "stream": stream}).encode()

@@ -23,6 +23,7 @@ from tests.sandboxes.conftest import wait_until
 from tests.sandboxes.test_host import create
 
 MODEL = "relayed-model"
+KEY = secrets.token_hex(32)
 # what a harness's HTTP client does, in the sandbox: one request on the session's socket
 CALL = r'''
 import socket, sys
@@ -77,7 +78,7 @@ def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_ho
     provider = HostProvider(None)
     gateway = _gateway()
     try:
-        route, path = provider.gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp)
+        route, path = provider.gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp, gateway.relay_key)
         gateway.start()
         name = os.path.basename(gateway.socket_path)
         assert route == "relay" and path == str(node2_gateways / name), (route, path)
@@ -93,7 +94,7 @@ def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_ho
         assert not os.path.exists(path)
         assert _call(sandbox, path, gateway.token)["UNREACHABLE"] == "FileNotFoundError"
         # a relay left open goes with its sandbox
-        assert sandbox.relay(name, target=_tcp(gateway)).route == "relay"
+        assert sandbox.relay(name, target=gateway.relay_address, key=gateway.relay_key).route == "relay"
         assert os.path.exists(path)
         sandbox.close()
         assert wait_until(lambda: not os.path.exists(path), timeout=10)
@@ -102,20 +103,14 @@ def test_a_sandbox_on_another_node_reaches_its_gateway_through_its_host(start_ho
         sandbox.close()
 
 
-def _tcp(gateway: Gateway) -> str:
-    """The TCP address the gateway already serves on (after the provider relayed it)."""
-    server = gateway.servers[-1]
-    return "%s:%d" % server.server_address[:2]
-
-
 def test_a_sandbox_on_the_workers_node_connects_directly(start_host):
     host = start_host()  # this process's gateway directory: the same node
     sandbox = create(host)
     gateway = _gateway()
     try:
-        route, path = HostProvider(None).gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp)
+        route, path = HostProvider(None).gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp, gateway.relay_key)
         gateway.start()
-        assert (route, path) == ("direct", gateway.socket_path) and len(gateway.servers) == 1  # no TCP listener
+        assert (route, path) == ("direct", gateway.socket_path) and gateway.relay_address is None  # no TCP listener
         assert _call(sandbox, path, gateway.token)["MODELS"] == "200 True"
     finally:
         gateway.close()
@@ -135,14 +130,17 @@ def test_relay_requests_are_checked(start_host, node2_gateways):
             with pytest.raises(InvalidRequest) as caught:
                 sandbox.relay(name, target=bad)
             assert caught.value.field == "target", bad
+        with pytest.raises(InvalidRequest) as caught:  # a relay proves the session's key, or is not made
+            sandbox.relay(name, target="127.0.0.1:9")
+        assert caught.value.field == "key"
         assert sandbox.relay(name).route == "none"  # nothing there, nothing asked
         (node2_gateways / name).write_text("a file, not a socket")
         with pytest.raises(InvalidRequest):  # a relay never replaces what is there
-            sandbox.relay(name, target="127.0.0.1:9")
+            sandbox.relay(name, target="127.0.0.1:9", key=KEY)
         assert (node2_gateways / name).read_text() == "a file, not a socket"
         # a gateway that is unreachable: the sandbox's connection is closed, nothing hangs
         other = secrets.token_hex(16) + ".sock"
-        assert sandbox.relay(other, target="127.0.0.1:9").route == "relay"
+        assert sandbox.relay(other, target="127.0.0.1:9", key=KEY).route == "relay"
         result = sandbox.exec(f"python3 -I - {node2_gateways / other} x <<'PY'\n{CALL}\nPY", timeout=60)
         assert "STATUS" not in result.output and result.exit_code != 0, result.output
     finally:
@@ -152,14 +150,14 @@ def test_relay_requests_are_checked(start_host, node2_gateways):
     assert json.dumps(sorted(os.listdir(node2_gateways))) == json.dumps([name])  # the closed sandbox's relay went
 
 
-def test_the_gateway_directory_is_enterable_whatever_the_umask(tmp_path, monkeypatch):
+def test_the_gateway_directory_is_enterable_whatever_the_umask(node2_gateways, monkeypatch):
     """worker_node.sh runs everything under umask 077: a directory made with mode 0711 then is
     0700, and every sandbox uid is shut out of its own session's socket (seen on the multinode
     cluster: each harness on that node ended with a reset connection)."""
     from config.settings import get_settings
     from sandboxes.base import gateway_dir
 
-    target = tmp_path / "node-run" / "prorl-gateway"
+    target = node2_gateways / "node-run" / "prorl-gateway"  # under /run: /tmp is refused
     monkeypatch.setenv("PRORL_GATEWAY_SOCKET_DIR", str(target))
     get_settings.cache_clear()
     old = os.umask(0o077)
