@@ -1,5 +1,6 @@
 """Serve a trainer's live model as a ``generate`` backend, for CPU and small runs (a real GPU run
-registers its vLLM instead): a small HTTP server in the trainer's process that speaks two of
+registers its vLLM instead): a small HTTP server in the trainer's process (Flask on waitress,
+:mod:`prorl_celery.integrations.live_app`) that speaks two of
 vLLM's token APIs — ``POST /inference/v1/generate`` (the ``vllm-generate`` dialect, registered by
 default: its answers say which weight version sampled each span of tokens) and ``POST
 /v1/completions`` with a token-id prompt (``vllm-completions``) — and vLLM's pause API, so the
@@ -22,19 +23,17 @@ than repetition, streaming) are refused with a 400 naming the field, never ignor
 """
 from __future__ import annotations
 
-import json
 import secrets
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prorl_celery.errors import error_body
+from prorl_celery.integrations.live_app import ThreadedServer, create_app
 from prorl_celery.integrations.live_engine import LiveEngine, Row, RowParams
+
+MAX_BODY_BYTES = 16 * 2**20  # a prompt of 1M token ids is ~8 MB of JSON
 
 
 class _Sampling(BaseModel):
@@ -123,7 +122,7 @@ class LiveModelServer:
 
     def __init__(self, model: Any, tokenizer: Any, name: str = "live-model", host: str = "127.0.0.1",
                  port: int = 0, max_model_len: int | None = None, api_key: str | None = None,
-                 window_s: float = 0.05, max_batch: int = 64):
+                 window_s: float = 0.05, max_batch: int = 64, threads: int | None = None):
         self.tokenizer, self.name = tokenizer, name
         self.max_model_len = max_model_len or int(getattr(model.config, "max_position_embeddings", 2048))
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(24)
@@ -131,9 +130,9 @@ class LiveModelServer:
         self.engine = LiveEngine(model, pad_id=int(pad or 0), window_s=window_s, max_batch=max_batch)
         self.requests = 0
         self.pauses: list[dict[str, Any]] = []  # per pause: mode, seconds its call took, seconds frozen
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        # a sampling request holds a thread until its row is done: room for a full batch, one
+        # waiting behind it, and the pause routes besides
+        self._http = ThreadedServer(create_app(self), host, port, threads or 2 * max_batch + 8, MAX_BODY_BYTES)
 
     @property
     def model(self) -> Any:
@@ -149,18 +148,16 @@ class LiveModelServer:
 
     @property
     def url(self) -> str:
-        host, port = self._http.server_address[:2]
+        host, port = self._http.address
         return f"http://{host}:{port}"
 
     def start(self) -> "LiveModelServer":
         self.engine.start()
-        self._thread = threading.Thread(target=self._http.serve_forever, name="live-model-server", daemon=True)
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+        self._http.stop()
         self.engine.stop()
 
     def register(self, client: Any, tokenizer: str, weight_version: str = "step0", dialect: str = "vllm-generate",
@@ -229,98 +226,3 @@ class LiveModelServer:
 
 def _usage(prompt: list[int], ids: list[int]) -> dict[str, int]:
     return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
-
-
-PAUSE_MODES = ("abort", "wait", "keep")
-
-
-def _handler(server: LiveModelServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:  # the trainer's output stays readable
-            pass
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: int, message: str, field: str | None = None) -> None:
-            self._send(status, error_body("invalid_request" if status < 500 else "server_error", message, field))
-
-        def _authorised(self) -> bool:
-            # bytes: compare_digest raises on a str with non-ASCII characters (http.server decodes
-            # headers as latin-1, which encoding back recovers)
-            given = self.headers.get("Authorization", "").encode("latin-1", "replace")
-            if not server.api_key or secrets.compare_digest(given, f"Bearer {server.api_key}".encode()):
-                return True
-            self._error(401, "missing or wrong bearer token")
-            return False
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                return self._send(200, {"status": "ok"})
-            if not self._authorised():
-                return None
-            if self.path == "/v1/models":
-                return self._send(200, {"object": "list", "data": [
-                    {"id": server.name, "object": "model", "max_model_len": server.max_model_len}]})
-            if self.path == "/is_paused":
-                return self._send(200, {"is_paused": server.engine.paused})
-            if self.path == "/weight_info":
-                return self._send(200, {"weight_version": server.engine.version})
-            return self._error(404, f"no route {self.path}")
-
-        def _parse(self, model: type[BaseModel], raw: bytes) -> Any:
-            try:
-                return model.model_validate_json(raw or b"{}")
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                field = ".".join(str(p) for p in first["loc"]) or None
-                self._error(400, f"{field}: {first['msg']}", field)
-                return None
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            if not self._authorised():
-                return None
-            url = urlsplit(self.path)
-            if url.path == "/pause":
-                mode = (parse_qs(url.query).get("mode") or ["abort"])[0]
-                if mode not in PAUSE_MODES:
-                    return self._error(422, f"mode: one of {', '.join(PAUSE_MODES)} (got {mode!r})", "mode")
-                server.pause(mode)
-                return self._send(200, {"status": "paused"})
-            if url.path == "/resume":
-                server.resume()
-                return self._send(200, {"status": "resumed"})
-            if url.path == "/update_weight_version":
-                try:
-                    version = json.loads(raw or b"{}").get("new_version")
-                except (ValueError, AttributeError):
-                    version = None
-                if not isinstance(version, str) or not version:
-                    return self._error(422, "new_version: a non-empty string is required", "new_version")
-                server.engine.name_version(version)
-                return self._send(200, {"success": True, "new_version": version})
-            if url.path == "/v1/completions":
-                req, answer = self._parse(CompletionRequest, raw), server.completion
-            elif url.path == "/inference/v1/generate":
-                req, answer = self._parse(GenerateRequest, raw), server.generate
-            else:
-                return self._error(404, f"no route {url.path}")
-            if req is None:
-                return None
-            try:
-                return self._send(200, answer(req))
-            except ValueError as exc:
-                return self._error(400, str(exc), "prompt")
-            except Exception as exc:  # noqa: BLE001 - the service sees a 500 and retries elsewhere
-                return self._error(500, f"{type(exc).__name__}: {exc}")
-
-    return Handler

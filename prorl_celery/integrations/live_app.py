@@ -1,0 +1,168 @@
+"""The HTTP face of :class:`prorl_celery.integrations.serve.LiveModelServer`: a Flask app
+(:func:`create_app`) served by waitress in a thread of the trainer's process (:class:`ThreadedServer`),
+as the API and the sandbox host are served.
+
+Every route but ``GET /health`` needs the server's bearer token, checked before the body is
+parsed. Errors answer in the shape of every error of the service, ``{"error": {"type",
+"message", "field"?}}``: a body the server cannot honour is a 400 naming the field, a wrong pause
+mode or version name a 422, a missing or wrong token a 401.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, jsonify, request
+from pydantic import BaseModel, ValidationError
+from waitress import create_server
+from waitress.wasyncore import close_all
+from werkzeug.exceptions import HTTPException
+
+from prorl_celery import jsonfast
+from prorl_celery.errors import error_body
+
+if TYPE_CHECKING:
+    from prorl_celery.integrations.serve import LiveModelServer
+
+PAUSE_MODES = ("abort", "wait", "keep")
+_OPEN_PATHS = ("/health",)
+
+
+class _Refused(Exception):
+    """An answer other than 200, raised from a view (turned into the error body by the app)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+def _error(status: int, message: str, field: str | None = None) -> tuple[Response, int]:
+    return jsonify(error_body("invalid_request" if status < 500 else "server_error", message, field)), status
+
+
+def _parse(model: type[BaseModel]) -> Any:
+    """The request body as ``model``; a 400 naming the first field it refuses."""
+    try:
+        return model.model_validate_json(request.get_data() or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise _Refused(400, f"{field}: {first['msg']}" if field else first["msg"], field) from None
+
+
+def create_app(server: LiveModelServer) -> Flask:
+    """The live server's routes over ``server`` (its engine, tokenizer and key)."""
+    from prorl_celery.integrations.serve import CompletionRequest, GenerateRequest
+
+    app = Flask("prorl-live-model")
+    expected = f"Bearer {server.api_key}".encode()
+
+    @app.before_request
+    def _authorised() -> Any:
+        if request.path in _OPEN_PATHS or not server.api_key:
+            return None
+        # bytes: compare_digest refuses a str with non-ASCII characters (a header arrives as latin-1)
+        given = request.headers.get("Authorization", "").encode("latin-1", "replace")
+        if secrets.compare_digest(given, expected):
+            return None
+        return _error(401, "missing or wrong bearer token")
+
+    @app.errorhandler(_Refused)
+    def _refused(exc: _Refused) -> tuple[Response, int]:
+        return _error(exc.status, str(exc), exc.field)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException) -> tuple[Response, int]:
+        status = exc.code or 500
+        return _error(status, f"no route {request.path}" if status == 404 else exc.description or exc.name)
+
+    @app.get("/health")
+    def health() -> Any:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models() -> Any:
+        return {"object": "list", "data": [{"id": server.name, "object": "model",
+                                            "max_model_len": server.max_model_len}]}
+
+    @app.get("/is_paused")
+    def is_paused() -> Any:
+        return {"is_paused": server.engine.paused}
+
+    @app.get("/weight_info")
+    def weight_info() -> Any:
+        return {"weight_version": server.engine.version}
+
+    @app.post("/pause")
+    def pause() -> Any:
+        mode = request.args.get("mode") or "abort"
+        if mode not in PAUSE_MODES:
+            raise _Refused(422, f"mode: one of {', '.join(PAUSE_MODES)} (got {mode!r})", "mode")
+        server.pause(mode)
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    def resume() -> Any:
+        server.resume()
+        return {"status": "resumed"}
+
+    @app.post("/update_weight_version")
+    def update_weight_version() -> Any:
+        try:
+            version = jsonfast.loads(request.get_data() or b"{}").get("new_version")
+        except (ValueError, AttributeError):
+            version = None
+        if not isinstance(version, str) or not version:
+            raise _Refused(422, "new_version: a non-empty string is required", "new_version")
+        server.engine.name_version(version)
+        return {"success": True, "new_version": version}
+
+    @app.post("/v1/completions")
+    def completions() -> Any:
+        return _answer(server.completion, _parse(CompletionRequest))
+
+    @app.post("/inference/v1/generate")
+    def generate() -> Any:
+        return _answer(server.generate, _parse(GenerateRequest))
+
+    return app
+
+
+def _answer(answer: Any, req: BaseModel) -> Any:
+    try:
+        return answer(req)
+    except ValueError as exc:
+        raise _Refused(400, str(exc), "prompt") from None
+    except Exception as exc:  # noqa: BLE001 - the service sees a 500 and retries elsewhere
+        raise _Refused(500, f"{type(exc).__name__}: {exc}") from None
+
+
+class ThreadedServer:
+    """A WSGI app served by waitress on ``host:port`` (0: a free one) from a daemon thread.
+    ``threads`` bounds the requests served at once (a sampling request holds its thread until its
+    row is done)."""
+
+    def __init__(self, app: Flask, host: str, port: int, threads: int, max_body_bytes: int):
+        self._server = create_server(app, host=host, port=port, threads=threads, ident="prorl-live-model",
+                                     connection_limit=max(100, 2 * threads), channel_timeout=600,
+                                     max_request_body_size=max_body_bytes, asyncore_use_poll=True)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return str(self._server.effective_host), int(self._server.effective_port)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.run, name="live-model-server", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the listening socket and every connection (inside the loop's own thread, which
+        then ends), and the worker threads."""
+        if self._thread is not None and self._thread.is_alive():
+            self._server.trigger.pull_trigger(lambda: close_all(self._server._map))
+            self._thread.join(timeout)
+        else:
+            self._server.close()
+        self._server.task_dispatcher.shutdown(timeout=timeout)
