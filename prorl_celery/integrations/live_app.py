@@ -20,7 +20,7 @@ from waitress.wasyncore import close_all
 from werkzeug.exceptions import HTTPException
 
 from prorl_celery import jsonfast
-from prorl_celery.errors import error_body
+from prorl_celery.errors import ProrlError, error_body
 
 if TYPE_CHECKING:
     from prorl_celery.integrations.serve import LiveModelServer
@@ -41,10 +41,11 @@ def _error(status: int, message: str, field: str | None = None) -> tuple[Respons
     return jsonify(error_body("invalid_request" if status < 500 else "server_error", message, field)), status
 
 
-def _parse(model: type[BaseModel]) -> Any:
-    """The request body as ``model``; a 400 naming the first field it refuses."""
+def _parse(model: type[BaseModel], vocab: int | None) -> Any:
+    """The request body as ``model`` (token ids checked against ``vocab``); a 400 naming the first
+    field it refuses."""
     try:
-        return model.model_validate_json(request.get_data() or b"{}")
+        return model.model_validate_json(request.get_data() or b"{}", context={"vocab": vocab})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or None
@@ -79,6 +80,8 @@ def create_app(server: LiveModelServer) -> Flask:
 
     @app.get("/health")
     def health() -> Any:
+        if not server.engine.alive:  # the pool's probe: a backend whose engine is gone stays out
+            raise _Refused(503, "the sampling engine is not running")
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -120,18 +123,24 @@ def create_app(server: LiveModelServer) -> Flask:
 
     @app.post("/v1/completions")
     def completions() -> Any:
-        return _answer(server.completion, _parse(CompletionRequest))
+        return _answer(server.completion, _parse(CompletionRequest, server.vocab))
 
     @app.post("/inference/v1/generate")
     def generate() -> Any:
-        return _answer(server.generate, _parse(GenerateRequest))
+        return _answer(server.generate, _parse(GenerateRequest, server.vocab))
 
     return app
 
 
 def _answer(answer: Any, req: BaseModel) -> Any:
+    """``answer(req)``; a row refused for its own fault is a 4xx naming the field (the pool then
+    neither retries nor quarantines), any other failure a 500 (the backend's fault)."""
+    # waitress tells (channel_request_lookahead) when the caller hung up: its row then ends
+    gone = request.environ.get("waitress.client_disconnected")
     try:
-        return answer(req)
+        return answer(req, gone)
+    except ProrlError as exc:
+        return jsonify({"error": exc.to_dict()}), exc.http_status
     except ValueError as exc:
         raise _Refused(400, str(exc), "prompt") from None
     except Exception as exc:  # noqa: BLE001 - the service sees a 500 and retries elsewhere
@@ -146,7 +155,8 @@ class ThreadedServer:
     def __init__(self, app: Flask, host: str, port: int, threads: int, max_body_bytes: int):
         self._server = create_server(app, host=host, port=port, threads=threads, ident="prorl-live-model",
                                      connection_limit=max(100, 2 * threads), channel_timeout=600,
-                                     max_request_body_size=max_body_bytes, asyncore_use_poll=True)
+                                     max_request_body_size=max_body_bytes, asyncore_use_poll=True,
+                                     channel_request_lookahead=1)
         self._thread: threading.Thread | None = None
 
     @property
