@@ -84,6 +84,8 @@ class LiveEngine:
     def submit(self, prompt: list[int], params: RowParams, timeout: float | None = None,
                cancelled: Callable[[], bool] | None = None) -> Row:
         """Sample for one request (blocks until its row is done); raises the row's error."""
+        if self._stop:
+            raise ModelFault("the engine stopped")
         row = Row(prompt=list(prompt), params=params, cancelled=cancelled)
         self._queue.put(row)
         if not row.done.wait(timeout):

@@ -58,30 +58,32 @@ def test_live_a_hostile_sampling_row_does_not_fail_its_neighbours(live):
     assert tiny.json()["choices"][0]["token_ids"] == zero.json()["choices"][0]["token_ids"]
 
 
-def test_live_a_row_whose_sampling_faults_ends_alone(live):
-    """Past the HTTP checks (a value let into the engine directly), a row whose settings leave no
-    finite distribution ends alone with the request's error; the rows decoded beside it go on.
-    Before: the whole batch failed with the row's ``RuntimeError``."""
+def test_live_a_row_that_faults_in_the_engine_ends_alone():
+    """Past the HTTP checks (values let into the engine directly, in one burst: one batch), a row
+    whose settings leave no finite distribution, and a row whose prompt fails in the model, each
+    end alone with the request's error (a 400 naming the field); the rows beside them go on.
+    Before: the whole batch failed with the bad row's ``RuntimeError`` or ``IndexError``."""
     from prorl_celery.errors import InvalidRequest
     from prorl_celery.integrations.live_engine import RowParams
 
-    engine = live.engine
+    rows = {f"honest{i}": ([1, 2, 3, 4, 5], RowParams(max_tokens=8, seed=i)) for i in range(3)}
+    rows["sampling"] = ([1, 2, 3, 4, 5], RowParams(max_tokens=8, repetition_penalty=1e-300))
+    rows["prompt"] = ([1, VOCAB + 50, 2], RowParams(max_tokens=8))
     results: dict[str, object] = {}
+    for server in live_server(window_s=1.0):  # a window wide enough that the burst is one batch
+        def run(name: str, prompt: list[int], params: RowParams) -> None:
+            try:
+                results[name] = server.engine.submit(prompt, params, timeout=120)
+            except Exception as exc:  # noqa: BLE001 - what the row got is what is asserted
+                results[name] = exc
 
-    def run(name: str, params: RowParams) -> None:
-        try:
-            results[name] = engine.submit([1, 2, 3, 4, 5], params, timeout=120)
-        except Exception as exc:  # noqa: BLE001 - what the row got is what is asserted
-            results[name] = exc
-
-    rows = {f"honest{i}": RowParams(max_tokens=8, seed=i) for i in range(3)}
-    rows["hostile"] = RowParams(max_tokens=8, repetition_penalty=1e-300)
-    threads = [threading.Thread(target=run, args=item) for item in rows.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(150)
-    assert isinstance(results["hostile"], InvalidRequest), results["hostile"]
+        threads = [threading.Thread(target=run, args=(name, *item)) for name, item in rows.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+    for name, field in (("sampling", "sampling_params"), ("prompt", "prompt")):
+        assert isinstance(results[name], InvalidRequest) and results[name].field == field, results[name]
     for i in range(3):
         row = results[f"honest{i}"]
         assert not isinstance(row, Exception), row
