@@ -3,9 +3,12 @@
 as the API and the sandbox host are served.
 
 Every route but ``GET /health`` needs the server's bearer token, checked before the body is
-parsed. Errors answer in the shape of every error of the service, ``{"error": {"type",
-"message", "field"?}}``: a body the server cannot honour is a 400 naming the field, a wrong pause
-mode or version name a 422, a missing or wrong token a 401.
+parsed (waitress has read it by then, up to ``max_body_bytes``; a larger one is a 413). Errors
+answer in the shape of every error of the service, ``{"error": {"type", "message", "field"?}}``:
+a body the server cannot honour, or a row that failed for its own values, is a 400 naming the
+field (the LLM pool neither retries nor quarantines for a 4xx), a wrong pause mode or version name
+a 422, a missing or wrong token a 401; the model's own failure is a 500 (the pool quarantines),
+and ``/health`` is a 503 once the engine's thread is gone.
 """
 from __future__ import annotations
 
@@ -13,14 +16,14 @@ import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 from waitress import create_server
 from waitress.wasyncore import close_all
 from werkzeug.exceptions import HTTPException
 
-from prorl_celery import jsonfast
 from prorl_celery.errors import ProrlError, error_body
+from prorl_celery.integrations.live_schemas import CompletionRequest, GenerateRequest
 
 if TYPE_CHECKING:
     from prorl_celery.integrations.serve import LiveModelServer
@@ -52,11 +55,14 @@ def _parse(model: type[BaseModel], vocab: int | None) -> Any:
         raise _Refused(400, f"{field}: {first['msg']}" if field else first["msg"], field) from None
 
 
+control = Blueprint("control", __name__)  # health, the model list and vLLM's pause API
+sampling = Blueprint("sampling", __name__)  # the two token routes
+
+
 def create_app(server: LiveModelServer) -> Flask:
     """The live server's routes over ``server`` (its engine, tokenizer and key)."""
-    from prorl_celery.integrations.serve import CompletionRequest, GenerateRequest
-
     app = Flask("prorl-live-model")
+    app.extensions["live_server"] = server
     expected = f"Bearer {server.api_key}".encode()
 
     @app.before_request
@@ -78,58 +84,73 @@ def create_app(server: LiveModelServer) -> Flask:
         status = exc.code or 500
         return _error(status, f"no route {request.path}" if status == 404 else exc.description or exc.name)
 
-    @app.get("/health")
-    def health() -> Any:
-        if not server.engine.alive:  # the pool's probe: a backend whose engine is gone stays out
-            raise _Refused(503, "the sampling engine is not running")
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    def models() -> Any:
-        return {"object": "list", "data": [{"id": server.name, "object": "model",
-                                            "max_model_len": server.max_model_len}]}
-
-    @app.get("/is_paused")
-    def is_paused() -> Any:
-        return {"is_paused": server.engine.paused}
-
-    @app.get("/weight_info")
-    def weight_info() -> Any:
-        return {"weight_version": server.engine.version}
-
-    @app.post("/pause")
-    def pause() -> Any:
-        mode = request.args.get("mode") or "abort"
-        if mode not in PAUSE_MODES:
-            raise _Refused(422, f"mode: one of {', '.join(PAUSE_MODES)} (got {mode!r})", "mode")
-        server.pause(mode)
-        return {"status": "paused"}
-
-    @app.post("/resume")
-    def resume() -> Any:
-        server.resume()
-        return {"status": "resumed"}
-
-    @app.post("/update_weight_version")
-    def update_weight_version() -> Any:
-        try:
-            version = jsonfast.loads(request.get_data() or b"{}").get("new_version")
-        except (ValueError, AttributeError):
-            version = None
-        if not isinstance(version, str) or not version:
-            raise _Refused(422, "new_version: a non-empty string is required", "new_version")
-        server.engine.name_version(version)
-        return {"success": True, "new_version": version}
-
-    @app.post("/v1/completions")
-    def completions() -> Any:
-        return _answer(server.completion, _parse(CompletionRequest, server.vocab))
-
-    @app.post("/inference/v1/generate")
-    def generate() -> Any:
-        return _answer(server.generate, _parse(GenerateRequest, server.vocab))
-
+    app.register_blueprint(control)
+    app.register_blueprint(sampling)
     return app
+
+
+def _server() -> LiveModelServer:
+    return current_app.extensions["live_server"]
+
+
+@control.get("/health")
+def health() -> Any:
+    if not _server().engine.alive:  # the pool's probe: a backend whose engine is gone stays out
+        raise _Refused(503, "the sampling engine is not running")
+    return {"status": "ok"}
+
+
+@control.get("/v1/models")
+def models() -> Any:
+    server = _server()
+    return {"object": "list", "data": [{"id": server.name, "object": "model", "max_model_len": server.max_model_len}]}
+
+
+@control.get("/is_paused")
+def is_paused() -> Any:
+    return {"is_paused": _server().engine.paused}
+
+
+@control.get("/weight_info")
+def weight_info() -> Any:
+    return {"weight_version": _server().engine.version}
+
+
+@control.post("/pause")
+def pause() -> Any:
+    mode = request.args.get("mode") or "abort"
+    if mode not in PAUSE_MODES:
+        raise _Refused(422, f"mode: one of {', '.join(PAUSE_MODES)} (got {mode!r})", "mode")
+    _server().pause(mode)
+    return {"status": "paused"}
+
+
+@control.post("/resume")
+def resume() -> Any:
+    _server().resume()
+    return {"status": "resumed"}
+
+
+@control.post("/update_weight_version")
+def update_weight_version() -> Any:
+    body = request.get_json(silent=True, force=True)
+    version = body.get("new_version") if isinstance(body, dict) else None
+    if not isinstance(version, str) or not version:
+        raise _Refused(422, "new_version: a non-empty string is required", "new_version")
+    _server().engine.name_version(version)
+    return {"success": True, "new_version": version}
+
+
+@sampling.post("/v1/completions")
+def completions() -> Any:
+    server = _server()
+    return _answer(server.completion, _parse(CompletionRequest, server.vocab))
+
+
+@sampling.post("/inference/v1/generate")
+def generate() -> Any:
+    server = _server()
+    return _answer(server.generate, _parse(GenerateRequest, server.vocab))
 
 
 def _answer(answer: Any, req: BaseModel) -> Any:
