@@ -63,7 +63,7 @@ def main() -> None:
         finally:
             server.stop()
         print(f"{name:10s}: {args.requests} completions, {tokens} tokens in {seconds:.1f}s "
-              f"({len(sizes)} groups prefilled, largest {max(sizes)} rows); load {os.getloadavg()[0]:.1f}", flush=True)
+              f"({len(sizes)} decode loops, largest {max(sizes)} rows); load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

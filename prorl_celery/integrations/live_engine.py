@@ -50,7 +50,8 @@ class LiveEngine:
     ``lock`` is held for every forward pass: a caller that holds it (or has paused the engine)
     may change the weights. The engine never changes the model's train/eval flag (another thread
     is training it); models with dropout should not be served this way while training.
-    ``steps`` counts forwards; ``batches`` has one record per admitted group (for benchmarks).
+    ``steps`` counts forwards; ``batches`` has one record per decode loop, from a first row to no
+    row left (rows, longest prompt, tokens, seconds, when it ended: for benchmarks).
     """
 
     def __init__(self, model: Any, pad_id: int, version: str = "default", window_s: float = 0.05,
@@ -59,7 +60,9 @@ class LiveEngine:
         self.window_s, self.max_batch = window_s, max_batch
         self.lock = threading.Lock()
         self.steps = 0
-        self.batches: list[dict[str, Any]] = []  # per admitted group: rows, prompt length, rows running after
+        self.batches: list[dict[str, Any]] = []
+        self._loop_rows: list[Row] = []  # the rows of the decode loop in progress
+        self._loop_started = 0.0
         self._queue: queue.Queue[Row | None] = queue.Queue()
         self._state = threading.Condition()
         self._paused: PauseMode | None = None
@@ -142,6 +145,8 @@ class LiveEngine:
                 batch = None
             if batch is not None and not batch.rows:
                 batch = None
+            if batch is None and self._loop_rows:
+                self._record_loop()
             self._set_running(batch, [])
         for row in batch.rows if batch is not None else []:
             self._end(row, error=ModelFault("the engine stopped"))
@@ -181,7 +186,9 @@ class LiveEngine:
 
     def _start(self, batch: DecodeBatch | None, new: list[Row]) -> DecodeBatch | None:
         """Prefill ``new``, sample each row's first id, and join the rows still going to ``batch``."""
-        started = time.monotonic()
+        if not self._loop_rows:
+            self._loop_started = time.monotonic()
+        self._loop_rows.extend(new)
         if self._shared is None:
             import torch
 
@@ -202,10 +209,6 @@ class LiveEngine:
             batch = group[0]
         elif group[0].rows:
             batch.join(group[0])
-        self.batches.append({"rows": len(new), "prompt_len": max(len(r.prompt) for r in new),
-                             "running": len(batch.rows), "seconds": time.monotonic() - started})
-        if len(self.batches) >= 10_000:  # a long-lived server keeps the recent ones
-            del self.batches[:5_000]
         return batch
 
     def _prefill(self, rows: list[Row]) -> tuple[DecodeBatch, Any] | None:
@@ -255,6 +258,14 @@ class LiveEngine:
             if token is not None:
                 batch.last[i] = token
         batch.keep([not row.done.is_set() for row in batch.rows])
+
+    def _record_loop(self) -> None:
+        rows, self._loop_rows = self._loop_rows, []
+        self.batches.append({"rows": len(rows), "prompt_len": max(len(r.prompt) for r in rows),
+                             "tokens": sum(len(r.ids) for r in rows), "seconds": time.monotonic() - self._loop_started,
+                             "ended": time.monotonic()})
+        if len(self.batches) >= 10_000:  # a long-lived server keeps the recent ones
+            del self.batches[:5_000]
 
     def _end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
         row.end(self.steps, reason, error)
