@@ -11,10 +11,13 @@ service can freeze rollouts in place around each optimizer step (``pause_api: "v
   and ``GET /weight_info``: the name the next tokens carry.
 
 Sampling is :class:`prorl_celery.integrations.live_engine.LiveEngine`: requests that arrive
-together (a group's n rollouts) are decoded as one batch, from the very weights the trainer is
-updating, with each sampled id's logprob of the model's raw distribution (vLLM's default
-``raw_logprobs``). Sampling fields it cannot honour (stop strings, ``n > 1``, penalties other
-than repetition, streaming) are refused with a 400 naming the field, never ignored.
+together (a group's n rollouts) are prefilled as one batch and requests that arrive later join
+the running rows between decode steps, from the very weights the trainer is updating, with each
+sampled id's logprob of the model's raw distribution (vLLM's default ``raw_logprobs``). Sampling
+fields it cannot honour (stop strings, ``n > 1``, penalties other than repetition, streaming)
+and values outside what it computes safely (:mod:`prorl_celery.integrations.live_schemas`) are
+refused with a 400 naming the field, never ignored; a row that still fails ends alone, and a call
+generates at most :attr:`LiveModelServer.max_tokens` tokens.
 
     server = LiveModelServer(model, tokenizer).start()
     server.register(client, tokenizer=model_dir)     # POST /llm_servers, probed; pause_api vllm
