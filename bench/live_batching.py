@@ -1,6 +1,7 @@
 """The live-model backend (prorl_celery/integrations/serve.py): 32 completions of one group-sized
-burst, decoded as batches (the default: requests arriving within 50 ms share one decode loop)
-versus one request at a time (``max_batch`` 1), over HTTP on ``/inference/v1/generate``.
+burst, decoded as batches (the default: requests arriving within 50 ms are prefilled together,
+and what arrives while rows decode joins them between decode steps) versus one request at a time
+(``max_batch`` 1), over HTTP on ``/inference/v1/generate``.
 
     python bench/live_batching.py [--requests 32] [--max-tokens 32]
 

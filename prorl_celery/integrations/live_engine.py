@@ -1,81 +1,57 @@
-"""The sampling engine behind :class:`prorl_celery.integrations.serve.LiveModelServer`: requests that
-arrive together are decoded together, and a weight update can freeze them between two decode steps.
+"""The sampling engine behind :class:`prorl_celery.integrations.serve.LiveModelServer`: rows are
+decoded together, rows join and leave between decode steps, and a weight update can freeze them
+between two steps.
 
-**Batching.** A request waits in a queue; the engine's thread takes the first one, keeps taking
-what arrives within ``window_s`` (up to ``max_batch``), and decodes those rows in one loop: left
-padding, one key/value cache, one forward per generated token for the whole batch. Each row
-keeps its own ``max_tokens``, stop ids, ``min_tokens``, temperature and seed (its own random
-generator when seeded), and leaves the batch's answer as soon as it is done. A group's n
-rollouts reach the server at the same moment, so they are sampled as one batch, not n times.
-Rows whose filters differ (``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``) are still
-decoded together: the filters are applied row by row.
+**Continuous batching.** A request waits in a queue. With nothing running, the engine's thread
+takes the first one and what arrives within ``window_s`` (a group's n rollouts reach the server
+together, so they are prefilled as one batch, not n times). While rows run, whatever has queued
+is admitted before each decode step (up to ``max_batch`` rows in all): it is prefilled on its own
+and joined to the running batch (:mod:`prorl_celery.integrations.live_batch`), so a long row does
+not hold the others; a row leaves as soon as it is done. Each row keeps its own ``max_tokens``,
+stop ids, ``min_tokens``, filters, temperature and seed (its own random generator when seeded).
 
-**Logprobs** are those of the model's raw distribution (vLLM's default ``raw_logprobs``): the
-log-softmax of the unprocessed logits at the sampled id, before temperature or any filter.
+**A row fails alone.** A row's sampling runs on its own logits (:mod:`...live_rows`); when
+its settings leave no finite distribution it ends with :class:`RowFault` (the request's fault:
+the server answers 400) and the batch goes on. Non-finite logits from the model, or a forward
+that raises, are the backend's fault (``ModelFault``, a 500); a prefill that raises is retried
+row by row, so that a row whose prompt fails alone is the one refused.
+
+**Logprobs** are those of the model's raw distribution (vLLM's default ``raw_logprobs``).
 
 **Pause** (vLLM's semantics, see :mod:`prorl_celery.fakes.llm.pause_api`): ``keep`` parks the loop
-between two decode steps — :meth:`pause` returns once no forward is running, so the caller may
-write the weights — and after :meth:`resume` the same rows go on, on the new weights; ``abort``
-ends the rows in flight with their tokens so far (``finish_reason`` ``abort``); ``wait`` returns
-once they finished. In every mode requests that arrive while paused wait. Each generated token
-is stamped with the version name current when it was sampled (:meth:`name_version`), which the
-answer reports as vLLM's ``weight_versions`` spans.
+between two forwards — :meth:`pause` returns once no forward is running, so the caller may write
+the weights — and after :meth:`resume` the same rows go on, on the new weights; ``abort`` ends
+the rows in flight with their tokens so far (``finish_reason`` ``abort``); ``wait`` returns once
+they finished. In every mode no new row is admitted while paused. Each generated token is
+stamped with the version name current when its logits were computed (:meth:`name_version`),
+which the answer reports as vLLM's ``weight_versions`` spans.
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
+
+from prorl_celery.errors import InvalidRequest
+from prorl_celery.integrations.live_batch import DecodeBatch, cache_arg, failing_rows
+from prorl_celery.integrations.live_rows import ModelFault, Row, RowFault, RowParams, generator_for, sample_rows
+
+__all__ = ["LiveEngine", "ModelFault", "PauseMode", "Row", "RowFault", "RowParams"]
 
 PauseMode = Literal["keep", "abort", "wait"]
 
 
-@dataclass
-class RowParams:
-    """One request's sampling set, in vLLM's meaning (``top_k`` 0 or -1: off)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop_ids: frozenset[int] = frozenset()
-    min_tokens: int = 0
-
-
-@dataclass
-class Row:
-    prompt: list[int]
-    params: RowParams
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    generator: Any = None
-
-    def spans(self) -> list[dict[str, Any]]:
-        """vLLM's ``weight_versions``: ``[{"version", "start", "end"}]`` over the generated ids."""
-        out: list[dict[str, Any]] = []
-        for i, version in enumerate(self.versions):
-            if out and out[-1]["version"] == version:
-                out[-1]["end"] = i + 1
-            else:
-                out.append({"version": version, "start": i, "end": i + 1})
-        return out
-
-
 class LiveEngine:
-    """Batched sampling from ``model`` (the trainer's own object) with a pause between decode steps.
+    """Continuously batched sampling from ``model`` (the trainer's own object) with a pause
+    between forwards.
 
     ``lock`` is held for every forward pass: a caller that holds it (or has paused the engine)
     may change the weights. The engine never changes the model's train/eval flag (another thread
     is training it); models with dropout should not be served this way while training.
+    ``steps`` counts forwards; ``batches`` has one record per decode loop, from a first row to no
+    row left (rows, longest prompt, tokens, seconds, when it ended: for benchmarks).
     """
 
     def __init__(self, model: Any, pad_id: int, version: str = "default", window_s: float = 0.05,
@@ -83,17 +59,21 @@ class LiveEngine:
         self.model, self.pad_id, self.version = model, pad_id, version
         self.window_s, self.max_batch = window_s, max_batch
         self.lock = threading.Lock()
-        self.batches: list[dict[str, Any]] = []  # per batch: rows, prompt length, seconds (for benchmarks)
-        self._queue: queue.Queue[Row] = queue.Queue()
+        self.steps = 0
+        self.batches: list[dict[str, Any]] = []
+        self._loop_rows: list[Row] = []  # the rows of the decode loop in progress
+        self._loop_started = 0.0
+        self._queue: queue.Queue[Row | None] = queue.Queue()
         self._state = threading.Condition()
         self._paused: PauseMode | None = None
         self._running: list[Row] = []
         self._stop = False
         self._shared: Any = None  # the random stream of unseeded rows
         self._forward_version = version
+        self._arg: str | None = None  # the forward's name for the cache
         self._thread = threading.Thread(target=self._loop, name="live-engine", daemon=True)
 
-    def start(self) -> "LiveEngine":
+    def start(self) -> LiveEngine:
         self._thread.start()
         return self
 
@@ -101,12 +81,15 @@ class LiveEngine:
         with self._state:
             self._stop, self._paused = True, None
             self._state.notify_all()
-        self._queue.put(None)  # type: ignore[arg-type]  # wakes the loop
+        self._queue.put(None)  # wakes the loop
 
     # -- the caller's side ----------------------------------------------------------------------
-    def submit(self, prompt: list[int], params: RowParams, timeout: float | None = None) -> Row:
-        """Sample for one request (blocks until its row is done)."""
-        row = Row(prompt=list(prompt), params=params)
+    def submit(self, prompt: list[int], params: RowParams, timeout: float | None = None,
+               cancelled: Callable[[], bool] | None = None) -> Row:
+        """Sample for one request (blocks until its row is done); raises the row's error."""
+        if self._stop:
+            raise ModelFault("the engine stopped")
+        row = Row(prompt=list(prompt), params=params, cancelled=cancelled)
         self._queue.put(row)
         if not row.done.wait(timeout):
             raise TimeoutError("the engine did not answer in time")
@@ -115,12 +98,12 @@ class LiveEngine:
         return row
 
     def pause(self, mode: PauseMode) -> None:
-        """Returns once it is safe to write the weights (``keep``/``abort``: no forward running;
-        ``wait``: the rows in flight finished)."""
+        """Returns once it is safe to write the weights (``keep``: no forward running; ``abort``:
+        the rows in flight ended, with their tokens so far; ``wait``: they finished)."""
         with self._state:
             self._paused = mode
             self._state.notify_all()
-        if mode == "wait":
+        if mode in ("wait", "abort"):  # abort: the loop ends them at its next forward
             with self._state:
                 self._state.wait_for(lambda: not self._running or self._stop)
         with self.lock:  # a forward that started before the flag was set has ended
@@ -140,17 +123,60 @@ class LiveEngine:
     def paused(self) -> bool:
         return self._paused is not None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine's thread is serving (False before :meth:`start` and after a crash)."""
+        return self._thread.is_alive()
+
     # -- the engine's thread --------------------------------------------------------------------
-    def _take_batch(self) -> list[Row]:
-        first = self._queue.get()
-        if first is None:
-            return []
-        rows = [first]
-        deadline = time.monotonic() + self.window_s
-        while len(rows) < self.max_batch:
+    def _loop(self) -> None:
+        batch: DecodeBatch | None = None
+        while not self._stop:
+            new = self._admit(batch)
+            try:
+                if new:
+                    batch = self._start(batch, new)
+                if batch is not None and batch.rows:
+                    batch = self._advance(batch)
+            except Exception as exc:  # noqa: BLE001 - a forward failed for all: every row gets it, the loop goes on
+                fault = ModelFault(f"{type(exc).__name__}: {exc}")
+                for row in (batch.rows if batch is not None else []) + new:
+                    self._end(row, error=fault)
+                batch = None
+            if batch is not None and not batch.rows:
+                batch = None
+            if batch is None and self._loop_rows:
+                self._record_loop()
+            self._set_running(batch, [])
+        for row in batch.rows if batch is not None else []:
+            self._end(row, error=ModelFault("the engine stopped"))
+        self._drain_queue()
+
+    def _admit(self, batch: DecodeBatch | None) -> list[Row]:
+        """The rows to start now: with none running, the first request and what arrives within
+        ``window_s`` (blocking, then waiting while paused); with rows running, what has queued,
+        unless paused or the batch cannot take rows in."""
+        if batch is not None and batch.rows:
+            if self._paused is not None or not batch.joinable:
+                return []
+            return self._take(self.max_batch - len(batch.rows), wait=False)
+        rows = self._take(self.max_batch, wait=True)
+        with self._state:  # a new batch starts only while not paused (any mode)
+            self._state.wait_for(lambda: self._paused is None or self._stop)
+        return [] if self._stop else rows
+
+    def _take(self, room: int, wait: bool) -> list[Row]:
+        rows: list[Row] = []
+        if wait:
+            first = self._queue.get()
+            if first is None:
+                return []
+            rows.append(first)
+        deadline = time.monotonic() + (self.window_s if wait else 0.0)
+        while len(rows) < room:
             left = deadline - time.monotonic()
             try:
-                row = self._queue.get(timeout=max(left, 0.0)) if left > 0 else self._queue.get_nowait()
+                row = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if row is None:
@@ -158,32 +184,109 @@ class LiveEngine:
             rows.append(row)
         return rows
 
-    def _loop(self) -> None:
-        while not self._stop:
-            rows = self._take_batch()
-            if not rows:
-                continue
-            with self._state:  # a new batch starts only while not paused (any mode)
-                self._state.wait_for(lambda: self._paused is None or self._stop)
-                if self._stop:
-                    break
-                self._running = rows
+    def _start(self, batch: DecodeBatch | None, new: list[Row]) -> DecodeBatch | None:
+        """Prefill ``new``, sample each row's first id, and join the rows still going to ``batch``."""
+        if not self._loop_rows:
+            self._loop_started = time.monotonic()
+        self._loop_rows.extend(new)
+        if self._shared is None:
+            import torch
+
+            self._shared = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
+        for row in new:
+            row.admitted_step = self.steps
             try:
-                self._decode(rows)
-            except BaseException as exc:  # noqa: BLE001 - each request gets the error, the loop goes on
+                row.generator = generator_for(row.params.seed, self._shared)
+            except (RuntimeError, ValueError, OverflowError) as exc:
+                self._end(row, error=InvalidRequest(f"seed: {exc}", field="seed"))
+        new = [r for r in new if not r.done.is_set()]
+        self._set_running(batch, new)
+        group = self._prefill(new) if new else None
+        if group is None:
+            return batch
+        self._sample_into(*group)
+        if batch is None or not batch.rows:
+            batch = group[0]
+        elif group[0].rows:
+            batch.join(group[0])
+        return batch
+
+    def _prefill(self, rows: list[Row]) -> tuple[DecodeBatch, Any] | None:
+        """The rows prefilled as one batch. If that raises, each row is tried alone: the rows that
+        fail where others did not are refused (their prompt is the fault) and the others prefilled
+        again; rows that all fail get the model's fault. None: no row is left (rows a pause
+        aborted end ``abort``)."""
+        device = next(self.model.parameters()).device
+        if self._arg is None:
+            self._arg = cache_arg(self.model)
+        try:
+            out = DecodeBatch.prefill(rows, self.pad_id, device, self._arg, self._forward)
+        except Exception as exc:  # noqa: BLE001 - find the row that failed
+            failed = failing_rows(rows, self.pad_id, device, self._arg, self._forward) if len(rows) > 1 else []
+            if failed is None:  # a pause aborted the search
+                out = None
+            elif 0 < len(failed) < len(rows):  # their own prompts: refused, the others go on
+                for row, err in failed:
+                    self._end(row, error=InvalidRequest(f"the prompt failed in the model: {type(err).__name__}: "
+                                                        f"{err}", field="prompt"))
+                return self._prefill([r for r in rows if not r.done.is_set()])
+            else:  # all of them, or none alone: the model's fault
                 for row in rows:
-                    if not row.done.is_set():
-                        row.error = exc
-            finally:
-                with self._state:
-                    self._running = []
-                    self._state.notify_all()
-                for row in rows:
-                    row.done.set()
+                    self._end(row, error=ModelFault(f"{type(exc).__name__}: {exc}"))
+                return None
+        self.steps += out is not None
+        if out is None:
+            for row in rows:
+                self._end(row, "abort")
+        return out
+
+    def _advance(self, batch: DecodeBatch) -> DecodeBatch | None:
+        """One decode step of every running row."""
+        logits = batch.step(self._forward)
+        if logits is None:  # aborted by a pause: the rows end with their tokens so far
+            for row in batch.rows:
+                self._end(row, "abort")
+            return None
+        self.steps += 1
+        self._sample_into(batch, logits)
+        return batch
+
+    def _sample_into(self, batch: DecodeBatch, logits: Any) -> None:
+        """Each row's next id (:func:`~.live_rows.sample_rows`); the rows that ended leave the batch."""
+        tokens = sample_rows(batch.rows, logits, self._forward_version, self.steps)
+        for i, token in enumerate(tokens):
+            if token is not None:
+                batch.last[i] = token
+        batch.keep([not row.done.is_set() for row in batch.rows])
+
+    def _record_loop(self) -> None:
+        rows, self._loop_rows = self._loop_rows, []
+        self.batches.append({"rows": len(rows), "prompt_len": max(len(r.prompt) for r in rows),
+                             "tokens": sum(len(r.ids) for r in rows), "seconds": time.monotonic() - self._loop_started,
+                             "ended": time.monotonic()})
+        if len(self.batches) >= 10_000:  # a long-lived server keeps the recent ones
+            del self.batches[:5_000]
+
+    def _end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
+        row.end(self.steps, reason, error)
+
+    def _set_running(self, batch: DecodeBatch | None, new: list[Row]) -> None:
+        with self._state:
+            self._running = (batch.rows if batch is not None else []) + [r for r in new if not r.done.is_set()]
+            self._state.notify_all()
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                row = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if row is not None:
+                self._end(row, error=ModelFault("the engine stopped"))
 
     def _forward(self, **kwargs: Any) -> Any:
         """One forward pass under the lock, parked while paused in keep mode; None when an abort
-        pause ends the batch (a wait pause lets it run to its end)."""
+        pause ends the rows in flight (a wait pause lets them run to their end)."""
         while True:
             with self._state:
                 self._state.wait_for(lambda: self._paused != "keep" or self._stop)
@@ -197,108 +300,7 @@ class LiveEngine:
                 if mode == "keep":
                     continue  # paused between our check and the lock: park again
                 self._forward_version = self.version  # the weights these logits come from
-                return self.model(**kwargs)
+                import torch
 
-    def _decode(self, rows: list[Row]) -> None:
-        import torch
-
-        started = time.monotonic()
-        device = next(self.model.parameters()).device
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt):] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt):] = 1
-            row.generator = self._generator(row)
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        steps = max(r.params.max_tokens for r in rows)
-        with torch.no_grad():
-            from transformers import DynamicCache
-
-            cache = {self._cache_arg(): DynamicCache()}
-            out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                                logits_to_keep=1, **cache)
-            for step in range(steps):
-                if out is None:  # aborted by a pause
-                    break
-                logits = out.logits[:, -1, :].float()
-                version = self._forward_version
-                nxt = torch.full((len(rows),), self.pad_id, dtype=torch.long)
-                for i, row in enumerate(rows):
-                    if row.finish_reason is not None:
-                        continue
-                    token, logprob = self._sample(row, logits[i])
-                    row.ids.append(token)
-                    row.logprobs.append(logprob)
-                    row.versions.append(version)
-                    nxt[i] = token
-                    if token in row.params.stop_ids:  # masked out before min_tokens
-                        row.finish_reason = "stop"
-                    elif len(row.ids) >= row.params.max_tokens:
-                        row.finish_reason = "length"
-                    if row.finish_reason is not None:
-                        row.done.set()
-                if all(r.finish_reason is not None for r in rows) or step == steps - 1:
-                    break
-                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=-1)
-                positions = positions[:, -1:] + 1
-                out = self._forward(input_ids=nxt.view(-1, 1).to(device), attention_mask=mask, position_ids=positions,
-                                    use_cache=True, **cache)
-        for row in rows:
-            if row.finish_reason is None:
-                row.finish_reason = "abort" if out is None else "length"
-        if len(self.batches) >= 10_000:  # a long-lived server keeps the recent ones
-            del self.batches[:5_000]
-        self.batches.append({"rows": len(rows), "prompt_len": width, "tokens": sum(len(r.ids) for r in rows),
-                             "seconds": time.monotonic() - started, "ended": time.monotonic()})
-
-    def _cache_arg(self) -> str:
-        """The forward's name for the key/value cache: ``cache`` (transformers >= 5.2x), else
-        ``past_key_values``."""
-        import inspect
-
-        return "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-
-    def _generator(self, row: Row) -> Any:
-        """The row's random stream: its own when seeded, else the engine's (the trainer's global
-        stream is never drawn from)."""
-        import torch
-
-        if row.params.seed is not None:
-            return torch.Generator().manual_seed(int(row.params.seed))
-        if self._shared is None:
-            self._shared = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**63))
-        return self._shared
-
-    def _sample(self, row: Row, logits: Any) -> tuple[int, float]:
-        """One id for ``row`` from its raw ``logits`` (1-D), and that id's raw logprob."""
-        import torch
-
-        p = row.params
-        raw = torch.log_softmax(logits, dim=-1)
-        work = logits.clone()
-        if len(row.ids) < p.min_tokens and p.stop_ids:
-            work[list(p.stop_ids)] = float("-inf")
-        if p.repetition_penalty != 1.0:  # transformers' rule, over the prompt and what was generated
-            seen = torch.tensor(sorted(set(row.prompt) | set(row.ids)), dtype=torch.long)
-            vals = work[seen]
-            work[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if p.temperature <= 0:
-            token = int(torch.argmax(work))
-            return token, float(raw[token])
-        work = work / p.temperature
-        if p.top_k and p.top_k > 0 and p.top_k < work.numel():
-            kth = torch.topk(work, p.top_k).values[-1]
-            work[work < kth] = float("-inf")
-        probs = torch.softmax(work, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            cumulative = sorted_probs.cumsum(-1)
-            drop = cumulative - sorted_probs > p.top_p  # keep the smallest head reaching top_p
-            probs[order[drop]] = 0.0
-        if p.min_p > 0:
-            probs[probs < p.min_p * probs.max()] = 0.0
-        token = int(torch.multinomial(probs, 1, generator=row.generator))
-        return token, float(raw[token])
+                with torch.no_grad():
+                    return self.model(**kwargs)
