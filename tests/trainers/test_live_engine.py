@@ -1,5 +1,6 @@
-"""The live model server (prorl_celery/integrations/serve.py) on a tiny random Llama, in the default
-suite (a decode step takes about a millisecond; skipped without torch): rows joined to a batch in
+"""The live model server (prorl_celery/integrations/serve.py) on a tiny random Llama, under ``-m
+trainer`` (it needs torch: ``bash scripts/install-trainers.sh``; a decode step takes about a
+millisecond): rows joined to a batch in
 flight sample what they sample alone, the pause modes between decode steps, a caller that hangs up
 frees its row, and the HTTP routes (tests/trainers/test_live_server.py does the same on SmolLM2,
 through the service, under ``-m trainer``).
@@ -13,6 +14,8 @@ import pytest
 import requests
 
 from tests.security.hostile_live import generate, live_server
+
+pytestmark = pytest.mark.trainer
 
 
 @pytest.fixture(scope="module")
