@@ -41,6 +41,8 @@ GUARD = Path(__file__).resolve().parent / "unittest_guard.py"
 PYTEST_RUNNER = Path(__file__).resolve().parent / "pytest_runner.py"
 DJANGO_RUNNER = Path(__file__).resolve().parent / "django_runner.py"
 SYMPY_RUNNER = Path(__file__).resolve().parent / "sympy_runner.py"
+RUN_WATCH = Path(__file__).resolve().parent / "run_watch.py"  # copied beside each runner, which loads it
+WATCH_KEYS = ("hooks", "replaced", "checked", "unchecked")  # a runner report's watch, in integrity.code
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
@@ -187,7 +189,7 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     if not found:
         return _run_from_log(box, root, spec, timeout, instance, base)
     nonce = secrets.token_hex(16)
-    box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
+    _copy_runner(box, home, "unittest-guard", GUARD)
     box.write_file(f"{home}/.prorl-nonce", nonce.encode())
     command = (f"python3 {_q(home + '/.prorl-unittest-guard.py')} {_q(home + '/.prorl-nonce')} "
                f"{found.group(1).strip()}")
@@ -201,7 +203,31 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     all_ok = all(v in (test_log.PASSED, test_log.SKIPPED) for v in outcomes.values())
     if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
         return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
-    return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+    facts.update({"restored": report.get("restored", []), **_watched([report])})
+    if report.get("changed"):
+        facts["error"] = f"the package changed the test machinery: {', '.join(report['changed'])[:500]}"
+    return {str(k): str(v) for k, v in outcomes.items()}, facts
+
+
+def _copy_runner(box, home: str, name: str, script: Path) -> None:
+    """A runner script, and the watch it loads from beside it (:mod:`tasks.verify.run_watch`)."""
+    box.write_file(f"{home}/.prorl-{name}.py", script.read_bytes())
+    box.write_file(f"{home}/.prorl-run-watch.py", RUN_WATCH.read_bytes())
+
+
+def _watched(reports: list[dict]) -> dict[str, Any]:
+    """What the runners' watch saw (``watch``) and, when it saw a hook or a test whose code is not
+    the code compiled from the sources the runner read, the ``error`` that makes the run unverified."""
+    hooks = [h for r in reports for h in r.get("hooks") or []]
+    replaced = [t for r in reports for t in r.get("replaced") or []]
+    watch = {"hooks": hooks, "replaced": replaced, "checked": sum(int(r.get("checked") or 0) for r in reports),
+             "unchecked": [t for r in reports for t in r.get("unchecked") or []]}
+    if replaced:
+        return {"watch": watch, "error": f"tests whose code is not the code their source compiles to: "
+                                         f"{', '.join(replaced)[:500]}"}
+    if hooks:
+        return {"watch": watch, "error": f"a profile or trace hook, or a replaced __code__: {'; '.join(hooks)[:500]}"}
+    return {"watch": watch}
 
 
 def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, instance: dict[str, Any] | None,
@@ -221,13 +247,17 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     reports = [_guard_report(text, nonce) for nonce in nonces]
     if any(report is None for report in reports):
         return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
-    runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
+    runner.update({k: v for k, v in reports[0].items() if k not in ("outcomes", *WATCH_KEYS)})
     changed = sorted({name for report in reports for name in report.get("changed") or []})
     ended = next((str(report["error"]) for report in reports if report.get("error")), None)
     if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
         facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
     elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
         facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
+    watched = _watched(reports)
+    facts["watch"] = watched["watch"]
+    if "error" in watched and "error" not in facts:
+        facts["error"] = watched["error"]
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
     outcomes, facts["log_disagreements"] = integrity.cross_check(  # these runners report an error once
@@ -259,7 +289,7 @@ def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list
     for kind, rewrite, script, name in SCRIPT_RUNNERS:
         command, count = rewrite(command, starter(name))
         if count:
-            box.write_file(f"{home}/.prorl-{name}-runner.py", script.read_bytes())
+            _copy_runner(box, home, f"{name}-runner", script)
             return command, nonces, {"kind": kind}
     config = f"{root.rstrip('/')}/.prorl-pytest-{secrets.token_hex(6)}.ini"
     command, count = pytest_isolation.rewrite(command, starter("pytest", f" -c {_q(config)} --rootdir {_q(root)}"))
@@ -267,7 +297,7 @@ def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list
         return command, [], {"kind": "log"}
     source, text = pytest_isolation.base_config(lambda name: _at_base(box, root, base, name))
     box.write_file(config, text.encode())
-    box.write_file(f"{home}/.prorl-pytest-runner.py", PYTEST_RUNNER.read_bytes())
+    _copy_runner(box, home, "pytest-runner", PYTEST_RUNNER)
     return command, nonces, {"kind": "pytest-isolated", "config_from": source, "plugin_autoload": False}
 
 
@@ -295,15 +325,18 @@ def _guard_report(output: str, nonce: str) -> dict | None:
     return None
 
 
-def plant_canaries(box, root: str, test_patch: str, command: str) -> list[canaries.Canary]:
-    """Canaries in the Python test files the test patch touches (:mod:`tasks.verify.canaries`)."""
+def plant_canaries(box, root: str, test_patch: str, command: str,
+                   listed: dict[str, list[str]] | None = None) -> list[canaries.Canary]:
+    """Canaries in the Python test files the test patch touches (:mod:`tasks.verify.canaries`),
+    copied from the instance's listed tests (``listed``: ``fail`` and ``pass`` names)."""
     files = {}
     for path in (p for p in swe_specs.test_files(test_patch) if canaries.is_test_module(p)):
         try:
             files[path] = box.read_file(f"{root.rstrip('/')}/{path}").decode("utf-8")
         except (FileNotFoundError, PermissionError, UnicodeDecodeError):
             continue
-    return integrity.plant(files, command, lambda path, text: box.write_file(f"{root.rstrip('/')}/{path}", text.encode()))
+    return integrity.plant(files, command, lambda path, text: box.write_file(f"{root.rstrip('/')}/{path}", text.encode()),
+                           listed)
 
 
 def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) -> dict[str, Any]:
@@ -322,11 +355,13 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
                      "infrastructure, root files, dotfiles, metadata)"}}
     reset_tests(box, root, base, test_patch, in_base)
     applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
-    planted = plant_canaries(box, root, test_patch, spec.test_cmd) if applied["test_patch"] else []
+    listed = {"fail": test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
+              "pass": test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS")}
+    planted = plant_canaries(box, root, test_patch, spec.test_cmd, listed) if applied["test_patch"] else []
     outcomes, facts = run_tests(box, root, spec, timeout, instance, base=base)
     planted = canaries.read(planted, outcomes)
     info = integrity.block(paths, facts.pop("runner", None), planted, facts.pop("log_disagreements", []),
-                           facts.get("error"), facts.pop("rewritten", []))
+                           facts.get("error"), facts.pop("rewritten", []), facts.pop("watch", None))
     report = test_log.report(outcomes, test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
                              test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS"))
     f2p = report["FAIL_TO_PASS"]
