@@ -56,8 +56,10 @@ def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] 
     for must in ("pass", "fail"):
         if not any(c.must == must for c, _ in made):
             made.append(layout.synthetic(rng, must))
-    if layout.uses_raises() and not any(c.form == "raises" for c, _ in made):  # SymPy's raises is checked too
-        made.append(next((m for m in (layout.mutant(rng, s, raises_first=True) for s in fail_to_pass + pass_to_pass)
+    passing = {d.node.name for d in pass_to_pass}
+    if layout.uses_raises() and not any(c.form == "raises" and c.source in passing for c, _ in made):
+        # SymPy's raises is checked too, through a test that passes whatever the answer fixed
+        made.append(next((m for m in (layout.mutant(rng, s, raises_first=True) for s in pass_to_pass)
                           if m[0] is not None), None) or layout.synthetic(rng, "fail", raises=True))
     planted = [Canary(file=path, cls=c.cls, name=c.name, must=c.must, form=c.form, source=c.source) for c, _ in made]
     return layout.insert(rng, made), planted
