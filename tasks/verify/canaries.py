@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from tasks.verify import canary_forms, test_log
 
 _FAILED = (test_log.FAILED, test_log.ERROR)
+_DESCRIBED = re.compile(r"\bruntests\.py\b")  # Django's runner: a test's docstring names it in the log
 
 
 class Canary(BaseModel):
@@ -44,18 +45,20 @@ class Canary(BaseModel):
     source_outcome: str = test_log.MISSING
 
 
-def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] | None = None
-         ) -> tuple[str, list[Canary]]:
+def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] | None = None,
+         command: str = "") -> tuple[str, list[Canary]]:
     """(``path``'s text with its canaries in it, the canaries). ``listed``: the instance's
-    ``FAIL_TO_PASS`` (``fail``) and ``PASS_TO_PASS`` (``pass``) names."""
-    listed = listed or {}
+    ``FAIL_TO_PASS`` (``fail``) and ``PASS_TO_PASS`` (``pass``) names; ``command``: the test
+    command (Django's ``runtests.py`` names a test by its docstring: no test with one is copied)."""
+    listed, described = listed or {}, bool(_DESCRIBED.search(command))
     layout = canary_forms.Layout(path, text)
-    fail_to_pass = layout.sources(listed.get("fail", []))
-    pass_to_pass = layout.sources(listed.get("pass", []))
+    fail_to_pass = layout.sources(listed.get("fail", []), described)
+    pass_to_pass = layout.sources(listed.get("pass", []), described)
     made = _copies(rng, layout, pass_to_pass, fail_to_pass)
-    for must in ("pass", "fail"):
-        if not any(c.must == must for c, _ in made):
-            made.append(layout.synthetic(rng, must))
+    while sum(c.must == "pass" for c, _ in made) < 2:  # two: a log parser may lose a file's last line
+        made.append(layout.synthetic(rng, "pass"))
+    if not any(c.must == "fail" for c, _ in made):
+        made.append(layout.synthetic(rng, "fail"))
     passing = {d.node.name for d in pass_to_pass}
     if layout.uses_raises() and not any(c.form == "raises" and c.source in passing for c, _ in made):
         # SymPy's raises is checked too, through a test that passes whatever the answer fixed
@@ -66,9 +69,10 @@ def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] 
 
 
 def _copies(rng: random.Random, layout: canary_forms.Layout, pass_to_pass: list, fail_to_pass: list) -> list:
-    """(canary, spot) pairs: one or two must-pass copies of PASS_TO_PASS tests, two or three
+    """(canary, spot) pairs: two must-pass copies of PASS_TO_PASS tests, two or three
     must-fail changed copies (the first of a FAIL_TO_PASS test where the file has one)."""
-    made = [layout.copy(rng, s) for s in rng.sample(pass_to_pass, min(len(pass_to_pass), rng.choice((1, 2))))]
+    picked = rng.sample(pass_to_pass, min(2, len(pass_to_pass)))
+    made = [layout.copy(rng, s) for s in (picked * 2)[:2]]  # two: a log parser may lose a file's last line
     every = pass_to_pass + fail_to_pass
     pool = rng.sample(fail_to_pass, len(fail_to_pass))[:1] + rng.sample(every, len(every))
     wanted = rng.choice((2, 3))

@@ -69,10 +69,12 @@ class Layout:
         self.used: set[str] = set()
 
     # -- which tests --------------------------------------------------------------------------
-    def sources(self, listed: list[str]) -> list[Def]:
-        """The listed tests defined in this file that can be copied."""
+    def sources(self, listed: list[str], described: bool = False) -> list[Def]:
+        """The listed tests defined in this file that can be copied (``described``: the runner's
+        log names a test by its docstring, as Django's does: none with one)."""
         found = [self.defs.get(key) for key in (self._match(name) for name in listed) if key]
-        return [d for d in dict.fromkeys(found) if d is not None and _copyable(d)]
+        return [d for d in dict.fromkeys(found) if d is not None and _copyable(d)
+                and not (described and ast.get_docstring(d.node) is not None)]
 
     def _match(self, listed: str) -> tuple[str | None, str] | None:
         """(class, name) of a listed test of this file: a pytest node id, Django's and unittest's
@@ -131,7 +133,7 @@ class Layout:
         methods = any(d.cls for d in self.defs.values()) and not any(d.cls is None for d in self.defs.values())
         if not methods:
             return Made(None, name, must, "synthetic", None, [f"def {name}():"] + [f"    {b}" for b in body]), (
-                len(self.lines), "eof")
+                self._spot(rng, None))
         cls = "Test" + "".join(w.capitalize() for w in rng.sample(self.words, min(2, len(self.words))))
         while cls in self.taken:
             cls += rng.choice(self.words).capitalize()
@@ -199,15 +201,13 @@ def _own(node: ast.AST):
 
 def _copyable(d: Def) -> bool:
     """A plain test that runs every top-level statement when it passes: no decorator (on it or its
-    class), no docstring (Django's log would name the copy by it), not async, no
-    ``return``/``yield``/``global``, not too long; a method takes ``self`` alone."""
+    class), not async, no
+    ``return``/``yield``/``global``, not too long (its arguments are its runner's to fill: a
+    listed test is one its runner can call)."""
     node = d.node
-    if node.decorator_list or (d.owner is not None and d.owner.decorator_list) or ast.get_docstring(node) is not None:
+    if node.decorator_list or (d.owner is not None and d.owner.decorator_list):
         return False
-    if node.end_lineno - node.lineno > MAX_LINES or any(isinstance(n, _REFUSED) for n in _own(node)):
-        return False
-    args = node.args
-    return d.owner is None or (len(args.args) == 1 and not (args.vararg or args.kwarg or args.kwonlyargs))
+    return node.end_lineno - node.lineno <= MAX_LINES and not any(isinstance(n, _REFUSED) for n in _own(node))
 
 
 def _callee(call: ast.Call) -> str:

@@ -47,7 +47,7 @@ def plant(files: dict[str, str], command: str, write: Callable[[str, str], None]
     rng = random.Random(secrets.randbits(64))
     planted: list[Canary] = []
     for path, text in sorted(files.items()):
-        source, made = canary_mod.plan(path, text, rng, listed)
+        source, made = canary_mod.plan(path, text, rng, listed, command)
         write(path, source)
         expected = canary_mod.named_in(command, path)
         planted += [c.model_copy(update={"expected": expected}) for c in made]
