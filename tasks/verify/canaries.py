@@ -69,13 +69,15 @@ def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] 
 
 
 def _copies(rng: random.Random, layout: canary_forms.Layout, pass_to_pass: list, fail_to_pass: list) -> list:
-    """(canary, spot) pairs: two must-pass copies of PASS_TO_PASS tests, two or three
-    must-fail changed copies (the first of a FAIL_TO_PASS test where the file has one)."""
+    """(canary, spot) pairs: two must-pass copies of PASS_TO_PASS tests, two to four must-fail
+    changed copies (the first two of a FAIL_TO_PASS test where the file has one and it takes two
+    different changes)."""
     picked = rng.sample(pass_to_pass, min(2, len(pass_to_pass)))
     made = [layout.copy(rng, s) for s in (picked * 2)[:2]]  # two: a log parser may lose a file's last line
     every = pass_to_pass + fail_to_pass
-    pool = rng.sample(fail_to_pass, len(fail_to_pass))[:1] + rng.sample(every, len(every))
-    wanted = rng.choice((2, 3))
+    listed = [rng.choice(fail_to_pass)] * 2 if fail_to_pass else []  # two changed copies of it, where it allows
+    pool = listed + rng.sample(every, len(every))
+    wanted = rng.choice((2, 3)) + (1 if fail_to_pass else 0)
     for source in pool * 2:  # a source may give two different changes
         if sum(c.must == "fail" for c, _ in made) >= wanted:
             break

@@ -67,6 +67,7 @@ class Layout:
         self.words = sorted({w for n in names for w in n.split("_")[1:] if len(w) > 2 and w.isalpha()}) or sorted(
             {w.lower() for w in self.taken if len(w) > 3 and w.isalpha()})[:40] or ["value", "case"]
         self.used: set[str] = set()
+        self.changed: set[tuple] = set()  # (test, line, column) of each change made
 
     # -- which tests --------------------------------------------------------------------------
     def sources(self, listed: list[str], described: bool = False) -> list[Def]:
@@ -104,21 +105,22 @@ class Layout:
         """A must-pass canary: ``source`` as it is, renamed."""
         name = self.fresh(rng)
         return (Made(source.cls, name, "pass", "copy", source.node.name, self._clone(source, name)),
-                self._spot(rng, source.cls))
+                self._spot(rng, source.cls, source))
 
     def mutant(self, rng: random.Random, source: Def, raises_first: bool = False
                ) -> tuple[Made | None, tuple[int, str]]:
         """A must-fail canary: ``source`` renamed, with one change that cannot pass where it passes."""
-        changes = [c for c in _changes(source.node, rng) if c is not None]
+        changes = [c for c in _changes(source.node, rng) if c is not None and _key(source, c[1]) not in self.changed]
         if raises_first:
             changes = [c for c in changes if c[0] == "raises"]
         plain = self._clone(source, source.node.name)
         for form, node, replacement in rng.sample(changes, len(changes)):
             lines = self._clone(source, source.node.name, (node, replacement))
             if lines != plain:  # a change the source's text could not take is no change
+                self.changed.add(_key(source, node))  # never twice: two equal copies would be each other's twin
                 name = self.fresh(rng)
                 lines[0] = re.sub(rf"\bdef\s+{re.escape(source.node.name)}\s*\(", f"def {name}(", lines[0], count=1)
-                return Made(source.cls, name, "fail", form, source.node.name, lines), self._spot(rng, source.cls)
+                return Made(source.cls, name, "fail", form, source.node.name, lines), self._spot(rng, source.cls, source)
         return None, (0, "")
 
     def synthetic(self, rng: random.Random, must: str, raises: bool = False) -> tuple[Made | None, tuple[int, str]]:
@@ -155,8 +157,10 @@ class Layout:
         return name
 
     # -- where they go --------------------------------------------------------------------------
-    def _spot(self, rng: random.Random, cls: str | None) -> tuple[int, str]:
-        """(the line index a canary goes before, how): among the file's tests, or in ``cls``."""
+    def _spot(self, rng: random.Random, cls: str | None, near: Def | None = None) -> tuple[int, str]:
+        """(the line index a canary goes before, how): among the file's tests, or in ``cls``; for a
+        copy, before or after its source with even odds (the copy's rank among its twins says
+        nothing), anywhere on that side."""
         if cls is None:
             first = min((d.node.lineno for d in self.defs.values() if d.cls is None), default=1)
             starts = [_start(n) for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
@@ -166,6 +170,10 @@ class Layout:
             owner = next(d.owner for d in self.defs.values() if d.cls == cls)
             spots = [(_start(n) - 1, "method") for n in owner.body if isinstance(n, ast.FunctionDef)]
             spots.append((owner.end_lineno, "class-end"))
+        if near is not None:
+            at = _start(near.node) - 1
+            sides = [side for side in ([s for s in spots if s[0] <= at], [s for s in spots if s[0] > at]) if side]
+            spots = rng.choice(sides)
         return rng.choice(spots)
 
     def insert(self, rng: random.Random, made: list[tuple[Made, tuple[int, str]]]) -> str:
@@ -185,6 +193,10 @@ class Layout:
             lines = _replace(lines, node.lineno, *change)
         lines[0] = re.sub(rf"\bdef\s+{re.escape(node.name)}\s*\(", f"def {name}(", lines[0], count=1)
         return lines
+
+
+def _key(source: Def, node: ast.AST) -> tuple:
+    return source.cls, source.node.name, node.lineno, node.col_offset
 
 
 def _start(node: ast.AST) -> int:

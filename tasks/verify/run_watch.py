@@ -83,6 +83,7 @@ class Watch:
         self.checked = 0
         self.rewrite = None  # the runner's second variant: (source, path) -> module code, or None
         self._indexes: dict[str, Index | None] = {}
+        self._seen: set[str] = set()
         self._real: dict[str, str] = {}
         self._here = _REALPATH(__file__) if "__file__" in globals() else ""
         self._globals = globals()  # this module's namespace (the runners load it by path, outside sys.modules)
@@ -211,7 +212,9 @@ class Watch:
         ``owners``: (file, scope qualname) of where the runner found it at run time first, then
         the rest of the scopes it could have come from (a class's bases)."""
         for hook in self.hooks_now():
-            self.note(f"a {hook} hook in place when {label} was called")
+            if hook not in self._seen:  # once a kind: the first test it was in place for
+                self._seen.add(hook)
+                self.note(f"a {hook} hook in place when {label} was called")
         try:
             verdict = self._verdict(func, owners, name)
         except Exception:  # noqa: BLE001 - an object the package made strange cannot be vouched for
@@ -303,7 +306,8 @@ def dotted_paths(base: str, labels: list[str]) -> list[str]:
                 break
             if os.path.isfile(where + ".py"):
                 folder = os.path.dirname(where)
-                paths += [where + ".py"] + [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
+                paths += [where + ".py"] + [os.path.join(folder, f) for f in sorted(os.listdir(folder))
+                                            if f.endswith(".py")]
                 break
     return paths
 

@@ -23,6 +23,7 @@ import pytest
 
 from tasks.verify import swe_eval
 from tests.helpers import reachable_tmpdir
+from tests.security import hostile_graders
 from tests.security.swe_rows import row_with_forgeries
 
 ROW = "django__django-16255"
@@ -98,6 +99,9 @@ FORGERIES = {
     "print-ok-then-os-exit": {"django/__init__.py": PRINT_AND_EXIT},
     "atexit-ok-after-a-patched-exit": {"django/__init__.py": ATEXIT},
 }
+# issue 32 item 7: the profile/__code__ family (tests/security/hostile_graders.py)
+FAMILY = hostile_graders.family([F2P.split(" ", 1)[0]])
+FORGERIES.update({name: {"django/__init__.py": text} for name, text in FAMILY.items()})
 FLAGGED = {"runtests-py-edited": ["tests/runtests.py"], "test-settings-edited": ["tests/test_sqlite.py"],
            "root-module-shadows-unittest": ["unittest.py"], "pth-imports-a-forgery": ["django/zz_forge.pth"],
            "runner-py-edited": ["django/test/runner.py"]}  # django/test/ is test infrastructure by name
@@ -150,7 +154,10 @@ def test_gold_patch_earns_one_with_a_clean_integrity_block(gold):
     assert info["outcome"] == "clean" and gold["eval"]["tampered"] == [], info
     assert info["paths"]["flagged"] == [] and info["paths"]["changed"] == ["django/contrib/sitemaps/__init__.py"]
     assert info["runner"]["kind"] == "django-guarded" and info["runner"]["changed"] == [], info["runner"]
-    assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {("pass", "PASSED"), ("fail", "FAILED")}, info
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "pass"} == {"PASSED"}, info["canaries"]
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "fail"} <= {"FAILED", "ERROR"}, info["canaries"]
+    assert {c["cls"] for c in info["canaries"] if c["form"] != "synthetic"} <= {"HTTPSitemapTests", "DeprecatedTests"}
+    assert info["code"]["hooks"] == info["code"]["replaced"] == [] and info["code"]["checked"] >= 37, info["code"]
     assert gold["eval"]["FAIL_TO_PASS"] == {F2P: "PASSED"}
 
 
@@ -173,6 +180,8 @@ def test_forgery_earns_nothing(django_row, grade, gold, name):
         assert info["outcome"] in ("unverified", "tampered") and report.get("error"), info
     elif name in DEFEATED:
         assert info["outcome"] == "clean" and report["FAIL_TO_PASS"][F2P] != "PASSED", report
+    elif name in FAMILY:
+        hostile_graders.check(name, result, F2P.split(" ", 1)[0])
     elif name in LOG_FORGED:
         assert info["outcome"] == "tampered", info  # the log's spelling: m (mod.Class.m) from Python 3.11
         assert any(t.startswith(f"log:{F2P[:-1]}") for t in report["tampered"]), report["tampered"]
@@ -180,3 +189,10 @@ def test_forgery_earns_nothing(django_row, grade, gold, name):
         assert info["outcome"] == "tampered", info
         assert any(t.startswith(("canary:", "log:")) for t in report["tampered"]), report["tampered"]
     assert gold["reward"] == 1.0 and gold["eval"]["integrity"]["outcome"] == "clean"
+
+
+
+def test_no_shape_spares_the_canaries_without_the_listed_test(django_row):
+    """The canaries are the file's own tests copied: a forgery that spares code of their shape
+    (the old template's, pure builtins, a twin of another test) spares the listed test with them."""
+    hostile_graders.row_cannot_spare(django_row[0], "tests/sitemaps_tests/test_http.py", "HTTPSitemapTests." + F2P.split(" ", 1)[0])
