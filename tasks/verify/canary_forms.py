@@ -54,18 +54,9 @@ class Layout:
             self.tree: ast.Module | None = ast.parse(text)
         except (SyntaxError, ValueError):
             self.tree = None
-        self.defs: dict[tuple[str | None, str], Def] = {}
-        for node in self.tree.body if self.tree else []:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-                self.defs[(None, node.name)] = Def(None, node, None)
-            elif isinstance(node, ast.ClassDef):
-                for sub in node.body:
-                    if isinstance(sub, ast.FunctionDef) and sub.name.startswith("test"):
-                        self.defs[(node.name, sub.name)] = Def(node.name, sub, node)
+        self.defs = _test_defs(self.tree)
         self.taken = set(_WORD.findall(text))
-        names = [name for _, name in self.defs] or re.findall(r"def (test_\w+)", text)
-        self.words = sorted({w for n in names for w in n.split("_")[1:] if len(w) > 2 and w.isalpha()}) or sorted(
-            {w.lower() for w in self.taken if len(w) > 3 and w.isalpha()})[:40] or ["value", "case"]
+        self.words = _words([name for _, name in self.defs] or re.findall(r"def (test_\w+)", text), self.taken)
         self.used: set[str] = set()
         self.changed: set[tuple] = set()  # (test, line, column) of each change made
 
@@ -195,6 +186,24 @@ class Layout:
         return lines
 
 
+def _test_defs(tree: ast.Module | None) -> dict[tuple[str | None, str], Def]:
+    """(class, name) -> the file's test functions and the test methods of its top-level classes."""
+    defs: dict[tuple[str | None, str], Def] = {}
+    for node in tree.body if tree else []:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            defs[(None, node.name)] = Def(None, node, None)
+        elif isinstance(node, ast.ClassDef):
+            defs.update({(node.name, sub.name): Def(node.name, sub, node) for sub in node.body
+                         if isinstance(sub, ast.FunctionDef) and sub.name.startswith("test")})
+    return defs
+
+
+def _words(names: list[str], identifiers: set[str]) -> list[str]:
+    """The words of the file's test names (its identifiers' where it has none)."""
+    words = {w for n in names for w in n.split("_")[1:] if len(w) > 2 and w.isalpha()}
+    return sorted(words) or sorted({w.lower() for w in identifiers if len(w) > 3 and w.isalpha()})[:40] or ["value", "case"]
+
+
 def _key(source: Def, node: ast.AST) -> tuple:
     return source.cls, source.node.name, node.lineno, node.col_offset
 
@@ -234,17 +243,23 @@ def _changes(node: ast.FunctionDef, rng: random.Random) -> list[tuple[str, ast.A
         if isinstance(stmt, ast.Assert):
             out += [_literal(stmt.test, rng), ("negated", stmt.test, "")]
         elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-            call, name = stmt.value, _callee(stmt.value)
-            if name in ("assertEqual", "assertEquals"):
-                out += [_literal(arg, rng) for arg in call.args[:2]]
-            if name in NEGATIONS and isinstance(call.func, ast.Attribute):
-                out.append(("negated", call.func, NEGATIONS[name]))
-            if name in RAISES and call.args:
-                out.append(_raises(call.args[0], rng))
+            out += _call_changes(stmt.value, rng)
         elif isinstance(stmt, ast.With) and isinstance(stmt.items[0].context_expr, ast.Call):
             call = stmt.items[0].context_expr
             if _callee(call) in RAISES and call.args:
                 out.append(_raises(call.args[0], rng))
+    return out
+
+
+def _call_changes(call: ast.Call, rng: random.Random) -> list[tuple[str, ast.AST, str] | None]:
+    """The changes of an assertion method's call (``self.assertEqual(...)``, ``raises(...)``)."""
+    name, out = _callee(call), []
+    if name in ("assertEqual", "assertEquals"):
+        out += [_literal(arg, rng) for arg in call.args[:2]]
+    if name in NEGATIONS and isinstance(call.func, ast.Attribute):
+        out.append(("negated", call.func, NEGATIONS[name]))
+    if name in RAISES and call.args:
+        out.append(_raises(call.args[0], rng))
     return out
 
 

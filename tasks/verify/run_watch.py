@@ -48,6 +48,7 @@ class Index:
         self.defs: dict[str, list] = {}
         self.binds: dict[str, set] = {}
         self.codes: list = []
+        self.tops: list = []  # the functions and methods it defines at module and class level
         self.lines = source.decode("utf-8", "replace").splitlines()
         for module in modules:
             self._walk(module, "", "")
@@ -62,6 +63,8 @@ class Index:
             self.codes.append(const)
             if const.co_flags & CO_NEWLOCALS:
                 self.defs.setdefault(qual, []).append(const)
+                if "<locals>" not in qual:
+                    self.tops.append(const)
                 self._walk(const, qual + ".<locals>.", None)
             else:  # a class body
                 self._walk(const, qual + ".", qual)
@@ -259,7 +262,8 @@ class Watch:
         """Whether ``func`` is what the ``def`` (one of ``found``) made: its own code, or, for a
         decorated ``def``, the code reached through the wrappers' ``__wrapped__``, each wrapper
         genuine where its file can vouch for it (a read file, a read-only library). A decorator
-        that keeps no ``__wrapped__`` hides the function: ``unchecked``."""
+        that keeps no ``__wrapped__`` hides the function: ``unchecked``, unless what the chain
+        ends at is another function's own code."""
         codes = [getattr(layer, "__code__", None) for layer in _layers(func)]
         decorated = any(index.decorated(code) for code in found)
         for code in codes:
@@ -271,6 +275,10 @@ class Watch:
                 return "unchecked"  # a callable object, not a function: nothing to follow
             if not self._wrapper_ok(code):
                 return "replaced"
+        inner = codes[-1] if codes else None
+        index = self.index(inner.co_filename) if inner is not None else None
+        if index is not None and any(inner == top for top in index.tops):
+            return "replaced"  # what the wrappers lead to is another test's (or helper's) own code
         return "unchecked"
 
     def _wrapper_ok(self, code) -> bool:

@@ -18,11 +18,19 @@
    (:mod:`tasks.verify.sympy_isolation`), which runs the test functions itself from sources read
    before the package loads, the log's passes checked against its record; other runners are read
    from their log.
+   Every runner reads the test files before the package loads and runs a watch
+   (:mod:`tasks.verify.run_watch`, copied beside it): each test's function is checked against the
+   code compiled from those sources just before it is called, and a profile or trace hook, a
+   replaced ``__code__`` or the runner's machinery patched is reported (``integrity.code``,
+   ``runner.changed``): the run is ``unverified``.
 6. :mod:`tasks.verify.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
-Residual risk: the code under test runs in the test process. A forgery that flips only the listed
-tests (it would have to recognise them) or that finds the runner's objects in memory is not
-caught; canaries catch one that turns failures into passes across the board.
+Residual risk: the code under test runs in the test process. What a test calls of the package (a
+decorator, a helper, the objects it compares) is the package's to make lie; canaries, copies of
+the file's own listed tests, catch such a forgery when it turns failures into passes for the
+copies as for the originals. A forgery that finds the runner's or the watch's objects in memory
+and silences them is not caught, nor one that guesses which of two twins is the copy (its odds are
+those of the guess, against the canaries alone: the code check does not guess).
 """
 from __future__ import annotations
 
@@ -254,10 +262,7 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
         facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
     elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
         facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
-    watched = _watched(reports)
-    facts["watch"] = watched["watch"]
-    if "error" in watched and "error" not in facts:
-        facts["error"] = watched["error"]
+    facts.update({k: v for k, v in _watched(reports).items() if k not in facts})
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
     outcomes, facts["log_disagreements"] = integrity.cross_check(  # these runners report an error once

@@ -275,6 +275,17 @@ def _compiled(path: str, source: str):
         return None
 
 
+def _watching(root: str, modules: dict):
+    """The watch, started: the test files read (and their decorators' module, ``sympy/testing``),
+    each held to the very code this runner compiled from it and executes."""
+    watch = load_watch().Watch(root)
+    watch.read(list(modules) + [os.path.join(root, "sympy", "testing")])
+    for path, module in modules.items():
+        watch.index(path, module)
+    watch.start()
+    return watch
+
+
 def load_watch():
     """:mod:`tasks.verify.run_watch`, loaded by path from beside this script (the grader copies
     it there as ``.prorl-run-watch.py``), never through ``sys.path``."""
@@ -303,11 +314,7 @@ def main() -> int:
     files = test_files(root, [p for p in paths if not p.startswith("-")])
     sources = {f: _read(f) for f in files}  # before any of the repository runs
     modules = {f: _compiled(f, sources[f]) for f in files}
-    watch = load_watch().Watch(root)
-    watch.read(files + [os.path.join(root, "sympy", "testing")])  # the tests, and their decorators' module
-    for f in files:  # the reference each test is held to: the very code this runner executes
-        watch.index(f, modules[f])
-    watch.start()
+    watch = _watching(root, modules)
     if not opts.cache:
         os.environ["SYMPY_USE_CACHE"] = "no"
     if opts.types:
