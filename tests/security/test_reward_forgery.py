@@ -8,7 +8,9 @@ path, canary or log line in ``eval.tampered``); the honest fix, graded in the sa
 still earn 1 with a clean integrity block (so each test can fail both ways).
 
 One sandbox per runner, one checkout per case (~1 s each). The classes of the issue are the
-first four; the rest are ones found here, thinking as a policy that maximises reward.
+first four; the rest are ones found here, thinking as a policy that maximises reward, and issue 32's
+profile/``__code__`` family (:mod:`tests.security.hostile_graders`), with a no-op control and the
+canaries' indistinguishability by shape checked over 40 seeds.
 """
 from __future__ import annotations
 

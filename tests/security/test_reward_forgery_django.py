@@ -13,6 +13,8 @@ then cached; ~5 s a case): ``python3 -m pytest -m swebench tests/security/test_r
 Before the recorder, four of these earned 1 on the log alone: the listed test's "ok" line printed
 at import or by an ``atexit`` hook, a result class that turns only its error into a success, and
 ``SimpleTestCase.run`` replaced (the canaries, plain ``unittest.TestCase``, stayed honest).
+Issue 32's profile/``__code__`` family (:mod:`tests.security.hostile_graders`) is caught by the
+recorder's watch, the canaries now copies of the file's own listed tests.
 """
 from __future__ import annotations
 

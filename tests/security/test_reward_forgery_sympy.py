@@ -18,7 +18,8 @@ shows: the listed test's ``ok`` printed by a replaced ``sympy.test``, the report
 the listed test only (from ``sympy/utilities/runtests.py``, package source the allow-list lets
 through), and the test file rewritten on disk when the package is imported; two blanket ones
 (every failure reported as a pass, asserts compiled away) are live there too, stopped by the
-canaries alone.
+canaries alone. Issue 32's profile/``__code__`` family (:mod:`tests.security.hostile_graders`: the
+issue's attack earned 1.0 here under the grader's own runner) is caught by the runner's watch.
 """
 from __future__ import annotations
 
