@@ -11,7 +11,8 @@ library and the environment's pytest only; the SWE grader copies it into the san
   ``pytest11`` plugins of distributions installed *outside* the repository (the environment the
   base tree was built with) are loaded by name with ``-p``; a ``*.dist-info`` in the tree is not.
 - The grader passes the configuration it wrote (``-c``, ``--rootdir``) among the arguments;
-  ``--maxfail=0`` goes last, so that a planted must-fail canary never ends the run early.
+  ``--maxfail=0`` goes last, so that a planted must-fail canary never ends the run early;
+  ``--no-cov`` is added where the environment's pytest-cov would trace the run.
 - The test files the arguments name (each with the files of its directory, a named directory
   whole) are read before pytest or the repository is imported, and the watch of
   :mod:`tasks.verify.run_watch` (copied beside this script) is started: before each test is
@@ -68,6 +69,20 @@ def _env_plugins(root: str) -> list[str]:
             if ep.group == "pytest11" and ep.name not in names:
                 names.append(ep.name)
     return names
+
+
+def coverage_off(plugins: list[str]) -> list[str]:
+    """``--no-cov`` where the environment's pytest-cov would trace the run (a ``--cov`` in the base
+    configuration): a trace hook is what the watch reports, and coverage changes no outcome."""
+    if "pytest_cov" not in plugins:
+        return []
+    import importlib.metadata as metadata
+
+    try:
+        version = tuple(int(p) for p in metadata.version("pytest-cov").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return []
+    return ["--no-cov"] if version >= (2, 4) else []
 
 
 def load_watch():
@@ -234,7 +249,7 @@ def main() -> int:
              "plugins": plugins, "root_first_on_path": bool(sys.path) and
              os.path.abspath(sys.path[0] or ".") == os.path.abspath(root)}
     record = Record(watch)
-    extra = [item for name in plugins for item in ("-p", name)]
+    extra = [item for name in plugins for item in ("-p", name)] + coverage_off(plugins)
     try:  # --maxfail=0 last: the grader's must-fail canary must not stop the run (-x, --maxfail)
         code = int(pytest.main(extra + args + ["--maxfail=0"], plugins=[record]))
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run, the report says so
