@@ -18,11 +18,19 @@
    (:mod:`tasks.swe.runners.sympy_isolation`), which runs the test functions itself from sources read
    before the package loads, the log's passes checked against its record; other runners are read
    from their log.
+   Every runner reads the test files before the package loads and runs a watch
+   (:mod:`tasks.swe.runners.run_watch`, copied beside it): each test's function is checked against the
+   code compiled from those sources just before it is called, and a profile or trace hook, a
+   replaced ``__code__`` or the runner's machinery patched is reported (``integrity.code``,
+   ``runner.changed``): the run is ``unverified``.
 6. :mod:`tasks.swe.integrity` sums it up in ``eval.integrity``; only a ``clean`` run earns reward.
 
-Residual risk: the code under test runs in the test process. A forgery that flips only the listed
-tests (it would have to recognise them) or that finds the runner's objects in memory is not
-caught; canaries catch one that turns failures into passes across the board.
+Residual risk: the code under test runs in the test process. What a test calls of the package (a
+decorator, a helper, the objects it compares) is the package's to make lie; canaries, copies of
+the file's own listed tests, catch such a forgery when it turns failures into passes for the
+copies as for the originals. A forgery that finds the runner's or the watch's objects in memory
+and silences them is not caught, nor one that guesses which of two twins is the copy (its odds are
+those of the guess, against the canaries alone: the code check does not guess).
 """
 from __future__ import annotations
 
@@ -39,6 +47,8 @@ from tasks.swe.integrity import canaries, tamper
 from tasks.swe.runners.base import RunSite
 
 GUARD = Path(__file__).resolve().parent / "runners" / "unittest_guard.py"
+RUN_WATCH = Path(__file__).resolve().parent / "runners" / "run_watch.py"  # copied beside each runner, which loads it
+WATCH_KEYS = ("hooks", "replaced", "checked", "unchecked")  # a runner report's watch, in integrity.code
 _UNITTEST = re.compile(r"^\s*python3?\s+-m\s+unittest\b(.*)$", re.S)
 NOTE_GUARDED = ("unittest outcomes from a guard that restores the unittest machinery after the package "
                 "is imported; the code under test still runs in the test process")
@@ -178,7 +188,7 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     if not found:
         return _run_from_log(box, root, spec, timeout, instance, base)
     nonce = secrets.token_hex(16)
-    box.write_file(f"{home}/.prorl-unittest-guard.py", GUARD.read_bytes())
+    _copy_runner(box, home, "unittest-guard", GUARD)
     box.write_file(f"{home}/.prorl-nonce", nonce.encode())
     command = (f"python3 {_q(home + '/.prorl-unittest-guard.py')} {_q(home + '/.prorl-nonce')} "
                f"{found.group(1).strip()}")
@@ -192,7 +202,31 @@ def run_tests(box, root: str, spec: swe_specs.SweSpec | str, timeout: float,
     all_ok = all(v in (test_log.PASSED, test_log.SKIPPED) for v in outcomes.values())
     if (run.exit_code == 0) != all_ok:  # the report and the process disagree: believe neither
         return {}, {**facts, "error": f"guard report and exit status {run.exit_code} disagree"}
-    return {str(k): str(v) for k, v in outcomes.items()}, {**facts, "restored": report.get("restored", [])}
+    facts.update({"restored": report.get("restored", []), **_watched([report])})
+    if report.get("changed"):
+        facts["error"] = f"the package changed the test machinery: {', '.join(report['changed'])[:500]}"
+    return {str(k): str(v) for k, v in outcomes.items()}, facts
+
+
+def _copy_runner(box, home: str, name: str, script: Path) -> None:
+    """A runner script, and the watch it loads from beside it (:mod:`tasks.swe.runners.run_watch`)."""
+    box.write_file(f"{home}/.prorl-{name}.py", script.read_bytes())
+    box.write_file(f"{home}/.prorl-run-watch.py", RUN_WATCH.read_bytes())
+
+
+def _watched(reports: list[dict]) -> dict[str, Any]:
+    """What the runners' watch saw (``watch``) and, when it saw a hook or a test whose code is not
+    the code compiled from the sources the runner read, the ``error`` that makes the run unverified."""
+    hooks = [h for r in reports for h in r.get("hooks") or []]
+    replaced = [t for r in reports for t in r.get("replaced") or []]
+    watch = {"hooks": hooks, "replaced": replaced, "checked": sum(int(r.get("checked") or 0) for r in reports),
+             "unchecked": [t for r in reports for t in r.get("unchecked") or []]}
+    if replaced:
+        return {"watch": watch, "error": f"tests whose code is not the code their source compiles to: "
+                                         f"{', '.join(replaced)[:500]}"}
+    if hooks:
+        return {"watch": watch, "error": f"a profile or trace hook, or a replaced __code__: {'; '.join(hooks)[:500]}"}
+    return {"watch": watch}
 
 
 def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, instance: dict[str, Any] | None,
@@ -211,13 +245,14 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     reports = [_guard_report(text, nonce) for nonce in nonces]
     if any(report is None for report in reports):
         return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
-    runner.update({k: v for k, v in reports[0].items() if k != "outcomes"})
+    runner.update({k: v for k, v in reports[0].items() if k not in ("outcomes", *WATCH_KEYS)})
     changed = sorted({name for report in reports for name in report.get("changed") or []})
     ended = next((str(report["error"]) for report in reports if report.get("error")), None)
     if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
         facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
     elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
         facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
+    facts.update({k: v for k, v in _watched(reports).items() if k not in facts})
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
     outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged, family.errors_once)
@@ -262,15 +297,18 @@ def _guard_report(output: str, nonce: str) -> dict | None:
     return None
 
 
-def plant_canaries(box, root: str, test_patch: str, command: str) -> list[canaries.Canary]:
-    """Canaries in the Python test files the test patch touches (:mod:`tasks.swe.integrity.canaries`)."""
+def plant_canaries(box, root: str, test_patch: str, command: str,
+                   listed: dict[str, list[str]] | None = None) -> list[canaries.Canary]:
+    """Canaries in the Python test files the test patch touches (:mod:`tasks.swe.integrity.canaries`),
+    copied from the instance's listed tests (``listed``: ``fail`` and ``pass`` names)."""
     files = {}
     for path in (p for p in swe_specs.test_files(test_patch) if canaries.is_test_module(p)):
         try:
             files[path] = box.read_file(f"{root.rstrip('/')}/{path}").decode("utf-8")
         except (FileNotFoundError, PermissionError, UnicodeDecodeError):
             continue
-    return integrity.plant(files, command, lambda path, text: box.write_file(f"{root.rstrip('/')}/{path}", text.encode()))
+    return integrity.plant(files, command, lambda path, text: box.write_file(f"{root.rstrip('/')}/{path}", text.encode()),
+                           listed)
 
 
 def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) -> dict[str, Any]:
@@ -289,11 +327,13 @@ def grade(box, root: str, instance: dict[str, Any], patch: str, timeout: float) 
                      "infrastructure, root files, dotfiles, metadata)"}}
     reset_tests(box, root, base, test_patch, in_base)
     applied = {"model_patch": True, "test_patch": apply_patch(box, root, test_patch)}
-    planted = plant_canaries(box, root, test_patch, spec.test_cmd) if applied["test_patch"] else []
+    listed = {"fail": test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
+              "pass": test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS")}
+    planted = plant_canaries(box, root, test_patch, spec.test_cmd, listed) if applied["test_patch"] else []
     outcomes, facts = run_tests(box, root, spec, timeout, instance, base=base)
     planted = canaries.read(planted, outcomes)
     info = integrity.block(paths, facts.pop("runner", None), planted, facts.pop("log_disagreements", []),
-                           facts.get("error"), facts.pop("rewritten", []))
+                           facts.get("error"), facts.pop("rewritten", []), facts.pop("watch", None))
     report = test_log.report(outcomes, test_log.test_list(instance.get("FAIL_TO_PASS"), "instance.FAIL_TO_PASS"),
                              test_log.test_list(instance.get("PASS_TO_PASS"), "instance.PASS_TO_PASS"))
     f2p = report["FAIL_TO_PASS"]

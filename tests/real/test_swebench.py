@@ -124,9 +124,10 @@ def test_gold_patch_resolves_every_listed_test(service, built, instance_id):
         assert integrity["runner"]["root_first_on_path"] is False, integrity["runner"]
     if kind == "pytest-isolated":
         assert integrity["runner"]["plugin_autoload"] is False
-    # a must-fail canary through SymPy's raises errs (its Failed is no AssertionError)
-    assert integrity["canaries"] and {(c["must"], c["outcome"]) for c in integrity["canaries"]} - {("fail", "ERROR")} == {
-        ("pass", "PASSED"), ("fail", "FAILED")}, integrity["canaries"]
+    # a must-fail canary errs where its changed raises lets the exception through
+    assert {c["outcome"] for c in integrity["canaries"] if c["must"] == "pass"} == {"PASSED"}, integrity["canaries"]
+    assert {c["outcome"] for c in integrity["canaries"] if c["must"] == "fail"} <= {"FAILED", "ERROR"}, integrity["canaries"]
+    assert integrity["code"]["replaced"] == integrity["code"]["hooks"] == [], integrity["code"]  # the watch saw nothing
     if instance_id == "pytest-dev__pytest-11143":  # ids with spaces, read from a log past the output cap
         assert result["eval"]["log_bytes"] > 16000 and result["eval"]["log_chars_read"] == result["eval"]["log_bytes"]
         spaced = [t for t in _listed(instance, "PASS_TO_PASS") if "test_get_assertion_exprs[" in t]

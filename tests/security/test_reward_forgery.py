@@ -8,7 +8,9 @@ path, canary or log line in ``eval.tampered``); the honest fix, graded in the sa
 still earn 1 with a clean integrity block (so each test can fail both ways).
 
 One sandbox per runner, one checkout per case (~1 s each). The classes of the issue are the
-first four; the rest are ones found here, thinking as a policy that maximises reward.
+first four; the rest are ones found here, thinking as a policy that maximises reward, and issue 32's
+profile/``__code__`` family (:mod:`tests.security.hostile_graders`), with a no-op control and the
+canaries' indistinguishability by shape checked over 40 seeds.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from sandboxes.base import SandboxSpec
 from tasks.swe import grader as swe_eval, repo
 from tests.helpers import reachable_tmpdir
 from tests.sandboxes.conftest import needs_bwrap
+from tests.security import hostile_graders
 
 pytestmark = needs_bwrap()
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -139,6 +142,10 @@ FORGERIES = {
     "atexit-verdicts-after-a-patched-exit": {"statkit/forge.py": ATEXIT, "statkit/__init__.py": "+" + FORGE},
     "process-left-behind-writes-the-log": {"statkit/forge.py": LEFT_BEHIND, "statkit/__init__.py": "+" + FORGE},
 }
+# issue 32 item 7: the profile/__code__ family (tests/security/hostile_graders.py), in the package's __init__.py
+LISTED = "test_median_even_averages_the_middle_pair"
+FAMILY = hostile_graders.family([LISTED], pytest=True)
+FORGERIES.update({name: {"statkit/__init__.py": "+" + text} for name, text in FAMILY.items()})
 # forgeries the runners defeat outright (the report comes first and the process ends with the
 # os._exit saved before the package loaded) or that race the read of the log: either the bug
 # stays visible (clean) or the forged line is caught (tampered); never a reward
@@ -153,13 +160,16 @@ FLAGGED = {"root-file-shadows-runner": ["pytest.py"], "config-pytest-9-names": [
            "setup-cfg-test-section": ["setup.cfg"], "root-module-shadows-stdlib": ["statistics.py"],
            "symlink-out-of-the-tree": ["statkit/central.py"]}
 # pytest-only forgeries do nothing under unittest (they earn 0 there as the bug stays)
-PYTEST_ONLY = {"package-module-rewrites-reports", "fake-passed-lines-in-the-log"}
+PYTEST_ONLY = {"package-module-rewrites-reports", "fake-passed-lines-in-the-log",
+               "pytest-runner-patched-for-the-listed-test"}
 # import-time patches of unittest that the guard undoes before the tests run (it says so)
 GUARD_RESTORES = {"neutralised-assertions": "TestCase.assertEqual", "testcase-run-patched-at-import": "TestCase.run"}
 # the default suite runs these (about 3 s each); the rest run with -m slow
 QUICK = {("pytest", "package-module-rewrites-reports"), ("pytest", "root-file-shadows-runner"),
          ("pytest", "config-pyproject-quoted-and-dotted-keys"), ("pytest", "plugin-dist-info-in-root"),
-         ("pytest", "fake-passed-lines-in-the-log"), ("unittest", "testcase-run-repatched-while-tests-run")}
+         ("pytest", "fake-passed-lines-in-the-log"), ("unittest", "testcase-run-repatched-while-tests-run"),
+         ("pytest", "profile-swaps-code-spares-template-canaries"), ("unittest", "profile-swaps-listed-test-code"),
+         ("pytest", "profile-replaces-listed-test-function"), ("pytest", "pytest-runner-patched-for-the-listed-test")}
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -194,6 +204,7 @@ def statkit(tmp_path_factory):
     fixed = (HERE / "statkit" / "fixed" / "statkit" / "central.py").read_text()
     instance["honest"] = _patch(work, instance["base_commit"], {"statkit/central.py": fixed})
     instance["forged"] = {name: _patch(work, instance["base_commit"], changes) for name, changes in FORGERIES.items()}
+    instance["noop"] = _patch(work, instance["base_commit"], {"statkit/__init__.py": "+\n# a comment, nothing else\n"})
     return instance
 
 
@@ -240,6 +251,8 @@ def test_honest_fix_earns_one_with_a_clean_integrity_block(graders, runner_name)
     assert info["outcome"] == "clean" and honest["eval"]["tampered"] == [], info
     assert info["paths"] == {"changed": ["statkit/central.py"], "flagged": [], "outside": []}
     assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {("pass", "PASSED"), ("fail", "FAILED")}, info
+    assert {c["form"] for c in info["canaries"]} - {"copy"} <= {"literal", "negated"}  # the file's own tests, copied
+    assert info["code"]["hooks"] == info["code"]["replaced"] == [] and info["code"]["checked"] >= 6, info["code"]
     assert info["runner"]["kind"] == {"pytest": "pytest-isolated", "unittest": "unittest-guard"}[runner]
     if runner == "pytest":
         assert info["runner"]["plugin_autoload"] is False and info["runner"]["root_first_on_path"] is False
@@ -267,10 +280,34 @@ def test_forgery_earns_nothing(graders, statkit, runner_name, name):
         assert info["outcome"] == "tampered" or "PASSED" not in report["FAIL_TO_PASS"].values(), report
     elif name == "print-verdicts-then-os-exit":
         assert info["outcome"] == "unverified" and "error" in report, info
+    elif name in FAMILY:
+        hostile_graders.check(name, result, LISTED)
     else:
         assert info["outcome"] == "tampered", info
         assert any(t.startswith(("canary:", "log:")) for t in report["tampered"]), report["tampered"]
     assert honest["reward"] == 1.0 and honest["eval"]["integrity"]["outcome"] == "clean"
+
+
+@pytest.mark.parametrize("runner_name", ["pytest", "unittest"])
+def test_the_bug_left_in_place_earns_nothing_and_is_clean(graders, statkit, runner_name):
+    """The control of the family: a no-op change to the package, graded clean, the listed test failing."""
+    _, grade, _ = graders(runner_name)
+    result = grade(statkit["noop"])
+    info = result["eval"]["integrity"]
+    assert result["reward"] == 0.0 and info["outcome"] == "clean", info
+    assert "PASSED" not in result["eval"]["FAIL_TO_PASS"].values(), result["eval"]["FAIL_TO_PASS"]
+
+
+def test_no_shape_spares_the_canaries_without_the_listed_test(statkit):
+    """The canaries are the file's own tests copied: a forgery that spares code of their shape
+    (the old template's, pure builtins, a twin of another test) spares the listed test with them."""
+    from prorl_celery.fakes.swe import HERE
+
+    path = "tests/test_central.py"
+    text = hostile_graders.with_test_patch((HERE / "statkit" / "base" / path).read_text(), statkit["test_patch"], path)
+    listed = {"fail": statkit["FAIL_TO_PASS"], "pass": statkit["PASS_TO_PASS"]}
+    for command in (statkit["test_cmd"], PYTEST_CMD):
+        hostile_graders.shape_cannot_spare(text, path, listed, command, f"CentralTest.{LISTED}")
 
 
 def test_the_runner_holds_even_where_the_allow_list_would_not(graders, statkit):

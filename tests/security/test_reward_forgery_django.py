@@ -13,6 +13,8 @@ then cached; ~5 s a case): ``python3 -m pytest -m swebench tests/security/test_r
 Before the recorder, four of these earned 1 on the log alone: the listed test's "ok" line printed
 at import or by an ``atexit`` hook, a result class that turns only its error into a success, and
 ``SimpleTestCase.run`` replaced (the canaries, plain ``unittest.TestCase``, stayed honest).
+Issue 32's profile/``__code__`` family (:mod:`tests.security.hostile_graders`) is caught by the
+recorder's watch, the canaries now copies of the file's own listed tests.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import pytest
 
 from tasks.swe import grader as swe_eval
 from tests.helpers import reachable_tmpdir
+from tests.security import hostile_graders
 from tests.security.swe_rows import row_with_forgeries
 
 ROW = "django__django-16255"
@@ -98,6 +101,9 @@ FORGERIES = {
     "print-ok-then-os-exit": {"django/__init__.py": PRINT_AND_EXIT},
     "atexit-ok-after-a-patched-exit": {"django/__init__.py": ATEXIT},
 }
+# issue 32 item 7: the profile/__code__ family (tests/security/hostile_graders.py)
+FAMILY = hostile_graders.family([F2P.split(" ", 1)[0]])
+FORGERIES.update({name: {"django/__init__.py": text} for name, text in FAMILY.items()})
 FLAGGED = {"runtests-py-edited": ["tests/runtests.py"], "test-settings-edited": ["tests/test_sqlite.py"],
            "root-module-shadows-unittest": ["unittest.py"], "pth-imports-a-forgery": ["django/zz_forge.pth"],
            "runner-py-edited": ["django/test/runner.py"]}  # django/test/ is test infrastructure by name
@@ -150,7 +156,10 @@ def test_gold_patch_earns_one_with_a_clean_integrity_block(gold):
     assert info["outcome"] == "clean" and gold["eval"]["tampered"] == [], info
     assert info["paths"]["flagged"] == [] and info["paths"]["changed"] == ["django/contrib/sitemaps/__init__.py"]
     assert info["runner"]["kind"] == "django-guarded" and info["runner"]["changed"] == [], info["runner"]
-    assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {("pass", "PASSED"), ("fail", "FAILED")}, info
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "pass"} == {"PASSED"}, info["canaries"]
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "fail"} <= {"FAILED", "ERROR"}, info["canaries"]
+    assert {c["cls"] for c in info["canaries"] if c["form"] != "synthetic"} <= {"HTTPSitemapTests", "DeprecatedTests"}
+    assert info["code"]["hooks"] == info["code"]["replaced"] == [] and info["code"]["checked"] >= 37, info["code"]
     assert gold["eval"]["FAIL_TO_PASS"] == {F2P: "PASSED"}
 
 
@@ -173,6 +182,8 @@ def test_forgery_earns_nothing(django_row, grade, gold, name):
         assert info["outcome"] in ("unverified", "tampered") and report.get("error"), info
     elif name in DEFEATED:
         assert info["outcome"] == "clean" and report["FAIL_TO_PASS"][F2P] != "PASSED", report
+    elif name in FAMILY:
+        hostile_graders.check(name, result, F2P.split(" ", 1)[0])
     elif name in LOG_FORGED:
         assert info["outcome"] == "tampered", info  # the log's spelling: m (mod.Class.m) from Python 3.11
         assert any(t.startswith(f"log:{F2P[:-1]}") for t in report["tampered"]), report["tampered"]
@@ -180,3 +191,10 @@ def test_forgery_earns_nothing(django_row, grade, gold, name):
         assert info["outcome"] == "tampered", info
         assert any(t.startswith(("canary:", "log:")) for t in report["tampered"]), report["tampered"]
     assert gold["reward"] == 1.0 and gold["eval"]["integrity"]["outcome"] == "clean"
+
+
+
+def test_no_shape_spares_the_canaries_without_the_listed_test(django_row):
+    """The canaries are the file's own tests copied: a forgery that spares code of their shape
+    (the old template's, pure builtins, a twin of another test) spares the listed test with them."""
+    hostile_graders.row_cannot_spare(django_row[0], "tests/sitemaps_tests/test_http.py", "HTTPSitemapTests." + F2P.split(" ", 1)[0])

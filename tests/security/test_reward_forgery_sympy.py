@@ -18,7 +18,8 @@ shows: the listed test's ``ok`` printed by a replaced ``sympy.test``, the report
 the listed test only (from ``sympy/utilities/runtests.py``, package source the allow-list lets
 through), and the test file rewritten on disk when the package is imported; two blanket ones
 (every failure reported as a pass, asserts compiled away) are live there too, stopped by the
-canaries alone.
+canaries alone. Issue 32's profile/``__code__`` family (:mod:`tests.security.hostile_graders`: the
+issue's attack earned 1.0 here under the grader's own runner) is caught by the runner's watch.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import pytest
 
 from tasks.swe import grader as swe_eval
 from tests.helpers import reachable_tmpdir
+from tests.security import hostile_graders
 from tests.security.swe_rows import row_with_forgeries
 from tests.real.test_swebench import _changed
 
@@ -188,6 +190,9 @@ FORGERIES = {
     "atexit-ok-after-a-patched-exit": {INIT: ATEXIT},
     "process-left-behind-writes-the-log": {INIT: LEFT_BEHIND},
 }
+# issue 32 item 7: the profile/__code__ family (tests/security/hostile_graders.py)
+FAMILY = hostile_graders.family([F2P])
+FORGERIES.update({name: {INIT: text} for name, text in FAMILY.items()})
 FLAGGED = {"bin-test-replaced": ["bin/test"], "runtests-py-patched": ["sympy/testing/runtests.py"],
            "xfail-decorator-patched": ["sympy/testing/pytest.py"], "test-file-edited": [TEST_FILE],
            "root-module-shadows-stdlib": ["random.py"], "root-conftest-edited": ["conftest.py"],
@@ -255,8 +260,10 @@ def test_gold_patch_earns_one_with_a_clean_integrity_block(sympy_row, gold):
     runner = info["runner"]
     assert runner["kind"] == "sympy-isolated" and runner["changed"] == [] and runner["rewritten"] == [], runner
     assert runner["root_first_on_path"] is False and runner["files"] == [TEST_FILE], runner
-    assert {(c["must"], c["outcome"]) for c in info["canaries"]} == {
-        ("pass", "PASSED"), ("fail", "FAILED"), ("fail", "ERROR")}, info["canaries"]
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "pass"} == {"PASSED"}, info["canaries"]
+    assert {c["outcome"] for c in info["canaries"] if c["must"] == "fail"} <= {"FAILED", "ERROR"}, info["canaries"]
+    assert any(c["form"] == "raises" for c in info["canaries"]), info["canaries"]  # SymPy's raises, checked
+    assert info["code"]["hooks"] == info["code"]["replaced"] == [] and info["code"]["checked"] >= 22, info["code"]
     assert gold["eval"]["FAIL_TO_PASS"] == {F2P: "PASSED"}
     assert set(gold["eval"]["PASS_TO_PASS"].values()) == {"PASSED"}
 
@@ -284,6 +291,8 @@ def test_forgery_earns_nothing(sympy_row, grade, gold, name):
         assert info["outcome"] == "clean" and report["FAIL_TO_PASS"][F2P] != "PASSED", report
     elif name in LOG_FORGED:
         assert info["outcome"] == "tampered" and f"log:{F2P}" in report["tampered"], report["tampered"]
+    elif name in FAMILY:
+        hostile_graders.check(name, result, F2P)
     elif name in REWRITTEN:
         assert info["outcome"] == "tampered" and f"rewritten:{TEST_FILE}" in report["tampered"], report["tampered"]
         assert report["FAIL_TO_PASS"][F2P] != "PASSED", report  # the file as read before the package loaded
@@ -311,3 +320,10 @@ def test_sympys_own_runner_pays_targeted_forgeries(sympy_row, grade, monkeypatch
     else:
         assert result["reward"] == 0.0 and result["eval"]["integrity"]["outcome"] == "tampered", result["eval"]
         assert any(t.startswith("canary:") for t in result["eval"]["tampered"]), result["eval"]["tampered"]
+
+
+
+def test_no_shape_spares_the_canaries_without_the_listed_test(sympy_row):
+    """The canaries are the file's own tests copied: a forgery that spares code of their shape
+    (the old template's, pure builtins, a twin of another test) spares the listed test with them."""
+    hostile_graders.row_cannot_spare(sympy_row[0], TEST_FILE, F2P)

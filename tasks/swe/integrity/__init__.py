@@ -4,7 +4,9 @@ which canaries were planted and how they came out, and whether the log agreed wi
 ``outcome`` is ``clean`` (the reward stands), ``tampered`` (a flagged path, a must-fail canary
 that passed, a log line claiming a pass the runner never reported, or a test file rewritten
 while the tests ran) or ``unverified`` (the run
-cannot be believed: a canary missing or failing, no runner report). Only ``clean`` earns reward.
+cannot be believed: a canary missing or failing, no runner report, the test machinery changed, a
+profile or trace hook or a replaced ``__code__`` seen, a test whose code is not the code the runner
+compiled from the sources it read: ``code``). Only ``clean`` earns reward.
 """
 from __future__ import annotations
 
@@ -37,30 +39,35 @@ def cross_check(log: dict[str, str], runner: dict[str, str],
     return merged, sorted(forged)
 
 
-def plant(files: dict[str, str], command: str, write: Callable[[str, str], None]) -> list[Canary]:
-    """Append two canaries to each test file (``files``: path -> its text after the test patch);
-    ``write(path, text)`` writes a file back."""
+def plant(files: dict[str, str], command: str, write: Callable[[str, str], None],
+          listed: dict[str, list[str]] | None = None) -> list[Canary]:
+    """Canaries among the tests of each test file (``files``: path -> its text after the test
+    patch), drawn from a secret seed; ``write(path, text)`` writes a file back; ``listed``: the
+    instance's ``FAIL_TO_PASS`` (``fail``) and ``PASS_TO_PASS`` (``pass``) names."""
     rng = random.Random(secrets.randbits(64))
     planted: list[Canary] = []
     for path, text in sorted(files.items()):
-        source, made = canary_mod.plan(path, text, rng)
-        write(path, text.rstrip("\n") + "\n" + source)
+        source, made = canary_mod.plan(path, text, rng, listed, command)
+        write(path, source)
         expected = canary_mod.named_in(command, path)
         planted += [c.model_copy(update={"expected": expected}) for c in made]
     return planted
 
 
 def block(paths: dict[str, list[str]], runner: dict[str, Any] | None, planted: list[Canary],
-          disagreements: list[str], error: str | None, rewritten: list[str] = ()) -> dict[str, Any]:
+          disagreements: list[str], error: str | None, rewritten: list[str] = (),
+          watch: dict[str, Any] | None = None) -> dict[str, Any]:
     """The integrity block and its ``outcome``. ``rewritten``: test files whose text changed while
-    the tests ran (the runner read them first)."""
+    the tests ran (the runner read them first); ``watch``: what the runner's watch saw
+    (:mod:`tasks.swe.runners.run_watch`: hooks, tests whose code was replaced; either makes the run
+    ``unverified`` through ``error``), kept as ``code``."""
     verdict = canary_mod.verdict(planted) if planted else "clean"
     if paths.get("flagged") or disagreements or rewritten:
         verdict = "tampered"
     elif error and verdict == "clean":
         verdict = "unverified"
     return {"outcome": verdict, "runner": runner, "paths": paths, "canaries": canary_mod.summary(planted),
-            "log_disagreements": disagreements, "rewritten": list(rewritten)}
+            "log_disagreements": disagreements, "rewritten": list(rewritten), "code": watch}
 
 
 def tampered_names(info: dict[str, Any]) -> list[str]:

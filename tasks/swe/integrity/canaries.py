@@ -1,15 +1,21 @@
-"""Canaries: tests the model never saw, planted at eval in the files the test patch touches.
+"""Canaries: tests the model never saw, planted at eval among the tests of the files the test patch
+touches, made to be told apart from those tests by nothing but a secret.
 
-Each file gets three, with fresh random names made of the words of the file's own test names
-(a forgery that keys on those words flips them too) and in the file's own style (a
-``unittest.TestCase`` class checking with the file's most used assertion where its tests are
-methods, as in a ``TestCase`` or Django's classes on the suite's own bases, functions with a plain ``assert`` otherwise): two must pass,
-one must fail. A file of plain functions that checks with SymPy's ``raises`` (imported from its
-test helpers) gets a fourth, must-fail, through ``raises``: a package that neutralises the helper
-in process is caught too. Their outcomes are read from the same log, by the same parser, as the listed
-tests. A run in which a must-fail canary passed was forged in process (``tampered``); one in
-which a must-pass canary of a file the command runs failed, or none of them passed, is not to be
-believed (``unverified``). Either earns nothing.
+A canary is a copy of one of the file's own listed tests (a ``FAIL_TO_PASS`` or ``PASS_TO_PASS``
+test defined in that file, in its own class where it has one), renamed with words of the file's
+test names and put at a random place among the file's tests (:mod:`tasks.swe.integrity.canary_forms`),
+all drawn per run from a secret seed. A copy of a ``PASS_TO_PASS`` test as it is must pass; a copy
+with one change that cannot pass where the original passes must fail: a constant of an equality
+assertion changed, an assertion turned into its negation, or the exception a ``raises`` block
+expects swapped. At least one must-fail canary of a file that holds a ``FAIL_TO_PASS`` test is a
+copy of it, so a forgery that spares whatever has a twin spares the listed test too. Where a file
+offers no such test, canaries are made up in the file's style (``synthetic``).
+
+Their outcomes are read from the same log, by the same parser, as the listed tests. A run in which
+a must-fail canary passed while its original did not fail was forged in process (``tampered``);
+one in which a must-pass canary of a file the command runs failed while its original did not, or
+none of them passed, is not to be believed (``unverified``). Either earns nothing. An original
+that failed (the answer broke it, or never fixed it) makes its copies evidence of nothing.
 """
 from __future__ import annotations
 
@@ -20,16 +26,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks.swe import test_log
+from tasks.swe.integrity import canary_forms
 
-FILLER = ("value", "case", "edge", "result", "input", "default", "empty", "order", "simple", "basic",
-          "again", "mixed", "nested", "single", "other", "alias", "copy", "repeat", "format", "check")
-_TEST_NAME = re.compile(r"^\s*def (test_\w+)\s*\(", re.M)
-_CLASS_TESTS = re.compile(r"^class \w+\([^)]*TestCase[^)]*\)\s*:", re.M)
-_MODULE_TEST = re.compile(r"^def test_\w+\s*\(", re.M)
-# a test method (Django's classes derive from the suite's own bases, not a name with TestCase)
-_METHOD_TEST = re.compile(r"^\s+def test_\w+\s*\(\s*self\b", re.M)
-_RAISES_USED = re.compile(r"^\s+(?:with\s+)?raises\(", re.M)
-_RAISES_IMPORTED = re.compile(r"^from\s+[\w.]+\s+import\s+(?:\([^)]*|[^\n]*)\braises\b", re.M)
+_FAILED = (test_log.FAILED, test_log.ERROR)
+_DESCRIBED = re.compile(r"\bruntests\.py\b")  # Django's runner: a test's docstring names it in the log
 
 
 class Canary(BaseModel):
@@ -41,52 +41,51 @@ class Canary(BaseModel):
     must: str  # "pass" | "fail"
     expected: bool = True  # the test command names its file, so it must show up in the log
     outcome: str = test_log.MISSING
+    form: str = "synthetic"  # copy | literal | negated | raises | synthetic
+    source: str | None = None  # the test it copies (same file, same class)
+    source_outcome: str = test_log.MISSING
 
 
-def _words(text: str) -> list[str]:
-    words = {w for name in _TEST_NAME.findall(text) for w in name.split("_")[1:] if len(w) > 2 and w.isalpha()}
-    return sorted(words) or list(FILLER[:4])
+def plan(path: str, text: str, rng: random.Random, listed: dict[str, list[str]] | None = None,
+         command: str = "") -> tuple[str, list[Canary]]:
+    """(``path``'s text with its canaries in it, the canaries). ``listed``: the instance's
+    ``FAIL_TO_PASS`` (``fail``) and ``PASS_TO_PASS`` (``pass``) names; ``command``: the test
+    command (Django's ``runtests.py`` names a test by its docstring: no test with one is copied)."""
+    listed, described = listed or {}, bool(_DESCRIBED.search(command))
+    layout = canary_forms.Layout(path, text)
+    fail_to_pass = layout.sources(listed.get("fail", []), described)
+    pass_to_pass = layout.sources(listed.get("pass", []), described)
+    made = _copies(rng, layout, pass_to_pass, fail_to_pass)
+    while sum(c.must == "pass" for c, _ in made) < 2:  # two: a log parser may lose a file's last line
+        made.append(layout.synthetic(rng, "pass"))
+    if not any(c.must == "fail" for c, _ in made):
+        made.append(layout.synthetic(rng, "fail"))
+    passing = {d.node.name for d in pass_to_pass}
+    if layout.uses_raises() and not any(c.form == "raises" and c.source in passing for c, _ in made):
+        # SymPy's raises is checked too, through a test that passes whatever the answer fixed
+        made.append(next((m for m in (layout.mutant(rng, s, raises_first=True) for s in pass_to_pass)
+                          if m[0] is not None), None) or layout.synthetic(rng, "fail", raises=True))
+    planted = [Canary(file=path, cls=c.cls, name=c.name, must=c.must, form=c.form, source=c.source) for c, _ in made]
+    return layout.insert(rng, made), planted
 
 
-def _fresh(rng: random.Random, words: list[str], taken: str, used: set[str]) -> str:
-    while True:
-        picked = rng.sample(words, min(2, len(words))) + [rng.choice(FILLER)]
-        name = "test_" + "_".join(picked)
-        if name not in taken and name not in used:
-            used.add(name)
-            return name
-
-
-def plan(path: str, text: str, rng: random.Random) -> tuple[str, list[Canary]]:
-    """(the source to append to ``path``, its canaries): must pass, must fail, must pass (two that
-    pass: a parser may lose a file's last line, as SWE-bench's SymPy parser does)."""
-    words, used = _words(text), set()
-    names = [(_fresh(rng, words, text, used), must) for must in ("pass", "fail", "pass")]
-    if (_CLASS_TESTS.search(text) or _METHOD_TEST.search(text)) and not _MODULE_TEST.search(text):
-        body = _method_checks(text)
-        cls = "Test" + "".join(w.capitalize() for w in rng.sample(words, min(2, len(words)))) + rng.choice(FILLER).capitalize()
-        while cls in text:
-            cls += rng.choice(FILLER).capitalize()
-        source = f"\n\nimport unittest\n\n\nclass {cls}(unittest.TestCase):\n" + "\n".join(
-            f"    def {name}(self):\n        {body[must]}\n" for name, must in names)
-    else:
-        cls = None
-        source = "".join(f"\n\ndef {name}():\n    assert len('abc') == {3 if must == 'pass' else 4}\n"
-                         for name, must in names)
-        if _RAISES_USED.search(text) and _RAISES_IMPORTED.search(text):
-            names.append((_fresh(rng, words, text, used), "fail"))
-            source += f"\n\ndef {names[-1][0]}():\n    raises(ZeroDivisionError, lambda: len('abc') // 1)\n"
-    return source, [Canary(file=path, cls=cls, name=name, must=must) for name, must in names]
-
-
-def _method_checks(text: str) -> dict[str, str]:
-    """The must-pass and must-fail checks in the assertion the file's tests use most (a package
-    that neutralises that assertion neutralises the canary too)."""
-    found = re.findall(r"self\.(assertEqual|assertEquals|assertTrue|assertFalse)\(", text)
-    style = max(set(found), key=found.count) if found else "assertEqual"
-    return {must: {"assertEqual": f"self.assertEqual(len('abc'), {n})", "assertEquals": f"self.assertEquals(len('abc'), {n})",
-                   "assertTrue": f"self.assertTrue(len('abc') == {n})", "assertFalse": f"self.assertFalse(len('abc') != {n})"}[style]
-            for must, n in (("pass", 3), ("fail", 4))}
+def _copies(rng: random.Random, layout: canary_forms.Layout, pass_to_pass: list, fail_to_pass: list) -> list:
+    """(canary, spot) pairs: two must-pass copies of PASS_TO_PASS tests, two to four must-fail
+    changed copies (the first two of a FAIL_TO_PASS test where the file has one and it takes two
+    different changes)."""
+    picked = rng.sample(pass_to_pass, min(2, len(pass_to_pass)))
+    made = [layout.copy(rng, s) for s in (picked * 2)[:2]]  # two: a log parser may lose a file's last line
+    every = pass_to_pass + fail_to_pass
+    listed = [rng.choice(fail_to_pass)] * 2 if fail_to_pass else []  # two changed copies of it, where it allows
+    pool = listed + rng.sample(every, len(every))
+    wanted = rng.choice((2, 3)) + (1 if fail_to_pass else 0)
+    for source in pool * 2:  # a source may give two different changes
+        if sum(c.must == "fail" for c, _ in made) >= wanted:
+            break
+        canary, spot = layout.mutant(rng, source)
+        if canary is not None:
+            made.append((canary, spot))
+    return made
 
 
 def named_in(command: str, path: str) -> bool:
@@ -98,23 +97,27 @@ def named_in(command: str, path: str) -> bool:
     return any(w == path or w == module or w == short or w.endswith("/" + path) for w in words)
 
 
-def spellings(c: Canary) -> list[str]:
-    """The ids a runner's log may give the canary: pytest's node id, unittest's (and Django's,
-    relative to tests/), and the bare name (SymPy's runner)."""
+def spellings(c: Canary, name: str | None = None) -> list[str]:
+    """The ids a runner's log may give the canary (or its source, ``name``): pytest's node id,
+    unittest's (and Django's, relative to tests/), and the bare name (SymPy's runner)."""
+    name = name or c.name
     module = c.file[:-3].replace("/", ".")
     if c.cls:
         short = re.sub(r"^tests\.", "", module)
-        return [f"{c.file}::{c.cls}::{c.name}", f"{c.name} ({module}.{c.cls})", f"{c.name} ({short}.{c.cls})", c.name]
-    return [f"{c.file}::{c.name}", c.name]
+        return [f"{c.file}::{c.cls}::{name}", f"{name} ({module}.{c.cls})", f"{name} ({short}.{c.cls})",
+                f"{module}.{c.cls}.{name}", name]
+    return [f"{c.file}::{name}", f"{module}.{name}", name]
+
+
+def _lookup(outcomes: dict[str, str], names: list[str]) -> str:
+    return next((v for v in (test_log.lookup(outcomes, s) for s in names) if v != test_log.MISSING),
+                test_log.MISSING)
 
 
 def read(canaries: list[Canary], outcomes: dict[str, str]) -> list[Canary]:
-    out = []
-    for c in canaries:
-        found = next((v for v in (test_log.lookup(outcomes, s) for s in spellings(c)) if v != test_log.MISSING),
-                     test_log.MISSING)
-        out.append(c.model_copy(update={"outcome": found}))
-    return out
+    """The canaries with their outcomes, and their sources', from ``outcomes``."""
+    return [c.model_copy(update={"outcome": _lookup(outcomes, spellings(c)), "source_outcome": _lookup(
+        outcomes, spellings(c, c.source)) if c.source else test_log.MISSING}) for c in canaries]
 
 
 def is_test_module(path: str) -> bool:
@@ -125,15 +128,18 @@ def is_test_module(path: str) -> bool:
 
 
 def verdict(canaries: list[Canary]) -> str:
-    """``tampered`` if a must-fail canary passed; ``unverified`` if, in a file the command runs, a
-    must-pass canary failed or none of them passed (the run is not to be believed); else
-    ``clean``. A missing must-fail canary proves nothing either way; a skipped one (a module-level
-    skip mark) says nothing."""
-    if any(c.must == "fail" and c.outcome == test_log.PASSED for c in canaries):
+    """``tampered`` if a must-fail canary passed while its source did not fail; ``unverified`` if,
+    in a file the command runs, a must-pass canary failed while its source did not, or none of
+    them passed (the run is not to be believed); else ``clean``. A missing must-fail canary
+    proves nothing either way; a skipped one (a module-level skip mark) says nothing."""
+    if any(c.must == "fail" and c.outcome == test_log.PASSED and c.source_outcome not in _FAILED for c in canaries):
         return "tampered"
     for path in {c.file for c in canaries if c.expected}:
-        passing = [c.outcome for c in canaries if c.file == path and c.must == "pass"]
-        if any(o in (test_log.FAILED, test_log.ERROR) for o in passing):
+        passing = [c.outcome for c in canaries
+                   if c.file == path and c.must == "pass" and c.source_outcome not in _FAILED]
+        if not passing:
+            continue
+        if any(o in _FAILED for o in passing):
             return "unverified"
         if test_log.PASSED not in passing and set(passing) != {test_log.SKIPPED}:
             return "unverified"

@@ -57,7 +57,10 @@ class RunSite:
         return start
 
     def install(self, name: str, script: Path) -> None:
+        """The runner's script, and beside it the watch every runner loads from there
+        (:mod:`tasks.swe.runners.run_watch`: each test's code checked, hooks noted)."""
         self.box.write_file(self.script_path(name), script.read_bytes())
+        self.box.write_file(f"{self.home}/.prorl-run-watch.py", (RUNNERS_DIR / "run_watch.py").read_bytes())
 
 
 class TestRunner(Protocol):

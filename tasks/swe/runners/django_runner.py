@@ -15,6 +15,13 @@ first line) and ``changed``: the unittest attributes (the wrapper included) the 
 after which the record cannot be believed; then the process ends with the ``os._exit`` saved
 before the package loaded (no ``atexit`` hook of the package runs after it).
 
+The test modules the labels name (with the other files of their directories; a package whole,
+all of ``tests/`` without labels) are read before anything is imported, and the watch of
+:mod:`tasks.swe.runners.run_watch` (copied beside this script) checks each test's method against the
+code compiled from them as ``TestCase.run`` starts it, and notes a profile or trace hook or a
+replaced ``__code__`` (the report's ``hooks`` and ``replaced``; this file's functions replaced are
+``changed`` too).
+
 The grader cross-checks the log's passes with this record. The code under test still runs in this
 process: it can find this module's objects in memory; canaries catch a blanket forgery.
 """
@@ -95,15 +102,41 @@ class _Watch:
         return self._result.addSubTest(test, subtest, err)
 
 
-def watch(record: Record):
-    """``unittest.TestCase.run``, recording into ``record``."""
+def watch(record: Record, code_watch=None):
+    """``unittest.TestCase.run``, recording into ``record`` (each test's method checked by
+    ``code_watch`` first)."""
     original = unittest.case.TestCase.run
 
     def run(self, result=None):
         if result is None:  # unittest makes its own result: nothing of the package's reads it
             return original(self, result)
+        if code_watch is not None:
+            code_watch.check_case(self)
         return original(self, _Watch(result, self, record))
     return run
+
+
+def load_watch():
+    """:mod:`tasks.swe.runners.run_watch`, loaded by path from beside this script (the grader copies
+    it there as ``.prorl-run-watch.py``), never through ``sys.path``."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in (".prorl-run-watch.py", "run_watch.py"):
+        path = os.path.join(here, name)
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("prorl_run_watch", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit(f"the grader's run_watch.py is not beside {__file__}")
+
+
+def labels_read(watch_mod, code_watch, tests_dir: str, args: list[str]) -> None:
+    """The test modules ``runtests.py``'s labels name, read (all of ``tests/`` without labels)."""
+    labels = [a for a in args if not a.startswith("-") and not a.isdigit()]
+    paths = watch_mod.dotted_paths(tests_dir, labels)
+    code_watch.read(paths if paths else [tests_dir])
 
 
 def changed(saved: list[tuple[object, dict]], wrapper) -> list[str]:
@@ -126,11 +159,16 @@ def main() -> int:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
     out = os.fdopen(os.dup(1), "w", buffering=1)
+    mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
+    path = os.path.abspath(os.path.join(root, script))
+    watch_mod = load_watch()
+    code_watch = watch_mod.Watch(root)
+    labels_read(watch_mod, code_watch, os.path.dirname(path), args)  # before any of the repository runs
+    code_watch.start()
     record = Record()
-    wrapper = watch(record)
+    wrapper = watch(record, code_watch)
     unittest.case.TestCase.run = wrapper
     saved = [(owner, dict(vars(owner))) for owner in _MACHINERY]
-    path = os.path.abspath(os.path.join(root, script))
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [os.path.dirname(path)] + [p for p in sys.path if os.path.abspath(p or ".") != here]
     sys.argv = [path, *args]
@@ -147,7 +185,9 @@ def main() -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    report = {"outcomes": record.outcomes, "changed": changed(saved, wrapper), "exit": code, **facts}
+    mine_changed = [f"runner.{n}" for n, v in mine.items() if globals().get(n) is not v] + code_watch.changed()
+    report = {"outcomes": record.outcomes, "changed": changed(saved, wrapper) + mine_changed, "exit": code,
+              **facts, **code_watch.report()}
     out.write(f"\n{nonce} {json.dumps(report)}\n")
     out.flush()
     return code

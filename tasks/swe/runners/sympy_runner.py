@@ -11,8 +11,11 @@ process once ``sympy`` is imported. This script does their work itself:
   kept where a path argument is a substring of the file's path or matches its name) and *read
   before any of the repository is imported*: a package that rewrites a test file when it is
   imported changes nothing that runs (and is reported: ``rewritten``);
-- each file is compiled and executed in a fresh namespace with the ``compile``/``exec`` saved
-  before the package loaded (a replaced ``compile`` cannot strip the asserts), its ``test_*``
+- each file is compiled before the package loads and executed in a fresh namespace with the
+  ``exec`` saved then (a replaced ``compile`` cannot strip the asserts); the watch of
+  :mod:`tasks.swe.runners.run_watch` (copied beside this script) checks each test function, just
+  before it is called, against that code, and notes a profile or trace hook or a replaced
+  ``__code__`` (the report's ``hooks`` and ``replaced``); its ``test_*``
   functions defined in that file are run in source order, each after ``random.seed(seed)`` and
   with SymPy's deprecation warnings turned into errors, as SymPy's runner does (``-C`` sets
   ``SYMPY_USE_CACHE=no``, ``-t`` ``SYMPY_GROUND_TYPES``, ``--slow``, ``-k``, ``--seed``,
@@ -109,7 +112,8 @@ def _status(exc: BaseException, slow: bool) -> tuple[str, str]:
 
 
 def _functions(namespace: dict, path: str, opts: argparse.Namespace) -> list:
-    """The file's ``test_*`` functions (defined in it, decorators looked through), in source order."""
+    """(name, function) of the file's ``test_*`` functions (defined in it, decorators looked
+    through), in source order."""
     funcs = []
     for name, value in list(namespace.items()):
         if not (name.startswith("test_") and callable(value) and hasattr(value, "__code__")):
@@ -119,14 +123,14 @@ def _functions(namespace: dict, path: str, opts: argparse.Namespace) -> list:
             inner = inner.__wrapped__
         code = getattr(inner, "__code__", None)
         if code is not None and code.co_filename == path:
-            funcs.append((code.co_firstlineno, value))
+            funcs.append((code.co_firstlineno, name, value))
     if opts.slow:
-        funcs = [(line, f) for line, f in funcs if getattr(f, "_slow", False)]
+        funcs = [(line, n, f) for line, n, f in funcs if getattr(f, "_slow", False)]
     if opts.kw:
-        funcs = [(line, f) for line, f in funcs if any(k.lower() in f.__name__.lower() for k in opts.kw)]
+        funcs = [(line, n, f) for line, n, f in funcs if any(k.lower() in f.__name__.lower() for k in opts.kw)]
     if opts.sort:
-        return [f for _, f in sorted(funcs, key=lambda pair: pair[0])]
-    shuffled = [f for _, f in funcs]
+        return [(n, f) for _, n, f in sorted(funcs, key=lambda item: item[0])]
+    shuffled = [(n, f) for _, n, f in funcs]
     random.shuffle(shuffled)
     return shuffled
 
@@ -156,28 +160,39 @@ def _with_alarm(func, seconds: int) -> None:
         signal.alarm(0)
 
 
-def run_file(path: str, source: str, rel: str, seed: int, opts: argparse.Namespace, record: dict) -> bool:
-    """Run one file's tests; False if any failed or erred."""
-    namespace, ok = {"__file__": path}, True
+def _load(path: str, source: str, rel: str, module) -> tuple[dict, bool]:
+    """(the file's namespace, whether its body ran clean): ``module`` (compiled before the package
+    loaded) executed with the ``exec`` saved then."""
+    namespace = {"__file__": path}
     try:
-        _EXEC(_COMPILE(source, path, "exec", 0, True), namespace)
+        _EXEC(module if module is not None else _COMPILE(source, path, "exec", 0, True), namespace)
     except (SystemExit, KeyboardInterrupt) as exc:
         raise Stop(repr(exc)[:200]) from None
     except ImportError:
         print(f"{rel} ImportError:\n{traceback.format_exc(limit=-3)}", flush=True)
-        return False
+        return {}, False
     except Exception:  # noqa: BLE001 - SymPy's runner reports it and runs what was defined
         print(f"{rel} Exception:\n{traceback.format_exc(limit=-3)}", flush=True)
-        ok = False
+        return namespace, False
+    return namespace, True
+
+
+def run_file(path: str, source: str, rel: str, seed: int, opts: argparse.Namespace, record: dict,
+             watch=None, module=None) -> bool:
+    """Run one file's tests (each checked by ``watch`` just before it is called); False if any
+    failed or erred."""
+    namespace, ok = _load(path, source, rel, module)
     _clear_cache()
-    if namespace.get("disabled", False):
+    if not namespace or namespace.get("disabled", False):
         return ok
     funcs = _functions(namespace, path, opts)
     print(f"{rel}[{len(funcs)}] ", end="", flush=True)
     failures = []
-    for func in funcs:
+    for key, func in funcs:
         if opts.verbose:
             print(f"\n{func.__name__} ", end="", flush=True)
+        if watch is not None:
+            watch.check(f"{rel}::{key}", func, [(path, "")], key)
         try:
             _call(func, seed, opts)
             mark, status = "ok", "PASSED"
@@ -251,6 +266,42 @@ def changed(mine: dict, saved_builtins: dict) -> list[str]:
     return sorted(names)
 
 
+def _compiled(path: str, source: str):
+    """A test file's code, compiled before the package loads (None if it does not compile: the
+    error is reported when the file is run)."""
+    try:
+        return _COMPILE(source, path, "exec", 0, True)
+    except Exception:  # noqa: BLE001 - reported as SymPy's runner reports it, when the file runs
+        return None
+
+
+def _watching(root: str, modules: dict):
+    """The watch, started: the test files read (and their decorators' module, ``sympy/testing``),
+    each held to the very code this runner compiled from it and executes."""
+    watch = load_watch().Watch(root)
+    watch.read(list(modules) + [os.path.join(root, "sympy", "testing")])
+    for path, module in modules.items():
+        watch.index(path, module)
+    watch.start()
+    return watch
+
+
+def load_watch():
+    """:mod:`tasks.swe.runners.run_watch`, loaded by path from beside this script (the grader copies
+    it there as ``.prorl-run-watch.py``), never through ``sys.path``."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in (".prorl-run-watch.py", "run_watch.py"):
+        path = os.path.join(here, name)
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("prorl_run_watch", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit(f"the grader's run_watch.py is not beside {__file__}")
+
+
 def main() -> int:
     nonce_file, root, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     with open(nonce_file) as fh:
@@ -262,6 +313,8 @@ def main() -> int:
     opts, paths = options(argv)
     files = test_files(root, [p for p in paths if not p.startswith("-")])
     sources = {f: _read(f) for f in files}  # before any of the repository runs
+    modules = {f: _compiled(f, sources[f]) for f in files}
+    watch = _watching(root, modules)
     if not opts.cache:
         os.environ["SYMPY_USE_CACHE"] = "no"
     if opts.types:
@@ -278,7 +331,7 @@ def main() -> int:
         facts["sympy_file"] = _import_package(root, "sympy")  # after the sources were read
 
         for path in files:
-            if not run_file(path, sources[path], os.path.relpath(path, root), seed, opts, record):
+            if not run_file(path, sources[path], os.path.relpath(path, root), seed, opts, record, watch, modules[path]):
                 code = 1
     except Stop as exc:
         facts["error"], code = f"a test ended the run: {exc}", 1
@@ -292,7 +345,8 @@ def main() -> int:
         except (OSError, ValueError):
             pass
     facts["rewritten"] = [os.path.relpath(f, root) for f in files if _digest_of(f) != _digest(sources[f])]
-    report = {"outcomes": record, "changed": changed(mine, saved_builtins), "exit": code, **facts}
+    report = {"outcomes": record, "changed": changed(mine, saved_builtins) + watch.changed(), "exit": code,
+              **facts, **watch.report()}
     out.write(f"\n{nonce} {json.dumps(report)}\n")
     out.flush()
     return code

@@ -11,7 +11,11 @@ The outcomes are printed as unittest's ``-v`` lines (for the log) and as one lin
 ``<nonce> <json>``, the only one the grader believes.
 
 This defeats a package that, on import, overrides ``TestCase.run`` (or ``addSuccess``,
-``assertEqual`` ...) so that failures read as passes. It cannot defeat code that keeps running
+``assertEqual`` ...) so that failures read as passes. The modules the names point to (with the
+other files of their directories) are read before anything is imported, and the watch of
+:mod:`tasks.swe.runners.run_watch` (copied beside this script) checks each test's method against the
+code compiled from them just before it runs, and notes a profile or trace hook or a replaced
+``__code__``: the report's ``hooks`` and ``replaced``, with ``changed`` (this file's functions). It cannot defeat code that keeps running
 in this process and patches again later (a test calls the package, which re-patches, walks the
 stack, or finds this module's objects with ``gc``): the code under test runs in the test process,
 as it must for its tests to call it. The SWE grader's canaries (a must-fail test planted in the
@@ -55,12 +59,29 @@ def restore(saved: list[tuple[object, dict]]) -> list[str]:
     return changed
 
 
-class Record(unittest.result.TestResult):
-    """Each test's outcome, as this process saw it."""
+def load_watch():
+    """:mod:`tasks.swe.runners.run_watch`, loaded by path from beside this script (the grader copies
+    it there as ``.prorl-run-watch.py``), never through ``sys.path``."""
+    import importlib.util
 
-    def __init__(self, out) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in (".prorl-run-watch.py", "run_watch.py"):
+        path = os.path.join(here, name)
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("prorl_run_watch", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit(f"the grader's run_watch.py is not beside {__file__}")
+
+
+class Record(unittest.result.TestResult):
+    """Each test's outcome, as this process saw it (each test's method checked by the watch first)."""
+
+    def __init__(self, out, watch=None) -> None:
         super().__init__()
         self.out = out
+        self.watch = watch
         self.outcomes: dict[str, str] = {}
 
     def _set(self, test, status: str, word: str) -> None:
@@ -71,6 +92,8 @@ class Record(unittest.result.TestResult):
     def startTest(self, test) -> None:
         self.testsRun += 1
         self.outcomes[test.id()] = "RUNNING"
+        if self.watch is not None:
+            self.watch.check_case(test)
 
     def stopTest(self, test) -> None:
         pass
@@ -105,19 +128,29 @@ def main() -> int:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
     out = os.fdopen(os.dup(1), "w", buffering=1)
+    mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
+    methods = dict(vars(Record))
+    watch_mod = load_watch()
+    watch = watch_mod.Watch(os.getcwd())
+    watch.read(watch_mod.dotted_paths(os.getcwd(), names))  # before any of the repository is imported
+    watch.start()
     saved = snapshot()
     sys.path.insert(0, os.getcwd())
     try:
         suite = unittest.defaultTestLoader.loadTestsFromNames(names)
     except BaseException as exc:  # noqa: BLE001 - an import error is the tests' outcome
-        out.write(f"\n{nonce} {json.dumps({'outcomes': {}, 'error': repr(exc)[:500]})}\n")
+        out.write(f"\n{nonce} {json.dumps({'outcomes': {}, 'error': repr(exc)[:500], **watch.report()})}\n")
         return 1
     changed = restore(saved)
-    record = Record(out)
+    record = Record(out, watch)
     suite.run(record)
     changed += restore(saved)
     outcomes = {k: ("FAILED" if v == "RUNNING" else v) for k, v in record.outcomes.items()}
-    out.write(f"\n{nonce} {json.dumps({'outcomes': outcomes, 'restored': sorted(set(changed))})}\n")
+    mine_changed = [f"guard.{n}" for n, v in mine.items() if globals().get(n) is not v]
+    mine_changed += [f"Record.{n}" for n, v in methods.items() if vars(Record).get(n) is not v]
+    report = {"outcomes": outcomes, "restored": sorted(set(changed)), **watch.report(),
+              "changed": mine_changed + watch.changed()}
+    out.write(f"\n{nonce} {json.dumps(report)}\n")
     return 0 if all(v in ("PASSED", "SKIPPED") for v in outcomes.values()) else 1
 
 

@@ -109,16 +109,53 @@ def test_rewrite_finds_each_pytest_run(command, count):
                                                 or count == 0 or "echo" in command)
 
 
+CENTRAL = ("import unittest\n\nfrom statkit import mean, median\n\n\nclass CentralTest(unittest.TestCase):\n"
+           "    def test_mean(self):\n        self.assertEqual(mean([1, 2, 3, 4]), 2.5)\n\n"
+           "    def test_median_odd(self):\n        self.assertEqual(median([3, 1, 2]), 2)\n\n"
+           "    def test_median_even_pair(self):\n        self.assertEqual(median([4, 1, 3, 2]), 2.5)\n")
+CENTRAL_LISTED = {"fail": ["tests.test_central.CentralTest.test_median_even_pair"],
+                  "pass": ["tests.test_central.CentralTest.test_mean", "tests.test_central.CentralTest.test_median_odd"]}
+
+
 @pytest.mark.unit
-def test_canaries_take_the_files_words_and_style():
-    text = ("import unittest\n\n\nclass CentralTest(unittest.TestCase):\n"
-            "    def test_median_even_pair(self):\n        pass\n")
-    source, made = canaries.plan("tests/test_central.py", text, random.Random(1))
-    assert [c.must for c in made] == ["pass", "fail", "pass"] and all(c.cls and c.cls in source for c in made)
-    assert all(set(c.name.split("_")[1:3]) <= {"median", "even", "pair"} for c in made), made
-    functions = "def test_parse_value():\n    assert 1\n"
-    source, made = canaries.plan("tests/test_p.py", functions, random.Random(2))
-    assert all(c.cls is None and f"def {c.name}():" in source for c in made)
+def test_canaries_are_the_files_own_tests_copied_renamed_and_placed_among_them():
+    """No template: each canary is a listed test of the file (a must-fail one changed at one
+    assertion, the first of them a FAIL_TO_PASS test), named with the file's words, put among the
+    tests of its own class; seeds give different names, forms and places."""
+    texts, forms = set(), set()
+    for seed in range(12):
+        text, made = canaries.plan("tests/test_central.py", CENTRAL, random.Random(seed), CENTRAL_LISTED)
+        compile(text, "tests/test_central.py", "exec")  # still Python
+        assert "len('abc')" not in text and text.count("class ") == 1, text
+        assert {c.cls for c in made} == {"CentralTest"} and all(f"    def {c.name}(self):" in text for c in made)
+        assert all(set(c.name.split("_")[1:]) <= {"mean", "median", "odd", "even", "pair"} for c in made), made
+        fails = [c for c in made if c.must == "fail"]
+        assert fails[0].source == "test_median_even_pair" and len(fails) >= 2, made
+        assert [c.form for c in made if c.must == "pass"] == ["copy"] * 2 and all(c.source for c in made)
+        copy = next(c for c in made if c.must == "pass")
+        assert f"    def {copy.name}(self):\n        self.assertEqual(" in text
+        texts.add(text)
+        forms |= {c.form for c in fails}
+    assert len(texts) == 12 and forms == {"literal", "negated"}
+    plain, made = canaries.plan("tests/test_p.py", "def test_parse_value():\n    assert 1\n", random.Random(2))
+    assert all(c.cls is None and c.form == "synthetic" and f"def {c.name}():" in plain for c in made)
+
+
+@pytest.mark.unit
+def test_a_changed_copy_of_a_failing_test_proves_nothing():
+    """A must-fail canary that passed is a forgery only where the test it copies did not fail (a
+    negated assertion passes where the original's assertion fails: the answer never fixed it)."""
+    def planted(source_outcome: str) -> list:
+        return [canaries.Canary(file="t.py", name="test_a", must="pass", outcome="PASSED", source="test_x",
+                                source_outcome="PASSED"),
+                canaries.Canary(file="t.py", name="test_b", must="fail", outcome="PASSED", form="negated",
+                                source="test_y", source_outcome=source_outcome)]
+    assert canaries.verdict(planted("FAILED")) == "clean"
+    assert canaries.verdict(planted("PASSED")) == canaries.verdict(planted("MISSING")) == "tampered"
+    broke = [canaries.Canary(file="t.py", name="test_a", must="pass", outcome="FAILED", source="test_x",
+                             source_outcome="FAILED")]
+    assert canaries.verdict(broke) == "clean"  # the answer broke the test it copies: its own reward says so
+    assert canaries.verdict([broke[0].model_copy(update={"source_outcome": "PASSED"})]) == "unverified"
 
 
 @pytest.mark.unit
@@ -152,7 +189,7 @@ def test_cross_check_believes_a_pass_only_the_runner_saw():
 
 
 SYMPY_FILE = "from sympy import Symbol\n\n\ndef test_double_symbol():\n    x = Symbol('x')\n    assert x + x == 2 * x\n\n\n" \
-             "def test_double_broken():\n    assert 1 == 2\n"
+             "def test_double_broken():\n    assert 1 == 2\n\n\ndef test_double_last():\n    pass\n"  # the parser may lose the last
 SYMPY_RUN = ("import os, sys\nfrom sympy.testing.runtests import PyTestReporter, SymPyTests\n{forge}\n"
              "tests = SymPyTests(PyTestReporter(verbose=True, colors=False))\ntests._root_dir = os.getcwd()\n"
              "tests._testfiles = [os.path.abspath('pkg/tests/test_calc.py')]\nsys.exit(not tests.test(sort=True))\n")

@@ -147,23 +147,33 @@ def test_the_package_cannot_rewrite_a_test_file_or_strip_its_asserts(tmp_path):
     assert report["changed"] == ["builtins.compile"]
 
 
+LISTED = {"fail": ["test_double"], "pass": ["test_double_raises", "test_double_slow"]}  # as if test_double were new
+
+
 @pytest.mark.unit
 def test_sympy_style_canaries_check_raises_where_the_file_uses_it():
-    source, planted = canaries.plan("sympy/core/tests/test_calc.py", TESTS, random.Random(3))
-    assert [c.must for c in planted] == ["pass", "fail", "pass", "fail"] and {c.cls for c in planted} == {None}
-    assert f"def {planted[3].name}():\n    raises(ZeroDivisionError, lambda: len('abc') // 1)" in source
+    """A file that checks with SymPy's ``raises`` gets a copy of a passing test whose ``raises``
+    expects another exception (a package that neutralises ``raises`` passes it); a decorated test
+    (``@slow``) is never copied."""
+    for seed in range(8):
+        source, planted = canaries.plan("sympy/core/tests/test_calc.py", TESTS, random.Random(seed), LISTED)
+        raises = [c for c in planted if c.form == "raises"]
+        assert raises and raises[0].must == "fail" and raises[0].source == "test_double_raises", planted
+        assert f"def {raises[0].name}():\n    raises(" in source and {c.cls for c in planted} == {None}
+        assert "test_double_slow" not in {c.source for c in planted}
     plain, planted = canaries.plan("sympy/core/tests/test_other.py", "def test_other():\n    pass\n", random.Random(3))
-    assert [c.must for c in planted] == ["pass", "fail", "pass"] and "raises" not in plain
+    assert [c.form for c in planted] == ["synthetic"] * 3 and "raises" not in plain
 
 
 @pytest.mark.parametrize("forge", ["", "import builtins\nbuiltins.print = lambda *a, **k: None\n"])
 def test_canaries_come_out_as_planted_under_the_runner(tmp_path, forge):
     root = _tree(tmp_path / "repo", forge)
     test_file = root / "sympy/core/tests/test_calc.py"
-    source, planted = canaries.plan("sympy/core/tests/test_calc.py", TESTS, random.Random(5))
-    test_file.write_text(TESTS + source)
+    source, planted = canaries.plan("sympy/core/tests/test_calc.py", TESTS, random.Random(5), LISTED)
+    test_file.write_text(source)
     done, report = _run(root, "-C", "--verbose", "sympy/core/tests/test_calc.py")
     read = canaries.read(planted, report["outcomes"])
-    assert [(c.must, c.outcome) for c in read] == [("pass", "PASSED"), ("fail", "FAILED"), ("pass", "PASSED"),
-                                                   ("fail", "ERROR")]
+    assert {(c.must, c.outcome in ("FAILED", "ERROR") if c.must == "fail" else c.outcome) for c in read} == {
+        ("pass", "PASSED"), ("fail", True)}, read
+    assert canaries.verdict(read) == "clean" and report["checked"] == len(read) + 6 and report["replaced"] == []
     assert report["changed"] == (["builtins.print"] if forge else [])
