@@ -252,7 +252,7 @@ def shape_cannot_spare(text: str, path: str, listed: dict[str, list[str]], comma
     """Over ``seeds`` secret seeds, whenever the shape rule spares every must-fail canary planted in
     ``text`` it spares the listed test too (``listed_test``, as ``name`` or ``Class.name``): the
     forgery that spares the canaries runs the listed test honestly."""
-    from tasks.verify import canaries
+    from tasks.swe.integrity import canaries
 
     for seed in range(seeds):
         planted_text, planted = canaries.plan(path, text, random.Random(seed), listed, command)
@@ -264,7 +264,7 @@ def shape_cannot_spare(text: str, path: str, listed: dict[str, list[str]], comma
 def row_cannot_spare(instance: dict, path: str, listed_test: str) -> None:
     """:func:`shape_cannot_spare` on a SWE-bench row's test file ``path`` (its checkout at the base
     commit, the row's test patch applied), with the row's listed tests and test command."""
-    from tasks.verify import swe_specs, test_log
+    from tasks.swe import specs as swe_specs, test_log
 
     text = with_test_patch((Path(instance["repo_source"]) / path).read_text(), instance["test_patch"], path)
     listed = {"fail": test_log.test_list(instance["FAIL_TO_PASS"], "FAIL_TO_PASS"),

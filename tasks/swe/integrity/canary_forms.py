@@ -1,4 +1,4 @@
-"""How canaries are made from a test file (:mod:`tasks.verify.canaries` decides which): the file's
+"""How canaries are made from a test file (:mod:`tasks.swe.integrity.canaries` decides which): the file's
 listed tests found in its source, copied under a fresh name (changed, for a must-fail canary, at
 one assertion: a constant, a negation, the exception a ``raises`` block expects), or made up in
 the file's style where it offers none; and put at random places among the file's tests (a method

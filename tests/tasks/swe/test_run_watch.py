@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verify import run_watch
+from tasks.swe.runners import run_watch
 
 TESTS = '''import functools
 
