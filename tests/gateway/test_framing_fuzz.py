@@ -25,7 +25,7 @@ TOKEN = "fuzz-" + secrets.token_hex(8)
 
 def _gateway(limits: Limits | None = None) -> Gateway:
     never = lambda req, stop: (_ for _ in ()).throw(AssertionError("no generation here"))  # noqa: E731
-    log = SimpleNamespace(wake=lambda: None)  # nothing is generated, so nothing recorded
+    log = SimpleNamespace(wake=lambda: None, transcript=SimpleNamespace(size=0))  # nothing generated, nothing recorded
     return Gateway(GatewaySession(f"fuzz-{secrets.token_hex(4)}", never, log=log), token=TOKEN,
                    limits=limits).start()
 

@@ -233,7 +233,6 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 
 from config.settings import get_settings  # noqa: E402
@@ -301,17 +300,17 @@ def test_relay_idle_connections_make_no_threads_in_the_host(start_host, node2_ga
     them, the relay holds at most its cap, and another session's relay on the host answers."""
     host = start_host(env={"PRORL_GATEWAY_SOCKET_DIR": str(node2_gateways)})
     sandbox = create(host)
-    ctx = SimpleNamespace(sandbox=sandbox, job_id="job-hostile-relay")
     gateways = [_gateway(), _gateway()]
     marker = f"{421 + os.getpid() % 89}.5"
     gate = node2_gateways / f"gate-{secrets.token_hex(6)}"
-    from tasks.harnesses.run import _reach
+    from sandboxes.client import HostProvider
 
     box: dict = {}
     try:
         paths = []
         for gateway in gateways:
-            route, path = _reach(ctx, gateway)
+            route, path = HostProvider(None).gateway_route(sandbox, gateway.socket_path, gateway.listen_tcp,
+                                                           gateway.relay_key)
             gateway.start()
             assert route == "relay", route
             paths.append(path)
