@@ -41,19 +41,24 @@ class SamplingAuthority:
         update: dict[str, Any] = {}
         dropped: list[str] = []
         for name in sorted(sent):
-            value = getattr(asked, name, None)
-            if name == "max_tokens":
-                if value is not None and (self.base.max_tokens is None or value < self.base.max_tokens):
-                    update["max_tokens"] = value
-            elif name == "stop":
-                if value:
-                    update["stop"] = _stops([*(self.base.stop or []), *value])
-            elif name == "tool_choice":
-                if value not in _UNFORCED:
-                    dropped.append(name)
-            elif value != getattr(self.base, name, None):
-                dropped.append(name)
+            self._judge(name, getattr(asked, name, None), update, dropped)
         return (self.base.model_copy(update=update) if update else self.base), dropped
+
+    def _judge(self, name: str, value: Any, update: dict[str, Any], dropped: list[str]) -> None:
+        """One field the harness sent, ``value``: kept in ``update`` (a lower ``max_tokens``, more
+        ``stop`` strings), named in ``dropped`` (what differs from the trainer's set, a forced
+        ``tool_choice``), or let be."""
+        if name == "max_tokens":
+            if value is not None and (self.base.max_tokens is None or value < self.base.max_tokens):
+                update["max_tokens"] = value
+        elif name == "stop":
+            if value:
+                update["stop"] = _stops([*(self.base.stop or []), *value])
+        elif name == "tool_choice":
+            if value not in _UNFORCED:
+                dropped.append(name)
+        elif value != getattr(self.base, name, None):
+            dropped.append(name)
 
 
 def _stops(stops: list[Any]) -> list[str]:

@@ -245,18 +245,33 @@ def _run_from_log(box, root: str, spec: swe_specs.SweSpec, timeout: float, insta
     reports = [_guard_report(text, nonce) for nonce in nonces]
     if any(report is None for report in reports):
         return {}, {**facts, "error": f"the {runner['kind']} runner gave no report"}
+    return _checked_by_reports(outcomes, facts, runner, reports, family)
+
+
+def _checked_by_reports(outcomes: dict[str, str], facts: dict[str, Any], runner: dict[str, Any],
+                        reports: list[dict], family: runners.TestRunner) -> tuple[dict[str, str], dict[str, Any]]:
+    """The log's ``outcomes`` checked against the isolated runner's ``reports``; ``facts`` (whose
+    ``runner`` block is ``runner``) completed with what the reports say."""
     runner.update({k: v for k, v in reports[0].items() if k not in ("outcomes", *WATCH_KEYS)})
-    changed = sorted({name for report in reports for name in report.get("changed") or []})
-    ended = next((str(report["error"]) for report in reports if report.get("error")), None)
-    if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
-        facts["error"] = f"the package changed the test machinery: {', '.join(changed)[:500]}"
-    elif ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
-        facts["error"] = f"the {runner['kind']} runner's run ended early: {ended[:500]}"
+    error = _record_error(runner["kind"], reports)
+    if error is not None:
+        facts["error"] = error
     facts.update({k: v for k, v in _watched(reports).items() if k not in facts})
     facts["rewritten"] = sorted({p for report in reports for p in report.get("rewritten") or []})
     merged = {str(k): str(v) for report in reports for k, v in (report.get("outcomes") or {}).items()}
     outcomes, facts["log_disagreements"] = integrity.cross_check(outcomes, merged, family.errors_once)
     return outcomes, facts
+
+
+def _record_error(kind: str, reports: list[dict]) -> str | None:
+    """Why the runner's record proves nothing, if it does not (None when it stands)."""
+    changed = sorted({name for report in reports for name in report.get("changed") or []})
+    ended = next((str(report["error"]) for report in reports if report.get("error")), None)
+    if changed:  # the package replaced the machinery the record is kept by: the record proves nothing
+        return f"the package changed the test machinery: {', '.join(changed)[:500]}"
+    if ended:  # the run did not end as the runner ends it: what it recorded is not the whole run
+        return f"the {kind} runner's run ended early: {ended[:500]}"
+    return None
 
 
 def _isolated(box, root: str, command: str, base: str | None) -> tuple[str, list[str], dict[str, Any]]:

@@ -138,8 +138,14 @@ def from_eval_script(script: str) -> tuple[list[str], str] | None:
     end = next((i for i, line in enumerate(lines) if END in line and start is not None and i > start), None)
     if start is None or end is None:
         return None
+    command = "\n".join(line for line in lines[start + 1:end] if line.strip())
+    return _setup_lines(lines[:start]), command
+
+
+def _setup_lines(lines: list[str]) -> list[str]:
+    """The environment lines of an eval script's head, each once (a heredoc's lines are skipped)."""
     setup, heredoc = [], None
-    for line in lines[:start]:
+    for line in lines:
         if heredoc is not None:  # a patch fed to git apply: its lines are data
             heredoc = None if line.strip() == heredoc else heredoc
             continue
@@ -148,8 +154,7 @@ def from_eval_script(script: str) -> tuple[list[str], str] | None:
             heredoc = opened.group(1)
         elif _ENV_LINE.match(line):
             setup.append(line.strip())
-    command = "\n".join(line for line in lines[start + 1:end] if line.strip())
-    return list(dict.fromkeys(setup)), command
+    return list(dict.fromkeys(setup))
 
 
 def _with_files(command: str, files: list[str]) -> str:

@@ -32,29 +32,10 @@ class OpenAIChat:
 
     def parse(self, body: Any) -> GatewayRequest:
         require(isinstance(body, dict), "the body must be a JSON object")
-        messages = body.get("messages")
-        require(isinstance(messages, list) and messages, "messages: a non-empty list is required", "messages")
-        out = []
-        for i, message in enumerate(messages):
-            require(isinstance(message, dict) and message.get("role") in ROLES,
-                    f"messages[{i}]: an object with a role of {sorted(ROLES)}", f"messages[{i}]")
-            out.append(rendered(message if message["role"] != "developer" else {**message, "role": "system"},
-                                f"messages[{i}]"))
-        tools = body.get("tools")
-        require(tools is None or isinstance(tools, list) and all(isinstance(t, dict) for t in tools),
-                "tools: a list of function tools", "tools")
-        tools = [function_tool(t.get("function") if isinstance(t.get("function"), dict) else t, f"tools[{i}]")
-                 for i, t in enumerate(tools or [])]
+        out = _messages(body.get("messages"))
+        tools = _tools(body.get("tools"))
         require(body.get("n") in (None, 1), "n: only 1 is supported", "n")
-        params = sampling_fields(body, SAMPLING)
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
-        if cap is not None:
-            params["max_tokens"] = cap
-        try:
-            sampling = SamplingParams.model_validate(params)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise bad_request(f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][0])) from None
+        sampling = _sampling(body)
         return GatewayRequest(messages=out, tools=tools or None, sampling=sampling, model=body.get("model"),
                               stream=bool(body.get("stream")))
 
@@ -104,3 +85,35 @@ class OpenAIChat:
         return failure.status, {"error": {"message": failure.message, "type": ERROR_TYPES.get(failure.kind, "error"),
                                           "param": failure.param, "code": code}}
 
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's messages, each checked and rendered (a ``developer`` message as ``system``)."""
+    require(isinstance(messages, list) and messages, "messages: a non-empty list is required", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        require(isinstance(message, dict) and message.get("role") in ROLES,
+                f"messages[{i}]: an object with a role of {sorted(ROLES)}", f"messages[{i}]")
+        out.append(rendered(message if message["role"] != "developer" else {**message, "role": "system"},
+                            f"messages[{i}]"))
+    return out
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    """The request's function tools (a tool's ``function`` object, or the tool itself)."""
+    require(tools is None or isinstance(tools, list) and all(isinstance(t, dict) for t in tools),
+            "tools: a list of function tools", "tools")
+    return [function_tool(t.get("function") if isinstance(t.get("function"), dict) else t, f"tools[{i}]")
+            for i, t in enumerate(tools or [])]
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    """The sampling fields the request sent (``max_completion_tokens`` or ``max_tokens`` as ``max_tokens``)."""
+    params = sampling_fields(body, SAMPLING)
+    cap = body.get("max_completion_tokens") or body.get("max_tokens")
+    if cap is not None:
+        params["max_tokens"] = cap
+    try:
+        return SamplingParams.model_validate(params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise bad_request(f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][0])) from None

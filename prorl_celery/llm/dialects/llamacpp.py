@@ -65,16 +65,7 @@ class LlamaCppWire(TokenWire):
         them when the stream is cut); the Generated of the last event (``stop``)."""
         final: dict[str, Any] | None = None
         for event in events:  # read to the end, so the connection can be used again
-            if "error" in event:
-                raise BackendFailed(f"llama.cpp: {str(event['error'])[:300]}")
-            if event.get("truncated"):
-                raise ContextWindowExceeded("llama.cpp truncated the prompt to fit its context")
-            got = [int(i) for i in event.get("tokens") or []]
-            probs = event.get("completion_probabilities")
-            if probs is not None and [int(p["id"]) for p in probs] != got:
-                raise LogprobMismatch("llama.cpp: the logprobs' token ids are not the tokens it returned")
-            if probs is None and got:
-                raise LogprobMismatch(f"llama.cpp: no logprobs for {len(got)} tokens")
+            got, probs = _event_tokens(event)
             ids.extend(got)
             logprobs.extend(read_logprobs(probs) or [])
             if event.get("stop"):
@@ -82,6 +73,22 @@ class LlamaCppWire(TokenWire):
         if final is None:
             raise BackendFailed("llama.cpp: the stream ended before its last event")
         return Generated(list(ids), list(logprobs), self.FINISH.get(final.get("stop_type") or "", None))
+
+
+def _event_tokens(event: dict[str, Any]) -> tuple[list[int], Any]:
+    """(the token ids of one streamed event, their ``completion_probabilities``); an error event,
+    a truncated prompt or logprobs that do not match the tokens raise."""
+    if "error" in event:
+        raise BackendFailed(f"llama.cpp: {str(event['error'])[:300]}")
+    if event.get("truncated"):
+        raise ContextWindowExceeded("llama.cpp truncated the prompt to fit its context")
+    got = [int(i) for i in event.get("tokens") or []]
+    probs = event.get("completion_probabilities")
+    if probs is not None and [int(p["id"]) for p in probs] != got:
+        raise LogprobMismatch("llama.cpp: the logprobs' token ids are not the tokens it returned")
+    if probs is None and got:
+        raise LogprobMismatch(f"llama.cpp: no logprobs for {len(got)} tokens")
+    return got, probs
 
 
 class LlamaCpp(Dialect):

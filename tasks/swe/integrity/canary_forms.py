@@ -152,20 +152,27 @@ class Layout:
         """(the line index a canary goes before, how): among the file's tests, or in ``cls``; for a
         copy, before or after its source with even odds (the copy's rank among its twins says
         nothing), anywhere on that side."""
-        if cls is None:
-            first = min((d.node.lineno for d in self.defs.values() if d.cls is None), default=1)
-            starts = [_start(n) for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                      and n.lineno >= first] if self.tree else []
-            spots = [(s - 1, "top") for s in starts] + [(len(self.lines), "eof")]
-        else:
-            owner = next(d.owner for d in self.defs.values() if d.cls == cls)
-            spots = [(_start(n) - 1, "method") for n in owner.body if isinstance(n, ast.FunctionDef)]
-            spots.append((owner.end_lineno, "class-end"))
+        spots = self._top_spots() if cls is None else self._class_spots(cls)
         if near is not None:
             at = _start(near.node) - 1
             sides = [side for side in ([s for s in spots if s[0] <= at], [s for s in spots if s[0] > at]) if side]
             spots = rng.choice(sides)
         return rng.choice(spots)
+
+    def _top_spots(self) -> list[tuple[int, str]]:
+        """The spots among the file's top-level tests: before each function or class from the
+        first test function on, and the end of the file."""
+        first = min((d.node.lineno for d in self.defs.values() if d.cls is None), default=1)
+        starts = [_start(n) for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                  and n.lineno >= first] if self.tree else []
+        return [(s - 1, "top") for s in starts] + [(len(self.lines), "eof")]
+
+    def _class_spots(self, cls: str) -> list[tuple[int, str]]:
+        """The spots in the class ``cls``: before each of its methods, and at its end."""
+        owner = next(d.owner for d in self.defs.values() if d.cls == cls)
+        spots = [(_start(n) - 1, "method") for n in owner.body if isinstance(n, ast.FunctionDef)]
+        spots.append((owner.end_lineno, "class-end"))
+        return spots
 
     def insert(self, rng: random.Random, made: list[tuple[Made, tuple[int, str]]]) -> str:
         """The file's text with each canary at its spot (those at one spot in a random order)."""
@@ -271,16 +278,22 @@ def _literal(test: ast.AST, rng: random.Random) -> tuple[str, ast.AST, str] | No
         test = next((side for side in (test.comparators[0], test.left) if isinstance(side, ast.Constant)), None)
     if not isinstance(test, ast.Constant) or isinstance(test.value, bool):
         return None
-    value = test.value
+    other = _other_constant(test.value, rng)
+    return None if other is None else ("literal", test, other)
+
+
+def _other_constant(value: object, rng: random.Random) -> str | None:
+    """The text of a constant that differs from ``value`` (an int, a float, a short plain string),
+    or None for any other."""
     if isinstance(value, int):
-        return "literal", test, str(value + rng.choice((1, 2, 3, 7)))
+        return str(value + rng.choice((1, 2, 3, 7)))
     if isinstance(value, float):
-        return "literal", test, repr(value + rng.choice((1.0, 0.5, 2.0)))
+        return repr(value + rng.choice((1.0, 0.5, 2.0)))
     if isinstance(value, str) and value.isprintable() and "\\" not in value and len(value) < 200:
         chars = "abcdefghijklmnopqrstuvwxyz0123456789"
         at = rng.randrange(len(value) + 1)
         new = value[:at] + rng.choice([c for c in chars if value[at:at + 1] != c]) + value[at + 1:]
-        return "literal", test, "<str>" + new  # quoted as the original (see _replace)
+        return "<str>" + new  # quoted as the original (see _replace)
     return None
 
 

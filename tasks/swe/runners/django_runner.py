@@ -153,11 +153,38 @@ def changed(saved: list[tuple[object, dict]], wrapper) -> list[str]:
     return sorted(set(names))
 
 
-def main() -> int:
-    nonce_file, root, script, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+def _take_nonce(nonce_file: str) -> str:
+    """The nonce, read from its file, which is deleted (the package never sees it)."""
     with open(nonce_file) as fh:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
+    return nonce
+
+
+def _as_script(path: str, args: list[str]) -> None:
+    """``sys.path`` and ``sys.argv`` as ``python3 path args...`` has them (this file's directory
+    off the path)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [os.path.dirname(path)] + [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.argv = [path, *args]
+
+
+def _exit_status(value) -> int:
+    """The status a ``SystemExit`` carrying ``value`` ends a process with (0, 1 or the int)."""
+    return value if isinstance(value, int) else (0 if value is None else 1)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):  # the runner's own summary first, then the report
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def main() -> int:
+    nonce_file, root, script, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    nonce = _take_nonce(nonce_file)
     out = os.fdopen(os.dup(1), "w", buffering=1)
     mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
     path = os.path.abspath(os.path.join(root, script))
@@ -169,22 +196,16 @@ def main() -> int:
     wrapper = watch(record, code_watch)
     unittest.case.TestCase.run = wrapper
     saved = [(owner, dict(vars(owner))) for owner in _MACHINERY]
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [os.path.dirname(path)] + [p for p in sys.path if os.path.abspath(p or ".") != here]
-    sys.argv = [path, *args]
+    _as_script(path, args)
     facts: dict = {}
-    try:
+    try:  # runtests.py runs here in main, at the stack depth it always had
         runpy.run_path(path, run_name="__main__")
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = _exit_status(exc.code)
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run, the report says so
         facts["error"], code = repr(exc)[:500], 3
-    for stream in (sys.stdout, sys.stderr):  # the runner's own summary first, then the report
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush_streams()
     mine_changed = [f"runner.{n}" for n, v in mine.items() if globals().get(n) is not v] + code_watch.changed()
     report = {"outcomes": record.outcomes, "changed": changed(saved, wrapper) + mine_changed, "exit": code,
               **facts, **code_watch.report()}

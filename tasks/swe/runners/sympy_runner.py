@@ -114,6 +114,21 @@ def _status(exc: BaseException, slow: bool) -> tuple[str, str]:
 def _functions(namespace: dict, path: str, opts: argparse.Namespace) -> list:
     """(name, function) of the file's ``test_*`` functions (defined in it, decorators looked
     through), in source order."""
+    funcs = _defined_in(namespace, path)
+    if opts.slow:
+        funcs = [(line, n, f) for line, n, f in funcs if getattr(f, "_slow", False)]
+    if opts.kw:
+        funcs = [(line, n, f) for line, n, f in funcs if any(k.lower() in f.__name__.lower() for k in opts.kw)]
+    if opts.sort:
+        return [(n, f) for _, n, f in sorted(funcs, key=lambda item: item[0])]
+    shuffled = [(n, f) for _, n, f in funcs]
+    random.shuffle(shuffled)
+    return shuffled
+
+
+def _defined_in(namespace: dict, path: str) -> list:
+    """(first line, name, function) of each ``test_*`` function of ``namespace`` whose code
+    (through its decorators' ``__wrapped__``) was compiled from ``path``."""
     funcs = []
     for name, value in list(namespace.items()):
         if not (name.startswith("test_") and callable(value) and hasattr(value, "__code__")):
@@ -124,15 +139,7 @@ def _functions(namespace: dict, path: str, opts: argparse.Namespace) -> list:
         code = getattr(inner, "__code__", None)
         if code is not None and code.co_filename == path:
             funcs.append((code.co_firstlineno, name, value))
-    if opts.slow:
-        funcs = [(line, n, f) for line, n, f in funcs if getattr(f, "_slow", False)]
-    if opts.kw:
-        funcs = [(line, n, f) for line, n, f in funcs if any(k.lower() in f.__name__.lower() for k in opts.kw)]
-    if opts.sort:
-        return [(n, f) for _, n, f in sorted(funcs, key=lambda item: item[0])]
-    shuffled = [(n, f) for _, n, f in funcs]
-    random.shuffle(shuffled)
-    return shuffled
+    return funcs
 
 
 def _call(func, seed: int, opts: argparse.Namespace) -> None:
@@ -302,32 +309,66 @@ def load_watch():
     raise SystemExit(f"the grader's run_watch.py is not beside {__file__}")
 
 
-def main() -> int:
-    nonce_file, root, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+def _take_nonce(nonce_file: str) -> str:
+    """The nonce, read from its file, which is deleted (the package never sees it)."""
     with open(nonce_file) as fh:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
-    saved_builtins = {n: getattr(builtins, n) for n in _BUILTINS}
-    opts, paths = options(argv)
+    return nonce
+
+
+def _read_tests(root: str, paths: list[str]) -> tuple[list[str], dict[str, str], dict]:
+    """(the test files the paths choose, their sources, their code): read and compiled before any
+    of the repository runs."""
     files = test_files(root, [p for p in paths if not p.startswith("-")])
     sources = {f: _read(f) for f in files}  # before any of the repository runs
     modules = {f: _compiled(f, sources[f]) for f in files}
-    watch = _watching(root, modules)
+    return files, sources, modules
+
+
+def _set_environment(opts: argparse.Namespace) -> int:
+    """SymPy's environment variables as ``-C`` and ``-t`` set them; the run's seed."""
     if not opts.cache:
         os.environ["SYMPY_USE_CACHE"] = "no"
     if opts.types:
         os.environ["SYMPY_GROUND_TYPES"] = opts.types
-    seed = opts.seed if opts.seed is not None else random.randrange(100000000)
-    facts = {"root_first_on_path": _path_for(root), "seed": seed, "python": sys.version.split()[0],
-             "files": [os.path.relpath(f, root) for f in files], "sources_read_before_import": True,
-             "ignored_options": [p for p in paths if p.startswith("-")] + sorted(
-                 k for k, v in vars(opts).items() if k.startswith("ignored_") and v)}
+    return opts.seed if opts.seed is not None else random.randrange(100000000)
+
+
+def _run_facts(root: str, seed: int, files: list[str], paths: list[str], opts: argparse.Namespace) -> dict:
+    """The report's facts of the run, known before it starts (``sys.path`` set for it here)."""
+    return {"root_first_on_path": _path_for(root), "seed": seed, "python": sys.version.split()[0],
+            "files": [os.path.relpath(f, root) for f in files], "sources_read_before_import": True,
+            "ignored_options": [p for p in paths if p.startswith("-")] + sorted(
+                k for k, v in vars(opts).items() if k.startswith("ignored_") and v)}
+
+
+def _summary(record: dict[str, str], start: float) -> None:
+    """The run's last line in the log, then the run's own output flushed (before the report)."""
+    print(f"\n== prorl sympy runner: {sum(v == 'PASSED' for k, v in record.items() if '::' in k)} passed, "
+          f"{sum(v != 'PASSED' for k, v in record.items() if '::' in k)} not, in {time.time() - start:.2f} s ==")
+    for stream in (sys.stdout, sys.stderr):  # the run's own output first, then the report
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def main() -> int:
+    nonce_file, root, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    nonce = _take_nonce(nonce_file)
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
+    saved_builtins = {n: getattr(builtins, n) for n in _BUILTINS}
+    opts, paths = options(argv)
+    files, sources, modules = _read_tests(root, paths)
+    watch = _watching(root, modules)
+    seed = _set_environment(opts)
+    facts = _run_facts(root, seed, files, paths, opts)
     record: dict[str, str] = {}
     code, start = 0, time.time()
     print(f"prorl sympy runner: python {facts['python']}, seed {seed}, {len(files)} file(s)", flush=True)
-    try:
+    try:  # the package loads and the tests run here in main, at the stack depth they always had
         facts["sympy_file"] = _import_package(root, "sympy")  # after the sources were read
 
         for path in files:
@@ -337,13 +378,7 @@ def main() -> int:
         facts["error"], code = f"a test ended the run: {exc}", 1
     except BaseException as exc:  # noqa: BLE001 - whatever ended the run, the report says so
         facts["error"], code = repr(exc)[:500], 3
-    print(f"\n== prorl sympy runner: {sum(v == 'PASSED' for k, v in record.items() if '::' in k)} passed, "
-          f"{sum(v != 'PASSED' for k, v in record.items() if '::' in k)} not, in {time.time() - start:.2f} s ==")
-    for stream in (sys.stdout, sys.stderr):  # the run's own output first, then the report
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _summary(record, start)
     facts["rewritten"] = [os.path.relpath(f, root) for f in files if _digest_of(f) != _digest(sources[f])]
     report = {"outcomes": record, "changed": changed(mine, saved_builtins) + watch.changed(), "exit": code,
               **facts, **watch.report()}

@@ -122,11 +122,23 @@ class Record(unittest.result.TestResult):
         self._set(test, "FAILED", "unexpected success")
 
 
-def main() -> int:
-    nonce_file, names = sys.argv[1], [a for a in sys.argv[2:] if not a.startswith("-")]
+def _take_nonce(nonce_file: str) -> str:
+    """The nonce, read from its file, which is deleted (the package never sees it)."""
     with open(nonce_file) as fh:
         nonce = fh.read().strip()
     os.unlink(nonce_file)
+    return nonce
+
+
+def _mine_changed(mine: dict, methods: dict) -> list[str]:
+    """This file's functions and :class:`Record`'s methods that differ now from ``mine`` and ``methods``."""
+    names = [f"guard.{n}" for n, v in mine.items() if globals().get(n) is not v]
+    return names + [f"Record.{n}" for n, v in methods.items() if vars(Record).get(n) is not v]
+
+
+def main() -> int:
+    nonce_file, names = sys.argv[1], [a for a in sys.argv[2:] if not a.startswith("-")]
+    nonce = _take_nonce(nonce_file)
     out = os.fdopen(os.dup(1), "w", buffering=1)
     mine = {n: v for n, v in globals().items() if callable(v) and not n.startswith("__")}
     methods = dict(vars(Record))
@@ -146,8 +158,7 @@ def main() -> int:
     suite.run(record)
     changed += restore(saved)
     outcomes = {k: ("FAILED" if v == "RUNNING" else v) for k, v in record.outcomes.items()}
-    mine_changed = [f"guard.{n}" for n, v in mine.items() if globals().get(n) is not v]
-    mine_changed += [f"Record.{n}" for n, v in methods.items() if vars(Record).get(n) is not v]
+    mine_changed = _mine_changed(mine, methods)
     report = {"outcomes": outcomes, "restored": sorted(set(changed)), **watch.report(),
               "changed": mine_changed + watch.changed()}
     out.write(f"\n{nonce} {json.dumps(report)}\n")
