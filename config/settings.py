@@ -97,6 +97,7 @@ class Settings(BaseSettings):
     output_limit_chars: int = Field(16000, description="Command output beyond this keeps head and tail.")
     sandbox_read_max_mb: int = Field(64, description="Largest file the sandbox host reads out of a workspace in one file call (larger: HTTP 413 file_too_large; read a part with a command).")
     apptainer_bin: str | None = Field(None, description="The apptainer (or singularity) binary the singularity sandbox runtime runs, a path or a name on PATH; default: apptainer, else singularity, on PATH. scripts/install-apptainer.sh installs one into a private prefix and prints its path.")
+    sandbox_write_max_mb: int = Field(256, ge=1, description="Largest request body the sandbox host takes, MiB: its biggest legitimate body is a file write, and the biggest of those a SWE repository's single-commit pack (a few to some tens of MiB). A larger body is refused with 413 from its Content-Length (a chunked one once its running total passes it), and a request without the host's token is refused from its head, its body never read (sandboxes/host/gate.py).")
     sandbox_cgroups: bool = Field(True, description="Give each bwrap sandbox its own cgroup (memory, pids, cpu) and, where the host is root, a size-capped workspace filesystem; False only to compare costs.")
 
     llm_call_timeout_s: float = Field(600.0, description="Timeout of one LLM call (one turn), seconds.")
