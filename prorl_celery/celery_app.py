@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep.beat"])
+app = Celery("prorl_celery", include=["tasks.stages", "tasks.sweep.beat", "tasks.worker_memory"])
 app.config_from_object("config.celeryconfig")
 
 from prorl_celery import watchdog  # noqa: E402,F401 - connects the worker's consumer watchdog

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from prorl_celery import keys
 from prorl_celery.backoff import Backoff, wait
-from prorl_celery.errors import (ErrorBody, ErrorDetail, ImageError, ImageUnavailable,
+from prorl_celery.errors import (ErrorBody, ErrorDetail, FileTooLarge, ImageError, ImageUnavailable,
                                  NoSandboxCapacity, SandboxError, SandboxGone, from_wire)
 from prorl_celery.http import Response, TransportError
 from prorl_celery.http import request as http_request
@@ -113,6 +113,12 @@ class RemoteSandbox:
         return self._invoke("read_file", path=path)
 
     def write_file(self, path: str, data: bytes) -> None:
+        from config.settings import get_settings
+
+        cap = get_settings().sandbox_write_max_mb << 20
+        if len(data) >= cap:  # the host refuses it from its head (413): said here, not as a reset mid-send
+            raise FileTooLarge(f"{path}: {len(data)} bytes is more than a sandbox host takes in one "
+                               f"write (sandbox_write_max_mb={cap >> 20})")
         self._invoke("write_file", path=path, data=data)
 
     def stat(self, path: str) -> StatResult:

@@ -21,6 +21,9 @@
 #   PRORL_RUN_WORKER_PROCESSES  processes the run worker is started as (default 1), its threads
 #                             split between them: the gateways of harness sessions live there, so
 #                             a node with hundreds of them wants its cores (config/settings.py)
+#   PRORL_RUN_WORKER_MEMORY_MB  memory limit of each run worker process, MiB, held by a memory
+#                             cgroup of its own nested in the job's (default: half the node's,
+#                             split between the processes; 0: none; needs root, else it is logged)
 #   PRORL_INIT_CONCURRENCY, PRORL_EVAL_CONCURRENCY   (default: a quarter of it, 8 to 64)
 #   PRORL_MAINT_CONCURRENCY   (default 2)
 #   PRORL_SANDBOX_PORT        sandbox host port (default 0: any free port)

@@ -259,6 +259,9 @@ class Stack:
             child.stop(grace_s=5.0)
         if "redis" in self.children:
             self.children["redis"].stop(grace_s=10.0)
+        from tasks.worker_memory import sweep_left
+
+        sweep_left()  # the memory cgroups of run workers that were killed (a worker removes its own)
 
     def __enter__(self) -> "Stack":
         return self.start()

@@ -49,15 +49,43 @@ def parse(model: type[BaseModel]) -> BaseModel:
         raise InvalidRequest(str(exc)) from exc
 
 
-def _gone_with_predecessor(pool: SandboxPool) -> Response | None:
+def _gone_with_predecessor(pool: SandboxPool, path: str) -> ProrlError | None:
     """A call about a sandbox this host does not have, with a token that is not this host's:
     most likely a handle from an earlier run of the host at this address (a restart makes a new
     token). Its sandbox is gone, which is what the caller must hear (it then runs the job again),
     not 401. Sandbox ids are 64 random bits: this tells a stranger nothing it could use."""
-    parts = request.path.split("/")
+    parts = path.split("/")
     if len(parts) < 3 or parts[1] != "sandboxes" or not parts[2] or parts[2] in pool._slots:
         return None
-    return respond(SandboxGone(f"no sandbox {parts[2]!r} on this host (its host restarted?)"))
+    return SandboxGone(f"no sandbox {parts[2]!r} on this host (its host restarted?)")
+
+
+def _refusal(pool: SandboxPool, expected: bytes, method: str, path: str,
+             authorization: str) -> tuple[ErrorBody, int] | None:
+    """Whether a request is refused from its head (method, path, Authorization) alone."""
+    if path == "/health" and method == "GET":
+        return None
+    if hmac.compare_digest(authorization.encode(), expected):
+        return None
+    gone = _gone_with_predecessor(pool, path)
+    if gone is not None:
+        return ErrorBody(error=gone.to_dict()), gone.http_status
+    return ErrorBody(error=ErrorDetail(type="unauthorized", message="missing or wrong bearer token")), 401
+
+
+def head_check(pool: SandboxPool, token: str) -> Callable[[str, str, dict[str, str]], tuple[int, bytes] | None]:
+    """The host's check of a request's head, for :func:`sandboxes.host.gate.gated_channel`: the
+    same answer the app gives, decided before waitress reads the body."""
+    expected = f"Bearer {token}".encode()
+
+    def check(method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes] | None:
+        refused = _refusal(pool, expected, method, path, headers.get("AUTHORIZATION", ""))
+        if refused is None:
+            return None
+        body, status = refused
+        return status, body.model_dump_json(exclude_none=True).encode()
+
+    return check
 
 
 def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None) -> Flask:
@@ -67,12 +95,11 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
 
     @app.before_request
     def authenticate() -> Response | None:
-        if request.path == "/health" and request.method == "GET":
-            return None
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            return _gone_with_predecessor(pool) or error("unauthorized", "missing or wrong bearer token", 401)
-        return None
+        # the gate (gate.py) refuses such a request from its head under waitress; this holds
+        # for any other server of the app
+        refused = _refusal(pool, expected, request.method, request.path,
+                           request.headers.get("Authorization", ""))
+        return None if refused is None else _json(*refused)
 
     @app.errorhandler(ProrlError)
     def prorl_error(exc: ProrlError) -> Response:

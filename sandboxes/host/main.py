@@ -25,7 +25,8 @@ import waitress
 
 from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.host.advertise import advertised_url
-from sandboxes.host.app import create_app
+from sandboxes.host.app import create_app, head_check
+from sandboxes.host.gate import gated_channel
 from sandboxes.host.pool import SandboxPool, limit_enforcement
 from sandboxes.host.registration import Registration
 from sandboxes.host.reap import reap_leftovers
@@ -131,7 +132,9 @@ class SandboxHost:
         self.server = waitress.create_server(
             app, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
             connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True,
-            channel_request_lookahead=4)
+            channel_request_lookahead=4, max_request_body_size=settings.sandbox_write_max_mb << 20)
+        # each request's head judged before its body is read (no token: 401, the body never taken)
+        self.server.channel_class = gated_channel(head_check(self.pool, self.token))
         self.port = self.server.effective_port
         self.address = advertise or advertised_address(host, self.port, redis_url)
         self.host_id = host_id or f"{socket.gethostname()}-{self.port}"

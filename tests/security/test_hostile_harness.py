@@ -596,3 +596,43 @@ def test_live_a_call_without_a_cap_ends_at_the_servers():
         resp = generate(server, [1, 2, 3], max_tokens=10**6, ignore_eos=True)
         assert resp.status_code == 200 and len(resp.json()["choices"][0]["token_ids"]) == 16, resp.text
         assert resp.json()["choices"][0]["finish_reason"] == "length"
+
+
+# --- memcap ---
+# Issue 32 item 3, what is left of "bounded everything": the sandbox host takes no body before its
+# token and none past its cap; the run worker's memory (its harness sessions' gateways) is held
+# by a cgroup of its own.
+from tests.security.hostile_memcap import answer_to_head  # noqa: E402
+
+
+def test_memcap_the_host_answers_an_unauthenticated_request_from_its_head(start_host):
+    """The sandbox host read a request's body (waitress: up to 1 GB, to a temporary file) before
+    its app checked the token. Now a request without the token is answered 401 from its head: the
+    answer comes while the announced 900 MB (or a 256 MB chunk) has not been sent at all."""
+    host = start_host(register=False)
+    for headers in (b"Content-Length: 943718400\r\n",
+                    b"Transfer-Encoding: chunked\r\nAuthorization: Bearer wrong\r\n"):
+        status, body = answer_to_head(host.address, b"POST /sandboxes HTTP/1.1\r\nHost: h\r\n" + headers,
+                                      first=b"10000000\r\n" if b"chunked" in headers else b"")
+        assert status == 401 and json.loads(body)["error"]["type"] == "unauthorized", (status, body)
+
+
+@needs_bwrap()
+def test_memcap_the_host_refuses_a_body_past_its_cap(start_host):
+    """With the token, a body past ``sandbox_write_max_mb`` is 413 in the service's error shape:
+    from the Content-Length before the body is read, and for a chunked body once its running total
+    passes the cap; a write under the cap still lands."""
+    host = start_host(env={"PRORL_SANDBOX_WRITE_MAX_MB": "1"})
+    sandbox = create(host)
+    try:
+        path = f"/sandboxes/{sandbox.handle.sandbox_id}/files?path=big.bin"
+        auth = f"PUT {path} HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {host.token}\r\n".encode()
+        status, body = answer_to_head(host.address, auth + b"Content-Length: 2097152\r\n")
+        assert status == 413 and json.loads(body)["error"]["type"] == "request_too_large", (status, body)
+        status, body = answer_to_head(host.address, auth + b"Transfer-Encoding: chunked\r\n",
+                                      first=b"200000\r\n" + b"x" * 0x200000 + b"\r\n")
+        assert status == 413 and json.loads(body)["error"]["type"] == "request_too_large", (status, body)
+        sandbox.write_file("fits.bin", b"y" * 900_000)
+        assert sandbox.stat("fits.bin").size == 900_000
+    finally:
+        sandbox.close()

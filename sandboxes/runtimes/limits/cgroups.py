@@ -77,19 +77,19 @@ def _write(path: Path, value: str | int) -> None:
         fh.write(str(value))
 
 
-def _pids_in(directory: Path) -> list[int]:
+def pids_in(directory: Path) -> list[int]:
     try:
         return [int(line) for line in (directory / "cgroup.procs").read_text().split()]
     except OSError:
         return []
 
 
-def _kill_and_remove(directory: Path, timeout: float = 5.0) -> bool:
+def kill_and_remove(directory: Path, timeout: float = 5.0) -> bool:
     """SIGKILL every member (again, until none is left: a fork loop is held by pids.max), then
     rmdir. True when the cgroup is gone."""
     deadline = time.monotonic() + timeout
     while True:
-        pids = _pids_in(directory)
+        pids = pids_in(directory)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -105,6 +105,17 @@ def _kill_and_remove(directory: Path, timeout: float = 5.0) -> bool:
                 log.warning("cgroup %s still busy (members %s)", directory, pids[:10])
                 return False
             time.sleep(0.005)
+
+
+def set_memory_limit(memory: Path, memory_mb: int | None) -> None:
+    """A v1 memory cgroup's limit (None: none), swap included where the node counts it."""
+    limit = memory_mb * _MB if memory_mb else -1
+    memsw = memory / "memory.memsw.limit_in_bytes"
+    if memsw.exists():
+        _write(memsw, -1)  # memsw >= limit at every step; then no swap beyond the limit
+    _write(memory / "memory.limit_in_bytes", limit)
+    if memsw.exists():
+        _write(memsw, limit)
 
 
 class SandboxCgroup:
@@ -127,19 +138,13 @@ class SandboxCgroup:
     def apply(self, limits: Limits) -> None:
         """Set (or change, when a warm sandbox is claimed) the limits of the whole sandbox."""
         memory, pids, cpu = (self.dirs[ctrl] for ctrl in CONTROLLERS)
-        limit = limits.memory_mb * _MB if limits.memory_mb else -1
-        memsw = memory / "memory.memsw.limit_in_bytes"
-        if memsw.exists():
-            _write(memsw, -1)  # memsw >= limit at every step; then no swap beyond the limit
-        _write(memory / "memory.limit_in_bytes", limit)
-        if memsw.exists():
-            _write(memsw, limit)
+        set_memory_limit(memory, limits.memory_mb)
         _write(pids / "pids.max", limits.pids or "max")
         _write(cpu / "cpu.cfs_period_us", CFS_PERIOD_US)
         _write(cpu / "cpu.cfs_quota_us", int(limits.cpus * CFS_PERIOD_US) if limits.cpus else -1)
 
     def members(self) -> list[int]:
-        return _pids_in(self.dirs["pids"])
+        return pids_in(self.dirs["pids"])
 
     def kill_except(self, spare: set[int], timeout: float = 2.0) -> list[int]:
         """SIGKILL every member but ``spare`` until none is left (pids.max bounds a fork loop)."""
@@ -161,7 +166,7 @@ class SandboxCgroup:
 
     def remove(self) -> None:
         for directory in self.dirs.values():
-            _kill_and_remove(directory)
+            kill_and_remove(directory)
 
 
 def rlimits_for(limits: Limits, own_uid: bool) -> Limits:
@@ -205,7 +210,7 @@ def sweep(host_key: str) -> int:
         base = V1_ROOT / ctrl / PREFIX
         own = base / _safe(host_key)
         for directory in sorted(own.glob("*/")) if own.is_dir() else []:
-            removed += _kill_and_remove(directory, timeout=2)
+            removed += kill_and_remove(directory, timeout=2)
         for directory in sorted(base.glob("*/")) if base.is_dir() else []:
             try:
                 directory.rmdir()  # only a host directory without sandboxes
