@@ -31,4 +31,6 @@ def test_the_production_app_includes_no_fake():
                  "app.loader.import_default_modules()\n"
                  "print(list(app.conf.include), sorted(t for t in app.tasks if not t.startswith('celery.')),"
                  " 'celery.accumulate' in app.tasks)")
-    assert out == "['tasks.stages', 'tasks.sweep.beat'] ['prorl.eval', 'prorl.init', 'prorl.run', 'prorl.sweep'] True"
+    # tasks.worker_memory: the run worker's own memory cgroup (a worker_process_init signal, no task)
+    assert out == ("['tasks.stages', 'tasks.sweep.beat', 'tasks.worker_memory'] "
+                   "['prorl.eval', 'prorl.init', 'prorl.run', 'prorl.sweep'] True")
