@@ -51,6 +51,11 @@ fi
 if [ -x "${VENV}/bin/python" ]; then
     have "${VENV}/bin/python" "verl cachetools" || "${VENV}/bin/python" -m pip install -q "torch==2.13.0" \
         "verl==0.9.1" cachetools uvicorn fastapi || say "verl failed"
+    # the transformers veRL pins takes hub kernels from `kernels` 0.12; the project's newer
+    # transformers puts a later `kernels` in the shared site-packages, which that one cannot call
+    # (no revision given: ValueError at import), so the venv shadows it with the one it pins
+    "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
+        || "${VENV}/bin/python" -m pip install -q "kernels>=0.12.0,<0.13" || say "kernels 0.12 failed"
     "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
         || say "verl's agent loop does not import in ${VENV}"
 fi
