@@ -76,6 +76,10 @@ def _always_ok(self, result=None):
     result.stopTest(self)
 '''
 # re-patches unittest while the tests run (after the guard restored it): the guard cannot see it
+# forgeries that patch the machinery from inside a test: only tests that run after that one are
+# forged, so with canaries placed at random (and unittest running a class's tests by name) a run
+# may forge nothing at all, and is then rightly clean
+ORDER_DEPENDENT = {"testcase-run-repatched-while-tests-run"}
 REPATCH_LATER = ALWAYS_OK + '''
 def median(values):
     unittest.TestCase.run = _always_ok
@@ -282,6 +286,8 @@ def test_forgery_earns_nothing(graders, statkit, runner_name, name):
         assert info["outcome"] == "unverified" and "error" in report, info
     elif name in FAMILY:
         hostile_graders.check(name, result, LISTED)
+    elif name in ORDER_DEPENDENT:  # it forges only what runs after its patch: caught when it forged
+        assert info["outcome"] == "tampered" or "PASSED" not in report["FAIL_TO_PASS"].values(), report
     else:
         assert info["outcome"] == "tampered", info
         assert any(t.startswith(("canary:", "log:")) for t in report["tampered"]), report["tampered"]
