@@ -193,6 +193,9 @@ SYMPY_FILE = "from sympy import Symbol\n\n\ndef test_double_symbol():\n    x = S
 SYMPY_RUN = ("import os, sys\nfrom sympy.testing.runtests import PyTestReporter, SymPyTests\n{forge}\n"
              "tests = SymPyTests(PyTestReporter(verbose=True, colors=False))\ntests._root_dir = os.getcwd()\n"
              "tests._testfiles = [os.path.abspath('pkg/tests/test_calc.py')]\nsys.exit(not tests.test(sort=True))\n")
+# canaries go anywhere among the tests, the last place included, and the parser may lose the last
+# test of a file: a test after whatever was planted keeps every canary readable
+TAIL = "\n\ndef test_tail_after_the_canaries():\n    pass\n"
 # a reporter that calls every failure a pass (what a package could do to SymPy's runner in process)
 SYMPY_FORGE = "PyTestReporter.test_fail = lambda self, exc_info: self.test_pass()"
 
@@ -208,7 +211,7 @@ def test_canaries_in_sympys_own_runner(tmp_path, forge, expected):
     for init in ("pkg/__init__.py", "pkg/tests/__init__.py"):
         (tmp_path / init).write_text("")
     planted = integrity.plant({"pkg/tests/test_calc.py": SYMPY_FILE}, f"{swe_specs.SYMPY} pkg/tests/test_calc.py",
-                              lambda path, text: (tmp_path / path).write_text(text))
+                              lambda path, text: (tmp_path / path).write_text(text + TAIL))
     assert all(c.expected and c.cls is None for c in planted)
     done = subprocess.run([sys.executable, "-c", SYMPY_RUN.format(forge=forge)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
