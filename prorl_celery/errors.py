@@ -28,6 +28,8 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── FileTooLarge(OSError)                  file_too_large 413   a read over the host's cap
     │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
     │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
+    ├── VerifierFailed                             verifier_failed      a task's verifier could not grade
+    │   └── VerifierTimedOut, VerifierNoReward     verifier_timeout, verifier_no_reward
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
     │   └── RateLimited                            a gateway session's operations past its rate or concurrency
     ├── StoreUnavailable                           store_unavailable 503  the job store is down
@@ -319,6 +321,24 @@ class EnvBuildFailed(SandboxError):
     the recipe needs)."""
 
     type = "env_build_failed"
+
+
+class VerifierFailed(ProrlError):
+    """A task's verifier could not grade: an infrastructure fault for the result, not a reward."""
+
+    type = "verifier_failed"
+
+
+class VerifierTimedOut(VerifierFailed):
+    """The verifier ran past its timeout."""
+
+    type = "verifier_timeout"
+
+
+class VerifierNoReward(VerifierFailed):
+    """The verifier ended without a readable reward."""
+
+    type = "verifier_no_reward"
 
 
 class UnsafeDirectory(SandboxError):

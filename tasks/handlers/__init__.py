@@ -18,6 +18,7 @@ HANDLERS = Registry("handler", {
     "code": "tasks.handlers.code:CodeHandler",
     "humaneval": "tasks.handlers.code:HumanEvalHandler",
     "swe": "tasks.swe.handler:SweHandler",
+    "harbor": "tasks.harbor.handler:HarborHandler",
 }, aliases={
     "deepscaler": "math", "gsm8k": "math", "aime": "math", "amc": "math",
     "swebench": "swe", "swe-gym": "swe", "r2e": "swe",
@@ -26,7 +27,9 @@ HANDLERS = Registry("handler", {
 # Each built-in handler's submission check (its check_instance calls the same function); a
 # handler not listed checks what every handler does. The API uses these without the handlers.
 INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe,
-                                                                   "echo": instances.check_echo}
+                                                                   "echo": instances.check_echo,
+                                                                   "harbor": instances.check_harbor,
+                                                                   "shell": instances.check_no_agent}
 # Built-in handler modules that moved, old -> new: a data source that names a class by its old
 # dotted path (a config written before the move) still loads it.
 MOVED = {"tasks.handlers.swe": "tasks.swe.handler"}

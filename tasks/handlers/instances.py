@@ -27,6 +27,26 @@ def check_sandbox(instance: dict[str, Any]) -> None:
     check_instance_agent(instance)  # a harness instead of the built-in agent: its block
 
 
+def check_no_agent(instance: dict[str, Any]) -> None:
+    """A domain that runs no agent (``shell``): an ``agent`` block is refused, not ignored."""
+    check_sandbox(instance)
+    if instance.get("agent") is not None:
+        raise InvalidRequest("this data_source runs no agent: an agent block cannot be honoured",
+                             field="instance.agent")
+
+
+def check_harbor(instance: dict[str, Any]) -> None:
+    """``harbor``'s: a task folder beneath ``harbor_task_dirs`` whose task.toml is honoured whole
+    (:func:`tasks.harbor.task.load`: every key either honoured or refused, naming it)."""
+    from tasks.harbor.task import load
+
+    check_sandbox(instance)
+    task_dir = instance.get("task_dir")
+    if not isinstance(task_dir, str):
+        raise InvalidRequest("task_dir: the path of a Harbor task folder is required", field="instance.task_dir")
+    load(task_dir)
+
+
 ECHO_TOOL_SETS = ("none", "submit", "all")
 
 

@@ -14,6 +14,7 @@ from sandboxes.base import SandboxSpec
 from sandboxes.policy import handler_spec
 from tasks.context import StageContext
 from tasks.handlers.base import AgentHandler
+from tasks.handlers.instances import check_no_agent
 
 
 class ShellInstance(BaseModel):
@@ -26,6 +27,10 @@ class ShellInstance(BaseModel):
 
 class ShellHandler(AgentHandler):
     name = "shell"
+
+    def check_instance(self, instance: dict[str, Any]) -> None:
+        """Also: no ``agent`` block (this domain runs none; :func:`~tasks.handlers.instances.check_no_agent`)."""
+        check_no_agent(instance)
 
     def init(self, ctx: StageContext) -> None:
         ShellInstance.model_validate(ctx.instance)

@@ -10,6 +10,7 @@ HARNESSES = Registry("harness", {
     "command": "tasks.harnesses.command:CommandHarness",
     "claude_code": "tasks.harnesses.claude_code:ClaudeCode",
     "codex": "tasks.harnesses.codex:Codex",
+    "oracle": "tasks.harnesses.oracle:Oracle",
 }, aliases={"mini-swe-agent": "mini_swe_agent", "claude-code": "claude_code"}, check=check_harness)
 
 

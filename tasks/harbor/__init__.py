@@ -1,0 +1,1 @@
+"""Harbor task folders as a domain (``data_source: harbor``); see README.md."""

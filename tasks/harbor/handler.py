@@ -1,0 +1,287 @@
+"""``harbor``: a Harbor task folder, ``{"data_source": "harbor", "task_dir": ..., "agent": {...}}``.
+
+init builds the task's image (:mod:`sandboxes.runtimes.images.build`: its Dockerfile made a
+rootfs without a Docker daemon, once per content hash) and opens the agent's sandbox on it with a
+writable root, the task's working directory, env, resources and network (the task asks; the
+operator's ``harbor_allow_internet`` grants), then prepares the first step. run runs the
+instance's agent (the built-in one, or any harness: ``oracle`` runs the step's ``solve.sh``) on
+each step's instruction; between steps of a multi-step task the step is graded (below) and a
+``min_reward`` it misses ends the task. eval grades the last step and rolls the steps' rewards up
+(``multi_step_reward_strategy``: mean or final).
+
+Grading (:mod:`tasks.harbor.verifier`): the agent's changes beneath the working directory, taken
+by the agent's sandbox host, go into a FRESH sandbox of the image with the step's tests; the
+reward is read from what ``test.sh`` wrote there once every process in it is dead. Harbor's
+"shared" mode (grading in the agent's own sandbox) only where the operator opts in
+(``harbor_shared_verifier``); ``harbor.mode`` says which graded.
+"""
+from __future__ import annotations
+
+import shlex
+import time
+from functools import lru_cache
+from typing import Any
+
+from config.settings import get_settings
+from prorl_celery.errors import InvalidRequest
+from sandboxes.base import SandboxSpec
+from sandboxes.dirs import split_dirs
+from tasks.agent.runner import runner_for
+from tasks.context import StageContext
+from tasks.handlers.agentic import AgentTaskHandler
+from tasks.handlers.instances import check_harbor
+from tasks.harbor import files
+from tasks.harbor.config import wants_internet
+from tasks.harbor.task import HarborTask, Step, load
+from tasks.harbor import verifier
+
+KEY = "harbor"
+TOOLS_MOUNT = "/opt/prorl-tools"
+SYSTEM = ("You are an autonomous agent in a Linux shell. Complete the task below by running commands "
+          "with the bash tool and editing files. Work in the current directory unless the task says "
+          "otherwise. When the task is done, call submit (with no answer).")
+
+
+@lru_cache(maxsize=64)
+def _task(task_dir: str, mtime: float) -> HarborTask:
+    return load(task_dir)
+
+
+def task_of(instance: dict[str, Any]) -> HarborTask:
+    import os
+
+    path = instance.get("task_dir")
+    if not isinstance(path, str):
+        raise InvalidRequest("a harbor instance needs task_dir (a Harbor task folder)", field="instance.task_dir")
+    try:
+        mtime = os.stat(os.path.join(path, "task.toml")).st_mtime
+    except OSError:
+        mtime = 0.0
+    return _task(path, mtime)
+
+
+class HarborHandler(AgentTaskHandler):
+    name = "harbor"
+    default_sandbox = {"limits": {"memory_mb": 4096, "disk_mb": 8192, "pids": 1024}}
+
+    def check_instance(self, instance: dict[str, Any]) -> None:
+        """The folder is allowed and its task.toml honoured whole (:func:`check_harbor`)."""
+        check_harbor(instance)
+
+    # -- what the agent gets -----------------------------------------------------------------
+    def _block(self, ctx: StageContext) -> dict[str, Any]:
+        return ctx.state.setdefault(KEY, {})
+
+    def _step(self, ctx: StageContext) -> Step:
+        return task_of(ctx.instance).steps[self._block(ctx).get("step", 0)]
+
+    def prompt(self, ctx: StageContext) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.instruction(ctx)}]
+
+    def instruction(self, ctx: StageContext) -> str:
+        return self._step(ctx).instruction
+
+    # -- the sandboxes -----------------------------------------------------------------------
+    def _image(self, ctx: StageContext, task: HarborTask) -> dict[str, Any]:
+        """The task's image, built (or found built) now; its facts kept in the job's state."""
+        from sandboxes.runtimes.images.build import ensure_built
+
+        block = self._block(ctx)
+        if block.get("image"):
+            return block["image"]
+        started = time.monotonic()
+        env = task.config.environment
+        if env.docker_image and not (task.environment / "Dockerfile").is_file():
+            built = ensure_built(task.environment, None, timeout_s=env.build_timeout_sec,
+                                 from_ref=env.docker_image)
+        else:
+            built = ensure_built(task.environment, task.environment / "Dockerfile", timeout_s=env.build_timeout_sec)
+        waited = time.monotonic() - started
+        ctx.deadline += waited  # like an image pull: the build is waited out, not charged
+        ctx.state.init_wait_s = round((ctx.state.init_wait_s or 0.0) + waited, 3)
+        block["image"] = {"rootfs": built.rootfs, "key": built.key, "env": built.env, "workdir": built.workdir,
+                          "from": built.from_ref, "base": built.base, "notes": built.notes,
+                          "build_s": round(waited, 3)}
+        return block["image"]
+
+    def _workdir(self, task: HarborTask, image: dict[str, Any]) -> str:
+        return task.config.environment.workdir or image.get("workdir") or "/"
+
+    def _spec(self, ctx: StageContext, task: HarborTask, image: dict[str, Any], network: bool,
+              env: dict[str, str] | None = None) -> SandboxSpec:
+        resources = task.config.environment
+        limits = {k: v for k, v in (("cpus", resources.cpus), ("memory_mb", resources.memory_mb),
+                                    ("disk_mb", resources.storage_mb)) if v is not None}
+        block = {**(ctx.instance.get("sandbox") or {})}
+        block["limits"] = {**limits, **(block.get("limits") or {})}
+        base = self.sandbox_spec({**ctx.instance, "sandbox": block})
+        return base.model_copy(update={
+            "image": image["rootfs"], "writable_root": True, "workdir": self._workdir(task, image),
+            "network": network, "env": {**image.get("env", {}), **resources.env, **(env or {}), **base.env}})
+
+    def _agent_network(self, task: HarborTask) -> bool:
+        return wants_internet(task.config, task.config.agent) and get_settings().harbor_allow_internet
+
+    # -- init: the image, the agent's sandbox, the first step --------------------------------
+    def init(self, ctx: StageContext) -> None:
+        task = task_of(ctx.instance)
+        image = self._image(ctx, task)
+        box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
+        block = self._block(ctx)
+        block.update(task=task.name, steps=[], step=block.get("step", 0),
+                     network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
+        self._prepare_step(ctx, box, task, task.steps[block["step"]], image)
+        ctx.save()
+
+    def _prepare_step(self, ctx: StageContext, box: Any, task: HarborTask, step: Step, image: dict[str, Any]) -> None:
+        workdir = self._workdir(task, image)
+        mount = files.mount_of(box)
+        if step.workdir_files is not None:
+            files.put_dirs(box, [step.workdir_files], workdir, mount=mount)
+            if (step.workdir_files / "setup.sh").is_file():
+                out = box.exec(f"cd {shlex.quote(workdir)} && bash ./setup.sh; rc=$?; rm -f ./setup.sh; exit $rc",
+                               timeout=max(1.0, min(600.0, ctx.remaining())))
+                if out.exit_code != 0:
+                    raise RuntimeError(f"step {step.name}: workdir/setup.sh failed (exit {out.exit_code}): "
+                                       f"{out.output[-1000:]}")
+        if step.solution is not None and getattr(_harness_class(ctx.instance), "reads_solution", False):
+            box.exec("rm -rf /solution", timeout=30)
+            files.put_dirs(box, [step.solution], "/solution", mount=mount)
+            env = task.config.solution.env
+            if env:
+                box.write_file(".prorl-solution-env", "".join(f"export {k}={shlex.quote(v)}\n"
+                                                              for k, v in env.items()).encode())
+                box.exec(f"mv {shlex.quote(mount + '/.prorl-solution-env')} /solution/.prorl-env", timeout=30)
+        if step.healthcheck is not None:
+            _healthcheck(ctx, box, step)
+
+    # -- run: the agent on each step, steps graded between ----------------------------------
+    def run(self, ctx: StageContext) -> None:
+        if ctx.resumed:
+            ctx.sandbox.interrupt()
+        ctx.admit()
+        task = task_of(ctx.instance)
+        block = self._block(ctx)
+        image = block["image"]
+        runner = runner_for(ctx.instance)
+        while True:
+            step = task.steps[block["step"]]
+            outcome = runner.resume(ctx, self) if ctx.resumed else None
+            ctx.resumed = False
+            if outcome is None:
+                with _wall(ctx, step):
+                    runner.run(ctx, self)
+            ctx.save()
+            if block["step"] == len(task.steps) - 1:
+                return
+            graded = self._grade(ctx, task, step, image, final=False)
+            block["steps"].append(graded)
+            if graded.get("stopped"):
+                return
+            block["step"] += 1
+            self._prepare_step(ctx, ctx.sandbox, task, task.steps[block["step"]], image)
+            ctx.save()
+
+    def eval(self, ctx: StageContext) -> dict[str, Any]:
+        task = task_of(ctx.instance)
+        block = self._block(ctx)
+        if len(block["steps"]) <= block["step"]:
+            block["steps"].append(self._grade(ctx, task, task.steps[block["step"]], block["image"], final=True))
+        rewards = verifier.roll_up(block["steps"], task.strategy())
+        reward = verifier.headline(rewards) if rewards else 0.0
+        return {"reward": reward, "resolved": reward >= 1.0,
+                "harbor": {**{k: v for k, v in block.items() if k != "steps"}, "rewards": rewards,
+                           "strategy": task.strategy(), "steps": block["steps"]}}
+
+    # -- grading -------------------------------------------------------------------------------
+    def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], final: bool) -> dict[str, Any]:
+        settings = get_settings()
+        workdir = self._workdir(task, image)
+        agent_box = ctx.sandbox
+        artifacts = _artifacts(agent_box, step)
+        shared = task.config.verifier.environment_mode == "shared" and settings.harbor_shared_verifier
+        timeout = max(1.0, min(step.verifier_timeout_s, ctx.remaining() - 5))
+        if shared:
+            box = agent_box
+        else:
+            carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
+            tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024) if carried else b""
+            network = wants_internet(task.config, task.config.verifier) and settings.harbor_verifier_network
+            spec = self._spec(ctx, task, image, network, env={"PATH": _tools_path(image)})
+            box = ctx.open_sandbox(spec) if final else ctx.provider.open(spec, ctx.job_id, budget_s=ctx.remaining(),
+                                                                         check=ctx.check)[0]
+            if tar:
+                files.put_tar(box, tar, "/", mount=files.mount_of(box))
+        try:
+            box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier", timeout=30)
+            files.put_dirs(box, step.tests, "/tests", mount=files.mount_of(box))
+            graded = verifier.grade(box, step, workdir, timeout)
+        finally:
+            if not shared and not final:
+                ctx.provider.close(box.handle)
+        graded.update(name=step.name, mode="shared" if shared else "separate", artifacts=artifacts)
+        why = verifier.min_reward_failure(graded["rewards"], step.min_reward)
+        if why and not final:
+            graded["stopped"] = why
+        if task.config.verifier.environment_mode == "shared" and not shared:
+            graded["mode_note"] = "the task asked for shared; graded separately (harbor_shared_verifier is off)"
+        return graded
+
+
+def _tools_path(image: dict[str, Any]) -> str:
+    path = (image.get("env") or {}).get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return f"{TOOLS_MOUNT}/bin:{path}"
+
+
+def _artifacts(box: Any, step: Step) -> dict[str, Any]:
+    sources = [a.source for a in step.artifacts if a.source.startswith("/")]
+    if not sources:
+        return {}
+    try:
+        return files.members(box.export_tree(sources, 16 * 1024 * 1024), files.TEXT_LIMIT)
+    except Exception as exc:  # noqa: BLE001 - an artifact missing is no fault of the grade
+        return {"error": str(exc)[:300]}
+
+
+def _harness_class(instance: dict[str, Any]):
+    from tasks.harnesses import HARNESSES, is_harness_agent
+
+    return HARNESSES.load(instance["agent"]["harness"]) if is_harness_agent(instance) else None
+
+
+class _wall:
+    """The step's ``[agent] timeout_sec`` as the harness's wall time while it runs."""
+
+    def __init__(self, ctx: StageContext, step: Step):
+        self.agent = ctx.instance.get("agent") if isinstance(ctx.instance.get("agent"), dict) else None
+        self.limit = step.agent_timeout_s
+        self.before = self.agent.get("wall_s") if self.agent else None
+
+    def __enter__(self) -> None:
+        if self.agent is not None and self.limit:
+            self.agent["wall_s"] = min(self.limit, self.before or self.limit)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.agent is not None and self.limit:
+            if self.before is None:
+                self.agent.pop("wall_s", None)
+            else:
+                self.agent["wall_s"] = self.before
+
+
+def _healthcheck(ctx: StageContext, box: Any, step: Step) -> None:
+    """Docker HEALTHCHECK's polling: healthy at the first success; ``retries`` failures in a row
+    after the start period are an init fault."""
+    check = step.healthcheck
+    started, failures = time.monotonic(), 0
+    while True:
+        out = box.exec(check.command, timeout=check.timeout_sec)
+        if out.exit_code == 0:
+            return
+        in_start = time.monotonic() - started < check.start_period_sec
+        failures += 0 if in_start else 1
+        if failures >= check.retries:
+            raise RuntimeError(f"step {step.name}: healthcheck {check.command!r} failed {failures} times: "
+                               f"{out.output[-500:]}")
+        ctx.check()
+        time.sleep(check.start_interval_sec if in_start else check.interval_sec)

@@ -1,0 +1,115 @@
+"""The verifier: a step graded in a fresh sandbox of the task's image, apart from the agent.
+
+What the verifier sandbox holds: the image as built; the agent's changes beneath the task's
+working directory (and the operator's ``harbor_carry_paths``), carried over as a tar the agent's
+sandbox host built (no PATH shim, site-packages hook, ``/logs`` file or edited test the agent left
+anywhere else comes along); ``/tests`` from the task folder (the task's own merged under the
+step's); an empty ``/logs``; the offline verifier tools first on PATH (uv's installer served
+locally: :mod:`sandboxes.runtimes.images.verifier_tools`). ``test.sh`` runs with the verifier's
+env and timeout; then every process in the sandbox is killed, and only then are
+``/logs/verifier/reward.txt`` / ``reward.json`` read, from the host's side
+(``Sandbox.finish``): nothing the agent's code started during the test can write the reward after
+the test wrote it.
+
+A ``test.sh`` that times out, or ends with no reward file or an unreadable one, is an
+infrastructure fault (:class:`VerifierFailed`, the result's ``error.type``), never a reward of 0
+the trainer would learn from.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from typing import Any
+
+from prorl_celery.errors import VerifierFailed, VerifierNoReward, VerifierTimedOut
+from tasks.harbor.task import Step
+
+REWARD_TXT = "/logs/verifier/reward.txt"
+REWARD_JSON = "/logs/verifier/reward.json"
+READ_CAP = 1024 * 1024
+OUTPUT_TAIL = 4000
+
+
+def parse_rewards(text_file: bytes | None, json_file: bytes | None) -> dict[str, float]:
+    """The named rewards the verifier wrote: ``reward.json``'s numbers, else ``{"reward": x}``
+    of ``reward.txt``; :class:`VerifierFailed` when neither is there or one is malformed."""
+    if json_file is not None and json_file.strip():
+        try:
+            body = json.loads(json_file)
+        except ValueError as exc:
+            raise VerifierFailed(f"reward.json is not JSON: {exc}") from None
+        if not isinstance(body, dict) or not body:
+            raise VerifierFailed("reward.json must be a JSON object of named numbers")
+        rewards = {}
+        for key, value in body.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise VerifierFailed(f"reward.json: {key!r} is not a finite number ({value!r})")
+            rewards[str(key)] = float(value)
+        return rewards
+    if text_file is not None and text_file.strip():
+        try:
+            value = float(text_file.decode(errors="replace").strip())
+        except ValueError:
+            raise VerifierFailed(f"reward.txt is not a number: {text_file[:80]!r}") from None
+        if not math.isfinite(value):
+            raise VerifierFailed(f"reward.txt is not finite: {value}")
+        return {"reward": value}
+    raise VerifierFailed("the verifier wrote no reward (/logs/verifier/reward.txt or reward.json)")
+
+
+def headline(rewards: dict[str, float]) -> float:
+    """The one reward a trainer optimises: the one named ``reward``, else the mean of all."""
+    if "reward" in rewards:
+        return rewards["reward"]
+    return sum(rewards.values()) / len(rewards) if rewards else 0.0
+
+
+def test_command(step: Step, workdir: str) -> str:
+    """test.sh run as Harbor runs it, in the working directory, its output kept in /logs."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.verifier_env.items())
+    return (f"mkdir -p /logs/verifier /logs/artifacts && cd {shlex.quote(workdir)} && "
+            f"{'env ' + env + ' ' if env else ''}bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; "
+            "echo \"exit $?\"")
+
+
+def grade(box: Any, step: Step, workdir: str, timeout: float) -> dict[str, Any]:
+    """Run the step's test.sh in ``box`` (its files in place), then kill everything in it and read
+    what the verifier wrote. Returns ``{rewards, reward, test_exit, output}``; the sandbox is closed."""
+    out = box.exec(test_command(step, workdir), timeout=timeout)
+    files = box.finish([REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"], READ_CAP)
+    output = (files.get("/logs/verifier/test-stdout.txt") or b"")[-OUTPUT_TAIL:].decode(errors="replace")
+    if out.timed_out:
+        raise VerifierTimedOut(f"test.sh ran past the verifier's timeout ({timeout:.0f} s); its output's "
+                               f"tail: {output[-1000:]}")
+    exit_line = out.output.strip().splitlines()[-1:] or [""]
+    test_exit = int(exit_line[0].split()[-1]) if exit_line[0].startswith("exit ") else None
+    try:
+        rewards = parse_rewards(files.get(REWARD_TXT), files.get(REWARD_JSON))
+    except VerifierFailed as exc:
+        raise VerifierNoReward(f"{exc} (test.sh exit {test_exit}); its output's tail: {output[-1000:]}") from None
+    return {"rewards": rewards, "reward": headline(rewards), "test_exit": test_exit, "output": output}
+
+
+def min_reward_failure(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> str | None:
+    """Why a step's rewards stop the task (Harbor's ``min_reward``), or None: each threshold is
+    for the named reward (a bare number: for ``reward``); a missing one fails."""
+    if minimum is None:
+        return None
+    thresholds = {"reward": minimum} if isinstance(minimum, (int, float)) else minimum
+    for key, threshold in thresholds.items():
+        actual = (rewards or {}).get(key)
+        if actual is None or actual < threshold:
+            return f"{key}={actual} below min_reward {threshold}"
+    return None
+
+
+def roll_up(steps: list[dict[str, Any]], strategy: str) -> dict[str, float]:
+    """The task's rewards from its steps' (Harbor's strategies): ``final``: the last step run's
+    (an early stop makes the stopping step's the final); ``mean``: per name, the mean over the steps that were graded
+    (a name a step did not write counts 0 for it)."""
+    graded = [s["rewards"] for s in steps if s.get("rewards") is not None]
+    if strategy == "final":
+        return dict(steps[-1].get("rewards") or {}) if steps else {}
+    names = {k for r in graded for k in r}
+    return {k: sum(r.get(k, 0.0) for r in graded) / len(graded) for k in sorted(names)} if graded else {}

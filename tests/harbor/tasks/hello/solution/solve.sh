@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'good morning\n' > /app/greeting.txt
