@@ -40,6 +40,9 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
                  oracle._call("bash", command=f"echo {MINI_SUBMIT}"))
     if math is not None:
         return math
+    script = oracle.harbor_script(text)
+    if script is not None:
+        return oracle._call("bash", command=script if step == 0 else f"echo {MINI_SUBMIT}")
     for task in oracle._swe_tasks():
         if task["problem_statement"] in text:
             answer = oracle._swe(task, step)
@@ -70,8 +73,11 @@ def _codex(messages: list[dict[str, Any]]) -> Reply | None:
 
 
 def _swe_with(text: str, step: int, shell: Callable[[str], Reply]) -> Reply | None:
-    """The oracle's SWE episode in a harness's own shell tool (``shell(command)``); where the
-    oracle would submit, a harness just says it is done."""
+    """The oracle's SWE episode (or an example Harbor task's solve.sh) in a harness's own shell
+    tool (``shell(command)``); where the oracle would submit, a harness just says it is done."""
+    script = oracle.harbor_script(text)
+    if script is not None:
+        return shell(script) if step == 0 else Reply(content="The task is done.")
     for task in oracle._swe_tasks():
         if task["problem_statement"] in text:
             answer = oracle._swe(task, step)

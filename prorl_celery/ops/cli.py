@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     fake = sub.add_parser("fake-llm", help="serve a fake LLM (test and demo tool, runs no model)")
     fake_server.add_arguments(fake)
     fake.set_defaults(func=_cmd_fake_llm)
+
+    from prorl_celery.ops import harbor_cli
+
+    harbor_cli.add_parser(sub)
     return parser
 
 

@@ -129,6 +129,12 @@ def load(task_dir: str, field_name: str = "instance.task_dir") -> HarborTask:
     root = _allowed(task_dir, field_name)
     if not root.is_dir():
         raise InvalidRequest(f"task_dir {task_dir!r} is not a directory", field=field_name)
+    return read(root, field_name)
+
+
+def read(root: Path, field_name: str = "instance.task_dir") -> HarborTask:
+    """The task folder ``root`` read and checked whole, wherever it is (:func:`load` is this
+    beneath the operator's roots)."""
     config = parse(_read(root / "task.toml", field_name), origin=f"{root.name}/task.toml")
     compose = [name for name in COMPOSE_FILES if (root / "environment" / name).is_file()]
     if compose:

@@ -12,7 +12,7 @@ from tasks.harbor import verifier
 from tasks.harbor.task import load
 
 pytestmark = pytest.mark.unit
-TASKS = Path(__file__).parent / "tasks"
+TASKS = Path(__file__).resolve().parents[2] / "examples" / "harbor"
 
 
 @pytest.fixture
