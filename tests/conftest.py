@@ -34,6 +34,7 @@ TEST_ENV = {
     "PRORL_PLUGIN_PACKAGES": "tests",  # the handlers in tests/handlers_for_tests.py
     "PRORL_ALLOW_LOCAL_RUNTIME": "1",  # the test operator allows 'local'; tests/security/test_policy.py does not
     "PRORL_REPO_SOURCE_DIRS": f"/tmp/pytest-of-{__import__('getpass').getuser()}",  # SWE fixtures in tmp_path
+    "PRORL_HARBOR_TASK_DIRS": f"{ROOT / 'examples' / 'harbor'},/tmp/pytest-of-{__import__('getpass').getuser()}",
     "PRORL_SANDBOX_IMAGE_DIRS": f"/tmp/prorl-test-images-{REDIS_PORT}",  # made by test_policy.py
     "PRORL_SANDBOX_REGISTRIES": f"127.0.0.1:{REGISTRY_PORT}",  # tests/registry.py, plain HTTP
     "PRORL_SANDBOX_INSECURE_REGISTRIES": f"127.0.0.1:{REGISTRY_PORT}",

@@ -87,6 +87,9 @@ def _up_env(args: argparse.Namespace, demo_dir: Path) -> dict[str, str]:
     env = {}
     if args.dev:
         env["PRORL_ALLOW_LOCAL_RUNTIME"] = "1"
+    if args.harbor_dir:  # Harbor task folders the operator allows, beside PRORL_HARBOR_TASK_DIRS's
+        allowed = os.environ.get("PRORL_HARBOR_TASK_DIRS", "")
+        env["PRORL_HARBOR_TASK_DIRS"] = ",".join(filter(None, [allowed, *map(os.path.abspath, args.harbor_dir)]))
     if args.demo:
         allowed = os.environ.get("PRORL_REPO_SOURCE_DIRS", "")
         env["PRORL_REPO_SOURCE_DIRS"] = ",".join(filter(None, [allowed, str(demo_dir)]))
@@ -243,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="development: allow the 'local' sandbox runtime (NO isolation; PRORL_ALLOW_LOCAL_RUNTIME=1)")
     up.add_argument("--redis-bind", default="127.0.0.1",
                     help="addresses the private Redis listens on (default loopback; it always needs its password)")
+    up.add_argument("--harbor-dir", action="append", metavar="DIR",
+                    help="allow the Harbor task folders beneath DIR (repeatable; PRORL_HARBOR_TASK_DIRS)")
     up.add_argument("--concurrency", action="append", metavar="QUEUE=N[,QUEUE=N]",
                     help="threads of each queue's worker, e.g. run=1050,init=64 (repeatable); "
                          "unnamed queues follow the settings (see `prorl-celery settings`)")
