@@ -11,12 +11,16 @@ unedited::
                                    share/uv-installer.sh, everything else goes to the real program
     <dir>/share/uv-installer.sh    toolkit/uv-installer.sh: copies bin/uv and bin/uvx where uv's
                                    own installer would put them, writes <that dir>/env
+    <dir>/share/ca-certificates.crt  the node's trust store when it was built: where the node
+                                   reaches PyPI through a TLS-inspecting proxy, an image's own
+                                   store (and uv's built-in roots) would refuse PyPI's certificate
     <dir>/prorl-tools.json         uv's version, this builder's, the wheel and its sha256
 
 :func:`ensure_tools` builds it once per node (behind a file lock; renamed into place whole) in
-``verifier_tools_dir/uv-<version>-b<builder>``; the result is root's when the host is root, and
-world-readable and executable, so every sandbox uid runs it. uvx itself still needs PyPI (the
-verifier sandbox's network) and a Python in the image.
+``verifier_tools_dir/uv-<version>-b<builder>-<trust store hash>``; the result is root's when the
+host is root, and world-readable and executable, so every sandbox uid runs it. A sandbox gets
+:func:`sandbox_binds` and :func:`sandbox_env`. uvx itself still needs PyPI (the verifier
+sandbox's network) and a Python in the image.
 
 CLI: ``python -m sandboxes.runtimes.images.verifier_tools`` prints the directory.
 """
@@ -41,12 +45,16 @@ from sandboxes.runtimes.procs import run_bounded
 from sandboxes.safedirs import open_lock, private_dir, remove_tree
 
 __all__ = ["BUILDER", "MOUNT", "UV_VERSION", "assemble", "ensure_tools", "sandbox_binds",
-           "sandbox_path", "tools_root", "main"]
+           "sandbox_env", "sandbox_path", "tools_root", "trust_store", "main"]
 
 UV_VERSION = "0.9.30"
 BUILDER = 1  # raise it whenever what a toolkit holds changes (the scripts, the layout)
 MOUNT = "/opt/prorl-tools"
 MANIFEST = "prorl-tools.json"
+CA_BUNDLE = "share/ca-certificates.crt"
+# the clients of the package registries that read a CA file from the environment (OpenSSL's
+# SSL_CERT_FILE covers uv, curl and Python's ssl; pip and npm have their own)
+CA_VARIABLES = ("SSL_CERT_FILE", "PIP_CERT", "NODE_EXTRA_CA_CERTS")
 SCRIPTS = Path(__file__).with_name("toolkit")
 DOWNLOAD_TIMEOUT_S = 600.0
 # uv's musllinux wheels hold static binaries: they run in any image, glibc or musl or none
@@ -78,18 +86,40 @@ def sandbox_path(path: str) -> str:
     return f"{MOUNT}/bin:{path}" if path else f"{MOUNT}/bin"
 
 
+def sandbox_env(tools: Path, path: str) -> dict[str, str]:
+    """The variables a sandbox with the toolkit bound gets: PATH, and the toolkit's trust store
+    for the registries' clients when it has one."""
+    env = {"PATH": sandbox_path(path)}
+    if (tools / CA_BUNDLE).is_file():
+        env.update(dict.fromkeys(CA_VARIABLES, f"{MOUNT}/{CA_BUNDLE}"))
+    return env
+
+
+def trust_store() -> Path | None:
+    """The CA file this host's own clients use (SSL_CERT_FILE, else OpenSSL's default), if any."""
+    import ssl
+
+    paths = ssl.get_default_verify_paths()
+    for candidate in (os.environ.get("SSL_CERT_FILE"), paths.cafile, paths.openssl_cafile):
+        if candidate and os.path.isfile(candidate):
+            return Path(candidate)
+    return None
+
+
 def ensure_tools(dest: Path | None = None) -> Path:
     """The toolkit's directory under ``dest`` (default :func:`tools_root`), built unless there."""
     root = private_dir(dest or tools_root(), 0o711)
     _check_reachable(root)
-    final = root / f"uv-{UV_VERSION}-b{BUILDER}"
+    ca = trust_store()
+    ca_data = ca.read_bytes() if ca else b""
+    final = root / f"uv-{UV_VERSION}-b{BUILDER}-{hashlib.sha256(ca_data).hexdigest()[:12] if ca else 'noca'}"
     if (final / MANIFEST).is_file():
         return _checked(final)
     lock = open_lock(root / f"{final.name}.lock")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a builder holds it at most DOWNLOAD_TIMEOUT_S and a copy
         if not (final / MANIFEST).is_file():  # else a concurrent caller built it while we waited
-            _build(root, final)
+            _build(root, final, ca_data)
     except OSError as exc:
         raise EnvBuildFailed(f"verifier toolkit {final.name}: {exc}") from exc
     finally:
@@ -97,8 +127,9 @@ def ensure_tools(dest: Path | None = None) -> Path:
     return _checked(final)
 
 
-def assemble(target: Path, uv: Path, uvx: Path, wheel: dict | None = None) -> Path:
-    """Lay the toolkit out in ``target`` (new) around the binaries ``uv`` and ``uvx``."""
+def assemble(target: Path, uv: Path, uvx: Path, wheel: dict | None = None, ca: bytes = b"") -> Path:
+    """Lay the toolkit out in ``target`` (new) around the binaries ``uv`` and ``uvx`` (and the
+    trust store ``ca``, when given)."""
     (target / "bin").mkdir(parents=True)
     (target / "share").mkdir()
     for name, source in (("uv", uv), ("uvx", uvx)):
@@ -108,6 +139,9 @@ def assemble(target: Path, uv: Path, uvx: Path, wheel: dict | None = None) -> Pa
         (target / "bin" / name).write_bytes(fetch)
     installer = (SCRIPTS / "uv-installer.sh").read_text().replace("@UV_VERSION@", UV_VERSION)
     (target / "share" / "uv-installer.sh").write_text(installer)
+    if ca:
+        (target / CA_BUNDLE).write_bytes(ca)
+        (target / CA_BUNDLE).chmod(0o644)
     manifest = {"uv": UV_VERSION, "builder": BUILDER, "mount": MOUNT, "built_at": time.time(),
                 **({"wheel": wheel} if wheel else {})}
     (target / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -120,13 +154,13 @@ def assemble(target: Path, uv: Path, uvx: Path, wheel: dict | None = None) -> Pa
     return target
 
 
-def _build(root: Path, final: Path) -> None:
+def _build(root: Path, final: Path, ca: bytes) -> None:
     scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
         wheel = _download(scratch)
         binaries = _extract(wheel, scratch / "wheel")
         tree = assemble(scratch / "tools", binaries["uv"], binaries["uvx"],
-                        {"file": wheel.name, "sha256": _sha256(wheel)})
+                        {"file": wheel.name, "sha256": _sha256(wheel)}, ca)
         os.rename(tree, final)
     finally:
         remove_tree(scratch)
