@@ -112,7 +112,8 @@ def ensure_tools(dest: Path | None = None) -> Path:
     _check_reachable(root)
     ca = trust_store()
     ca_data = ca.read_bytes() if ca else b""
-    final = root / f"uv-{UV_VERSION}-b{BUILDER}-{hashlib.sha256(ca_data).hexdigest()[:12] if ca else 'noca'}"
+    store = hashlib.sha256(ca_data).hexdigest()[:12] if ca else "noca"  # a new trust store: a new toolkit
+    final = root / f"uv-{UV_VERSION}-b{BUILDER}-{store}"
     if (final / MANIFEST).is_file():
         return _checked(final)
     lock = open_lock(root / f"{final.name}.lock")
