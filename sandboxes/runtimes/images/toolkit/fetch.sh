@@ -62,13 +62,13 @@ parse() {
             continue
         fi
         case $me:$a in
-            curl:--output|wget:--output-document) out=${1-}; shift 2>/dev/null || : ;;
+            curl:--output|wget:--output-document) out=${1-}; [ $# -eq 0 ] || shift ;;
             wget:--output-document=*) out=${a#*=} ;;
-            curl:--output-dir|wget:--directory-prefix) outdir=${1-}; shift 2>/dev/null || : ;;
+            curl:--output-dir|wget:--directory-prefix) outdir=${1-}; [ $# -eq 0 ] || shift ;;
             wget:--directory-prefix=*) outdir=${a#*=} ;;
             curl:--remote-name|curl:--remote-name-all) remote=1 ;;
             *:--*|*:-) ;;
-            *:-*) cluster "$a" "${1-}" && { shift 2>/dev/null || :; } ;;
+            *:-*) cluster "$a" "${1-}" && { [ $# -eq 0 ] || shift; } ;;
         esac
     done
 }
