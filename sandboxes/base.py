@@ -231,6 +231,14 @@ class SandboxRuntime:
         with :meth:`read_file`'s bytes."""
         return None
 
+    def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
+        """:meth:`Sandbox.export_tree`. Default: not offered by this runtime."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export its files")
+
+    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+        """:meth:`Sandbox.finish`. Default: not offered by this runtime."""
+        raise NotImplementedError(f"{type(self).__name__} cannot finish (kill, then read)")
+
     def kill(self) -> None:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,
         in the background. Default: close now."""

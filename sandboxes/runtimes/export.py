@@ -46,7 +46,8 @@ def _opened(base: str | int, parts: list[str]) -> Iterator[int]:
     """A descriptor of the directory ``parts`` beneath ``base``, no symlink on the way."""
     root = os.dup(base) if isinstance(base, int) else os.open(base, _DIR)
     try:
-        fd = open_beneath(root, "/".join(parts) or ".", _DIR, no_symlinks=True)
+        # RESOLVE_NO_SYMLINKS refuses a symlink anywhere (ELOOP); O_NOFOLLOW would say ENOTDIR
+        fd = open_beneath(root, "/".join(parts) or ".", _DIR & ~os.O_NOFOLLOW, no_symlinks=True)
     finally:
         os.close(root)
     try:

@@ -85,10 +85,13 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         return {self.workspace.mount: str(self.workspace.files_dir)}
 
     def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
-        """:meth:`sandboxes.base.Sandbox.export_tree`, capped by ``sandbox_read_max_mb`` too."""
+        """:meth:`sandboxes.base.Sandbox.export_tree`, capped by ``sandbox_export_max_mb`` too."""
+        from config.settings import get_settings
+
         if self.shell is None or self.shell.closed:
             raise SandboxGone("the sandbox is closed")
-        return export_tar(self._bases(), paths, min(max_bytes, read_cap_bytes()), self.workspace.mount)
+        cap = min(max_bytes, get_settings().sandbox_export_max_mb << 20)
+        return export_tar(self._bases(), paths, cap, self.workspace.mount)
 
     def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
         """:meth:`sandboxes.base.Sandbox.finish`: the paths are checked, then the shell is closed

@@ -66,7 +66,7 @@ class WritableRoot:
                     made = True
                 except FileExistsError:
                     made = False
-                new = open_beneath(fd, part, _DIR, no_symlinks=True)
+                new = open_beneath(fd, part, _DIR & ~os.O_NOFOLLOW, no_symlinks=True)
                 os.close(fd)
                 fd = new
                 if made:
