@@ -120,10 +120,13 @@ def _walk(tar: _Tar, parent: int, name: str, arcname: str, depth: int) -> None:
     """Add the entry ``name`` of the directory ``parent`` (and all beneath it) as ``arcname``."""
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        tar.add(arcname, st, link=os.readlink(name, dir_fd=parent))
+        link = os.readlink(name, dir_fd=parent) if stat.S_ISLNK(st.st_mode) else None
+    except (FileNotFoundError, OSError) as exc:  # gone, or no longer a link: changed meanwhile
+        if isinstance(exc, FileNotFoundError) or exc.errno == errno.EINVAL:
+            return
+        raise
+    if link is not None:
+        tar.add(arcname, st, link=link)
     elif stat.S_ISREG(st.st_mode):
         tar.room(arcname, st.st_size)
         found = _read(parent, name, tar.cap - tar.buf.tell())
@@ -132,7 +135,12 @@ def _walk(tar: _Tar, parent: int, name: str, arcname: str, depth: int) -> None:
     elif stat.S_ISDIR(st.st_mode):
         if depth > MAX_DEPTH:
             raise FileTooLarge(f"{arcname!r} is more than {MAX_DEPTH} directories deep")
-        fd = os.open(name, _DIR, dir_fd=parent)
+        try:
+            fd = os.open(name, _DIR, dir_fd=parent)
+        except OSError as exc:  # replaced by a link or a file meanwhile: not followed
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return
+            raise
         try:
             _walk_dir(tar, fd, os.fstat(fd), arcname, depth)
         finally:

@@ -23,7 +23,9 @@ from sandboxes.runtimes.bwrap import BwrapSandbox
 from sandboxes.runtimes.limits import idmap
 from tests.rootfs import build_rootfs
 from tests.sandboxes.conftest import needs_bwrap, wait_until
+from sandboxes.host.reap import mounts_under
 from tests.sandboxes.test_host import create
+from tests.sandboxes.test_reap import node  # noqa: F401 - the fixture: a root, a uid range, hosts on it
 
 TOOLS = ("bash", "sh", "cat", "ls", "mkdir", "rm", "mv", "ln", "env", "id", "sleep", "true",
          "stat", "mkfifo", "chmod", "tail")
@@ -232,6 +234,13 @@ def test_writable_root_needs_an_image():
     assert SandboxSpec(image="/images/x", writable_root=True).writable_root
 
 
+def test_runtimes_without_it_refuse_it(sandbox_root):
+    from sandboxes.runtimes.local import LocalSandbox
+
+    with pytest.raises(SandboxError, match="not supported by the local runtime"):
+        LocalSandbox(SandboxSpec(image="/images/x", writable_root=True), "j", {"root": str(sandbox_root)})
+
+
 def test_a_host_that_is_not_root_refuses_it_saying_why(images, sandbox_root, monkeypatch):
     monkeypatch.setattr(idmap.os, "geteuid", lambda: 1000)
     idmap.why_not.cache_clear()
@@ -261,3 +270,31 @@ def test_over_http_through_the_sandbox_host(images, start_host):
     listed = requests.get(f"{host.address}/sandboxes", headers=headers, timeout=30).json()["sandboxes"]
     assert listed == []
     assert not images.joinpath("base", "app").exists()
+
+
+def test_a_dead_hosts_writable_roots_leave_nothing_behind(node, images, monkeypatch):
+    """A host SIGKILLed with writable-root sandboxes running: their processes go with it, no
+    overlay is left in any mount table (each lived as the host's descriptor and in the sandbox's
+    own namespace), and the next host on the root removes their layers with the workspaces."""
+    import signal
+
+    monkeypatch.setenv("PRORL_SANDBOX_IMAGE_DIRS", str(images))
+    first, address, token = node.start_host("wr-a")
+    headers = {"Authorization": f"Bearer {token}"}
+    for i in range(2):
+        reply = requests.post(f"{address}/sandboxes", headers=headers, timeout=60, json={
+            "job_id": f"j{i}", "spec": {"runtime": "bwrap", "image": str(images / "base"), "writable_root": True}})
+        sandbox_id = reply.json()["sandbox_id"]
+        done = requests.post(f"{address}/sandboxes/{sandbox_id}/exec", headers=headers, timeout=60,
+                             json={"command": "echo x > /changed; (sleep 1000 &); echo up", "timeout": 20})
+        assert done.json()["output"] == "up\n"
+    seen_by_host = Path(f"/proc/{first.pid}/root{node.root}/wr-a")  # its workspaces, in its own mount namespace
+    assert len(list(seen_by_host.glob("bwrap-*/upper/changed"))) == 2
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    assert wait_until(lambda: not node.uid_processes(), 10)
+    for pid in ("self", "1"):
+        assert not [line for line in _mount_lines(pid) if str(node.root) in line and " - overlay " in line]
+    node.start_host("wr-b")
+    assert mounts_under(node.root / "wr-a") == []
+    assert not (node.root / "wr-a").exists()
