@@ -85,7 +85,7 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
         argv += ["--ro-bind", resolv, "/etc/resolv.conf"]
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
-    argv += node_binds(image, writable=overlay is not None)
+    argv += node_binds(image, overlay is not None, config.host_paths)
     size = str(config.tmp_size_mb * _MB)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp",

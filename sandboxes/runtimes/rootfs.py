@@ -97,20 +97,28 @@ def harness_root() -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-def node_binds(image: str | None, writable: bool) -> list[str]:
+def node_binds(image: str | None, writable: bool, host_paths: list[str] = ()) -> list[str]:
     """bwrap arguments binding the node's directories every root gets, read-only at the same
     path: the gateway's sockets (unlistable, each behind its own credential) and the harness
     root. A read-only image root needs the mount point already there (bwrap cannot make it in a
     read-only tree): an image without it goes without (a harness there ends as harness_error);
-    a writable root gets the mount points made; the host's own root has them."""
+    a writable root gets the mount points made; the host's own root has them (and the harness
+    root itself where one of its bound ``host_paths`` holds it)."""
     argv: list[str] = []
-    for path in (gateway_dir(), harness_root()):
+    harnesses = harness_root()
+    for path in (gateway_dir(), harnesses):
         if not path:
             continue
         if image and not writable and not _is_dir_in(image, path):
             continue
+        if not image and path == harnesses and any(_beneath(path, top) for top in host_paths):
+            continue
         argv += ["--ro-bind", path, path]
     return argv
+
+
+def _beneath(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _is_dir_in(image: str, path: str) -> bool:
