@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -52,9 +51,10 @@ def image_meta(rootfs: str | None) -> ImageMeta:
     except OSError:
         return ImageMeta()
     try:
-        etc = os.open("etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        etc_name, name = IMAGE_META.split("/")
+        etc = os.open(etc_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
         try:
-            fd = os.open("prorl-image.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=etc)
         finally:
             os.close(etc)

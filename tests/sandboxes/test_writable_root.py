@@ -10,7 +10,6 @@ import os
 import stat
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
