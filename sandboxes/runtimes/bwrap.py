@@ -242,9 +242,9 @@ class BwrapSandbox(ShellSandbox):
             self._root.close()  # nothing of the sandbox runs: its overlay goes with this descriptor
 
     def _bases(self) -> dict[str, str | int]:
-        """The workspace, and a writable root's ``/logs`` and root."""
+        """The workspace, and a writable root's ``/logs`` and root (a descriptor of its own)."""
         bases = super()._bases()
-        if self._root is not None and self._root.fd is not None:
+        if self._root is not None:
             bases.update(self._root.bases(self.workspace.host_dir))
         return bases
 

@@ -81,7 +81,8 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
 
     def _bases(self) -> dict[str, str | int]:
         """Where the host reads the sandbox's trees (:mod:`sandboxes.runtimes.export`): its
-        mount point inside -> host directory. Default: the workspace."""
+        mount point inside -> host directory, or a descriptor of one that the caller closes.
+        Default: the workspace."""
         return {self.workspace.mount: str(self.workspace.files_dir)}
 
     def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
@@ -91,7 +92,11 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         if self.shell is None or self.shell.closed:
             raise SandboxGone("the sandbox is closed")
         cap = min(max_bytes, get_settings().sandbox_export_max_mb << 20)
-        return export_tar(self._bases(), paths, cap, self.workspace.mount)
+        bases = self._bases()
+        try:
+            return export_tar(bases, paths, cap, self.workspace.mount)
+        finally:
+            _close_fds(bases)
 
     def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
         """:meth:`sandboxes.base.Sandbox.finish`: the paths are checked, then the shell is closed
@@ -101,12 +106,17 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         if self.shell is None or self.shell.closed:
             raise SandboxGone("the sandbox is closed")
         bases = self._bases()
-        for path in paths:
-            locate(bases, path, self.workspace.mount)
+        try:
+            for path in paths:
+                locate(bases, path, self.workspace.mount)
+        except BaseException:
+            _close_fds(bases)
+            raise
         try:
             self.shell.close()
             return read_files(bases, paths, min(max_bytes, read_cap_bytes()), self.workspace.mount)
         finally:
+            _close_fds(bases)
             self.close()
 
     def kill(self) -> None:
@@ -147,3 +157,9 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
     def _info(self) -> dict[str, Any]:
         """What the runtime adds to :meth:`info`."""
         return {}
+
+
+def _close_fds(bases: dict[str, str | int]) -> None:
+    for base in bases.values():
+        if isinstance(base, int):
+            os.close(base)

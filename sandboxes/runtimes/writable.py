@@ -16,8 +16,10 @@ by descriptor), and a dead host's boxes with the reaping of its workspace root.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
+from prorl_celery.errors import SandboxGone
 from sandboxes.runtimes.limits import idmap
 from sandboxes.runtimes.workspace import open_beneath, split
 
@@ -31,6 +33,7 @@ class WritableRoot:
 
     def __init__(self, box: Path, image: str, uid: int):
         self.box, self.uid = box, uid
+        self._lock = threading.Lock()  # a descriptor is never used by number once closed
         for name in (WORKSPACE, LOGS, UPPER, WORK, MOUNTPOINT):
             path = box / name
             path.mkdir(mode=0o755, exist_ok=True)
@@ -51,14 +54,18 @@ class WritableRoot:
         return idmap.bind_argv(argv, self.fd, self.mountpoint)
 
     def bases(self, box: Path) -> dict[str, str | int]:
-        """For :mod:`sandboxes.runtimes.export`: ``/logs`` and the root (``box``: the box where it
-        is now, retired or not)."""
-        return {LOGS_MOUNT: str(box / LOGS), "/": self.fd}
+        """For :mod:`sandboxes.runtimes.export`: ``/logs`` and the root, a new descriptor the
+        caller closes (``box``: the box where it is now, retired or not)."""
+        with self._lock:
+            if self.fd is None:
+                raise SandboxGone("the sandbox's root is gone (closed)")
+            return {LOGS_MOUNT: str(box / LOGS), "/": os.dup(self.fd)}
 
     def makedirs(self, path: str) -> None:
         """Make the directory ``path`` of the root (no symlink followed), owned by the sandbox:
         a working directory the image lacks (bwrap cannot start in one that does not exist)."""
-        fd = os.dup(self.fd)
+        with self._lock:
+            fd = os.dup(self.fd)
         try:
             for part in split(path):
                 try:
@@ -76,6 +83,7 @@ class WritableRoot:
 
     def close(self) -> None:
         """Let the overlay go (the kernel drops it once the sandbox's namespace is gone too)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        with self._lock:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None

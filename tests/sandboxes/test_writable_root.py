@@ -10,6 +10,7 @@ import os
 import stat
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,27 @@ def test_a_dead_hosts_writable_roots_leave_nothing_behind(node, images, monkeypa
     node.start_host("wr-b")
     assert mounts_under(node.root / "wr-a") == []
     assert not (node.root / "wr-a").exists()
+
+
+def test_a_warm_writable_root_is_claimed_and_survives_a_shell_restart(images, start_host):
+    """A writable-root sandbox started ahead of demand is handed out only for a writable-root
+    spec of its image, gets the job's working directory made in its root, and a restarted shell
+    (a new bwrap, the overlay bound again from the host's descriptor) keeps the root's changes."""
+    import psutil
+
+    host = start_host(runtime="bwrap", warm=1, env={"PRORL_SANDBOX_IMAGE_DIRS": str(images)})
+    spec = {"image": str(images / "base"), "writable_root": True}
+    create(host, "job-cold", spec=spec)
+    assert wait_until(lambda: len([p for p in psutil.Process(host.proc.pid).children(recursive=True)
+                                   if p.name() == "bwrap"]) >= 4, 10)  # the cold one and a warm one
+    asked_at = time.time()
+    plain = create(host, "job-ro", spec={"image": str(images / "base")})  # not the warm one
+    assert plain.exec("touch /x 2>/dev/null || echo read-only").output == "read-only\n"
+    box = create(host, "job-warm", spec={**spec, "workdir": "/srv/task"})
+    pid = next(e for e in requests.get(f"{host.address}/sandboxes", timeout=30,
+                                       headers={"Authorization": f"Bearer {host.token}"}).json()["sandboxes"]
+               if e["job_id"] == "job-warm")["pid"]
+    assert psutil.Process(pid).create_time() < asked_at  # it was running before the ask
+    assert box.exec("pwd; echo kept > /srv/task/f").output == "/srv/task\n"
+    assert "new shell" in box.exec("kill -9 $$").output
+    assert box.exec("cat /srv/task/f").output == "kept\n"
