@@ -10,7 +10,7 @@ import os
 import re
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 if TYPE_CHECKING:
     from sandboxes.protocol import StatResult, Stray
@@ -86,6 +86,10 @@ class SandboxSpec(BaseModel):
 
     runtime: str | None = Field(None, description="Runtime name or dotted path; default from settings.")
     image: str | None = Field(None, description="Image: rootfs directory (bwrap) or .sif / docker:// (singularity).")
+    writable_root: bool = Field(False, description="The image's root, writable through an overlay "
+                                "whose changes are the sandbox's own (the image never changes; "
+                                "another sandbox of it sees none of them); needs `image`. bwrap on a "
+                                "root host only (sandboxes/runtimes/limits/idmap.py); refused elsewhere.")
     limits: Limits = Field(default_factory=Limits, description="Resource limits.")
     network: bool = Field(False, description="Allow network access from inside the sandbox.")
     workdir: str | None = Field(None, description="Directory the shell starts in (inside the sandbox).")
@@ -94,6 +98,13 @@ class SandboxSpec(BaseModel):
                                 "names that are not shell names, LD_*, BASH_ENV, BASH_FUNC_* and "
                                 "the like (REFUSED_ENV), NUL bytes, a PATH with relative or "
                                 "writable directories.")
+
+    @field_validator("writable_root")
+    @classmethod
+    def _root_needs_image(cls, writable: bool, info: ValidationInfo) -> bool:
+        if writable and not info.data.get("image"):
+            raise ValueError("writable_root needs an image (the root it makes writable)")
+        return writable
 
     @field_validator("env")
     @classmethod
@@ -152,6 +163,21 @@ class Sandbox(Protocol):
         """Kind, size, mode and mtime of a path inside the sandbox, a symlink not followed;
         the path rules of :meth:`read_file`."""
 
+    def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
+        """A tar of the files at the absolute ``paths`` inside the sandbox (each a file or a whole
+        directory), built by the host from its side, never by a tool inside: names relative to
+        ``/`` without ``..``, only regular files, directories and symlinks (stored as symlinks,
+        never followed; a symlink on the way to a path is a ``PermissionError``), modes kept,
+        owners 0:0, missing paths skipped. Larger than ``max_bytes``: ``FileTooLarge``. Paths
+        beyond the workspace (and ``/logs``) need a ``writable_root`` sandbox."""
+
+    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+        """Kill every process of the sandbox, then read ``paths`` (the rules of
+        :meth:`export_tree`: the workspace, ``/logs``, the root of a ``writable_root`` sandbox)
+        from the host's side, then close it. Each path -> its bytes, or None when it is missing
+        or not a regular file; more than ``max_bytes`` in all: ``FileTooLarge``. What is read
+        was written before the kill: nothing of the sandbox runs any more."""
+
     def close(self) -> None:
         """Kill everything the sandbox started and remove its files. Idempotent."""
 
@@ -204,6 +230,14 @@ class SandboxRuntime:
         streamed, under :meth:`read_file`'s path rules. Default: None, and the host answers
         with :meth:`read_file`'s bytes."""
         return None
+
+    def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
+        """:meth:`Sandbox.export_tree`. Default: not offered by this runtime."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export its files")
+
+    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+        """:meth:`Sandbox.finish`. Default: not offered by this runtime."""
+        raise NotImplementedError(f"{type(self).__name__} cannot finish (kill, then read)")
 
     def kill(self) -> None:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,

@@ -159,6 +159,28 @@ def _files(box: Sandbox) -> list[str]:
     return found
 
 
+def _export(box: Sandbox) -> list[str]:
+    """``export_tree`` of workspace paths (relative ones too): the files as written, a symlink
+    stored as a symlink (never followed), the cap enforced."""
+    import io
+    import tarfile
+
+    found = []
+    tar = tarfile.open(fileobj=io.BytesIO(box.export_tree(["sub", "check-sneaky"], 1 << 20)))
+    members = {info.name.rsplit("/", 2)[-2] + "/" + info.name.rsplit("/", 1)[-1]: info for info in tar}
+    blob = next((info for name, info in members.items() if name.endswith("sub/blob.bin")), None)
+    if blob is None or tar.extractfile(blob).read() != box.read_file("sub/blob.bin"):
+        found.append("export_tree does not carry a workspace file")
+    links = [info for info in tar if info.name.endswith("check-sneaky")]
+    if len(links) != 1 or not links[0].issym() or links[0].linkname != "/etc/passwd":
+        found.append("export_tree does not store a symlink as a symlink")
+    if any(info.uid or info.gid for info in tar):
+        found.append("export_tree keeps owners")
+    if not _raises(OSError, lambda: box.export_tree(["sub"], 1024)):
+        found.append("export_tree goes past max_bytes")
+    return found
+
+
 def _close(box: Sandbox) -> list[str]:
     """Closing is final and idempotent."""
     found = []
@@ -176,7 +198,7 @@ def check_sandbox(box: Sandbox, close: bool = True) -> None:
     With ``close`` the sandbox is closed last, checking that closing is final."""
     if not isinstance(box, Sandbox):
         raise NonConformant(f"{type(box).__name__} does not implement the Sandbox protocol")
-    found = _shell(box) + _timeouts(box) + _files(box)
+    found = _shell(box) + _timeouts(box) + _files(box) + _export(box)
     if close:
         found += _close(box)
     if found:

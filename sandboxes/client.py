@@ -124,6 +124,15 @@ class RemoteSandbox:
     def stat(self, path: str) -> StatResult:
         return self._invoke("stat", path=path)
 
+    def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
+        return self._invoke("export_tree", paths=paths, max_bytes=max_bytes)
+
+    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+        """The sandbox killed, ``paths`` read, the sandbox closed (its host forgets it)."""
+        files = self._invoke("finish", paths=paths, max_bytes=max_bytes)
+        self.gone = True
+        return files
+
     def close(self) -> bool:
         """True if this call closed it, False if it was already gone. Idempotent."""
         return False if self.gone else self._invoke("close")

@@ -82,6 +82,23 @@ class StatResult(BaseModel):
                    mtime=st.st_mtime)
 
 
+class TreeRequest(_Body):
+    paths: list[str] = Field(min_length=1, max_length=256, description="Absolute paths inside the sandbox.")
+    max_bytes: int = Field(gt=0, description="Largest answer, bytes (the host's own cap, "
+                           "sandbox_read_max_mb, applies too): past it, 413 file_too_large.")
+
+
+class ExportTreeResponse(BaseModel):
+    data: bytes = Field(description="The tar (sent as the raw body).")
+
+
+class FinishResponse(BaseModel):
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+    files: dict[str, bytes | None] = Field(description="Each path asked for -> its bytes (base64 "
+                                           "in JSON), or null when missing or not a regular file.")
+
+
 class InfoResponse(BaseModel):
     info: dict[str, Any]
 
@@ -214,6 +231,8 @@ METHODS: dict[str, Method] = {
     "read_file": Method(PathRequest, ReadFileResponse, "data"),
     "write_file": Method(WriteFileRequest, WriteFileResponse, ""),
     "stat": Method(PathRequest, StatResult),
+    "export_tree": Method(TreeRequest, ExportTreeResponse, "data"),
+    "finish": Method(TreeRequest, FinishResponse, "files"),
     "info": Method(Empty, InfoResponse, "info"),
     "close": Method(Empty, CloseResponse, "closed"),
     "renew": Method(RenewRequest, SandboxEntry, host_only=True),

@@ -211,9 +211,24 @@ def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str,
     raise SandboxGone(f"no sandbox {sandbox_id!r} on host {pool.host_id}")
 
 
+def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str, bytes | None]:
+    """The sandbox's finish (killed, read, closed), then its slot closed too; a path refused
+    before anything was killed leaves it running."""
+    refused = False
+    try:
+        with pool.using(sandbox_id) as sandbox:
+            return sandbox.finish(**args)
+    except PermissionError:
+        refused = True
+        raise
+    finally:
+        if not refused:
+            pool.close(sandbox_id, "finished")
+
+
 # methods the pool answers itself (its lease, its watch on the caller, its entry)
 _POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
-    "exec": _exec, "info": _info,
+    "exec": _exec, "info": _info, "finish": _finish,
     "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
     "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
     "relay": lambda pool, sandbox_id, args: pool.relay(sandbox_id, **args),

@@ -3,7 +3,10 @@
 What the sandbox gets: new user, pid, ipc, uts, cgroup and network namespaces (with
 ``spec.network``, its own network behind user-mode networking: :mod:`sandboxes.runtimes.limits.netns`; never the
 host's); no capabilities and no nested user namespaces; a read-only root (the host's system
-directories, or an image rootfs directory); its workspace read-write at ``/workspace``; a private
+directories, or an image rootfs directory: :mod:`sandboxes.runtimes.rootfs`), or with
+``spec.writable_root`` the image's root writable through an overlay of the sandbox's own
+(:mod:`sandboxes.runtimes.writable`, with ``/logs`` the host reads once it is dead); the node's
+gateway sockets and harnesses read-only; its workspace read-write at ``/workspace``; a private
 size-capped ``/tmp`` and ``/dev/shm``; a fresh ``/proc`` and a minimal ``/dev``; a cleared
 environment (``--clearenv``, fixed defaults by ``--setenv``, ``spec.env`` exported by the shell
 itself once it runs: a request's variables never reach the host-side ``setpriv``/``bwrap``, which
@@ -26,20 +29,20 @@ from typing import Any
 from pydantic import Field
 
 from prorl_celery.errors import SandboxError
-from sandboxes.base import Limits, SandboxSpec, gateway_dir
-from sandboxes.runtimes.shell.pid1 import BwrapShell, tree_info
-from sandboxes.runtimes.limits import exitboost
-from sandboxes.runtimes.limits.cgroups import SandboxLimits, warm_limits
-from sandboxes.runtimes.images.cache import ImageLease, open_image
+from sandboxes.base import Limits, SandboxSpec
 from sandboxes.images import is_reference
+from sandboxes.runtimes.images.cache import ImageLease, open_image
+from sandboxes.runtimes.limits import exitboost, idmap
+from sandboxes.runtimes.limits.cgroups import SandboxLimits, warm_limits
 from sandboxes.runtimes.limits.netns import HELPER_ENV, require_network, resolv_conf, tool
-from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
+from sandboxes.runtimes.rootfs import HOST_PATHS, has_resolv, image_env, image_meta, node_binds, root_entries
+from sandboxes.runtimes.shell.pid1 import BwrapShell, tree_info
 from sandboxes.runtimes.shell.spawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
+from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace
+from sandboxes.runtimes.writable import LOGS_MOUNT, WORKSPACE, WritableRoot
 
-HOST_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_NOT_FROM_IMAGE = {"proc", "dev", "tmp", "sys", "workspace"}
 _MB = 1024 * 1024
 SETPRIV = shutil.which("setpriv")
 HOST_ENV = HELPER_ENV  # the host-side start's whole environment: nothing from a request
@@ -55,26 +58,17 @@ class BwrapConfig(IsolatedConfig):
     tmp_size_mb: int = Field(512, description="Size cap of the private /tmp (and /dev/shm).")
 
 
-def root_entries(image: str | None, host_paths: list[str]) -> list[tuple[str, str | None]]:
-    """(path in the sandbox, symlink target or None) for the read-only root."""
-    if image:
-        if not os.path.isdir(image):
-            raise SandboxError(f"bwrap image {image!r} is not a rootfs directory on this host")
-        names = sorted(set(os.listdir(image)) - _NOT_FROM_IMAGE)
-        paths = [(f"/{name}", os.path.join(image, name)) for name in names]
-    else:
-        paths = [(path, path) for path in host_paths if os.path.lexists(path)]
-    return [(inside, os.readlink(src) if os.path.islink(src) else None) for inside, src in paths]
-
-
 def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network: bool,
                root: list[tuple[str, str | None]], image: str | None = None,
                uid: int | None = None, env: dict[str, str] | None = None,
-               resolv: str | None = None) -> list[str]:
-    """The whole command line of one sandbox's shell (pure: no I/O). The network namespace is
+               resolv: str | None = None, overlay: str | None = None,
+               logs: str | None = None) -> list[str]:
+    """The whole command line of one sandbox's shell. The network namespace is
     always new; with ``network`` the host attaches user-mode networking to it once it runs, and
     ``resolv`` (a file naming that network's resolver) is bound over /etc/resolv.conf. ``env``:
-    the whole environment inside (fixed defaults: it is visible in the host's process list)."""
+    the whole environment inside (fixed defaults: it is visible in the host's process list).
+    ``overlay``: a writable root (a directory bound at ``/`` and left writable) in place of
+    ``root``'s read-only entries; ``logs``: a directory bound read-write at ``/logs``."""
     prefix = [SETPRIV or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] \
         if uid is not None else []
     argv = [tool(config.bwrap) or config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
@@ -82,6 +76,8 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
              "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for name, value in (env or {}).items():
         argv += ["--setenv", name, value]
+    if overlay:
+        argv += ["--bind", overlay, "/"]
     for inside, target in root:
         source = os.path.join(image, inside.lstrip("/")) if image else inside
         argv += ["--symlink", target, inside] if target is not None else ["--ro-bind", source, inside]
@@ -89,41 +85,14 @@ def bwrap_argv(config: BwrapConfig, *, workspace_dir: str, workdir: str, network
         argv += ["--ro-bind", resolv, "/etc/resolv.conf"]
     for source, inside in config.ro_binds.items():
         argv += ["--ro-bind", source, inside]
-    gateways = gateway_dir()
-    # harness sessions' gateway sockets (unlistable, each behind its own credential); an image's
-    # read-only root needs the mount point already there (bwrap cannot make it in a read-only
-    # tree), so an image without it gets no gateway: a harness there ends as harness_error
-    if gateways and (not image or os.path.isdir(os.path.join(image, gateways.lstrip("/")))):
-        argv += ["--ro-bind", gateways, gateways]
+    argv += node_binds(image, overlay is not None, config.host_paths)
     size = str(config.tmp_size_mb * _MB)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp",
-             "--bind", workspace_dir, config.mount, "--remount-ro", "/", "--chdir", workdir]
-    return prefix + argv + list(config.shell)
-
-
-_IMAGE_ENV_KEPT = ("HOME", "TMPDIR", "HOSTNAME", "USER", "LOGNAME", "SHELL")
-
-
-def image_env(image: ImageLease | None) -> dict[str, str]:
-    """The image's own variables (its PATH first of all), where SandboxSpec would take them;
-    the sandbox's HOME, TMPDIR and identity stay ours."""
-    out: dict[str, str] = {}
-    for name, value in (image.env if image else {}).items():
-        if name in _IMAGE_ENV_KEPT:
-            continue
-        try:
-            SandboxSpec.model_validate({"env": {name: value}})
-        except ValueError:
-            continue
-        out[name] = value
-    return out
-
-
-def _has_resolv(image: str | None) -> bool:
-    """Whether the root has an /etc/resolv.conf to bind over (bwrap cannot create one in a
-    read-only /etc; without it names do not resolve, addresses still do)."""
-    return os.path.lexists(os.path.join(image or "/", "etc", "resolv.conf"))
+             "--bind", workspace_dir, config.mount]
+    argv += ["--bind", logs, LOGS_MOUNT] if logs else []
+    argv += [] if overlay else ["--remount-ro", "/"]
+    return prefix + argv + ["--chdir", workdir] + list(config.shell)
 
 
 @functools.cache
@@ -165,9 +134,12 @@ class BwrapSandbox(ShellSandbox):
         self.spec = spec
         self.job_id = job_id
         self.config = BwrapConfig.model_validate(config or {})
+        if spec.writable_root and idmap.why_not():
+            raise SandboxError(f"writable_root is refused on this host: {idmap.why_not()}")
         # a docker:// / oci: image: its cached rootfs, held until close (never evicted meanwhile)
         self._image: ImageLease | None = open_image(spec.image) if is_reference(spec.image) else None
-        rootfs = self._image.rootfs if self._image else spec.image
+        self._rootfs = rootfs = self._image.rootfs if self._image else spec.image
+        self._root: WritableRoot | None = None
         uid = self._lease_uid(self.config)
         self._limits: SandboxLimits | None = None
         if uid is not None:
@@ -175,25 +147,42 @@ class BwrapSandbox(ShellSandbox):
             if rootfs:
                 check_traversable(rootfs)
         host_dir = tempfile.mkdtemp(prefix="bwrap-", dir=self.config.root)
-        self.workspace = Workspace(host_dir, self.config.mount, uid, uid)
+        self.workspace = Workspace(host_dir, self.config.mount, uid, uid,
+                                   files=WORKSPACE if spec.writable_root else None)
         try:
             self._limits = SandboxLimits(self.workspace, spec.limits, self.config.root, uid is not None)
             if uid is not None:
                 os.chown(host_dir, uid, uid)
+            if spec.writable_root:
+                self._root = self._writable_root(Path(host_dir), rootfs, uid)
             self.workdir = self._workdir(spec.workdir)
             if spec.network:
                 require_network()
-            argv = bwrap_argv(self._shell_config(rootfs), workspace_dir=host_dir, workdir=self.workdir,
-                              network=spec.network, root=root_entries(rootfs, self.config.host_paths),
-                              image=rootfs, uid=uid, env=self._env(),
-                              resolv=resolv_conf() if spec.network and _has_resolv(rootfs) else None)
-            self.shell = BwrapShell(self._limits.argv(argv), cwd="/", env=HOST_ENV,
+            self.shell = BwrapShell(self._argv(uid), cwd="/", env=HOST_ENV,
                                     limits=self._limits.rlimits(spec.limits), guarded=False,
-                                    inner_env=spec.env, network=spec.network)
+                                    inner_env=spec.env, network=spec.network,
+                                    pass_fds=(self._root.fd,) if self._root else ())
             self.shell.cgroup_kill = self._limits.kill_except
         except BaseException:
             self.close()
             raise
+
+    def _writable_root(self, box: Path, rootfs: str, uid: int | None) -> WritableRoot:
+        if uid is None or not os.path.isdir(rootfs):
+            raise SandboxError(f"writable_root needs a rootfs directory and a sandbox uid "
+                               f"(image {self.spec.image!r})")
+        return WritableRoot(box, rootfs, uid)
+
+    def _argv(self, uid: int | None) -> list[str]:
+        """The shell's whole start: cgroup and workspace shims, the overlay's bind, bwrap."""
+        rootfs, spec, root = self._rootfs, self.spec, self._root
+        resolv = spec.network and (root is not None or has_resolv(rootfs))
+        argv = bwrap_argv(self._shell_config(rootfs), workspace_dir=str(self.workspace.files_dir),
+                          workdir=self.workdir, network=spec.network,
+                          root=[] if root else root_entries(rootfs, self.config.host_paths),
+                          image=rootfs, uid=uid, env=self._env(), resolv=resolv_conf() if resolv else None,
+                          overlay=root.mountpoint if root else None, logs=root.logs_dir if root else None)
+        return self._limits.argv(root.argv(argv) if root else argv)
 
     auto_rank = 2  # 'auto' prefers bubblewrap's namespaces wherever they work
 
@@ -216,6 +205,8 @@ class BwrapSandbox(ShellSandbox):
         inside = workdir if workdir.startswith("/") else f"{mount}/{workdir}"
         if inside == mount or inside.startswith(mount + "/"):
             self.workspace.makedirs(inside)
+        elif self._root is not None:  # bwrap cannot start in a directory the root lacks
+            self._root.makedirs(inside)
         return inside
 
     def _env(self) -> dict[str, str]:
@@ -223,7 +214,8 @@ class BwrapSandbox(ShellSandbox):
         base = {"PATH": SANDBOX_PATH, "HOME": self.config.mount, "USER": "root", "LOGNAME": "root",
                 "LANG": "C.UTF-8", "TMPDIR": "/tmp", "SHELL": "/bin/bash",
                 "HOSTNAME": self.config.hostname}
-        return {**NONINTERACTIVE_ENV, **base, **image_env(self._image)}
+        own = self._image.env if self._image else image_meta(self._rootfs).env
+        return {**NONINTERACTIVE_ENV, **base, **image_env(own)}
 
     @classmethod
     def warm_spec(cls, spec: SandboxSpec) -> SandboxSpec | None:
@@ -246,6 +238,15 @@ class BwrapSandbox(ShellSandbox):
     def _close_limits(self) -> None:
         if self._limits is not None:
             self._limits.close()  # whatever is still in the cgroup dies here
+        if self._root is not None:
+            self._root.close()  # nothing of the sandbox runs: its overlay goes with this descriptor
+
+    def _bases(self) -> dict[str, str | int]:
+        """The workspace, and a writable root's ``/logs`` and root (a descriptor of its own)."""
+        bases = super()._bases()
+        if self._root is not None:
+            bases.update(self._root.bases(self.workspace.host_dir))
+        return bases
 
     def _release(self) -> None:
         super()._release()
@@ -257,4 +258,5 @@ class BwrapSandbox(ShellSandbox):
         return {"network": "isolated (slirp4netns)" if self.spec.network else "none",
                 "net_pid": shell.net.pid if shell.net else None, **tree_info(shell),
                 "uid": self.workspace.uid, "mount": self.config.mount, "image": self.spec.image,
+                "writable_root": self._root is not None,
                 **(self._image.info() if self._image else {})}

@@ -4,7 +4,9 @@ The shell is the host-side process here, so ``spec.env`` is its environment: wha
 from steering it is :class:`~sandboxes.base.SandboxSpec`'s refusal of ``LD_*``, ``BASH_ENV`` and the
 like, and the shell's own binary being found on the host's PATH, never on the spec's. ``"network":
 true`` is refused when the operator turned network sandboxes off (the host's network is all this
-runtime has).
+runtime has). ``finish`` kills the shell's process group and its descendants before it reads:
+weaker than a pid namespace's end, a daemon that left both (``setsid`` and a double fork) may
+still be writing.
 """
 from __future__ import annotations
 
@@ -60,6 +62,9 @@ class LocalSandbox(ShellSandbox):
     config_class = LocalConfig
 
     def __init__(self, spec: SandboxSpec, job_id: str, config: LocalConfig | dict | None = None):
+        if spec.writable_root:
+            raise SandboxError("writable_root is not supported by the local runtime (it has no "
+                               "image root; bwrap on a root host gives it)")
         _warn_once()
         self.spec = spec
         self.job_id = job_id

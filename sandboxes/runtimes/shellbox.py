@@ -10,11 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_celery.errors import SandboxGone
 from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
 from sandboxes.runtimes.shell.persistent import PersistentShell
 from sandboxes.runtimes.shell.spawn import DEFAULT_ARGV
 from sandboxes.runtimes.limits.uids import UidLease, lease_uid
-from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles
+from sandboxes.runtimes.export import export_tar, locate, read_files
+from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, read_cap_bytes
 
 
 class ShellConfig(BaseModel):
@@ -77,6 +79,46 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         self.shell.adopt(spec.env, limits, str(workdir) if spec.workdir else None)
         self.spec, self.job_id, self.workdir = spec, job_id, workdir
 
+    def _bases(self) -> dict[str, str | int]:
+        """Where the host reads the sandbox's trees (:mod:`sandboxes.runtimes.export`): its
+        mount point inside -> host directory, or a descriptor of one that the caller closes.
+        Default: the workspace."""
+        return {self.workspace.mount: str(self.workspace.files_dir)}
+
+    def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
+        """:meth:`sandboxes.base.Sandbox.export_tree`, capped by ``sandbox_export_max_mb`` too."""
+        from config.settings import get_settings
+
+        if self.shell is None or self.shell.closed:
+            raise SandboxGone("the sandbox is closed")
+        cap = min(max_bytes, get_settings().sandbox_export_max_mb << 20)
+        bases = self._bases()
+        try:
+            return export_tar(bases, paths, cap, self.workspace.mount)
+        finally:
+            _close_fds(bases)
+
+    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+        """:meth:`sandboxes.base.Sandbox.finish`: the paths are checked, then the shell is closed
+        (for a runtime whose shell has a pid 1 of its own, reaping it proves that everything in
+        the sandbox is dead; ``local`` kills the shell's process group and descendants, which a
+        daemon that left both outlives), then the files read, then all closed."""
+        if self.shell is None or self.shell.closed:
+            raise SandboxGone("the sandbox is closed")
+        bases = self._bases()
+        try:
+            for path in paths:
+                locate(bases, path, self.workspace.mount)
+        except BaseException:
+            _close_fds(bases)
+            raise
+        try:
+            self.shell.close()
+            return read_files(bases, paths, min(max_bytes, read_cap_bytes()), self.workspace.mount)
+        finally:
+            _close_fds(bases)
+            self.close()
+
     def kill(self) -> None:
         """SIGKILL everything at once (a signal per process, no wait); :meth:`close` finishes.
         Only signals: a bulk close kills every sandbox before any teardown, and the workspace's
@@ -115,3 +157,9 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
     def _info(self) -> dict[str, Any]:
         """What the runtime adds to :meth:`info`."""
         return {}
+
+
+def _close_fds(bases: dict[str, str | int]) -> None:
+    for base in bases.values():
+        if isinstance(base, int):
+            os.close(base)

@@ -199,6 +199,9 @@ class SingularitySandbox(ShellSandbox):
     def __init__(self, spec: SandboxSpec, job_id: str, config: SingularityConfig | dict | None = None):
         self.spec, self.job_id = spec, job_id
         self.config = SingularityConfig.model_validate(config or {})
+        if spec.writable_root:
+            raise SandboxError("writable_root is not supported by the singularity runtime (bwrap "
+                               "on a root host gives it)")
         self.binary = binary(self.config.binary)
         uid = self._lease_uid(self.config)
         host_dir = tempfile.mkdtemp(prefix="sif-", dir=self.config.root)

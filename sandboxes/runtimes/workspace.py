@@ -25,7 +25,7 @@ from sandboxes.protocol import StatResult
 from sandboxes.safedirs import remove_tree
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (new-style syscall table)
-_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -57,19 +57,21 @@ def escape_error(path: str) -> PermissionError:
     return PermissionError(errno.EACCES, "path is outside the sandbox workspace", path)
 
 
-def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0o644) -> int:
-    """``os.open(rel, flags, dir_fd=dir_fd)`` that cannot resolve to anything outside ``dir_fd``."""
+def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0o644,
+                 no_symlinks: bool = False) -> int:
+    """``os.open(rel, flags, dir_fd=dir_fd)`` that cannot resolve to anything outside ``dir_fd``;
+    with ``no_symlinks``, a symlink anywhere on the way is refused too (PermissionError)."""
     global _have_openat2
     if _have_openat2:
-        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                       _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+        resolve = _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | (_RESOLVE_NO_SYMLINKS if no_symlinks else 0)
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
         fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how),
                            ctypes.sizeof(how))
         if fd >= 0:
             return fd
         err = ctypes.get_errno()
         if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter that forbids it
-            if err == errno.EXDEV:
+            if err == errno.EXDEV or (no_symlinks and err == errno.ELOOP):
                 raise escape_error(rel)
             raise OSError(err, os.strerror(err), rel)
         _have_openat2 = False
@@ -101,13 +103,22 @@ class Workspace:
     """The host directory ``host_dir``, mounted at ``mount`` inside the sandbox.
 
     Paths given to it are relative to the workspace, or absolute inside ``mount``. Files it
-    creates belong to ``uid``/``gid`` when given (the sandbox's own user on the host)."""
+    creates belong to ``uid``/``gid`` when given (the sandbox's own user on the host).
+    ``files``: a subdirectory of ``host_dir`` that is the workspace proper (what ``mount``
+    shows), where ``host_dir`` (its filesystem, what retire and remove act on) holds more of
+    the sandbox than the workspace (a writable root's layers)."""
 
     def __init__(self, host_dir: str | Path, mount: str, uid: int | None = None,
-                 gid: int | None = None):
+                 gid: int | None = None, files: str | None = None):
         self.host_dir = Path(host_dir)
         self.mount = mount.rstrip("/") or "/"
         self.uid, self.gid = uid, gid
+        self.files = files
+
+    @property
+    def files_dir(self) -> Path:
+        """The host directory the sandbox sees at ``mount``."""
+        return self.host_dir / self.files if self.files else self.host_dir
 
     def relative(self, path: str) -> list[str]:
         if path.startswith("/"):
@@ -117,7 +128,7 @@ class Workspace:
         return split(path)
 
     def _root_fd(self) -> int:
-        return os.open(self.host_dir, _DIR_FLAGS)
+        return os.open(self.files_dir, _DIR_FLAGS | (os.O_NOFOLLOW if self.files else 0))
 
     def _chown(self, fd: int) -> None:
         if self.uid is not None:

@@ -51,12 +51,13 @@ class PersistentShell(ShellChannel):
     def __init__(self, argv: Sequence[str] = DEFAULT_ARGV, cwd: str | None = None,
                  env: Mapping[str, str] | None = None, *, output_limit: int | None = None,
                  preexec_fn: Callable[[], None] | None = None, default_timeout: float | None = None,
-                 limits: Limits | None = None, guarded: bool = True):
+                 limits: Limits | None = None, guarded: bool = True, pass_fds: Sequence[int] = ()):
         """``env``: the shell's environment, the non-interactive defaults filling what it lacks;
         None: this process's environment, overridden by those defaults. ``limits``: rlimits set
         on the shell once it runs. ``guarded``: the guardian kills the shell and all it runs if
         this process dies (False when the argv sees to it itself, as ``bwrap --die-with-parent``
-        does)."""
+        does). ``pass_fds``: descriptors every start of the shell inherits (the caller keeps
+        them open while the shell may restart)."""
         from config.settings import get_settings
 
         settings = get_settings()
@@ -70,6 +71,7 @@ class PersistentShell(ShellChannel):
         self.limits = limits
         self._preexec_fn = preexec_fn
         self._guarded = guarded
+        self.pass_fds = tuple(pass_fds)
         self._state_name = f"prorl-shell.{secrets.token_hex(8)}"
         self._status_fd: int | None = None
         self._state_base = ""  # where the shell keeps its state files (for a local shell, host paths)
@@ -149,7 +151,7 @@ class PersistentShell(ShellChannel):
         # on a big host), so parent death is the guardian's business unless the caller brings one.
         preexec = self._preexec if self._preexec_fn is not None else None
         self._proc, status_r, self._status_w, self._setup_fd = spawn_parent(
-            self.argv, cwd, self.env, self._state_name, preexec)
+            self.argv, cwd, self.env, self._state_name, preexec, self.pass_fds)
         self._status_fd, self._status_buf, self._token = status_r, b"", b""
         if self._guarded and preexec is None:
             guardian().hold(self._proc.pid)

@@ -82,7 +82,8 @@ def shell_warm_spec(spec):
 
     if not all(VALID_NAME.match(name) for name in spec.env):
         return None
-    return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network)
+    return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network,
+                       writable_root=spec.writable_root)
 
 
 def die_with_parent() -> None:
@@ -91,12 +92,14 @@ def die_with_parent() -> None:
 
 
 def spawn_parent(argv: Sequence[str], cwd: str, env: Mapping[str, str], state_name: str,
-                 preexec: Callable[[], None] | None) -> tuple[subprocess.Popen, int, int, int]:
+                 preexec: Callable[[], None] | None, extra_fds: Sequence[int] = ()
+                 ) -> tuple[subprocess.Popen, int, int, int]:
     """Start the parent with its status pipe's write end and a pipe holding its setup script
     (:func:`~sandboxes.runtimes.shell.script.setup_script`), which it sources in one read: bash
     reads commands from its stdin a byte at a time. Returns the process, the status pipe's read
     end, and the numbers the parent knows the status pipe's write end and the setup pipe by
-    (both closed here)."""
+    (both closed here). ``extra_fds``: more descriptors the parent inherits (a runtime's
+    argv closes them before the shell runs)."""
     status_r, status_w = os.pipe()
     init_r, init_w = os.pipe()
     try:
@@ -108,7 +111,7 @@ def spawn_parent(argv: Sequence[str], cwd: str, env: Mapping[str, str], state_na
         proc = spawn(
             list(argv), cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec, bufsize=0,
-            pass_fds=(status_w, init_r))
+            pass_fds=(status_w, init_r, *extra_fds))
     except BaseException:
         os.close(status_r)
         raise
