@@ -114,7 +114,19 @@ def node_binds(image: str | None, writable: bool, host_paths: list[str] = ()) ->
         if not image and path == harnesses and any(_beneath(path, top) for top in host_paths):
             continue
         argv += ["--ro-bind", path, path]
-    return argv
+    return argv + _tools_bind(image, writable)
+
+
+def _tools_bind(image: str | None, writable: bool) -> list[str]:
+    """The node's verifier toolkit (uv, its installer served offline) at its mount point, in an
+    image root that can take it (:mod:`sandboxes.runtimes.images.verifier_tools`); read-only,
+    harmless to an agent that finds it (it is not on the agent's PATH)."""
+    from sandboxes.runtimes.images import verifier_tools
+
+    tools = verifier_tools.built()
+    if tools is None or not image or (not writable and not _is_dir_in(image, verifier_tools.MOUNT)):
+        return []
+    return ["--ro-bind", str(tools), verifier_tools.MOUNT]
 
 
 def _beneath(path: str, top: str) -> bool:

@@ -36,7 +36,6 @@ from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import verifier
 
 KEY = "harbor"
-TOOLS_MOUNT = "/opt/prorl-tools"
 SYSTEM = ("You are an autonomous agent in a Linux shell. Complete the task below by running commands "
           "with the bash tool and editing files. Work in the current directory unless the task says "
           "otherwise. When the task is done, call submit (with no answer).")
@@ -91,17 +90,15 @@ class HarborHandler(AgentTaskHandler):
             return block["image"]
         started = time.monotonic()
         env = task.config.environment
-        if env.docker_image and not (task.environment / "Dockerfile").is_file():
-            built = ensure_built(task.environment, None, timeout_s=env.build_timeout_sec,
-                                 from_ref=env.docker_image)
-        else:
-            built = ensure_built(task.environment, task.environment / "Dockerfile", timeout_s=env.build_timeout_sec)
+        dockerfile = task.environment / "Dockerfile"
+        context = task.environment if dockerfile.is_file() else _from_only(env.docker_image)
+        built = ensure_built(context, timeout_s=env.build_timeout_sec)
         waited = time.monotonic() - started
         ctx.deadline += waited  # like an image pull: the build is waited out, not charged
         ctx.state.init_wait_s = round((ctx.state.init_wait_s or 0.0) + waited, 3)
         block["image"] = {"rootfs": built.rootfs, "key": built.key, "env": built.env, "workdir": built.workdir,
-                          "from": built.from_ref, "base": built.base, "notes": built.notes,
-                          "build_s": round(waited, 3)}
+                          "entrypoint": built.config.entrypoint, "from": built.from_ref, "base": built.base,
+                          "notes": built.notes, "build_s": round(waited, 3)}
         return block["image"]
 
     def _workdir(self, task: HarborTask, image: dict[str, Any]) -> str:
@@ -127,6 +124,7 @@ class HarborHandler(AgentTaskHandler):
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
         box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
+        _entrypoint(box, image)
         block = self._block(ctx)
         block.update(task=task.name, steps=[], step=block.get("step", 0),
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
@@ -207,9 +205,10 @@ class HarborHandler(AgentTaskHandler):
             carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
             tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024) if carried else b""
             network = wants_internet(task.config, task.config.verifier) and settings.harbor_verifier_network
-            spec = self._spec(ctx, task, image, network, env={"PATH": _tools_path(image)})
+            spec = self._spec(ctx, task, image, network, env=_tools_env(image))
             box = ctx.open_sandbox(spec) if final else ctx.provider.open(spec, ctx.job_id, budget_s=ctx.remaining(),
                                                                          check=ctx.check)[0]
+            _entrypoint(box, image)
             if tar:
                 files.put_tar(box, tar, "/", mount=files.mount_of(box))
         try:
@@ -228,9 +227,37 @@ class HarborHandler(AgentTaskHandler):
         return graded
 
 
-def _tools_path(image: dict[str, Any]) -> str:
+def _tools_env(image: dict[str, Any]) -> dict[str, str]:
+    """The verifier's variables for the node's toolkit (uv, its installer served offline), built
+    here once per node: PATH with it first, its trust store for the registries' clients."""
+    from sandboxes.runtimes.images import verifier_tools
+
     path = (image.get("env") or {}).get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return f"{TOOLS_MOUNT}/bin:{path}"
+    return verifier_tools.sandbox_env(verifier_tools.ensure_tools(), path)
+
+
+def _from_only(ref: str | None):
+    """A build context whose Dockerfile is ``FROM ref`` ([environment] docker_image without a Dockerfile)."""
+    import hashlib
+
+    from sandboxes.runtimes.images.build import build_dir
+
+    context = build_dir() / "from-only" / hashlib.sha256(str(ref).encode()).hexdigest()[:24]
+    context.mkdir(parents=True, exist_ok=True)
+    dockerfile = context / "Dockerfile"
+    if not dockerfile.is_file():
+        dockerfile.write_text(f"FROM {ref}\n")
+    return context
+
+
+def _entrypoint(box: Any, image: dict[str, Any]) -> None:
+    """The image's ENTRYPOINT started as a container's is under Harbor (its command ``sh -c
+    'sleep infinity'``), in the background; its output in /logs/entrypoint.log."""
+    entry = image.get("entrypoint")
+    if not entry:
+        return
+    argv = " ".join(shlex.quote(a) for a in [*entry, "sh", "-c", "sleep infinity"])
+    box.exec(f"mkdir -p /logs; (setsid {argv} </dev/null >/logs/entrypoint.log 2>&1 &) ; sleep 0.5", timeout=30)
 
 
 def _artifacts(box: Any, step: Step) -> dict[str, Any]:

@@ -106,14 +106,28 @@ def trust_store() -> Path | None:
     return None
 
 
+def _name() -> tuple[str, bytes]:
+    ca = trust_store()
+    ca_data = ca.read_bytes() if ca else b""
+    store = hashlib.sha256(ca_data).hexdigest()[:12] if ca else "noca"  # a new trust store: a new toolkit
+    return f"uv-{UV_VERSION}-b{BUILDER}-{store}", ca_data
+
+
+def built() -> Path | None:
+    """This node's toolkit if it is built (what sandbox roots get bound at MOUNT), else None; never builds."""
+    try:
+        final = tools_root() / _name()[0]
+        return final if (final / MANIFEST).is_file() else None
+    except OSError:
+        return None
+
+
 def ensure_tools(dest: Path | None = None) -> Path:
     """The toolkit's directory under ``dest`` (default :func:`tools_root`), built unless there."""
     root = private_dir(dest or tools_root(), 0o711)
     _check_reachable(root)
-    ca = trust_store()
-    ca_data = ca.read_bytes() if ca else b""
-    store = hashlib.sha256(ca_data).hexdigest()[:12] if ca else "noca"  # a new trust store: a new toolkit
-    final = root / f"uv-{UV_VERSION}-b{BUILDER}-{store}"
+    name, ca_data = _name()
+    final = root / name
     if (final / MANIFEST).is_file():
         return _checked(final)
     lock = open_lock(root / f"{final.name}.lock")
