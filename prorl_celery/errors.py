@@ -27,6 +27,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── SandboxGone                            sandbox_gone 404     lease lapsed, host died
     │   ├── FileTooLarge(OSError)                  file_too_large 413   a read over the host's cap
     │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
+    │   ├── ImageBuildFailed                       image_build_failed   a Dockerfile could not be built
     │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
     │   └── RateLimited                            a gateway session's operations past its rate or concurrency
@@ -319,6 +320,13 @@ class EnvBuildFailed(SandboxError):
     the recipe needs)."""
 
     type = "env_build_failed"
+
+
+class ImageBuildFailed(SandboxError):
+    """A Dockerfile could not be built into an image: refused (an instruction or base this node
+    cannot honour), failed (a RUN exited non-zero, with the log's tail) or timed out."""
+
+    type = "image_build_failed"
 
 
 class UnsafeDirectory(SandboxError):
