@@ -94,13 +94,25 @@ def _packages() -> list[str]:
     return sorted({p.strip() for p in _settings().image_base_packages.split(",") if p.strip()})
 
 
+def _extra_cas() -> list[str]:
+    """The PEM certificates of ``image_base_ca_bundle`` (none when unset or unreadable)."""
+    path = _settings().image_base_ca_bundle
+    try:
+        text = Path(path).read_text() if path else ""
+    except OSError:
+        return []
+    end = "-----END CERTIFICATE-----"
+    return [block.strip()[block.strip().index("-----BEGIN CERTIFICATE-----"):] + f"\n{end}\n"
+            for block in text.split(end) if "-----BEGIN CERTIFICATE-----" in block]
+
+
 def _debian(ref: str, target: str) -> Base:
     distro, _, suite = target.partition(":")
     if distro != "debian" or not suite or not suite.replace("-", "").isalnum():
         raise ImageBuildFailed(f"PRORL_IMAGE_BASE_MAP maps {ref!r} to {target!r}: give debian:<suite> or scratch")
     settings = _settings()
     text = "\n".join([f"version={BASE_VERSION}", f"suite={suite}", f"mirror={settings.image_base_mirror}",
-                      *_packages()])
+                      f"ca={hashlib.sha256(''.join(_extra_cas()).encode()).hexdigest()}", *_packages()])
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
     name = _normal(ref)
     python = name.split(":")[0] == "python"
@@ -119,10 +131,10 @@ def _pulled(ref: str, deadline: float) -> Base:
     try:
         image = parse_docker(f"{DOCKER}{ref}", field="FROM")
     except ProrlError as exc:
-        raise ImageBuildFailed(f"FROM {ref}: {exc}") from None
+        raise ImageBuildFailed(f"image {ref}: {exc}") from None
     if not registry_allowed(image):
         raise ImageBuildFailed(
-            f"FROM {ref}: no base is mapped for it (PRORL_IMAGE_BASE_MAP patterns: "
+            f"image {ref}: no base is mapped for it (PRORL_IMAGE_BASE_MAP patterns: "
             f"{', '.join(settings.image_base_map) or 'none'}) and its registry {image.registry!r} is not "
             f"allowed (PRORL_SANDBOX_REGISTRIES: {settings.sandbox_registries or 'none'}); map it to a "
             "debian:<suite> base or allow its registry")
@@ -131,7 +143,7 @@ def _pulled(ref: str, deadline: float) -> Base:
     try:
         digest, _manifest = default_cache().resolve(image, deadline)
     except ProrlError as exc:
-        raise ImageBuildFailed(f"FROM {ref}: {exc}") from None
+        raise ImageBuildFailed(f"image {ref}: {exc}") from None
     return Base(from_ref=ref, kind="pulled", key=digest, description=f"{image.canonical}@{digest} (pulled)")
 
 
@@ -143,7 +155,7 @@ def pulled_rootfs(base: Base, deadline: float) -> tuple[str, dict[str, str], Cal
     try:
         lease = default_cache().acquire(parse_docker(f"{DOCKER}{base.from_ref}", field="FROM"))
     except ProrlError as exc:
-        raise ImageBuildFailed(f"FROM {base.from_ref}: {exc}") from None
+        raise ImageBuildFailed(f"image {base.from_ref}: {exc}") from None
     return lease.rootfs, dict(lease.env), lease.release
 
 
@@ -173,8 +185,18 @@ def _mmdebstrap(base: Base, dest: Path, log: Path, deadline: float) -> None:
         raise ImageBuildFailed(f"building the {base.description} base needs mmdebstrap "
                                "(scripts/install-system-deps.sh installs it)")
     settings = _settings()
+    hooks = []
+    cas = _extra_cas()
+    if cas:
+        local = dest.parent / "prorl-node-cas"
+        local.mkdir()
+        for index, pem in enumerate(cas):
+            (local / f"prorl-node-{index:03d}.crt").write_text(pem)
+        hooks = [f"--customize-hook=copy-in {local} /usr/local/share/ca-certificates",
+                 '--customize-hook=chroot "$1" update-ca-certificates']
     argv = [tool, "--variant=apt", "--format=directory", f"--include={','.join(_packages())}",
-            *(f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES), base.suite or "", str(dest), settings.image_base_mirror]
+            *(f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES), *hooks, base.suite or "", str(dest),
+            settings.image_base_mirror]
     started = time.monotonic()
     with open(log, "wb") as out:
         try:

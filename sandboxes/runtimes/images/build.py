@@ -123,7 +123,11 @@ def _prepare(context: Path, text: str, build_args: dict[str, str], deadline: flo
 
     planned = plan(text, build_args, base_env)
     for ref in planned.external_refs():
-        found.setdefault(ref, bases.resolve(ref, deadline))
+        if ref not in found:
+            try:
+                found[ref] = bases.resolve(ref, deadline)
+            except ImageBuildFailed as exc:
+                raise ImageBuildFailed(f"Dockerfile {planned.where_used(ref)}: {exc}") from None
     files = ctx.files(context)
     h = hashlib.sha256()
     for part in (f"builder={BUILDER_VERSION}", text, json.dumps(sorted(build_args.items())),

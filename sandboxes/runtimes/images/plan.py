@@ -24,6 +24,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_celery.errors import ImageBuildFailed
+
 from sandboxes.runtimes.images.dockerfile import Dockerfile, Instruction, fail, heredoc_text, parse, word, words
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -79,6 +81,7 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     index: int
+    line: int = 0  # of its FROM
     name: str | None
     from_ref: str  # as written, variables substituted
     base_stage: int | None = None  # FROM <earlier stage>
@@ -110,6 +113,17 @@ class Plan(BaseModel):
                 refs.append(stage.from_ref)
             refs += [step.from_image for step in stage.steps if step.from_image]
         return list(dict.fromkeys(refs))
+
+    def where_used(self, ref: str) -> str:
+        """Where the Dockerfile first names the external image ``ref``: "line 4 (COPY --from)"."""
+        for index in self.needed:
+            stage = self.stages[index]
+            if stage.base_stage is None and stage.from_ref == ref:
+                return f"line {stage.line} (FROM {ref})"
+            for step in stage.steps:
+                if step.from_image == ref:
+                    return f"line {step.line} (COPY --from={ref})"
+        return f"FROM {ref}"
 
 
 BaseEnv = Callable[[str], dict[str, str]]
@@ -208,12 +222,15 @@ class _Planner:
             notes.append(f"FROM --platform={platform} at line {ins.line}: built for this node's platform")
         by_name = {s.name: s for s in self.stages if s.name}
         base = by_name.get(ref.lower())
-        stage = Stage(index=len(self.stages), name=name, from_ref=ref, notes=notes)
+        stage = Stage(index=len(self.stages), line=ins.line, name=name, from_ref=ref, notes=notes)
         if base is not None:
             stage.base_stage, stage.env, stage.workdir = base.index, dict(base.env), base.workdir
             stage.user, stage.config = base.user, base.config.model_copy(deep=True)
         elif ref != "scratch":
-            stage.env = dict(self.base_env(ref))
+            try:
+                stage.env = dict(self.base_env(ref))
+            except ImageBuildFailed as exc:
+                raise fail(ins.where, str(exc)) from None
         self.stages.append(stage)
         self.stage, self.args = stage, {}
 
@@ -257,8 +274,8 @@ class _Planner:
         if len(parts) < 2 and not inline or not parts:
             raise fail(ins.where, f"{ins.cmd} needs a source and a destination")
         dest = parts[-1]
-        absolute = posixpath.join(self.stage.workdir, dest)
-        if dest.endswith("/") or dest in (".", "./"):
+        absolute = posixpath.normpath(posixpath.join(self.stage.workdir, dest))
+        if dest.endswith(("/", "/.")) or dest in (".", ".."):
             absolute = absolute.rstrip("/") + "/"
         step = Step(kind=kind, line=ins.line, where=ins.where, sources=sources, inline=inline, dest=absolute,
                     workdir=self.stage.workdir, chmod=ins.flags.get("chmod"), checksum=ins.flags.get("checksum"),
