@@ -1,0 +1,149 @@
+"""Dockerfiles built into rootless images (sandboxes/runtimes/images/build.py): a real Debian
+base by mmdebstrap (built once, cached in the default image build directory between runs), real
+builds in bwrap, real apt. Each test's Dockerfile carries a fresh comment, so its image is built
+anew while the base stays cached."""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from config.settings import get_settings
+from prorl_celery.errors import ImageBuildFailed
+from sandboxes.runtimes.images import build as builder
+from sandboxes.runtimes.images.build import ensure_built
+from sandboxes.runtimes.images.finish import MOUNT_POINTS
+
+pytestmark = [
+    pytest.mark.harbor,
+    pytest.mark.skipif(not (shutil.which("mmdebstrap") and shutil.which("bwrap")),
+                       reason="needs mmdebstrap and bwrap (scripts/install-system-deps.sh)"),
+]
+
+COOKBOOK_LIKE = ("FROM ubuntu:24.04\n"
+                 "RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*\n"
+                 "WORKDIR /app\nCOPY x.txt /app/\nENV FOO=bar\n")
+
+
+def _context(tmp_path: Path, dockerfile: str, **files: str) -> Path:
+    context = tmp_path / f"ctx-{uuid.uuid4().hex[:8]}"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"# test run {uuid.uuid4().hex}\n{dockerfile}")
+    for name, text in files.items():
+        (context / name).write_text(text)
+    return context
+
+
+def test_cookbook_like_dockerfile_builds_and_is_cached(tmp_path):
+    context = _context(tmp_path, COOKBOOK_LIKE, **{"x.txt": "hello\n"})
+    before = builder.builds
+    image = ensure_built(context)
+    root = Path(image.rootfs)
+    assert builder.builds == before + 1
+    assert os.access(root / "usr" / "bin" / "jq", os.X_OK)
+    assert (root / "app" / "x.txt").read_text() == "hello\n"
+    assert image.env["FOO"] == "bar" and "/usr/bin" in image.env["PATH"] and image.workdir == "/app"
+    assert image.from_ref == "ubuntu:24.04" and "debian:bookworm" in image.base and "ubuntu:24.04" in image.base
+    assert "ubuntu:24.04 built as debian:bookworm" in image.notes
+    meta = (root / "etc" / "prorl-image.json").read_text()
+    assert '"ubuntu:24.04 built as debian:bookworm"' in meta and image.key in meta
+    for point in MOUNT_POINTS:
+        assert (root / point).is_dir() and not (root / point).is_symlink(), point
+    assert (root / "etc" / "resolv.conf").is_file()
+    assert not [p for p in (root / "dev").iterdir()  # mmdebstrap's device nodes are gone
+                if stat.S_ISCHR(os.lstat(p).st_mode) or stat.S_ISBLK(os.lstat(p).st_mode)]
+    assert os.stat(root / "usr" / "bin" / "jq").st_uid == 0 and os.stat(root / "app" / "x.txt").st_uid == 0
+    log_mtime = os.stat(image.log).st_mtime_ns
+
+    again = ensure_built(context)
+    assert again.rootfs == image.rootfs and again.built_at == image.built_at
+    assert builder.builds == before + 1  # nothing built the second time
+    assert os.stat(image.log).st_mtime_ns == log_mtime
+
+
+def test_two_concurrent_callers_build_once(tmp_path):
+    context = _context(tmp_path, "FROM debian:bookworm\nRUN cat /proc/sys/kernel/random/uuid > /id && sleep 1\n")
+    before = builder.builds
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(ensure_built(context))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(results) == 2 and results[0].rootfs == results[1].rootfs
+    assert builder.builds == before + 1
+    assert len((Path(results[0].rootfs) / "id").read_text().strip()) == 36
+
+
+def test_failing_run_raises_with_the_logs_tail(tmp_path):
+    marker = f"before-the-failure-{uuid.uuid4().hex[:6]}"
+    context = _context(tmp_path, f"FROM debian:bookworm\nRUN true\nRUN echo {marker} && exit 3\n")
+    with pytest.raises(ImageBuildFailed) as info:
+        ensure_built(context)
+    text = str(info.value)
+    assert "line 4 (RUN)" in text and "exit status 3" in text and marker in text
+    key = builder.image_key(context)[1]
+    assert not key.exists()  # nothing half-built is left in place
+
+
+def test_build_past_its_timeout_fails(tmp_path):
+    context = _context(tmp_path, "FROM debian:bookworm\nRUN sleep 60\n")
+    started = time.monotonic()
+    with pytest.raises(ImageBuildFailed, match="timeout"):
+        ensure_built(context, timeout_s=6)
+    assert time.monotonic() - started < 30
+
+
+def test_unmapped_from_without_registry_access_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRORL_SANDBOX_REGISTRIES", "")
+    get_settings.cache_clear()
+    try:
+        context = _context(tmp_path, "FROM ghcr.io/x/y\nRUN true\n")
+        with pytest.raises(ImageBuildFailed) as info:
+            ensure_built(context)
+    finally:
+        get_settings.cache_clear()
+    text = str(info.value)
+    assert "ghcr.io/x/y" in text and "PRORL_IMAGE_BASE_MAP" in text and "PRORL_SANDBOX_REGISTRIES" in text
+    assert "line 2 (FROM" in text
+
+
+def test_multi_stage_scratch_add_tar_chown_and_links(tmp_path):
+    name = f"marker-{uuid.uuid4().hex[:8]}.txt"
+    dockerfile = ("FROM debian:bookworm AS build\nRUN mkdir /out && echo built > /out/f && test ! -e /work\n"
+                  "FROM debian:bookworm\nCOPY --from=build /out /from-build\nADD bundle.tar.gz /unpacked/\n"
+                  "COPY --chown=1000:1000 --chmod=640 owned.txt /o/\n"
+                  f"RUN ln -s /etc /hostetc\nCOPY {name} /hostetc/\nCOPY <<EOF /etc/inline\nv=$HOSTNAME\nEOF\n"
+                  'SHELL ["/bin/bash", "-c"]\nRUN [[ -n "$BASH_VERSION" ]] && echo bash > /shell\nUSER nobody\n')
+    context = _context(tmp_path, dockerfile, **{"owned.txt": "mine\n", name: "inside the image\n"})
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "in-tar.txt").write_text("from the tar\n")
+    with tarfile.open(context / "bundle.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "t" / "in-tar.txt", arcname="sub/in-tar.txt")
+    image = ensure_built(context)
+    root = Path(image.rootfs)
+    assert (root / "from-build" / "f").read_text() == "built\n"
+    assert (root / "unpacked" / "sub" / "in-tar.txt").read_text() == "from the tar\n"
+    owned = os.stat(root / "o" / "owned.txt")
+    assert (owned.st_uid, owned.st_gid, owned.st_mode & 0o777) == (1000, 1000, 0o640)
+    assert (root / "etc" / name).read_text() == "inside the image\n"  # the link resolved in the image
+    assert not Path("/etc", name).exists()  # never on the host
+    assert (root / "etc" / "inline").read_text() == "v=\n"
+    assert (root / "shell").read_text() == "bash\n"
+    assert image.user == "nobody" and any("USER nobody" in note for note in image.notes)
+
+
+def test_from_scratch_gets_its_mount_points(tmp_path):
+    context = _context(tmp_path, "FROM scratch\nCOPY a.txt /a.txt\n", **{"a.txt": "a\n"})
+    image = ensure_built(context)
+    root = Path(image.rootfs)
+    assert (root / "a.txt").read_text() == "a\n"
+    assert all((root / point).is_dir() for point in MOUNT_POINTS)
+    assert image.base == "scratch" and image.env["PATH"]
