@@ -7,7 +7,8 @@ import pytest
 from prorl_celery.errors import ImageBuildFailed, ProrlError
 from sandboxes.runtimes.images import context as ctx
 from sandboxes.runtimes.images.bases import mapped
-from sandboxes.runtimes.images.dockerfile import parse, word, words
+from sandboxes.runtimes.images.dockerfile import parse
+from sandboxes.runtimes.images.words import word, words
 from sandboxes.runtimes.images.plan import DEFAULT_PATH, plan
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
@@ -257,3 +258,26 @@ def test_context_files_and_digest(tmp_path):
     assert ctx.digest(tmp_path, ctx.files(tmp_path)) == before  # what is ignored is not in the key
     (tmp_path / "a.txt").chmod(0o600)
     assert ctx.digest(tmp_path, ctx.files(tmp_path)) != before  # the mode is
+
+
+def test_unmapped_reference_without_an_allowed_registry_is_refused(monkeypatch):
+    from config.settings import get_settings
+    from sandboxes.runtimes.images.bases import resolve
+
+    monkeypatch.setenv("PRORL_SANDBOX_REGISTRIES", "")
+    monkeypatch.setenv("PRORL_IMAGE_BASE_MAP", '{"ubuntu:*": "debian:bookworm"}')
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(ImageBuildFailed) as info:
+            resolve("ghcr.io/x/y", deadline=0)
+        mapped_base = resolve("ubuntu:24.04", deadline=0)
+        with pytest.raises(ImageBuildFailed, match="PRORL_IMAGE_BASE_MAP maps"):
+            monkeypatch.setenv("PRORL_IMAGE_BASE_MAP", '{"ubuntu:*": "alpine:3"}')
+            get_settings.cache_clear()
+            resolve("ubuntu:24.04", deadline=0)
+    finally:
+        get_settings.cache_clear()
+    text = str(info.value)
+    assert "ghcr.io/x/y" in text and "PRORL_IMAGE_BASE_MAP" in text and "PRORL_SANDBOX_REGISTRIES" in text
+    assert mapped_base.description == "debian:bookworm (mmdebstrap) for ubuntu:24.04"
+    assert mapped_base.notes == ["ubuntu:24.04 built as debian:bookworm"]

@@ -38,6 +38,7 @@ from prorl_celery.errors import ImageBuildFailed, ProrlError
 from sandboxes.runtimes.images import bases, context as ctx, finish, sandbox, steps
 from sandboxes.runtimes.images.locks import locked
 from sandboxes.runtimes.images.plan import DEFAULT_PATH, ImageConfig, Plan, plan
+from sandboxes.safedirs import remove_tree
 
 __all__ = ["BuiltImage", "ImageBuildFailed", "build_dir", "ensure_built", "image_key", "main"]
 
@@ -107,7 +108,7 @@ def _network(network: bool | None) -> str:
 
 
 class _Prepared(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid")
 
     plan: Plan
     bases: dict[str, bases.Base]
@@ -166,8 +167,24 @@ def ensure_built(context: Path, dockerfile: Path | None = None, *, build_args: d
     if not meta.exists():
         with locked(root / f"img-{prepared.key[:32]}.lock", deadline, f"{path}"):
             if not meta.exists():  # a concurrent caller may have built it while we waited
+                _sweep(final)
                 _build(prepared, context, final, _network(network), deadline, started)
     return BuiltImage.model_validate_json(meta.read_text())
+
+
+def _sweep(final: Path) -> None:
+    """What a killed build of this key left (its lock is ours now, so no build of it is live)."""
+    for stale in final.parent.glob(f".{final.name}.*"):
+        _remove(stale)
+    if final.exists():  # a rootfs without its .json: a build cut short after the rename
+        _remove(final)
+
+
+def _remove(path: Path) -> None:
+    try:
+        remove_tree(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadline: float, started: float) -> None:
@@ -206,8 +223,6 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
         finally:
             os.close(fd)
         os.chmod(image, 0o755)
-        if final.exists():  # a rootfs without its .json: a build cut short after the rename
-            shutil.rmtree(final)
         os.rename(image, final)
         tmp = final.with_name(f".{final.name}.json.tmp")
         tmp.write_text(text)
@@ -215,7 +230,7 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
         global builds
         builds += 1
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove(scratch)
 
 
 def _metadata(prepared: _Prepared, build: steps.Build, image: Path, final: Path, started: float) -> BuiltImage:

@@ -22,108 +22,18 @@ from __future__ import annotations
 import posixpath
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from prorl_celery.errors import ImageBuildFailed
+from sandboxes.runtimes.images.dockerfile import Dockerfile, Instruction, fail, parse
+from sandboxes.runtimes.images.stages import DEFAULT_PATH, ImageConfig, Plan, Stage, Step
+from sandboxes.runtimes.images.words import heredoc_text, word, words
 
-from sandboxes.runtimes.images.dockerfile import Dockerfile, Instruction, fail, heredoc_text, parse, word, words
+__all__ = ["DEFAULT_PATH", "ImageConfig", "Plan", "Stage", "Step", "plan"]
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-DEFAULT_SHELL = ["/bin/sh", "-c"]
 PLATFORM_ARGS = {"TARGETPLATFORM": "linux/amd64", "TARGETOS": "linux", "TARGETARCH": "amd64", "TARGETVARIANT": "",
                  "BUILDPLATFORM": "linux/amd64", "BUILDOS": "linux", "BUILDARCH": "amd64", "BUILDVARIANT": ""}
 ALLOWED_FLAGS = {"FROM": {"platform"}, "RUN": {"mount", "network"}, "COPY": {"from", "chown", "chmod", "link"},
                  "ADD": {"chown", "chmod", "checksum", "link"},
                  "HEALTHCHECK": {"interval", "timeout", "start-period", "start-interval", "retries"}}
-METADATA = ("CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "MAINTAINER", "VOLUME", "STOPSIGNAL", "HEALTHCHECK", "ONBUILD")
-
-
-class Step(BaseModel):
-    """One thing the builder does to a stage's root."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["run", "copy", "add", "workdir"]
-    line: int
-    where: str
-    argv: list[str] = []  # run: what is executed
-    script: str | None = None  # run: a heredoc with a shebang, written to a file and run
-    env: dict[str, str] = {}  # run
-    network: bool | None = None  # run: False for RUN --network=none
-    workdir: str = "/"
-    sources: list[str] = []  # copy/add: context paths (or stage/image paths with --from), URLs for add
-    inline: dict[str, str] = {}  # copy/add heredocs: name -> content
-    dest: str = ""  # copy/add: absolute destination; a trailing "/" means a directory
-    from_stage: int | None = None
-    from_image: str | None = None
-    chown: str | None = None
-    chmod: str | None = None
-    checksum: str | None = None
-
-
-class ImageConfig(BaseModel):
-    """What the Dockerfile says of the image beyond its files (recorded, see the module doc)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cmd: list[str] | None = None
-    entrypoint: list[str] | None = None
-    shell: list[str] = Field(default_factory=lambda: list(DEFAULT_SHELL))
-    expose: list[str] = []
-    labels: dict[str, str] = {}
-    volumes: list[str] = []
-    stopsignal: str | None = None
-    healthcheck: dict | None = None
-    onbuild: list[str] = []
-
-
-class Stage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: int
-    line: int = 0  # of its FROM
-    name: str | None
-    from_ref: str  # as written, variables substituted
-    base_stage: int | None = None  # FROM <earlier stage>
-    steps: list[Step] = []
-    env: dict[str, str] = {}
-    workdir: str = "/"
-    user: str | None = None
-    config: ImageConfig = Field(default_factory=ImageConfig)
-    notes: list[str] = []
-
-
-class Plan(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    stages: list[Stage]
-    needed: list[int]  # the stages the last one needs, in build order
-    notes: list[str] = []
-
-    @property
-    def target(self) -> Stage:
-        return self.stages[-1]
-
-    def external_refs(self) -> list[str]:
-        """Every image the build needs that no stage makes (FROM and COPY --from)."""
-        refs = []
-        for index in self.needed:
-            stage = self.stages[index]
-            if stage.base_stage is None and stage.from_ref != "scratch":
-                refs.append(stage.from_ref)
-            refs += [step.from_image for step in stage.steps if step.from_image]
-        return list(dict.fromkeys(refs))
-
-    def where_used(self, ref: str) -> str:
-        """Where the Dockerfile first names the external image ``ref``: "line 4 (COPY --from)"."""
-        for index in self.needed:
-            stage = self.stages[index]
-            if stage.base_stage is None and stage.from_ref == ref:
-                return f"line {stage.line} (FROM {ref})"
-            for step in stage.steps:
-                if step.from_image == ref:
-                    return f"line {step.line} (COPY --from={ref})"
-        return f"FROM {ref}"
 
 
 BaseEnv = Callable[[str], dict[str, str]]

@@ -7,7 +7,6 @@ the log's last lines."""
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import subprocess
 import time
