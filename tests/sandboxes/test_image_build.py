@@ -147,3 +147,17 @@ def test_from_scratch_gets_its_mount_points(tmp_path):
     assert (root / "a.txt").read_text() == "a\n"
     assert all((root / point).is_dir() for point in MOUNT_POINTS)
     assert image.base == "scratch" and image.env["PATH"]
+
+
+def test_unmapped_from_is_pulled_from_an_allowed_registry(tmp_path, registry):
+    from tests.registry import push_layout, tar_layer, write_layout
+
+    info = tarfile.TarInfo("hello.txt")
+    layer = tar_layer([(info, b"from the registry\n")])
+    ref = registry.ref("prorl/build-base", "1")
+    push_layout(write_layout(tmp_path / "layout", [layer]), "img", ref)
+    context = _context(tmp_path, f"FROM {ref.removeprefix('docker://')}\nCOPY a.txt /a.txt\n", **{"a.txt": "a\n"})
+    image = ensure_built(context)
+    root = Path(image.rootfs)
+    assert (root / "hello.txt").read_text() == "from the registry\n" and (root / "a.txt").read_text() == "a\n"
+    assert image.base.endswith("(pulled)") and "sha256:" in image.base
