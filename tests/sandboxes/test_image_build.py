@@ -161,3 +161,32 @@ def test_unmapped_from_is_pulled_from_an_allowed_registry(tmp_path, registry):
     root = Path(image.rootfs)
     assert (root / "hello.txt").read_text() == "from the registry\n" and (root / "a.txt").read_text() == "a\n"
     assert image.base.endswith("(pulled)") and "sha256:" in image.base
+
+
+def test_packages_may_chown_to_users_of_their_own(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a host that is not root maps one uid into the build")
+    context = _context(tmp_path, "FROM debian:bookworm\nRUN useradd -m -u 1234 app && touch /home/app/f && "
+                                 "chown app:app /home/app/f && runuser -u app -- touch /home/app/g\n")
+    root = Path(ensure_built(context).rootfs)
+    made = os.stat(root / "home" / "app" / "g")
+    assert (made.st_uid, made.st_gid) == (0, 0)  # built as app inside, given to root afterwards
+    assert "app:x:1234" in (root / "etc" / "passwd").read_text()
+
+
+def test_the_builds_network_never_reaches_the_nodes_own_addresses(tmp_path):
+    import socket
+
+    from sandboxes.runtimes.limits import netns
+
+    addresses = [a.split("/")[0] for a in netns.host_addresses() if not a.startswith("127.")]
+    if not addresses:
+        pytest.skip("the node has no address beyond loopback")
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(('{addresses[0]}', {port}), timeout=3)"
+        context = _context(tmp_path, f'FROM debian:bookworm\nRUN ! python3 -c "{probe}" && echo refused > /probe\n')
+        image = ensure_built(context)
+    assert (Path(image.rootfs) / "probe").read_text() == "refused\n"

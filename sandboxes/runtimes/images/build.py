@@ -189,16 +189,16 @@ def _remove(path: Path) -> None:
 
 def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadline: float, started: float) -> None:
     root = final.parent
-    uid = sandbox.build_uid()
+    who = sandbox.identity()
     scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     scratch.chmod(0o711)
     log_path = final.with_suffix(".log")
     try:
         ctx.snapshot(context, prepared.files, scratch / "context")
-        sandbox.give(scratch / "context", uid)
+        sandbox.give(scratch / "context", who)
         with open(log_path, "wb") as log:
             build = steps.Build(scratch=scratch, context=scratch / "context", log_path=log_path, log=log,
-                                deadline=deadline, network=network, uid=uid, build_dir=root,
+                                deadline=deadline, network=network, who=who, build_dir=root,
                                 base_of=prepared.bases)
             try:
                 for index in prepared.plan.needed:
@@ -210,7 +210,7 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
                 for release in build.releases:
                     release()
         image = build.roots[prepared.plan.needed[-1]]
-        finish.give_back(image, uid, build.chowns)
+        finish.give_back(image, who.owner, build.chowns)
         finish.strip_special(image)
         built = _metadata(prepared, build, image, final, started)
         skipped = finish.mount_points(image)
@@ -230,6 +230,7 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
         global builds
         builds += 1
     finally:
+        who.close()
         _remove(scratch)
 
 

@@ -1,10 +1,14 @@
 """The build sandbox: one bwrap process per RUN (and per COPY/ADD, whose copier runs inside it),
 whose writable root is the image being built, as fake root.
 
-- A root host runs bwrap as ``env_build_uid`` (``setpriv``) with ``--uid 0 --gid 0``: the image's
-  tree belongs to that uid during the build, so dpkg's and apt's chown-to-root work inside, and
-  the builder gives the tree back to root afterwards. Another uid than 0 does not exist inside:
-  a package that chowns files to a system user of its own fails to install.
+- A root host runs bwrap as ``env_build_uid`` (``setpriv``) inside a user namespace of its own
+  that maps the build's uids and gids 0-65535 to host ids from ``image_build_uid_base``, with the
+  capabilities a package install needs there (chown, DAC override, fowner, fsetid, setuid,
+  setgid, kill, setfcap, sys_chroot, audit_write; never net_admin or sys_admin, so a RUN cannot
+  undo its network policy). The image's tree belongs to the base id during the build, so dpkg,
+  adduser and a postinst's ``chown redis`` work; afterwards the builder gives the whole tree to
+  root (0:0). A host that is not root maps only its own uid to 0 (bwrap ``--uid 0``): a package
+  that chowns files to a user of its own fails to install there.
 - Helper binds live under bwrap's own ``/dev`` (a tmpfs), so they leave no mount point in the
   image; ``/proc`` and ``/dev`` are the sandbox's own, ``/tmp`` is the image's (as in Docker).
 - Network (``image_build_network``): ``isolated`` gives the RUN its own network namespace, set up
@@ -23,12 +27,13 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from prorl_celery.errors import ImageBuildFailed
 
-HOST_PY = "/dev/prorl/usr/bin/python3"
+HOST_PY = "/dev/prorl/usr/bin/python3"  # the node's Python, bound under the sandbox's own /dev
 LOADER = "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 LIBS = "/usr/lib/x86_64-linux-gnu"
 
@@ -39,15 +44,62 @@ def _settings():
     return get_settings()
 
 
-def build_uid() -> int | None:
-    """The uid the build runs as on a root host; None when the host is not root."""
-    return _settings().env_build_uid if os.geteuid() == 0 else None
+CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_SETUID", "CAP_SETGID", "CAP_KILL",
+        "CAP_SETFCAP", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE")
+ID_COUNT = 65536
 
 
-def give(tree: Path, uid: int | None) -> None:
-    """``chown -R`` (links not followed) of ``tree`` to ``uid``:``uid``; nothing when None."""
-    if uid is not None:
-        subprocess.run(["chown", "-R", "-P", f"{uid}:{uid}", str(tree)], check=True, capture_output=True)
+@dataclass
+class Identity:
+    """Who a build runs as: ``run_as`` (setpriv; None: this process's uid), ``owner`` (the host
+    id owning the image's tree during the build; None: this process's) and ``userns`` (an fd of
+    the build's user namespace; None: bwrap makes a one-uid one)."""
+
+    run_as: int | None = None
+    owner: int | None = None
+    userns: int | None = None
+
+    def close(self) -> None:
+        if self.userns is not None:
+            os.close(self.userns)
+            self.userns = None
+
+
+def identity() -> Identity:
+    """This build's :class:`Identity` (see the module doc); :meth:`Identity.close` it."""
+    if os.geteuid() != 0:
+        return Identity()
+    settings = _settings()
+    run_as, base = settings.env_build_uid, settings.image_build_uid_base
+    return Identity(run_as=run_as, owner=base, userns=_userns(run_as, base))
+
+
+def _userns(owner: int, base: int) -> int:
+    """A user namespace owned by ``owner`` mapping 0-65535 to ``base``..: the fd that holds it."""
+    holder = subprocess.Popen([shutil.which("setpriv") or "setpriv", f"--reuid={owner}", f"--regid={owner}",
+                               "--clear-groups", "--", shutil.which("unshare") or "unshare", "--user", "--",
+                               "sleep", "60"], stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        mine = os.stat("/proc/self/ns/user").st_ino
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{holder.pid}/ns/user").st_ino == mine:
+            if time.monotonic() > deadline or holder.poll() is not None:
+                raise ImageBuildFailed("could not make the build's user namespace (unshare --user)")
+            time.sleep(0.005)
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{holder.pid}/{name}", "w") as fh:
+                fh.write(f"0 {base} {ID_COUNT}\n")
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def give(tree: Path, who: Identity) -> None:
+    """``chown -R`` (links not followed) of ``tree`` to the build's owner; nothing when None."""
+    if who.owner is not None:
+        subprocess.run(["chown", "-R", "-P", f"{who.owner}:{who.owner}", str(tree)], check=True,
+                       capture_output=True)
 
 
 def _resolv(root: Path) -> None:
@@ -61,15 +113,21 @@ def _resolv(root: Path) -> None:
 
 
 def argv_for(root: Path, command: list[str], env: dict[str, str], workdir: str, network: str,
-             binds: list[tuple[str, str]], uid: int | None) -> list[str]:
+             binds: list[tuple[str, str]], who: Identity) -> list[str]:
     """bwrap's argv for ``command`` in the image at ``root`` (see the module doc)."""
+    uid = who.run_as
     prefix = [] if uid is None else [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}",
                                      "--clear-groups", "--"]
-    argv = [*prefix, shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+    if who.userns is None:
+        users = ["--unshare-all"]
+    else:
+        users = ["--userns", str(who.userns), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                 "--unshare-cgroup-try", *(arg for cap in CAPS for arg in ("--cap-add", cap))]
+    argv = [*prefix, shutil.which("bwrap") or "bwrap", *users, "--die-with-parent", "--new-session",
             "--uid", "0", "--gid", "0", "--hostname", "build", "--clearenv",
             "--bind", str(root), "/", "--proc", "/proc", "--dev", "/dev"]
     if network == "node":
-        argv.append("--share-net")
+        argv = [arg for arg in argv if arg != "--unshare-net"] + ["--share-net"]
     if network in ("node", "isolated"):
         _resolv(root)
         argv += ["--ro-bind", _resolv_source(network), "/etc/resolv.conf"]
@@ -88,21 +146,27 @@ def _resolv_source(network: str) -> str:
     return "/etc/resolv.conf" if os.path.exists("/etc/resolv.conf") else "/dev/null"
 
 
-def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: str) -> int:
+def popen(argv: list[str], who: Identity, stdout, stderr, fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """Start one bwrap ``argv`` in its own session, with the build's user namespace fd."""
+    extra = (who.userns,) if who.userns is not None else ()
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True,
+                            pass_fds=fds + extra, cwd="/")
+
+
+def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: str, who: Identity) -> int:
     """Run one bwrap ``argv``, its output appended to ``log``; its exit status. Past
     ``deadline`` it is killed with its group and :class:`ImageBuildFailed` raised."""
     info_r = block_r = block_w = None
     if network == "isolated":
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
-        at = argv.index("--unshare-all")
+        at = argv.index("--die-with-parent")
         argv = [*argv[:at], "--info-fd", str(info_w), "--block-fd", str(block_r), *argv[at:]]
-        fds = (info_w, block_r)
+        fds: tuple[int, ...] = (info_w, block_r)
     else:
         fds = ()
     log.flush()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, pass_fds=fds, cwd="/")
+    proc = popen(argv, who, log, subprocess.STDOUT, fds)
     net = None
     try:
         if network == "isolated":

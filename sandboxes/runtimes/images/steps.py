@@ -32,7 +32,7 @@ class Build:
     log: BinaryIO
     deadline: float
     network: str  # isolated, node or off
-    uid: int | None
+    who: sandbox.Identity
     build_dir: Path
     roots: dict[int, Path] = field(default_factory=dict)
     chowns: list[tuple[str, int, int]] = field(default_factory=list)
@@ -70,7 +70,7 @@ def populate(stage: Stage, build: Build) -> Path:
     if base is not None and base.python_flavour and stage.base_stage is None:
         for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
             marker.unlink()
-    sandbox.give(root, build.uid)
+    sandbox.give(root, build.who)
     build.roots[stage.index] = root
     build.chowns = []  # only the last stage's are the image's
     return root
@@ -115,8 +115,8 @@ def _run(root: Path, step: Step, build: Build) -> None:
         script.chmod(0o755)
         binds.append((str(script), "/dev/prorl/script"))
         argv = ["/dev/prorl/script"]
-    command = sandbox.argv_for(root, argv, step.env, step.workdir, _network(step, build), binds, build.uid)
-    code = sandbox.run(command, build.log, build.deadline, _network(step, build), step.where)
+    command = sandbox.argv_for(root, argv, step.env, step.workdir, _network(step, build), binds, build.who)
+    code = sandbox.run(command, build.log, build.deadline, _network(step, build), step.where, build.who)
     if code != 0:
         raise _failed(build, step, f"exit status {code}")
 
@@ -133,8 +133,8 @@ def _copier(root: Path, spec: dict, binds: list[tuple[str, str]], step: Step, bu
             "-I", "/dev/prorl/copier.py", "/dev/prorl/spec.json"]
     out_path = build.scratch / f"copy-{build.counter}.out"
     with open(out_path, "wb") as out:
-        command = sandbox.argv_for(root, argv, env, "/", network, binds, build.uid)
-        proc = subprocess.Popen(command, stdout=out, stderr=build.log, start_new_session=True, cwd="/")
+        command = sandbox.argv_for(root, argv, env, "/", network, binds, build.who)
+        proc = sandbox.popen(command, build.who, out, build.log)
         try:
             code = proc.wait(timeout=max(0.1, build.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -180,7 +180,7 @@ def _copy(stage: Stage, root: Path, step: Step, build: Build) -> None:
     result = _copier(root, spec, binds, step, build, network=network)
     uid, gid = result.get("uid"), result.get("gid")
     if uid is not None and (uid, gid) != (0, 0):
-        if build.uid is None:
+        if build.who.owner is None:
             stage.notes.append(f"{step.where} --chown={step.chown}: not applied (the builder is not root)")
         else:
             build.chowns += [(path, uid, gid) for path in result.get("written", [])]
