@@ -121,6 +121,7 @@ def test_multi_stage_scratch_add_tar_chown_and_links(tmp_path):
                   "FROM debian:bookworm\nCOPY --from=build /out /from-build\nADD bundle.tar.gz /unpacked/\n"
                   "COPY --chown=1000:1000 --chmod=640 owned.txt /o/\n"
                   f"RUN ln -s /etc /hostetc\nCOPY {name} /hostetc/\nCOPY <<EOF /etc/inline\nv=$HOSTNAME\nEOF\n"
+                  f"RUN --network=none ln -sf /tmp/{name} /etc/resolv.conf\nRUN true\n"
                   'SHELL ["/bin/bash", "-c"]\nRUN [[ -n "$BASH_VERSION" ]] && echo bash > /shell\nUSER nobody\n')
     context = _context(tmp_path, dockerfile, **{"owned.txt": "mine\n", name: "inside the image\n"})
     (tmp_path / "t").mkdir()
@@ -135,6 +136,8 @@ def test_multi_stage_scratch_add_tar_chown_and_links(tmp_path):
     assert (owned.st_uid, owned.st_gid, owned.st_mode & 0o777) == (1000, 1000, 0o640)
     assert (root / "etc" / name).read_text() == "inside the image\n"  # the link resolved in the image
     assert not Path("/etc", name).exists()  # never on the host
+    assert not Path("/tmp", name).exists() and (root / "etc" / "resolv.conf").is_file()
+    assert not (root / "etc" / "resolv.conf").is_symlink()
     assert (root / "etc" / "inline").read_text() == "v=\n"
     assert (root / "shell").read_text() == "bash\n"
     assert image.user == "nobody" and any("USER nobody" in note for note in image.notes)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from prorl_celery.errors import ImageBuildFailed
+from sandboxes.runtimes.images import finish
 
 HOST_PY = "/dev/prorl/usr/bin/python3"  # the node's Python, bound under the sandbox's own /dev
 LOADER = "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
@@ -103,13 +104,15 @@ def give(tree: Path, who: Identity) -> None:
 
 
 def _resolv(root: Path) -> None:
-    """A plain ``/etc/resolv.conf`` file in the image to bind over (a link would be followed)."""
-    path = root / "etc" / "resolv.conf"
-    if path.is_symlink() or not path.is_file():
-        (root / "etc").mkdir(exist_ok=True)
-        if path.is_symlink() or path.exists():
-            path.unlink() if not path.is_dir() else shutil.rmtree(path)
-        path.write_text("")
+    """A plain ``/etc/resolv.conf`` file in the image to bind over, made without following any
+    link a RUN left (:func:`finish.write`)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        finish.write(fd, "etc/resolv.conf", "", only_if_missing=True)
+    except OSError as exc:
+        raise ImageBuildFailed(f"the image's /etc/resolv.conf cannot be made: {exc}") from None
+    finally:
+        os.close(fd)
 
 
 def argv_for(root: Path, command: list[str], env: dict[str, str], workdir: str, network: str,

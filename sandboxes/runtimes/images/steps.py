@@ -115,7 +115,8 @@ def _run(root: Path, step: Step, build: Build) -> None:
         script.chmod(0o755)
         binds.append((str(script), "/dev/prorl/script"))
         argv = ["/dev/prorl/script"]
-    command = sandbox.argv_for(root, argv, step.env, step.workdir, _network(step, build), binds, build.who)
+    env = {"HOME": "/root", **step.env}  # as Docker's RUN, for root
+    command = sandbox.argv_for(root, argv, env, step.workdir, _network(step, build), binds, build.who)
     code = sandbox.run(command, build.log, build.deadline, _network(step, build), step.where, build.who)
     if code != 0:
         raise _failed(build, step, f"exit status {code}")
