@@ -193,3 +193,13 @@ def test_the_builds_network_never_reaches_the_nodes_own_addresses(tmp_path):
         context = _context(tmp_path, f'FROM debian:bookworm\nRUN ! python3 -c "{probe}" && echo refused > /probe\n')
         image = ensure_built(context)
     assert (Path(image.rootfs) / "probe").read_text() == "refused\n"
+
+
+def test_add_url_fetches_with_the_builds_network_and_is_refused_without(tmp_path):
+    url = "https://deb.debian.org/debian/dists/bookworm/Release"
+    context = _context(tmp_path, f"FROM debian:bookworm\nADD {url} /release\n")
+    with pytest.raises(ImageBuildFailed, match=f"line 3 \\(ADD\\): ADD {url} needs the network"):
+        ensure_built(context, network=False)
+    image = ensure_built(context)
+    release = Path(image.rootfs) / "release"
+    assert release.read_text().startswith("Origin: Debian") and release.stat().st_mode & 0o777 == 0o600

@@ -111,7 +111,7 @@ class _Prepared(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plan: Plan
-    bases: dict[str, bases.Base]
+    base_of: dict[str, bases.Base]
     files: list[str]
     key: str
 
@@ -135,7 +135,7 @@ def _prepare(context: Path, text: str, build_args: dict[str, str], deadline: flo
     for part in (f"builder={BUILDER_VERSION}", text, json.dumps(sorted(build_args.items())),
                  ctx.digest(context, files), *(f"{ref}={found[ref].key}" for ref in planned.external_refs())):
         h.update(part.encode() + b"\0")
-    return _Prepared(plan=planned, bases=found, files=files, key=h.hexdigest())
+    return _Prepared(plan=planned, base_of=found, files=files, key=h.hexdigest())
 
 
 def image_key(context: Path, dockerfile: Path | None = None, *, build_args: dict[str, str] | None = None,
@@ -199,7 +199,7 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
         with open(log_path, "wb") as log:
             build = steps.Build(scratch=scratch, context=scratch / "context", log_path=log_path, log=log,
                                 deadline=deadline, network=network, who=who, build_dir=root,
-                                base_of=prepared.bases)
+                                base_of=prepared.base_of)
             try:
                 for index in prepared.plan.needed:
                     stage = prepared.plan.stages[index]
@@ -237,7 +237,7 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
 def _metadata(prepared: _Prepared, build: steps.Build, image: Path, final: Path, started: float) -> BuiltImage:
     target = prepared.plan.target
     first = prepared.plan.stages[prepared.plan.needed[0]]
-    base = prepared.bases.get(first.from_ref)
+    base = prepared.base_of.get(first.from_ref)
     notes = [*prepared.plan.notes, *(base.notes if base else []), *target.notes, *build.notes]
     if target.user not in (None, "root", "0", "0:0"):
         notes.append(f"USER {target.user} recorded; sandboxes run as root")

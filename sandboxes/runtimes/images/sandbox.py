@@ -156,9 +156,11 @@ def popen(argv: list[str], who: Identity, stdout, stderr, fds: tuple[int, ...] =
                             pass_fds=fds + extra, cwd="/")
 
 
-def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: str, who: Identity) -> int:
-    """Run one bwrap ``argv``, its output appended to ``log``; its exit status. Past
-    ``deadline`` it is killed with its group and :class:`ImageBuildFailed` raised."""
+def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: str, who: Identity,
+        stdout: BinaryIO | None = None) -> int:
+    """Run one bwrap ``argv``, its output appended to ``log`` (its stdout to ``stdout`` when
+    given); its exit status. Past ``deadline`` it is killed with its group and
+    :class:`ImageBuildFailed` raised."""
     info_r = block_r = block_w = None
     if network == "isolated":
         info_r, info_w = os.pipe()
@@ -169,7 +171,7 @@ def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: st
     else:
         fds = ()
     log.flush()
-    proc = popen(argv, who, log, subprocess.STDOUT, fds)
+    proc = popen(argv, who, stdout or log, log if stdout else subprocess.STDOUT, fds)
     net = None
     try:
         if network == "isolated":

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import posixpath
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -106,7 +105,7 @@ def _network(step: Step, build: Build) -> str:
 
 
 def _run(root: Path, step: Step, build: Build) -> None:
-    _copier(root, {"mkdir": step.workdir}, [], step, build, quiet=True)
+    _copier(root, {"mkdir": step.workdir}, [], step, build)
     binds, argv = [], step.argv
     if step.script is not None:
         script = build.scratch / f"script-{build.counter}"
@@ -117,31 +116,32 @@ def _run(root: Path, step: Step, build: Build) -> None:
         argv = ["/dev/prorl/script"]
     env = {"HOME": "/root", **step.env}  # as Docker's RUN, for root
     command = sandbox.argv_for(root, argv, env, step.workdir, _network(step, build), binds, build.who)
-    code = sandbox.run(command, build.log, build.deadline, _network(step, build), step.where, build.who)
+    try:
+        code = sandbox.run(command, build.log, build.deadline, _network(step, build), step.where, build.who)
+    except ImageBuildFailed as exc:
+        raise _failed(build, step, str(exc).split(": ", 1)[-1]) from None
     if code != 0:
         raise _failed(build, step, f"exit status {code}")
 
 
 def _copier(root: Path, spec: dict, binds: list[tuple[str, str]], step: Step, build: Build,
-            network: str = "off", quiet: bool = False) -> dict:
+            network: str = "off") -> dict:
     spec_path = build.scratch / f"copy-{build.counter}.json"
     build.counter += 1
     spec_path.write_text(json.dumps(spec))
     binds = [("/usr", "/dev/prorl/usr"), (str(COPIER), "/dev/prorl/copier.py"),
              (str(spec_path), "/dev/prorl/spec.json"), *binds]
-    env = {"PYTHONHOME": "/dev/prorl/usr", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    env = {"PYTHONHOME": "/dev/prorl/usr", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+           "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}  # the image's CAs, for ADD <url>
     argv = ["/dev/prorl" + sandbox.LOADER, "--library-path", "/dev/prorl" + sandbox.LIBS, sandbox.HOST_PY,
             "-I", "/dev/prorl/copier.py", "/dev/prorl/spec.json"]
     out_path = build.scratch / f"copy-{build.counter}.out"
     with open(out_path, "wb") as out:
         command = sandbox.argv_for(root, argv, env, "/", network, binds, build.who)
-        proc = sandbox.popen(command, build.who, out, build.log)
         try:
-            code = proc.wait(timeout=max(0.1, build.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise _failed(build, step, "the build ran past its timeout") from None
+            code = sandbox.run(command, build.log, build.deadline, network, step.where, build.who, stdout=out)
+        except ImageBuildFailed as exc:
+            raise _failed(build, step, str(exc).split(": ", 1)[-1]) from None
     if code != 0:
         raise _failed(build, step, f"{step.kind} failed (exit {code})")
     text = out_path.read_text().strip()
