@@ -93,12 +93,25 @@ def test_failing_run_raises_with_the_logs_tail(tmp_path):
     assert not key.exists()  # nothing half-built is left in place
 
 
-def test_build_past_its_timeout_fails(tmp_path):
-    context = _context(tmp_path, "FROM debian:bookworm\nRUN sleep 60\n")
+def _running(needle: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_build_past_its_timeout_fails_and_leaves_no_process(tmp_path):
+    duration = f"60.{uuid.uuid4().int % 10**6:06d}"  # one no other process runs
+    context = _context(tmp_path, f"FROM debian:bookworm\nRUN sleep {duration} & sleep {duration}\n")
     started = time.monotonic()
-    with pytest.raises(ImageBuildFailed, match="timeout"):
+    with pytest.raises(ImageBuildFailed, match="line 3 \\(RUN\\).*timeout"):
         ensure_built(context, timeout_s=6)
     assert time.monotonic() - started < 30
+    assert _running(f"sleep {duration}") == []
 
 
 def test_unmapped_from_without_registry_access_is_a_clear_error(tmp_path, monkeypatch):

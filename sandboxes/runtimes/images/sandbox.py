@@ -159,48 +159,53 @@ def popen(argv: list[str], who: Identity, stdout, stderr, fds: tuple[int, ...] =
 def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: str, who: Identity,
         stdout: BinaryIO | None = None) -> int:
     """Run one bwrap ``argv``, its output appended to ``log`` (its stdout to ``stdout`` when
-    given); its exit status. Past ``deadline`` it is killed with its group and
-    :class:`ImageBuildFailed` raised."""
-    info_r = block_r = block_w = None
-    if network == "isolated":
-        info_r, info_w = os.pipe()
-        block_r, block_w = os.pipe()
-        at = argv.index("--die-with-parent")
-        argv = [*argv[:at], "--info-fd", str(info_w), "--block-fd", str(block_r), *argv[at:]]
-        fds: tuple[int, ...] = (info_w, block_r)
-    else:
-        fds = ()
+    given); its exit status. Past ``deadline`` it is killed (the sandbox's pid 1, so every
+    process in it, and bwrap's own group) and :class:`ImageBuildFailed` raised."""
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe() if network == "isolated" else (None, None)
+    at = argv.index("--die-with-parent")
+    extra = ["--info-fd", str(info_w)] + (["--block-fd", str(block_r)] if block_r is not None else [])
+    argv = [*argv[:at], *extra, *argv[at:]]
     log.flush()
-    proc = popen(argv, who, stdout or log, log if stdout else subprocess.STDOUT, fds)
-    net = None
     try:
+        proc = popen(argv, who, stdout or log, log if stdout else subprocess.STDOUT,
+                     (info_w,) + ((block_r,) if block_r is not None else ()))
+    finally:
+        os.close(info_w)
+        if block_r is not None:
+            os.close(block_r)
+    net, child = None, None
+    try:
+        child = _child_pid(info_r)
         if network == "isolated":
-            os.close(fds[0])
-            os.close(fds[1])
-            net = _attach(info_r, proc, where)
+            net = _attach(child, proc, where)
             os.write(block_w, b"1")
-        remaining = deadline - time.monotonic()
         try:
-            return proc.wait(timeout=max(0.1, remaining))
+            return proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise ImageBuildFailed(f"Dockerfile {where}: the build ran past its timeout") from None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # bwrap still holds its child: the pid cannot have been reused
+            if child is not None:
+                _kill(child)
+            _kill(-proc.pid)
             proc.wait()
         for fd in (info_r, block_w):
             if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+                os.close(fd)
         if net is not None:
             net.close()
 
 
-def _attach(info_r: int, proc: subprocess.Popen, where: str):
-    from sandboxes.runtimes.limits import netns
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
+
+def _child_pid(info_r: int) -> int | None:
+    """The sandbox's pid 1 (host pid) from bwrap's ``--info-fd``; None when bwrap failed first."""
     data = b""
     with os.fdopen(os.dup(info_r), "rb") as fh:
         while b"}" not in data:
@@ -209,9 +214,16 @@ def _attach(info_r: int, proc: subprocess.Popen, where: str):
                 break
             data += chunk
     try:
-        child = json.loads(data[: data.index(b"}") + 1])["child-pid"]
-    except (ValueError, KeyError):
-        raise ImageBuildFailed(f"Dockerfile {where}: the build sandbox did not start (exit {proc.wait()})") from None
+        return int(json.loads(data[: data.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _attach(child: int | None, proc: subprocess.Popen, where: str):
+    from sandboxes.runtimes.limits import netns
+
+    if child is None:
+        raise ImageBuildFailed(f"Dockerfile {where}: the build sandbox did not start (exit {proc.wait()})")
     try:
         return netns.attach(child)
     except OSError as exc:
