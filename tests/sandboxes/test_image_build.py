@@ -216,3 +216,28 @@ def test_add_url_fetches_with_the_builds_network_and_is_refused_without(tmp_path
     image = ensure_built(context)
     release = Path(image.rootfs) / "release"
     assert release.read_text().startswith("Origin: Debian") and release.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_killed_builder_leaves_no_build_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    duration = f"61.{uuid.uuid4().int % 10**6:06d}"
+    context = _context(tmp_path, f"FROM debian:bookworm\nRUN sleep {duration}\n")
+    root = Path(__file__).resolve().parents[2]
+    builder_proc = subprocess.Popen([sys.executable, "-m", "sandboxes.runtimes.images.build", str(context)],
+                                    cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _running(f"sleep {duration}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running(f"sleep {duration}"), "the RUN never started"
+    finally:
+        builder_proc.send_signal(signal.SIGKILL)
+        builder_proc.wait()
+    deadline = time.monotonic() + 10
+    while _running(f"sleep {duration}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running(f"sleep {duration}") == []

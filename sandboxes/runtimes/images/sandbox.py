@@ -174,9 +174,11 @@ def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: st
         os.close(info_w)
         if block_r is not None:
             os.close(block_r)
-    net, child = None, None
+    net, child, watcher = None, None, None
     try:
         child = _child_pid(info_r)
+        if child is not None and who.userns is not None:
+            watcher = _watch(child)
         if network == "isolated":
             net = _attach(child, proc, where)
             os.write(block_w, b"1")
@@ -190,11 +192,24 @@ def run(argv: list[str], log: BinaryIO, deadline: float, network: str, where: st
                 _kill(child)
             _kill(-proc.pid)
             proc.wait()
+        if watcher is not None:
+            watcher.stdin.write(b"done\n")
+            watcher.stdin.close()
+            watcher.wait()
         for fd in (info_r, block_w):
             if fd is not None:
                 os.close(fd)
         if net is not None:
             net.close()
+
+
+def _watch(child: int) -> subprocess.Popen:
+    """A watcher that SIGKILLs the sandbox's pid 1 (so all of it) when this process dies
+    before telling it ``done``: bwrap's ``--die-with-parent`` does not reach a sandbox that
+    joined a user namespace of ours."""
+    return subprocess.Popen(["/bin/sh", "-c", f'read -r said; [ "$said" = done ] || kill -9 {int(child)}'],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
 
 
 def _kill(pid: int) -> None:
