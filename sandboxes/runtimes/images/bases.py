@@ -169,6 +169,8 @@ def ensure_debian(base: Base, build_dir: Path, deadline: float) -> Path:
     with locked(bases / f"{base.key}.lock", deadline, f"the {base.description} base"):
         if final.exists():
             return final
+        for stale in bases.glob(f".{base.key}.*"):  # a killed build's (the lock is ours now)
+            shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{base.key}.", dir=bases))
         try:
             _mmdebstrap(base, scratch / "rootfs", bases / f"{base.key}.log", deadline)
