@@ -32,8 +32,30 @@ COOKBOOK_LIKE = ("FROM ubuntu:24.04\n"
                  "WORKDIR /app\nCOPY x.txt /app/\nENV FOO=bar\n")
 
 
+_CONTEXTS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_built_images():
+    """Each test's images are its own (a fresh key); the Debian base stays for the next run."""
+    yield
+    while _CONTEXTS:
+        context = _CONTEXTS.pop()
+        try:
+            where = builder.image_key(context)[1]
+        except ImageBuildFailed:
+            continue
+        for path in (where, where.with_suffix(".json"), where.with_suffix(".log"), where.with_suffix(".lock")):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists():
+                path.unlink()
+    get_settings.cache_clear()  # a test's monkeypatched settings may be undone only after this
+
+
 def _context(tmp_path: Path, dockerfile: str, **files: str) -> Path:
     context = tmp_path / f"ctx-{uuid.uuid4().hex[:8]}"
+    _CONTEXTS.append(context)
     context.mkdir()
     (context / "Dockerfile").write_text(f"# test run {uuid.uuid4().hex}\n{dockerfile}")
     for name, text in files.items():
@@ -60,6 +82,8 @@ def test_cookbook_like_dockerfile_builds_and_is_cached(tmp_path):
     assert not [p for p in (root / "dev").iterdir()  # mmdebstrap's device nodes are gone
                 if stat.S_ISCHR(os.lstat(p).st_mode) or stat.S_ISBLK(os.lstat(p).st_mode)]
     assert os.stat(root / "usr" / "bin" / "jq").st_uid == 0 and os.stat(root / "app" / "x.txt").st_uid == 0
+    bases = {os.stat(p).st_ino for p in root.parent.glob("bases/debian-bookworm-*/usr/bin/bash")}
+    assert os.stat(root / "usr" / "bin" / "bash").st_ino in bases  # shared with the base, not copied
     log_mtime = os.stat(image.log).st_mtime_ns
 
     again = ensure_built(context)

@@ -15,7 +15,9 @@ A Dockerfile and its context become one rootfs directory, ``<image_build_dir>/im
   (:mod:`sandboxes.runtimes.images.sandbox`); a failure, or a build past ``timeout_s``, raises
   :class:`ImageBuildFailed` with the failing instruction and the log's last lines.
 - Every image has the mount points sandboxes bind over (:mod:`~sandboxes.runtimes.images.finish`)
-  and ``/etc/prorl-image.json``, the :class:`BuiltImage` it was returned as.
+  and ``/etc/prorl-image.json``, the :class:`BuiltImage` it was returned as. Its files equal to
+  its Debian base's are hard links to them: an image costs the disk what its steps changed.
+  Built images are never evicted here (remove ``img-<key>*`` to rebuild).
 
 CLI: ``python -m sandboxes.runtimes.images.build DIR [--dockerfile F] [--build-arg K=V]...``
 prints the rootfs directory (``--key``: the key and where the image is or would be).
@@ -212,6 +214,9 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
         image = build.roots[prepared.plan.needed[-1]]
         finish.give_back(image, who.owner, build.chowns)
         finish.strip_special(image)
+        shared = _debian_root(prepared, build)
+        if shared is not None:
+            finish.share_with_base(image, shared)
         built = _metadata(prepared, build, image, final, started)
         skipped = finish.mount_points(image)
         if skipped:
@@ -232,6 +237,17 @@ def _build(prepared: _Prepared, context: Path, final: Path, network: str, deadli
     finally:
         who.close()
         _remove(scratch)
+
+
+def _debian_root(prepared: _Prepared, build: steps.Build) -> Path | None:
+    """The Debian base the image descends from (through FROM <stage> too), if any."""
+    stage = prepared.plan.target
+    while stage.base_stage is not None:
+        stage = prepared.plan.stages[stage.base_stage]
+    base = prepared.base_of.get(stage.from_ref)
+    if base is None or base.kind != "debian":
+        return None
+    return bases.ensure_debian(base, build.build_dir, build.deadline)
 
 
 def _metadata(prepared: _Prepared, build: steps.Build, image: Path, final: Path, started: float) -> BuiltImage:

@@ -141,3 +141,46 @@ def _chown_tree(dir_fd: int, name: str, uid: int, gid: int) -> None:
                     os.chown(entry, uid, gid, dir_fd=fd, follow_symlinks=False)
         finally:
             os.close(sub)
+
+
+def share_with_base(image: Path, base: Path) -> int:
+    """Every file of ``image`` equal to the base's (path, size, mode, owner, mtime and content)
+    becomes a hard link to it: an image costs the disk only what its steps changed. Both are
+    read-only from here on (sandboxes mount them as a lower layer). Returns the files linked."""
+    linked = 0
+    image_fd = os.open(image, _DIR)
+    try:
+        for top, _dirs, files, fd in os.fwalk(".", dir_fd=image_fd, follow_symlinks=False):
+            for name in files:
+                if _same(fd, name, base / top / name):
+                    tmp = f".{name}.prorl-link"
+                    os.link(base / top / name, tmp, dst_dir_fd=fd, follow_symlinks=False)
+                    os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                    linked += 1
+    finally:
+        os.close(image_fd)
+    return linked
+
+
+def _same(dir_fd: int, name: str, other: Path) -> bool:
+    mine = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        theirs = os.lstat(other)
+    except OSError:
+        return False
+    if not (stat.S_ISREG(mine.st_mode) and stat.S_ISREG(theirs.st_mode)) or mine.st_ino == theirs.st_ino:
+        return False
+    if (mine.st_size, mine.st_mode, mine.st_uid, mine.st_gid, mine.st_mtime_ns) != \
+            (theirs.st_size, theirs.st_mode, theirs.st_uid, theirs.st_gid, theirs.st_mtime_ns):
+        return False
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        with os.fdopen(os.dup(fd), "rb") as mine_fh, open(other, "rb") as theirs_fh:
+            while True:
+                chunk = mine_fh.read(1 << 20)
+                if chunk != theirs_fh.read(1 << 20):
+                    return False
+                if not chunk:
+                    return True
+    finally:
+        os.close(fd)
