@@ -166,9 +166,10 @@ def ensure_built(context: Path, dockerfile: Path | None = None, *, build_args: d
     prepared = _prepare(context, text, dict(build_args or {}), deadline)
     final = root / f"img-{prepared.key[:32]}"
     meta = final.with_suffix(".json")
-    if not meta.exists():
+    if not (meta.exists() and final.is_dir()):
         with locked(root / f"img-{prepared.key[:32]}.lock", deadline, f"{path}"):
-            if not meta.exists():  # a concurrent caller may have built it while we waited
+            if not (meta.exists() and final.is_dir()):  # a concurrent caller may have built it meanwhile
+                meta.unlink(missing_ok=True)
                 _sweep(final)
                 _build(prepared, context, final, _network(network), deadline, started)
     return BuiltImage.model_validate_json(meta.read_text())
