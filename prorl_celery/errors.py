@@ -28,6 +28,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── FileTooLarge(OSError)                  file_too_large 413   a read over the host's cap
     │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
     │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
+    ├── ImageBuildFailed                           image_build_failed 500  a Dockerfile could not be built
     ├── VerifierFailed                             verifier_failed      a task's verifier could not grade
     │   └── VerifierTimedOut, VerifierNoReward     verifier_timeout, verifier_no_reward
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
@@ -339,6 +340,13 @@ class VerifierNoReward(VerifierFailed):
     """The verifier ended without a readable reward."""
 
     type = "verifier_no_reward"
+
+
+class ImageBuildFailed(ProrlError):
+    """A Dockerfile could not be built into an image: refused (an instruction or base this node
+    cannot honour), failed (a RUN exited non-zero, with the log's tail) or timed out."""
+
+    type = "image_build_failed"
 
 
 class UnsafeDirectory(SandboxError):
