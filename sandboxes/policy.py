@@ -65,6 +65,9 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
         raise PolicyDenied(f"sandbox image {image!r} refused: only docker:// and oci: references "
                            "(and image directories) are served; other transports reach hosts or "
                            "host paths the registry allow-list does not cover", field=field)
+    built = _built_images()
+    if os.path.isabs(image) and not _CONTROL.search(image) and _beneath(image, [built], lexical):
+        return image if lexical else os.path.realpath(image)  # an image this node built from a Dockerfile
     roots = split_dirs(_settings().sandbox_image_dirs)
     if not roots:
         raise PolicyDenied(f"sandbox image {image!r} refused: no image directories are registered "
@@ -85,6 +88,14 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
         raise PolicyDenied(f"sandbox image {image!r} is not beneath a registered image directory "
                            f"({', '.join(roots)}), after resolving links", field=field)
     return image if lexical else os.path.realpath(image)
+
+
+def _built_images() -> str:
+    """Where this node's sandbox images built from Dockerfiles are (``image_build_dir``): images
+    the service made itself from the tasks the operator allows, so always allowed as images."""
+    from sandboxes.runtimes.images.build import build_dir
+
+    return str(build_dir())
 
 
 # -- limits -----------------------------------------------------------------------------------
