@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 if TYPE_CHECKING:
-    from sandboxes.protocol import StatResult, Stray
+    from sandboxes.protocol import FinishResponse, StatResult, Stray
 
 
 class Limits(BaseModel):
@@ -171,12 +171,14 @@ class Sandbox(Protocol):
         owners 0:0, missing paths skipped. Larger than ``max_bytes``: ``FileTooLarge``. Paths
         beyond the workspace (and ``/logs``) need a ``writable_root`` sandbox."""
 
-    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+    def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
         """Kill every process of the sandbox, then read ``paths`` (the rules of
         :meth:`export_tree`: the workspace, ``/logs``, the root of a ``writable_root`` sandbox)
-        from the host's side, then close it. Each path -> its bytes, or None when it is missing
-        or not a regular file; more than ``max_bytes`` in all: ``FileTooLarge``. What is read
-        was written before the kill: nothing of the sandbox runs any more."""
+        from the host's side, then close it. ``files``: each path -> its bytes, or None when it
+        is missing or not a regular file (more than ``max_bytes`` in all: ``FileTooLarge``);
+        ``mtimes_ns``: each file's modification time; ``rewritten``: the paths that changed while
+        they were watched for ``settle_s`` before the kill (something still running wrote them).
+        What is read was written before the kill: nothing of the sandbox runs any more."""
 
     def close(self) -> None:
         """Kill everything the sandbox started and remove its files. Idempotent."""
@@ -235,7 +237,7 @@ class SandboxRuntime:
         """:meth:`Sandbox.export_tree`. Default: not offered by this runtime."""
         raise NotImplementedError(f"{type(self).__name__} cannot export its files")
 
-    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+    def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
         """:meth:`Sandbox.finish`. Default: not offered by this runtime."""
         raise NotImplementedError(f"{type(self).__name__} cannot finish (kill, then read)")
 

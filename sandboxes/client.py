@@ -20,7 +20,7 @@ from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.gateway_route import GatewayRoute, close_gateway_route, gateway_route
-from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest,
+from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, FinishResponse,
                                 HostRecord, RelayResponse, SandboxEntry, StatResult, StopStraysRequest,
                                 StopStraysResponse, Stray, StrayList)
 from sandboxes.registry import AUTO, requested_runtime
@@ -127,9 +127,9 @@ class RemoteSandbox:
     def export_tree(self, paths: list[str], max_bytes: int) -> bytes:
         return self._invoke("export_tree", paths=paths, max_bytes=max_bytes)
 
-    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
+    def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
         """The sandbox killed, ``paths`` read, the sandbox closed (its host forgets it)."""
-        files = self._invoke("finish", paths=paths, max_bytes=max_bytes)
+        files = self._invoke("finish", paths=paths, max_bytes=max_bytes, settle_s=settle_s)
         self.gone = True
         return files
 

@@ -88,6 +88,11 @@ class TreeRequest(_Body):
                            "sandbox_read_max_mb, applies too): past it, 413 file_too_large.")
 
 
+class FinishRequest(TreeRequest):
+    settle_s: float = Field(0.0, ge=0, le=5, description="Before the kill, watch the files this long: "
+                            "one changed meanwhile (by a process left running) is named in ``rewritten``.")
+
+
 class ExportTreeResponse(BaseModel):
     data: bytes = Field(description="The tar (sent as the raw body).")
 
@@ -97,6 +102,12 @@ class FinishResponse(BaseModel):
 
     files: dict[str, bytes | None] = Field(description="Each path asked for -> its bytes (base64 "
                                            "in JSON), or null when missing or not a regular file.")
+    mtimes_ns: dict[str, int] = Field(default_factory=dict, description="Each file read -> its "
+                                      "modification time (ns, the node's clock): a grader tells a file "
+                                      "written after its test ended by it.")
+    killed_at_ns: int = Field(0, description="When the kill began (ns, the node's clock).")
+    rewritten: list[str] = Field(default_factory=list, description="Paths that changed while "
+                                 "settling, before the kill: something still running wrote them.")
 
 
 class InfoResponse(BaseModel):
@@ -232,7 +243,7 @@ METHODS: dict[str, Method] = {
     "write_file": Method(WriteFileRequest, WriteFileResponse, ""),
     "stat": Method(PathRequest, StatResult),
     "export_tree": Method(TreeRequest, ExportTreeResponse, "data"),
-    "finish": Method(TreeRequest, FinishResponse, "files"),
+    "finish": Method(FinishRequest, FinishResponse),
     "info": Method(Empty, InfoResponse, "info"),
     "close": Method(Empty, CloseResponse, "closed"),
     "renew": Method(RenewRequest, SandboxEntry, host_only=True),

@@ -211,7 +211,7 @@ def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str,
     raise SandboxGone(f"no sandbox {sandbox_id!r} on host {pool.host_id}")
 
 
-def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str, bytes | None]:
+def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> Any:
     """The sandbox's finish (killed, read, closed), then its slot closed too; a path refused
     before anything was killed leaves it running."""
     refused = False

@@ -172,7 +172,25 @@ def export_tar(bases: Bases, paths: list[str], cap: int, relative_to: str) -> by
     return tar.close()
 
 
-def read_files(bases: Bases, paths: list[str], cap: int, relative_to: str) -> dict[str, bytes | None]:
+def stamps(bases: Bases, paths: list[str], relative_to: str) -> dict[str, tuple[int, int, int]]:
+    """Each of ``paths`` that is there -> (mtime_ns, ctime_ns, size), read without following a
+    link: what changes whenever something writes the file."""
+    out = {}
+    for path in paths:
+        mount, parts = locate(bases, path, relative_to)
+        if not parts:
+            continue
+        try:
+            with _opened(bases[mount], parts[:-1]) as parent:
+                st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        out[path] = (st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    return out
+
+
+def read_files(bases: Bases, paths: list[str], cap: int, relative_to: str,
+               mtimes: dict[str, int] | None = None) -> dict[str, bytes | None]:
     """Each of ``paths`` -> its bytes, or None when missing or not a regular file; more than
     ``cap`` bytes in all is :class:`FileTooLarge`. Paths are checked (:func:`locate`) before any
     is read."""
@@ -190,5 +208,7 @@ def read_files(bases: Bases, paths: list[str], cap: int, relative_to: str) -> di
             continue  # missing, or a symlink on the way: nothing the grader may read
         if found is not None:
             out[path] = found[1]
+            if mtimes is not None:
+                mtimes[path] = found[0].st_mtime_ns
             left -= len(found[1])
     return out

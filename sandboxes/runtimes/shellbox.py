@@ -5,6 +5,8 @@ does to its limits, what else it holds until close, and what its ``info()`` adds
 """
 from __future__ import annotations
 
+import time
+
 import os
 from typing import Any
 
@@ -12,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_celery.errors import SandboxGone
 from sandboxes.base import ExecResult, Limits, SandboxRuntime, SandboxSpec
+from sandboxes.protocol import FinishResponse
 from sandboxes.runtimes.shell.persistent import PersistentShell
 from sandboxes.runtimes.shell.spawn import DEFAULT_ARGV
 from sandboxes.runtimes.limits.uids import UidLease, lease_uid
-from sandboxes.runtimes.export import export_tar, locate, read_files
+from sandboxes.runtimes.export import export_tar, locate, read_files, stamps
 from sandboxes.runtimes.workspace import Workspace, WorkspaceFiles, read_cap_bytes
 
 
@@ -40,6 +43,20 @@ class IsolatedConfig(ShellConfig):
     uid_count: int = Field(65536, description="How many uids from uid_base may be used.")
     uid_lock_dir: str | None = Field(None, description="Lock files of the uids in use; default: "
                                                        "<tmp>/prorl-sandbox-uids.")
+
+
+def _settle(bases: dict, paths: list[str], mount: str, settle_s: float) -> list[str]:
+    """The paths whose file changed during ``settle_s`` seconds of watching (polled every 20 ms)."""
+    if settle_s <= 0:
+        return []
+    first = stamps(bases, paths, mount)
+    changed: set[str] = set()
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = stamps(bases, paths, mount)
+        changed |= {p for p in set(first) | set(now) if first.get(p) != now.get(p)}
+    return sorted(changed)
 
 
 class ShellSandbox(WorkspaceFiles, SandboxRuntime):
@@ -98,11 +115,13 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
         finally:
             _close_fds(bases)
 
-    def finish(self, paths: list[str], max_bytes: int) -> dict[str, bytes | None]:
-        """:meth:`sandboxes.base.Sandbox.finish`: the paths are checked, then the shell is closed
-        (for a runtime whose shell has a pid 1 of its own, reaping it proves that everything in
-        the sandbox is dead; ``local`` kills the shell's process group and descendants, which a
-        daemon that left both outlives), then the files read, then all closed."""
+    def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
+        """:meth:`sandboxes.base.Sandbox.finish`: the paths are checked; for ``settle_s`` they are
+        watched (one that changes meanwhile was written by something still running:
+        ``rewritten``); then the shell is closed (for a runtime whose shell has a pid 1 of its own,
+        reaping it proves that everything in the sandbox is dead; ``local`` kills the shell's
+        process group and descendants, which a daemon that left both outlives), then the files
+        read, then all closed."""
         if self.shell is None or self.shell.closed:
             raise SandboxGone("the sandbox is closed")
         bases = self._bases()
@@ -113,8 +132,12 @@ class ShellSandbox(WorkspaceFiles, SandboxRuntime):
             _close_fds(bases)
             raise
         try:
+            rewritten = _settle(bases, paths, self.workspace.mount, settle_s)
+            killed_at = time.time_ns()
             self.shell.close()
-            return read_files(bases, paths, min(max_bytes, read_cap_bytes()), self.workspace.mount)
+            mtimes: dict[str, int] = {}
+            files = read_files(bases, paths, min(max_bytes, read_cap_bytes()), self.workspace.mount, mtimes)
+            return FinishResponse(files=files, mtimes_ns=mtimes, killed_at_ns=killed_at, rewritten=rewritten)
         finally:
             _close_fds(bases)
             self.close()

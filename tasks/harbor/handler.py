@@ -186,10 +186,11 @@ class HarborHandler(AgentTaskHandler):
         if len(block["steps"]) <= block["step"]:
             block["steps"].append(self._grade(ctx, task, task.steps[block["step"]], block["image"], final=True))
         rewards = verifier.roll_up(block["steps"], task.strategy())
-        reward = verifier.headline(rewards) if rewards else 0.0
+        tampered = [s["name"] for s in block["steps"] if s.get("tampered")]
+        reward = 0.0 if tampered or not rewards else verifier.headline(rewards)
         return {"reward": reward, "resolved": reward >= 1.0,
                 "harbor": {**{k: v for k, v in block.items() if k != "steps"}, "rewards": rewards,
-                           "strategy": task.strategy(), "steps": block["steps"]}}
+                           "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
 
     # -- grading -------------------------------------------------------------------------------
     def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], final: bool) -> dict[str, Any]:

@@ -6,10 +6,12 @@ sandbox host built (no PATH shim, site-packages hook, ``/logs`` file or edited t
 anywhere else comes along); ``/tests`` from the task folder (the task's own merged under the
 step's); an empty ``/logs``; the offline verifier tools first on PATH (uv's installer served
 locally: :mod:`sandboxes.runtimes.images.verifier_tools`). ``test.sh`` runs with the verifier's
-env and timeout; then every process in the sandbox is killed, and only then are
-``/logs/verifier/reward.txt`` / ``reward.json`` read, from the host's side
-(``Sandbox.finish``): nothing the agent's code started during the test can write the reward after
-the test wrote it.
+env and timeout; then the reward files are watched from the host's side for a moment (a file
+that changes then was written by something test.sh left running: ``tampered``, no reward), every
+process in the sandbox is killed, and only then are ``/logs/verifier/reward.txt`` /
+``reward.json`` read, from the host's side (``Sandbox.finish``). What is left: a process the
+agent's code started that rewrites the reward once, right after test.sh wrote it and before
+test.sh ended, is not told apart from test.sh (the race is test.sh's last instructions).
 
 A ``test.sh`` that times out, or ends with no reward file or an unreadable one, is an
 infrastructure fault (:class:`VerifierFailed`, the result's ``error.type``), never a reward of 0
@@ -29,6 +31,7 @@ REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
 READ_CAP = 1024 * 1024
 OUTPUT_TAIL = 4000
+SETTLE_S = 0.3  # the reward files watched after test.sh ends, before the kill: a rewriter shows
 
 
 def parse_rewards(text_file: bytes | None, json_file: bytes | None) -> dict[str, float]:
@@ -75,15 +78,23 @@ def test_command(step: Step, workdir: str) -> str:
 
 def grade(box: Any, step: Step, workdir: str, timeout: float) -> dict[str, Any]:
     """Run the step's test.sh in ``box`` (its files in place), then kill everything in it and read
-    what the verifier wrote. Returns ``{rewards, reward, test_exit, output}``; the sandbox is closed."""
+    what the verifier wrote. Returns ``{rewards, reward, test_exit, output}`` (``tampered``: a
+    reward file written after test.sh had ended, by something it left running: no reward); the
+    sandbox is closed."""
     out = box.exec(test_command(step, workdir), timeout=timeout)
-    files = box.finish([REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"], READ_CAP)
+    paths = [REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"]
+    done = box.finish(paths, READ_CAP, settle_s=SETTLE_S)
+    files = done.files
     output = (files.get("/logs/verifier/test-stdout.txt") or b"")[-OUTPUT_TAIL:].decode(errors="replace")
     if out.timed_out:
         raise VerifierTimedOut(f"test.sh ran past the verifier's timeout ({timeout:.0f} s); its output's "
                                f"tail: {output[-1000:]}")
     exit_line = out.output.strip().splitlines()[-1:] or [""]
     test_exit = int(exit_line[0].split()[-1]) if exit_line[0].startswith("exit ") else None
+    late = [p for p in done.rewritten if p in paths[:2]]
+    if late:
+        return {"rewards": {"reward": 0.0}, "reward": 0.0, "test_exit": test_exit, "output": output,
+                "tampered": f"{', '.join(late)} written after test.sh ended (by a process it left running)"}
     try:
         rewards = parse_rewards(files.get(REWARD_TXT), files.get(REWARD_JSON))
     except VerifierFailed as exc:

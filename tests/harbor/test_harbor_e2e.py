@@ -10,12 +10,13 @@ behind to rewrite the reward after the test wrote it.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import ROOT, submit, wait
+from tests.conftest import ROOT, submit
 
 pytestmark = pytest.mark.harbor
 EXAMPLES = ROOT / "examples" / "harbor"
@@ -26,7 +27,12 @@ def run(api: str, task: str | Path, agent: dict | None, timeout: float = BUILD_W
     instance = {"data_source": "harbor", "task_dir": str(task if isinstance(task, Path) else EXAMPLES / task)}
     if agent is not None:
         instance["agent"] = agent
-    return wait(api, submit(api, instance), timeout)
+    job, deadline = submit(api, instance), time.monotonic() + timeout
+    while True:  # the API's long poll is at most 600 s at a time
+        resp = requests.get(f"{api}/jobs/{job}/wait", params={"timeout": 60}, timeout=90)
+        if resp.status_code == 200:
+            return resp.json()
+        assert time.monotonic() < deadline, f"job {job} not terminal after {timeout}s: {resp.text[:2000]}"
 
 
 def command(script: str) -> dict:
@@ -91,6 +97,8 @@ FORGERIES = {
 def test_a_forging_agent_earns_nothing(api, name):
     out = result(run(api, "wordcount", command(FORGERIES[name])))
     assert out["reward"] == 0.0, (name, out["harbor"]["steps"][0].get("output", "")[-2000:])
+    if name == "rewriter left running":  # caught: the reward was rewritten after the test ended
+        assert out["harbor"]["tampered"] == ["main"] and "after test.sh ended" in out["harbor"]["steps"][0]["tampered"]
 
 
 def test_the_uvx_graded_task_grades_here_offline_but_for_the_registries(api):

@@ -177,7 +177,7 @@ def test_finish_reads_only_once_every_process_is_dead(images, sandbox_root):
     assert wait_until(lambda: box.exec("tail -n 1 /logs/verifier/seq 2>/dev/null").output.strip()
                       .isdigit() and int(box.exec("tail -n 1 /logs/verifier/seq").output) > 20, 20)
     assert _uid_processes(uid)
-    files = box.finish(["/logs/verifier/reward.txt", "/logs/verifier/seq", "/logs/none"], 1 << 20)
+    files = box.finish(["/logs/verifier/reward.txt", "/logs/verifier/seq", "/logs/none"], 1 << 20).files
     reward, seq = int(files["/logs/verifier/reward.txt"]), files["/logs/verifier/seq"].split()
     # read after the kill: the reward (read first) is the last value written, never one behind a
     # still-running writer's log (read second)
@@ -264,7 +264,7 @@ def test_over_http_through_the_sandbox_host(images, start_host):
                     " && pwd").output == "/app\n"
     assert members_of(box.export_tree(["/app"], 1 << 20)).keys() == {"app", "app/f"}
     box.exec("(while true; do echo 0 > /logs/verifier/late; sleep 0.01; done) &")
-    files = box.finish(["/logs/verifier/reward.txt", "/app/f", "/logs/verifier/missing"], 1 << 20)
+    files = box.finish(["/logs/verifier/reward.txt", "/app/f", "/logs/verifier/missing"], 1 << 20).files
     assert files == {"/logs/verifier/reward.txt": b"1\n", "/app/f": b"changed\n", "/logs/verifier/missing": None}
     assert box.close() is False  # finish closed it
     listed = requests.get(f"{host.address}/sandboxes", headers=headers, timeout=30).json()["sandboxes"]
