@@ -1,12 +1,13 @@
 """What a harness resends, in process (the gateway session on the fake LLM's own code, no HTTP):
-Claude Code's recorded request shape, whose second request writes the ``Edit`` call's omitted
-``replace_all`` in at its schema default. Only defaults differ: the calls stay one ``exact``
-sequence and nothing is re-tokenised. A real change to the call's arguments re-renders it: a
-new segment, counted in ``retokenized_calls``."""
+Claude Code's requests as recorded (``fixtures/claude_code_edit.json``), whose third writes the
+``Edit`` call's omitted ``replace_all`` in at its schema default. Only defaults differ: the calls
+stay one ``exact`` sequence and nothing is re-tokenised. A real change to the call's arguments
+re-renders it: a new segment, counted in ``retokenized_calls``."""
 from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,83 +21,63 @@ from prorl_celery.rollout.segments import harness_fields
 
 pytestmark = pytest.mark.unit  # in process (tests/unit_tier.py)
 
-# Claude Code's Read and Edit tools as its requests carry them (descriptions shortened)
-SCHEMA = "http://json-schema.org/draft-07/schema#"
-READ = {"name": "Read", "description": "Reads a file from the local filesystem.",
-        "input_schema": {"type": "object", "properties": {
-            "file_path": {"type": "string", "description": "The absolute path to the file to read"},
-            "offset": {"type": "number", "description": "The line number to start reading from."},
-            "limit": {"type": "number", "description": "The number of lines to read."}},
-            "required": ["file_path"], "additionalProperties": False, "$schema": SCHEMA}}
-EDIT = {"name": "Edit", "description": "Performs exact string replacements in files.",
-        "input_schema": {"type": "object", "properties": {
-            "file_path": {"type": "string", "description": "The absolute path to the file to modify"},
-            "old_string": {"type": "string", "description": "The text to replace"},
-            "new_string": {"type": "string", "description": "The text to replace it with"},
-            "replace_all": {"type": "boolean", "default": False,
-                            "description": "Replace all occurences of old_string (default false)"}},
-            "required": ["file_path", "old_string", "new_string"], "additionalProperties": False,
-            "$schema": SCHEMA}}
-EDIT_ARGS = {"file_path": "/repo/calc.py", "old_string": "a - b", "new_string": "a + b"}
-SCRIPT = [{"content": "", "tool_calls": [{"name": "Read", "arguments": {"file_path": "/repo/calc.py"}}]},
-          {"content": "", "tool_calls": [{"name": "Edit", "arguments": EDIT_ARGS}]},
+RECORDED = json.loads((Path(__file__).parent / "fixtures" / "claude_code_edit.json").read_text())
+READ = {"file_path": "/tmp/hf-rec/work/calc.py"}
+EDIT = {"file_path": "/tmp/hf-rec/work/calc.py", "old_string": "return a - b", "new_string": "return a + b"}
+# what the model generates: the calls the recording server answered, Edit without replace_all
+SCRIPT = [{"content": "", "tool_calls": [{"name": "Read", "arguments": READ}]},
+          {"content": "", "tool_calls": [{"name": "Edit", "arguments": EDIT}]},
           {"content": "Fixed: add() now adds."}]
+RECORDED_IDS = ("toolu_01read", "toolu_02edit")  # the recording server's tool_use ids
 
 
-def _body(messages: list[dict]) -> dict:
-    """A request as Claude Code sends it: system blocks with cache control, tools, metadata, stream."""
-    return {"model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True,
-            "system": [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
-                        "cache_control": {"type": "ephemeral"}}],
-            "messages": messages, "tools": [READ, EDIT], "metadata": {"user_id": "user_0_session_1"}}
+def _session() -> GatewaySession:
+    policy = ScriptedPolicy(SCRIPT, max_model_len=262144)  # Claude Code's ~80 kB prompt, byte tokens
+    return GatewaySession("resent", policy.generate, CallLog(sink=None))  # read from the log, never saved
 
 
-def _session() -> tuple[GatewaySession, ScriptedPolicy]:
-    policy = ScriptedPolicy(SCRIPT)
-    log = CallLog(sink=None)  # never flushed: the test reads the calls from the log
-    return GatewaySession("resent", policy.generate, log), policy
-
-
-def _run(resend_edit) -> dict:
-    """Three calls, each history as Claude Code resends it; ``resend_edit`` makes the Edit
-    tool_use input it resends out of the one the gateway answered."""
-    session, _ = _session()
-    api = AnthropicMessages()
-    messages = [{"role": "user", "content": [
-        {"type": "text", "text": "<system-reminder>\nAs you answer, use the tools.\n</system-reminder>"},
-        {"type": "text", "text": "add() in /repo/calc.py subtracts; fix it.", "cache_control": {"type": "ephemeral"}}]}]
-    for k in range(3):
-        request = api.parse(_body(copy.deepcopy(messages)))
+def _replay(edit_input=None) -> dict:
+    """The three recorded requests through one session, each history with the ids the gateway
+    answered in place of the recording's (and, given, the resent Edit's input changed)."""
+    session, api, ids = _session(), AnthropicMessages(), {}
+    for messages in RECORDED["messages"]:
+        text = json.dumps(messages)
+        for recorded, answered in ids.items():
+            text = text.replace(recorded, answered)
+        messages = json.loads(text)
+        for message in messages:
+            for block in message["content"] if message["role"] == "assistant" else ():
+                if block["name"] == "Edit" and edit_input is not None:
+                    block["input"] = edit_input(block["input"])
+        request = api.parse({**copy.deepcopy(RECORDED["common"]), "messages": messages})
         turn = session.complete(request, api.name)
-        blocks = api.respond(turn, request)["content"]
-        if not any(b["type"] == "tool_use" for b in blocks):
-            break
-        resent = [resend_edit(b) if b["type"] == "tool_use" and b["name"] == "Edit" else b for b in blocks]
-        messages.append({"role": "assistant", "content": resent})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": b["id"], "content": f"result {k}"}
-            for b in blocks if b["type"] == "tool_use"]})
+        answered = [b["id"] for b in api.respond(turn, request)["content"] if b["type"] == "tool_use"]
+        ids.update(zip(RECORDED_IDS[len(ids):], answered))
     return harness_fields(session.calls())
 
 
-def _with_input(block: dict, **changed) -> dict:
-    return {**block, "input": {**block["input"], **changed}}
+def test_the_recording_resends_the_edit_with_its_default_written_in():
+    *_, last = RECORDED["messages"]
+    (edit,) = [b for m in last if m["role"] == "assistant" for b in m["content"] if b["name"] == "Edit"]
+    assert edit["input"] == {**EDIT, "replace_all": False}
+    schema = next(t for t in RECORDED["common"]["tools"] if t["name"] == "Edit")["input_schema"]
+    assert schema["properties"]["replace_all"]["default"] is False and "replace_all" not in schema["required"]
 
 
 def test_an_edit_resent_with_its_schema_default_written_in_stays_exact():
-    view = _run(lambda b: _with_input(b, replace_all=False))
+    view = _replay()
     assert view["counts"]["calls"] == 3
     assert view["token_mode"] == "exact" and view["counts"]["segments"] == 1, view["segments"]
     assert view["counts"]["retokenized_calls"] == 0
 
 
 def test_an_edit_resent_as_it_was_answered_stays_exact_too():
-    view = _run(lambda b: b)
+    view = _replay(lambda args: {k: v for k, v in args.items() if k != "replace_all"})
     assert view["token_mode"] == "exact" and view["counts"]["retokenized_calls"] == 0
 
 
 def test_a_resent_edit_whose_arguments_really_changed_is_re_tokenised_and_counted():
-    view = _run(lambda b: _with_input(b, replace_all=True))
+    view = _replay(lambda args: {**args, "replace_all": True})
     assert view["token_mode"] == "segmented" and view["counts"]["segments"] == 2
     assert [seg["reason"] for seg in view["segments"]] == ["first", "not_a_prefix"]
     assert view["counts"]["retokenized_calls"] == 1  # the third call re-rendered the second's answer
@@ -128,12 +109,10 @@ def test_defaults_fill_nested_objects_and_arrays_on_both_sides():
 def test_a_new_conversation_starts_a_segment_but_re_tokenises_nothing():
     """A sub-agent's first call (its own system prompt and task, no assistant turn yet) cannot
     extend the running sequence, yet no generated turn was rendered from text: 0."""
-    session, _ = _session()
-    api = AnthropicMessages()
-    first = [{"role": "user", "content": "add() in /repo/calc.py subtracts; fix it."}]
-    session.complete(api.parse(_body(first)), api.name)
-    sub = {**_body([{"role": "user", "content": "Search /repo for callers of add()."}]),
-           "system": [{"type": "text", "text": "You are a file search specialist."}]}
+    session, api = _session(), AnthropicMessages()
+    session.complete(api.parse({**RECORDED["common"], "messages": RECORDED["messages"][0]}), api.name)
+    sub = {**RECORDED["common"], "system": [{"type": "text", "text": "You are a file search specialist."}],
+           "messages": [{"role": "user", "content": "Search /repo for callers of add()."}]}
     session.complete(api.parse(sub), api.name)
     view = harness_fields(session.calls())
     assert view["counts"]["segments"] == 2 and view["counts"]["retokenized_calls"] == 0
