@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_celery.gateway.defaults import filled, tool_defaults
@@ -98,7 +98,6 @@ def find_base(history: list[Seen], messages: list[dict[str, Any]],
     if best is not None:  # the repeated history shares the earlier call's entries: memory grows with
         canon[:len(best.messages)] = best.messages  # the conversation, not with calls x conversation
     return best, canon, key
-
 
 
 def rendered_turns(messages: list[dict[str, Any]], base: Seen | None) -> int:
