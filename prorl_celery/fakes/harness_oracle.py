@@ -5,7 +5,8 @@ mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_F
 the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
 (its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
 Codex (``exec_command``): the same as ``exec_command`` calls. Math fixture tasks: one shell check,
-then the answer in ``\boxed{}``. Anything else
+then the answer in ``\boxed{}`` (asked with no tools at all, as a plain chat agent asks: the answer
+at once). Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
 
 Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celery.fakes.harness_oracle:reply``.
@@ -99,4 +100,8 @@ def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) ->
         return _claude_code(messages, text)
     if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
         return _codex(messages)
+    if not tools:  # a plain chat agent (a command harness with no tools): a math answer in its text
+        answer = _math(text, 1, Reply(), Reply())
+        if answer is not None:
+            return answer
     return oracle.reply(messages, tools)

@@ -13,7 +13,7 @@ from typing import Any
 from prorl_celery.errors import BudgetSpent, LLMCallCancelled
 from prorl_celery.gateway.budget import Budget, Grant, Ledger, Limits
 from prorl_celery.gateway.models import GatewayRequest
-from prorl_celery.gateway.prefix import Seen, find_base, tools_key
+from prorl_celery.gateway.prefix import Seen, find_base, rendered_turns, tools_key
 from prorl_celery.gateway.sampling import SamplingAuthority
 from prorl_celery.rollout.calllog import CallLog
 from prorl_celery.rollout.store import Call, RolloutQuota
@@ -94,7 +94,7 @@ class GatewaySession:
         self.ledger.enter()  # rate and concurrency before any work
         try:
             sampling, dropped = self.authority.effective(request.sampling)
-            base, canon, key, sent, encoded = self._admitted(request)
+            base, canon, key, sent, encoded, retokenized = self._admitted(request)
             grant = self.ledger.reserve(sampling.max_tokens, sum(map(len, encoded)))
         except BaseException:
             self.ledger.leave()
@@ -113,7 +113,7 @@ class GatewaySession:
         except BaseException:
             self.ledger.settle(grant)
             raise
-        call = _Call(base, Seen(0, canon, key, turn), sent, encoded, llm.sampling, dropped, grant)
+        call = _Call(base, Seen(0, canon, key, turn), sent, encoded, llm.sampling, dropped, grant, retokenized)
         self._record(call, api, time.monotonic() - t0 - generated_s, fresh)
         return turn
 
@@ -130,20 +130,22 @@ class GatewaySession:
                           protocol=Protocol.GENERATE, previous=previous, tokenizer=self.tokenizer,
                           max_model_len=self.max_model_len, timeout_s=self.ledger.remaining_s())
 
-    def _admitted(self, request: GatewayRequest) -> tuple[Seen | None, list[tuple], str, list, list[bytes]]:
+    def _admitted(self, request: GatewayRequest) -> tuple[Seen | None, list[tuple], str, list, list[bytes], int]:
         """The earlier call ``request`` continues (None: none), its canonical messages and tools
         key, and what the rollout gains by it: past the last call's answer when it continues
         that call, else the whole of what was sent; encoded, and held to the store's quotas,
         before anything is generated (its tools too: they are rendered and kept for the next
-        call's search)."""
+        call's search). Last, the earlier generated turns its prompt renders from text, their
+        ids not reused (:func:`~prorl_celery.gateway.prefix.rendered_turns`; 0 before any call)."""
         with self.lock:
             base, canon, key = find_base(self.history, request.messages, request.tools)
             continues_last = base is not None and base is (self.history[-1] if self.history else None)
+            retokenized = rendered_turns(request.messages, base) if self.history else 0
         if len(key) > self.quota.call_bytes:
             raise self.quota.exceeded("rollout_call_max_bytes", len(key), "the tools", "tools")
         first = len(base.messages) + 1 if continues_last else 0
         sent = request.messages[first:]
-        return base, canon, key, sent, self.quota.encode(sent, first)
+        return base, canon, key, sent, self.quota.encode(sent, first), retokenized
 
     def _fresh(self, turn: Turn, llm: LLMRequest) -> tuple[Turn, dict[str, Any]]:
         """The fence's ``regenerate``: the call's answer has not reached the harness yet, so a stale
@@ -180,7 +182,8 @@ class GatewaySession:
 
     def _record(self, call: _Call, api: str, own_s: float, fresh: dict[str, Any] | None = None) -> None:
         turn = call.seen.turn
-        meta: dict[str, Any] = {"api": api, "continued": call.base is not None, "gateway_s": round(own_s, 6),
+        meta: dict[str, Any] = {"api": api, "continued": call.base is not None,
+                                "retokenized": call.retokenized, "gateway_s": round(own_s, 6),
                                 "sampling": (self.authority.base_dump if call.sampling is self.authority.base
                                              else self.authority.dump(call.sampling))}
         if call.dropped:
@@ -242,9 +245,9 @@ class GatewaySession:
 class _Call:
     """A call between its admission and its record."""
 
-    __slots__ = ("base", "seen", "sent", "encoded", "sampling", "dropped", "grant")
+    __slots__ = ("base", "seen", "sent", "encoded", "sampling", "dropped", "grant", "retokenized")
 
     def __init__(self, base: Seen | None, seen: Seen, sent: list[dict[str, Any]], encoded: list[bytes],
-                 sampling: SamplingParams, dropped: list[str], grant: Grant):
+                 sampling: SamplingParams, dropped: list[str], grant: Grant, retokenized: int = 0):
         self.base, self.seen, self.sent, self.encoded = base, seen, sent, encoded
-        self.sampling, self.dropped, self.grant = sampling, dropped, grant
+        self.sampling, self.dropped, self.grant, self.retokenized = sampling, dropped, grant, retokenized

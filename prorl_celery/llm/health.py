@@ -3,12 +3,14 @@
 A backend whose call failed (connection error, 5xx, timeout) leaves the rotation at once and is
 probed (``GET /health``, else ``GET /v1/models``) every ``llm_probe_period_s`` until it answers.
 ``probe_quarantined`` is what the beat sweep calls; the pool also calls it on demand when a
-request finds nothing else to use.
+request finds nothing else to use. ``drop_unanswering`` forgets the backends that do not answer
+at all (``prorl-celery up`` on the state directory of an earlier run: its servers are gone).
 """
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
@@ -89,3 +91,27 @@ def _probe_one(registry: BackendRegistry, backend: Backend) -> bool:
     except UnknownBackend:
         pass
     return False
+
+
+def drop_unanswering(client: redis.Redis, timeout_s: float = PROBE_TIMEOUT_S) -> list[tuple[str, str, str]]:
+    """Probe every registered backend at once and remove those that do not answer; returns
+    ``(id, address, error)`` of each removed. For a registry that outlived its servers (a
+    backend kept would be routed to, fail, and be probed for ever), not for a live cluster's:
+    there a backend down for a moment is quarantined and comes back."""
+    registry = BackendRegistry(client)
+    backends = registry.list()
+    if not backends:
+        return []
+    with ThreadPoolExecutor(min(16, len(backends))) as pool:
+        errors = list(pool.map(lambda b: probe(b.address, registry.api_key(b.id), timeout_s), backends))
+    dropped = []
+    for backend, error in zip(backends, errors):
+        if error is None:
+            continue
+        try:
+            registry.remove(backend.id)
+        except UnknownBackend:
+            continue
+        log.info("LLM backend %s (%s) dropped: no answer (%s)", backend.id, backend.address, error)
+        dropped.append((backend.id, backend.address, error))
+    return dropped

@@ -96,9 +96,41 @@ class HFTokenizer:
                             add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
         # Render, then encode: what transformers does inside, minus its return type, which changed
         # from a list of ids (4.x) to a BatchEncoding (5.x).
-        text = self.tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+        text = self.tok.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
                                             add_generation_prompt=add_generation_prompt, **kwargs)
         return self.encode(text)
+
+
+def _arguments_object(arguments: Any) -> Any:
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments  # not JSON: the template gets what the model wrote
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as vLLM's and SGLang's chat serving hand them to a chat template: an assistant
+    message's tool-call ``arguments`` (OpenAI's JSON string) parsed into an object (empty: ``{}``),
+    so ``tool_call.arguments | tojson`` and ``arguments | items`` render the object, not a quoted
+    string. Messages with tool calls are copied; ``messages`` is not changed."""
+    out = list(messages)
+    for i, message in enumerate(out):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not isinstance(calls, list) or not calls:
+            continue
+        fixed = []
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and not isinstance(fn.get("arguments"), dict):
+                call = {**call, "function": {**fn, "arguments": _arguments_object(fn.get("arguments"))}}
+            fixed.append(call)
+        out[i] = {**message, "tool_calls": fixed}
+    return out
 
 
 BUILTIN = {"byte": ByteTokenizer, "prorl-fake-byte": ByteTokenizer}

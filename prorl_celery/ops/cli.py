@@ -136,6 +136,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"api     {stack.api_url}", flush=True)
         print(f"secrets {stack.secrets_path}   (0600: PRORL_API_TOKEN, PRORL_REDIS_URL with the "
               f"password; clients read it with PRORL_STATE_DIR={state_dir})", flush=True)
+        if not args.redis_url:  # the private Redis of the state directory: what an earlier run left
+            for bid, address, error in stack.drop_dead_backends():
+                print(f"llm     {address} id={bid} dropped: registered by an earlier run, no answer now "
+                      f"({error})", flush=True)
         if args.fake_llm or not (args.llm or args.no_fake_llm):
             url = stack.start_fake_llm(extra_args=["--latency-model", "step_s=0.005,capacity=64",
                                                    "--policy", "oracle:prorl_celery.fakes.oracle:reply"])

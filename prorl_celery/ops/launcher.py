@@ -192,6 +192,14 @@ class Stack:
         backend, _ = registry.add(BackendSpec(address=address, **spec))
         return backend.id
 
+    def drop_dead_backends(self) -> list[tuple[str, str, str]]:
+        """Forget the LLM backends in this stack's Redis that no longer answer (on a state
+        directory of an earlier run: the servers that run registered, its own fake LLM among
+        them); ``(id, address, error)`` of each (:func:`prorl_celery.llm.health.drop_unanswering`)."""
+        from prorl_celery.llm.health import drop_unanswering
+
+        return drop_unanswering(redis.Redis.from_url(self.redis_url))
+
     def start_worker(self, queue: str, name: str | None = None, threads: int | None = None) -> Child:
         name = name or f"worker-{queue}"
         argv = [sys.executable, "-m", "celery", "-A", "prorl_celery", "worker", "-Q", queue,

@@ -26,7 +26,8 @@ from prorl_celery.rollout.store import Call, RolloutStore
 from prorl_celery.rollout.transcript import CALLER, MODEL, RESENT, Sink, Transcript, tagged  # noqa: F401 - RESENT re-exported
 
 log = logging.getLogger(__name__)
-GATEWAY_META = "gateway"  # in a call's metadata: {"api", "continued", "gateway_s", "sampling", "dropped"?}
+GATEWAY_META = "gateway"  # in a call's metadata: {"api", "continued", "retokenized", "gateway_s", "sampling",
+#                          "dropped"?}
 
 
 class StoreSink:

@@ -17,7 +17,8 @@ apart (``stale_masked_tokens``).
 :func:`harness_fields` is what :func:`prorl_celery.rollout.views.expand_results` adds to a harness's
 result: ``tokens`` and ``token_mode`` (``exact`` as for the built-in agent: one sequence, each
 prompt extending the last; else ``segmented``, ``tokens`` the first segment), the segments and
-the counts."""
+the counts (``retokenized_calls``: calls whose prompt rendered an earlier generated turn from text,
+its ids not reused, as a harness that changes what it resends makes the gateway do)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -36,6 +37,16 @@ def prompts(calls: Sequence[Call]) -> list[list[int]]:
 def continued(call: Call) -> bool:
     """Whether the call's prompt was built by appending to ids the session held (not re-rendered)."""
     return bool((call.meta.get(GATEWAY_META) or {}).get("continued"))
+
+
+def retokenized(call: Call, k: int) -> bool:
+    """Whether call ``k``'s prompt rendered an earlier generated turn from text (its ids not
+    reused): the gateway's count of them; a record without it (older), any call after the first
+    that was not continued."""
+    meta = call.meta.get(GATEWAY_META) or {}
+    if "retokenized" in meta:
+        return bool(meta["retokenized"])
+    return k > 0 and not meta.get("continued")
 
 
 def _logprobs(call: Call) -> list[float]:
@@ -88,5 +99,5 @@ def harness_fields(calls: Sequence[Call], fenced: Sequence[int] = ()) -> dict[st
               "masked_tokens": sum(seg["loss_mask"].count(0) for seg in segments),
               "stale_masked_tokens": sum(len(calls[k].response_ids or []) for k in set(fenced) if k < len(calls)),
               "generated_tokens": sum(len(c.response_ids or []) for c in calls),
-              "retokenized_calls": sum(1 for c in calls[1:] if not continued(c))}
+              "retokenized_calls": sum(1 for k, c in enumerate(calls) if retokenized(c, k))}
     return {"tokens": tokens, "token_mode": mode, "segments": segments, "counts": counts}

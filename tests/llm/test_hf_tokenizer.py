@@ -11,7 +11,8 @@ import pytest
 
 from prorl_celery.errors import InvalidRequest
 from prorl_celery.llm import BackendStatus, LLMRequest, SamplingParams
-from prorl_celery.llm.tokenizer import HFTokenizer, continuation_ids, get_tokenizer, turn_closing_ids
+from prorl_celery.llm.tokenizer import (HFTokenizer, continuation_ids, get_tokenizer, template_messages,
+                                         turn_closing_ids)
 from tests.llm.conftest import SCRIPT, TOOLS, add, tool_rollout
 
 # found, not imported: importing transformers takes seconds, which every collection paid (-m unit too)
@@ -172,3 +173,39 @@ def test_token_mode_through_a_fake_server_with_the_same_tokenizer(pool, fake_llm
     assert len(proc.received()) == sent + 1
     backend = pool.registry.get(bid)
     assert backend.status is BackendStatus.ACTIVE and backend.failures == 0 and backend.in_flight == 0
+
+
+# Templates that take the arguments as an object, as vLLM and SGLang hand them over: Llama-3.1-like
+# (``| tojson``, no string case) and Qwen3-Coder-like (``| items``, which needs a mapping).
+AS_OBJECT = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}{%- if m.content %}{{- m.content }}{%- endif %}"
+    "{%- for call in m.tool_calls or [] %}"
+    "{{- '<tool_call>{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}"
+    "{{- call.function.arguments | tojson }}{{- '}</tool_call>' }}"
+    "{%- for key, value in call.function.arguments | items %}{{- '<' + key + '>' }}{%- endfor %}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def test_tool_call_arguments_reach_the_template_as_an_object(tmp_path):
+    tok = get_tokenizer(str(build_tokenizer(tmp_path / "object", AS_OBJECT)))
+    call = {"id": "1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls", "n": 2}'}}
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{**call, "function": {"name": "bash", "arguments": ""}}]}]
+    text = tok.decode(tok.apply_chat_template(messages))
+    assert '"arguments": {"cmd": "ls", "n": 2}}</tool_call><cmd><n>' in text, text
+    assert '"arguments": {}}</tool_call><|im_end|>' in text, text  # empty: an empty object
+    assert '\\"cmd\\"' not in text  # never the JSON string, quoted again
+    # what transformers renders when handed the parsed object, as vLLM's and SGLang's serving do
+    from transformers import AutoTokenizer
+
+    parsed = [messages[0], {**messages[1], "tool_calls": [{**call, "function": {"name": "bash",
+                                                                               "arguments": {"cmd": "ls", "n": 2}}}]},
+              {**messages[2], "tool_calls": [{**call, "function": {"name": "bash", "arguments": {}}}]}]
+    raw = AutoTokenizer.from_pretrained(tmp_path / "object")
+    assert text == raw.apply_chat_template(parsed, tokenize=False, add_generation_prompt=True)
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "ls", "n": 2}'  # not changed
+    odd = template_messages([{"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "not json"}}, {"function": {"name": "f", "arguments": "[1]"}}]}])
+    assert [c["function"]["arguments"] for c in odd[0]["tool_calls"]] == ["not json", "[1]"]  # as written

@@ -81,3 +81,49 @@ def test_the_run_worker_splits_into_processes_that_all_serve(tmp_path, monkeypat
         assert health["workers"]["run"] == 2
         job = submit(stack.api_url, {"data_source": "shell", "commands": ["echo hi"]})
         assert wait(stack.api_url, job, timeout=120)["status"] == "completed"
+
+
+def test_up_on_an_old_state_dir_drops_the_backends_that_no_longer_answer(tmp_path):
+    """The private Redis keeps what an earlier run registered: on the next start, a backend whose
+    server is gone is forgotten (it would be routed to and probed for ever), one that answers is
+    kept. The stack's Redis alone, stopped and started again on the same state directory."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    import redis
+
+    from prorl_celery.llm.registry import BackendRegistry
+    from prorl_celery.ops.launcher import Stack, StackOptions
+    from prorl_celery.ops.procs import free_port
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    live = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=live.serve_forever, daemon=True).start()
+    live_url, dead_url = f"http://127.0.0.1:{live.server_address[1]}", f"http://127.0.0.1:{free_port()}"
+    try:
+        first = Stack(StackOptions(state_dir=tmp_path))
+        first.start_redis()
+        ids = {url: first.register_llm(url, protocol="generate", dialect="fake") for url in (live_url, dead_url)}
+        first.stop()
+
+        again = Stack(StackOptions(state_dir=tmp_path))
+        again.start_redis()
+        try:
+            registry = BackendRegistry(redis.Redis.from_url(again.redis_url))
+            assert sorted(registry.ids()) == sorted(ids.values())  # the earlier run's, persisted
+            dropped = again.drop_dead_backends()
+            assert [(bid, address) for bid, address, _ in dropped] == [(ids[dead_url], dead_url)]
+            assert registry.ids() == [ids[live_url]]
+            assert again.drop_dead_backends() == []
+        finally:
+            again.stop()
+    finally:
+        live.shutdown()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from prorl_celery.rollout.segments import continued, prompts
+from prorl_celery.rollout.segments import prompts
 from prorl_celery.rollout.store import RolloutStore
 from tasks.harnesses.mini_swe_agent import mini_binary
 from tests.conftest import submit, wait
@@ -43,8 +43,9 @@ def test_mini_swe_agent_on_llamacpp_is_token_exact(api, redis_client, llamacpp, 
     assert server.json()["tokens"] == first
     # mini-swe-agent drops an answer it could not parse from its history (it keeps only the format
     # error), so such a call does not continue the last one: a new segment, its prompt still stored
-    # as the ids past what the last call held
+    # as the ids past what the last call held; no answer of the model is rendered from text again
+    # (the dropped one is gone, the kept ones are continued): no call re-tokenised a generated turn
     assert all(r.keep > 0 for r in records[1:])
     counts = result["harness"]["counts"]
-    assert counts["retokenized_calls"] == sum(not continued(r) for r in records[1:])
+    assert counts["retokenized_calls"] == 0 and all(r.meta["gateway"]["retokenized"] == 0 for r in records)
     assert counts["segments"] == 1 + sum(s["reason"] == "not_a_prefix" for s in result["harness"]["segments"])

@@ -7,6 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The byte tokenizer spends a token per byte, about four times a real tokenizer's count: 256k of
+# them hold what a server started with a 64k-token window holds, room for Claude Code's system
+# prompt and tools (its first call: 77,955 bytes, version 2.1.197) and a session's history; 32k
+# did not hold that first call.
+DEFAULT_MAX_MODEL_LEN = 262144
+
 
 class FakeOptions(BaseModel):
     """Which real server's behaviour the fake reproduces where they differ."""
@@ -47,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=None, help="Speed factor (0.5: half as fast).")
     parser.add_argument("--capacity", type=int, default=None, help="Sequences decoded at once.")
     parser.add_argument("--model", default="prorl-fake-byte", help="Model name it reports.")
-    parser.add_argument("--max-model-len", type=int, default=32768, help="Context window in tokens.")
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                        help=f"Context window in tokens (default {DEFAULT_MAX_MODEL_LEN}: the byte tokenizer's "
+                             "tokens are bytes).")
     parser.add_argument("--tokenizer", default="byte",
                         help="Tokenizer and chat template: byte (built in) or a Hugging Face name or "
                              "directory (needs transformers).")

@@ -47,7 +47,8 @@ from waitress.task import ThreadedTaskDispatcher, WSGITask
 
 from prorl_celery.fakes.llm.app import CLOSE, SOCKET, create_app
 from prorl_celery.fakes.llm.engine import BatchEngine, LatencyModel
-from prorl_celery.fakes.llm.options import FakeOptions, add_arguments  # noqa: F401  (add_arguments: the CLI's)
+from prorl_celery.fakes.llm.options import (  # noqa: F401  (add_arguments: the CLI's)
+    DEFAULT_MAX_MODEL_LEN, FakeOptions, add_arguments)
 from prorl_celery.fakes.llm.policies import load_policy
 from prorl_celery.fakes.llm.state import BANNER, FakeLLM
 from prorl_celery.llm.tokenizer import get_tokenizer
@@ -140,7 +141,7 @@ class FakeServer:
 
 def make_server(host: str = "127.0.0.1", port: int = 0, policy: str = "echo",
                 latency: LatencyModel | None = None, model: str = "prorl-fake-byte",
-                max_model_len: int = 32768, tokenizer: str = "byte",
+                max_model_len: int = DEFAULT_MAX_MODEL_LEN, tokenizer: str = "byte",
                 options: FakeOptions | None = None) -> tuple[FakeServer, FakeLLM]:
     fake = FakeLLM(load_policy(policy), BatchEngine(latency or LatencyModel()), model, max_model_len,
                    get_tokenizer(tokenizer), options)
