@@ -33,6 +33,9 @@ class ClaudeCode:
     def launch(self, task: HarnessTask, config: ClaudeCodeConfig) -> Launch:
         env = {**gateway_env(task), "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "IS_SANDBOX": "1",
+               # its allocator reserves arenas up front: under a sandbox's address-space cap (a node
+               # without a memory cgroup) an error path then dies of SIGILL instead of failing
+               "MIMALLOC_ARENA_RESERVE": "0",
                "CLAUDE_CONFIG_DIR": f"{HARNESS_DIR}/claude"}
         turns = min(config.max_turns, task.max_calls) if task.max_calls else config.max_turns
         command = (f"{env_prefix(env)} {claude_binary()} -p \"$(cat {HARNESS_DIR}/task.txt)\" "
