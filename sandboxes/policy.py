@@ -65,9 +65,8 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
         raise PolicyDenied(f"sandbox image {image!r} refused: only docker:// and oci: references "
                            "(and image directories) are served; other transports reach hosts or "
                            "host paths the registry allow-list does not cover", field=field)
-    built = _built_images()
-    if os.path.isabs(image) and not _CONTROL.search(image) and _beneath(image, [built], lexical):
-        return image if lexical else os.path.realpath(image)  # an image this node built from a Dockerfile
+    if os.path.isabs(image) and not _CONTROL.search(image) and _beneath(image, _built_images(), lexical):
+        return image if lexical else os.path.realpath(image)  # an image this node built itself
     roots = split_dirs(_settings().sandbox_image_dirs)
     if not roots:
         raise PolicyDenied(f"sandbox image {image!r} refused: no image directories are registered "
@@ -90,12 +89,14 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
     return image if lexical else os.path.realpath(image)
 
 
-def _built_images() -> str:
-    """Where this node's sandbox images built from Dockerfiles are (``image_build_dir``): images
-    the service made itself from the tasks the operator allows, so always allowed as images."""
+def _built_images() -> list[str]:
+    """Where this node's images built by the service itself are: from Dockerfiles of the tasks the
+    operator allows (``image_build_dir``) and from environment recipes (``env_dir``); always
+    allowed as images."""
+    from sandboxes.runtimes.env.build import env_dir
     from sandboxes.runtimes.images.build import build_dir
 
-    return str(build_dir())
+    return [str(build_dir()), str(env_dir())]
 
 
 # -- limits -----------------------------------------------------------------------------------

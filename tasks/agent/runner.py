@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prorl_celery.jobstate import JobState
+from prorl_celery.jobstate import AGENT_KEY, JobState
 from prorl_celery.rollout.results import agent_result_fields
 
 if TYPE_CHECKING:
@@ -53,6 +53,11 @@ class AgentRunner(Protocol):
         ``after_run`` gets it)."""
         ...
 
+    def next_task(self, ctx: StageContext, task: AgentTask) -> None:
+        """Before :meth:`run` again on the next step of a multi-step task (whose instruction
+        ``task.instruction(ctx)`` now gives): the ended run is put behind."""
+        ...
+
     def result_fields(self, state: JobState | Mapping[str, Any]) -> dict[str, Any]:
         """The result's fields of the rollout this runner left in ``state``."""
         ...
@@ -73,6 +78,14 @@ class BuiltinAgent:
         from tasks.agent.config import AgentConfig
 
         return ctx.agent(AgentConfig.model_validate(ctx.sampling_params)).run(task.prompt(ctx))
+
+    def next_task(self, ctx: StageContext, task: AgentTask) -> None:
+        """The same conversation goes on: the next instruction is a new user message after the
+        last turn (the prompt extends the ids generated so far), the episode open again."""
+        episode = ctx.state.setdefault(AGENT_KEY, {})
+        for key in ("finish_reason", "answer", "final_text"):
+            episode.pop(key, None)
+        ctx.transcript.messages.append({"role": "user", "content": task.instruction(ctx)})
 
     def result_fields(self, state: JobState | Mapping[str, Any]) -> dict[str, Any]:
         return agent_result_fields(state)

@@ -178,6 +178,7 @@ class HarborHandler(AgentTaskHandler):
                 return
             block["step"] += 1
             self._prepare_step(ctx, ctx.sandbox, task, task.steps[block["step"]], image)
+            runner.next_task(ctx, self)
             ctx.save()
 
     def eval(self, ctx: StageContext) -> dict[str, Any]:

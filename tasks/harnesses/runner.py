@@ -34,6 +34,12 @@ class HarnessRunner:
 
         return run_harness(ctx, task.instruction(ctx))
 
+    def next_task(self, ctx: StageContext, task: AgentTask) -> None:
+        """A new session on the next instruction; the ended run's block is kept in ``harness_steps``."""
+        if ctx.state.harness:
+            ctx.state.setdefault("harness_steps", []).append(ctx.state.harness)
+            ctx.state.harness = None
+
     def result_fields(self, state: JobState | Mapping[str, Any]) -> dict[str, Any]:
         return harness_result_fields(state)
 

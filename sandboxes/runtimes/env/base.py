@@ -31,9 +31,12 @@ BUILD_PACKAGES = ("build-essential", "python3-dev")  # taken when installed: a n
 SKIP_PREFIXES = ("/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/locale",
                  "/usr/share/lintian", "/usr/share/bug")
 SKIP_FILES = {"EXTERNALLY-MANAGED"}  # the image's Python is ours to install into
-MOUNT_POINTS = ("proc", "dev", "tmp", "root", "workspace", "usr/local", "var/tmp")
+# the node's directories sandboxes bind over a read-only image (sandboxes/runtimes/rootfs.py): the
+# harness root and the gateway's sockets (a harness runs in a built environment), the verifier tools
+MOUNT_POINTS = ("proc", "dev", "tmp", "root", "workspace", "usr/local", "var/tmp", "opt/prorl-harnesses",
+                "run/prorl-gateway", "opt/prorl-tools")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-LAYER_VERSION = "1"
+LAYER_VERSION = "2"  # 2: the harness, gateway and tools mount points
 
 
 def _query(*args: str) -> str:
