@@ -90,13 +90,10 @@ def check_image(image: str | None, field: str = "spec.image", lexical: bool = Fa
 
 
 def _built_images() -> list[str]:
-    """Where this node's images built by the service itself are: from Dockerfiles of the tasks the
-    operator allows (``image_build_dir``) and from environment recipes (``env_dir``); always
-    allowed as images."""
-    from sandboxes.runtimes.env.build import env_dir
-    from sandboxes.runtimes.images.build import build_dir
+    """Where this node's images built by the service itself are (:func:`sandboxes.dirs.built_image_dirs`)."""
+    from sandboxes.dirs import built_image_dirs
 
-    return [str(build_dir()), str(env_dir())]
+    return built_image_dirs()
 
 
 # -- limits -----------------------------------------------------------------------------------

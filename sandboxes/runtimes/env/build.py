@@ -63,11 +63,9 @@ def _settings():
 def env_dir() -> Path:
     """``env_dir``, or its default: root's home is closed to the sandbox uids, so a root host
     keeps environments in /var/cache."""
-    configured = _settings().env_dir
-    if configured:
-        return Path(os.path.expanduser(configured))
-    return Path("/var/cache/prorl-celery/envs") if os.geteuid() == 0 else \
-        Path.home() / ".cache" / "prorl-celery" / "envs"
+    from sandboxes import dirs
+
+    return dirs.env_dir()
 
 
 def _make_root(root: Path) -> None:

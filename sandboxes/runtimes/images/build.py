@@ -76,11 +76,9 @@ def _settings():
 def build_dir() -> Path:
     """``image_build_dir``, or its default (a root host's in /var/cache: the build and sandbox
     uids cannot enter root's home)."""
-    configured = _settings().image_build_dir
-    if configured:
-        return Path(os.path.expanduser(configured))
-    return Path("/var/cache/prorl-celery/built-images") if os.geteuid() == 0 else \
-        Path.home() / ".cache" / "prorl-celery" / "built-images"
+    from sandboxes.dirs import image_build_dir
+
+    return image_build_dir()
 
 
 def _make_dir(root: Path) -> None:
