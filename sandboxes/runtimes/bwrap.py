@@ -160,7 +160,7 @@ class BwrapSandbox(ShellSandbox):
                 require_network()
             self.shell = BwrapShell(self._argv(uid), cwd="/", env=HOST_ENV,
                                     limits=self._limits.rlimits(spec.limits), guarded=False,
-                                    inner_env=spec.env, network=spec.network,
+                                    inner_env=spec.env, network=spec.network, low_ports=self._root is not None,
                                     pass_fds=(self._root.fd,) if self._root else ())
             self.shell.cgroup_kill = self._limits.kill_except
         except BaseException:

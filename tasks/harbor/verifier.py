@@ -78,7 +78,7 @@ def test_command(step: Step, workdir: str) -> str:
 
 def grade(box: Any, step: Step, workdir: str, timeout: float) -> dict[str, Any]:
     """Run the step's test.sh in ``box`` (its files in place), then kill everything in it and read
-    what the verifier wrote. Returns ``{rewards, reward, test_exit, output}`` (``tampered``: a
+    what the verifier wrote. Returns ``{rewards, reward, test_exit, output, test_s}`` (``tampered``: a
     reward file written after test.sh had ended, by something it left running: no reward); the
     sandbox is closed."""
     out = box.exec(test_command(step, workdir), timeout=timeout)
@@ -94,12 +94,14 @@ def grade(box: Any, step: Step, workdir: str, timeout: float) -> dict[str, Any]:
     late = [p for p in done.rewritten if p in paths[:2]]
     if late:
         return {"rewards": {"reward": 0.0}, "reward": 0.0, "test_exit": test_exit, "output": output,
+                "test_s": round(out.duration_s, 3),
                 "tampered": f"{', '.join(late)} written after test.sh ended (by a process it left running)"}
     try:
         rewards = parse_rewards(files.get(REWARD_TXT), files.get(REWARD_JSON))
     except VerifierFailed as exc:
         raise VerifierNoReward(f"{exc} (test.sh exit {test_exit}); its output's tail: {output[-1000:]}") from None
-    return {"rewards": rewards, "reward": headline(rewards), "test_exit": test_exit, "output": output}
+    return {"rewards": rewards, "reward": headline(rewards), "test_exit": test_exit, "output": output,
+            "test_s": round(out.duration_s, 3)}
 
 
 def min_reward_failure(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> str | None:

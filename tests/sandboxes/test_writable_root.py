@@ -188,6 +188,24 @@ def test_finish_reads_only_once_every_process_is_dead(images, sandbox_root):
         box.exec("true")
 
 
+def test_finish_names_a_file_rewritten_while_it_settles(images, sandbox_root):
+    box = open_box(images, sandbox_root)
+    box.exec("mkdir -p /logs/verifier; echo 0 > /logs/verifier/done.txt; "
+             "(while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done) > /dev/null 2>&1 &")
+    done = box.finish(["/logs/verifier/reward.txt", "/logs/verifier/done.txt"], 1 << 20, settle_s=0.3)
+    assert done.rewritten == ["/logs/verifier/reward.txt"]  # the file nobody wrote any more is not named
+    assert done.mtimes_ns["/logs/verifier/done.txt"] <= done.killed_at_ns
+
+
+def test_a_writable_root_may_listen_on_a_low_port_of_its_own_namespace(images, sandbox_root):
+    box = open_box(images, sandbox_root)
+    out = box.exec("cat /proc/sys/net/ipv4/ip_unprivileged_port_start")  # the image has no listener to try
+    assert out.output.strip() == "0", out.output
+    with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:  # the node's own is untouched
+        assert int(f.read()) > 0
+    box.close()
+
+
 def test_gateway_dir_and_harness_root_reach_image_roots(images, sandbox_root, monkeypatch):
     run = Path(tempfile.mkdtemp(prefix="prorl-test-node-", dir="/run"))
     gateways, harnesses = run / "gw", run / "harnesses"

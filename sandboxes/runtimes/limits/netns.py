@@ -192,6 +192,21 @@ def _ns_args(netns: int, userns: int | None, *, nsenter: bool) -> list[str]:
     return ["--netns-type=path", *user, f"/proc/self/fd/{netns}"]
 
 
+def open_low_ports(init_pid: int) -> None:
+    """Let the sandbox's processes listen on ports below 1024 in the sandbox's own network
+    namespace (``ip_unprivileged_port_start`` is per namespace), as a container's root can: an
+    image's service (a web server on port 80) works. Only a root host can set it; elsewhere it is
+    left as it is. Nothing beyond the sandbox's namespace changes."""
+    if os.geteuid() != 0 or not tool("nsenter"):
+        return
+    argv = [tool("nsenter"), f"--net=/proc/{init_pid}/ns/net", "--", "/bin/sh", "-c",
+            "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"]
+    done = subprocess.run(argv, capture_output=True, env=HELPER_ENV, timeout=10, cwd="/")
+    if done.returncode != 0:
+        raise SandboxError(f"could not open low ports in the sandbox's network namespace: "
+                           f"{done.stderr.decode(errors='replace')[-300:]}")
+
+
 def apply_rules(netns: int, userns: int | None, rules: str) -> None:
     fds = (netns,) + ((userns,) if userns else ())
     argv = [tool("nsenter"), *_ns_args(netns, userns, nsenter=True), tool("nft"), "-f", "-"]

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from typing import Any
 
-from sandboxes.runtimes.limits.netns import UserNet, attach
+from sandboxes.runtimes.limits.netns import UserNet, attach, open_low_ports
 from sandboxes.runtimes.procs import child_pids, kill_descendants
 from sandboxes.runtimes.shell.persistent import PersistentShell
 from sandboxes.runtimes.shell.script import shell_quote
@@ -29,9 +29,10 @@ class BwrapShell(PersistentShell):
     cgroup_kill: Any = None  # SandboxCgroup.kill_except, where the sandbox has a cgroup
 
     def __init__(self, argv: list[str], *, inner_env: dict[str, str] | None = None,
-                 network: bool = False, **kwargs: Any):
+                 network: bool = False, low_ports: bool = False, **kwargs: Any):
         self.inner_env = dict(inner_env or {})
         self.network = network
+        self.low_ports = low_ports
         super().__init__(argv, **kwargs)
 
     @property
@@ -62,6 +63,8 @@ class BwrapShell(PersistentShell):
             self._init_fd = os.pidfd_open(self._init_pid)
         except OSError:  # kernel < 5.3: signal by pid while the outer bwrap still runs
             self._init_fd = None
+        if self.low_ports:  # an image's service may listen on port 80, as in its container
+            open_low_ports(self._init_pid)
         if self.network:  # before any command ran in it: not usable without its network
             self.net = attach(self._init_pid, self._init_fd)
 
