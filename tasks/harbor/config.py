@@ -31,8 +31,11 @@ class Author(_Model):
     email: str | None = None
 
 
-class PackageInfo(_Model):
-    """``[task]``: recorded in the result (``harbor.task``)."""
+class PackageInfo(BaseModel):
+    """``[task]``: recorded in the result (``harbor.task``). Descriptive only, so keys of a task
+    author's own (``format``, ``workstream``, ...) are kept and recorded: nothing to honour."""
+
+    model_config = ConfigDict(extra="allow")
 
     name: str
     version: str | None = None
