@@ -26,11 +26,11 @@ from tests.conftest import submit
 from tests.harbor.test_harbor_e2e import FORGERIES, NOOP, ORACLE, command
 
 SET_DIR = os.environ.get("PRORL_HARBOR_SET")
-pytestmark = [pytest.mark.harbor, pytest.mark.skipif(
-    not SET_DIR, reason="PRORL_HARBOR_SET is unset: run scripts/fetch-harbor-set.sh and set it to the directory printed")]
+WAIT_S = 2400.0  # everything submitted at once: first builds, then 7 jobs a task on 2 cores
+UNSET = "PRORL_HARBOR_SET is unset: run scripts/fetch-harbor-set.sh and set it to the directory printed"
+pytestmark = [pytest.mark.harbor, pytest.mark.timeout(int(WAIT_S) + 600), pytest.mark.skipif(not SET_DIR, reason=UNSET)]
 SPEC = json.loads((Path(__file__).with_name("harbor_set.json")).read_text())
-TASKS = [t for t in SPEC["tasks"] if not t.get("left_out")]
-WAIT_S = 2400.0  # everything submitted at once: first builds, then ~7 jobs a task on 2 cores
+TASKS = SPEC["tasks"]
 
 PASS_ALL = ("import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
             "    rep = (yield).get_result()\\n    rep.outcome = \"passed\"\\n    rep.longrepr = None\\n")
@@ -62,8 +62,9 @@ def _row(job: dict) -> dict:
     out = job.get("result") or {}
     harbor = out.get("harbor") or {}
     step = (harbor.get("steps") or [{}])[-1]
+    image = harbor.get("image") or {}
     return {"status": job.get("status"), "reward": out.get("reward"), "error": out.get("error"),
-            "build_s": (harbor.get("image") or {}).get("build_s"), "tampered": harbor.get("tampered"),
+            "build_s": image.get("build_s"), "image": image.get("key"), "tampered": harbor.get("tampered"),
             "output": str(step.get("output", ""))[-1500:]}
 
 
