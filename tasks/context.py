@@ -183,6 +183,31 @@ class StageContext:
             self.state.sandbox = sandbox_block(box.entry)
         return box
 
+    def open_aux_sandbox(self, spec: SandboxSpec):
+        """A second sandbox the job holds beside its own (a grader's, while the agent's must stay):
+        recorded in the job's sandbox handle (``aux``) before it is used, so the sweep keeps it;
+        :meth:`close_aux_sandbox` closes and forgets it."""
+        from sandboxes.policy import clamp_spec
+
+        box, waited = self.provider.open(clamp_spec(spec), self.job_id, budget_s=self.remaining(), check=self.check)
+        self.state.init_wait_s = round((self.state.init_wait_s or 0.0) + waited, 3)
+        self._set_aux([*self.record.sandbox.get("aux", []), box.handle.sandbox_id], box)
+        return box
+
+    def close_aux_sandbox(self, box) -> None:
+        self.provider.close(box.handle)
+        self._set_aux([i for i in self.record.sandbox.get("aux", []) if i != box.handle.sandbox_id])
+
+    def _set_aux(self, aux: list[str], opened=None) -> None:
+        handle = {**self.record.sandbox, "aux": aux}
+        ok, _ = self.store.transition(self.job_id, None, sources=[self.stage],
+                                      expect={"attempt": self.record.attempt}, sandbox=handle)
+        if not ok:
+            if opened is not None:
+                self.provider.close(opened.handle)
+            raise JobCancelled(f"job {self.job_id} ended while it held a second sandbox")
+        self.record.sandbox = handle
+
     def close_sandbox(self) -> bool:
         """Close the job's sandbox if it has one (the provider's close: never raises, closing
         twice is harmless); True if this call closed it. The record keeps the handle: the result

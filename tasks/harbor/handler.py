@@ -5,8 +5,8 @@ rootfs without a Docker daemon, once per content hash) and opens the agent's san
 writable root, the task's working directory, env, resources and network (the task asks; the
 operator's ``harbor_allow_internet`` grants), then prepares the first step. run runs the
 instance's agent (the built-in one, or any harness: ``oracle`` runs the step's ``solve.sh``) on
-each step's instruction; between steps of a multi-step task the step is graded (below) and a
-``min_reward`` it misses ends the task. eval grades the last step and rolls the steps' rewards up
+each step's instruction and grades each step as it ends, while the agent's sandbox is the stage's
+own (a ``min_reward`` a step misses ends the task); eval rolls the steps' rewards up
 (``multi_step_reward_strategy``: mean or final).
 
 Grading (:mod:`tasks.harbor.verifier`): the agent's changes beneath the working directory, taken
@@ -170,11 +170,11 @@ class HarborHandler(AgentTaskHandler):
                 with _wall(ctx, step):
                     runner.run(ctx, self)
             ctx.save()
-            if block["step"] == len(task.steps) - 1:
-                return
-            graded = self._grade(ctx, task, step, image, final=False)
-            block["steps"].append(graded)
-            if graded.get("stopped"):
+            last = block["step"] == len(task.steps) - 1
+            if len(block["steps"]) <= block["step"]:  # graded while the agent's sandbox is the stage's
+                block["steps"].append(self._grade(ctx, task, step, image, last=last))
+                ctx.save()
+            if last or block["steps"][-1].get("stopped"):
                 return
             block["step"] += 1
             self._prepare_step(ctx, ctx.sandbox, task, task.steps[block["step"]], image)
@@ -184,8 +184,8 @@ class HarborHandler(AgentTaskHandler):
     def eval(self, ctx: StageContext) -> dict[str, Any]:
         task = task_of(ctx.instance)
         block = self._block(ctx)
-        if len(block["steps"]) <= block["step"]:
-            block["steps"].append(self._grade(ctx, task, task.steps[block["step"]], block["image"], final=True))
+        if len(block["steps"]) <= block["step"]:  # a run stage that ended before grading its step
+            block["steps"].append(self._grade(ctx, task, task.steps[block["step"]], block["image"], last=True))
         rewards = verifier.roll_up(block["steps"], task.strategy())
         tampered = [s["name"] for s in block["steps"] if s.get("tampered")]
         reward = 0.0 if tampered or not rewards else verifier.headline(rewards)
@@ -194,7 +194,10 @@ class HarborHandler(AgentTaskHandler):
                            "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
 
     # -- grading -------------------------------------------------------------------------------
-    def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], final: bool) -> dict[str, Any]:
+    def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], last: bool) -> dict[str, Any]:
+        """The step graded in a fresh sandbox of the image (or, in the operator's shared mode, in
+        the agent's own), in the stage that ran the agent: its sandbox is alive and leased then
+        (a job waiting for an eval worker holds no lease on it)."""
         settings = get_settings()
         workdir = self._workdir(task, image)
         agent_box = ctx.sandbox
@@ -208,21 +211,21 @@ class HarborHandler(AgentTaskHandler):
             tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024) if carried else b""
             network = wants_internet(task.config, task.config.verifier) and settings.harbor_verifier_network
             spec = self._spec(ctx, task, image, network, env=_tools_env(image))
-            box = ctx.open_sandbox(spec) if final else ctx.provider.open(spec, ctx.job_id, budget_s=ctx.remaining(),
-                                                                         check=ctx.check)[0]
+            box = ctx.open_aux_sandbox(spec)
             _entrypoint(box, image)
             if tar:
                 files.put_tar(box, tar, "/", mount=files.mount_of(box))
         try:
             box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier", timeout=30)
             files.put_dirs(box, step.tests, "/tests", mount=files.mount_of(box))
-            graded = verifier.grade(box, step, workdir, timeout)
+            with _kept(agent_box):  # idle while graded: its lease would lapse
+                graded = verifier.grade(box, step, workdir, timeout, shared=shared)
         finally:
-            if not shared and not final:
-                ctx.provider.close(box.handle)
+            if not shared:
+                ctx.close_aux_sandbox(box)
         graded.update(name=step.name, mode="shared" if shared else "separate", artifacts=artifacts)
         why = verifier.min_reward_failure(graded["rewards"], step.min_reward)
-        if why and not final:
+        if why and not last:
             graded["stopped"] = why
         if task.config.verifier.environment_mode == "shared" and not shared:
             graded["mode_note"] = "the task asked for shared; graded separately (harbor_shared_verifier is off)"
@@ -270,6 +273,30 @@ def _artifacts(box: Any, step: Step) -> dict[str, Any]:
         return files.members(box.export_tree(sources, 16 * 1024 * 1024), files.TEXT_LIMIT)
     except Exception as exc:  # noqa: BLE001 - an artifact missing is no fault of the grade
         return {"error": str(exc)[:300]}
+
+
+class _kept:
+    """The sandbox's lease renewed every 20 s while the block runs (the host kills one unused
+    for ``sandbox_lease_s``)."""
+
+    def __init__(self, box: Any):
+        import threading
+
+        self.box, self.stop = box, threading.Event()
+        self.thread = threading.Thread(target=self._renew, name="harbor-keep", daemon=True)
+
+    def _renew(self) -> None:
+        while not self.stop.wait(20.0):
+            try:
+                self.box.renew()
+            except Exception:  # noqa: BLE001 - a lapsed lease shows when the sandbox is used next
+                return
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
 
 
 def _harness_class(instance: dict[str, Any]):

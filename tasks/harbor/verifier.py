@@ -19,6 +19,7 @@ the trainer would learn from.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shlex
@@ -76,14 +77,26 @@ def test_command(step: Step, workdir: str) -> str:
             "echo \"exit $?\"")
 
 
-def grade(box: Any, step: Step, workdir: str, timeout: float) -> dict[str, Any]:
+def _read_shared(box: Any, paths: list[str]) -> Any:
+    """The files as the shared sandbox's own shell reads them (the operator trusts that mode)."""
+    from sandboxes.protocol import FinishResponse
+
+    files: dict[str, bytes | None] = {}
+    for path in paths:
+        out = box.exec(f"base64 -w0 {shlex.quote(path)} 2>/dev/null || echo MISSING", timeout=30)
+        text = out.output.strip()
+        files[path] = None if text.endswith("MISSING") else base64.b64decode(text or b"")
+    return FinishResponse(files=files)
+
+
+def grade(box: Any, step: Step, workdir: str, timeout: float, shared: bool = False) -> dict[str, Any]:
     """Run the step's test.sh in ``box`` (its files in place), then kill everything in it and read
     what the verifier wrote. Returns ``{rewards, reward, test_exit, output, test_s}`` (``tampered``: a
     reward file written after test.sh had ended, by something it left running: no reward); the
     sandbox is closed."""
     out = box.exec(test_command(step, workdir), timeout=timeout)
     paths = [REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"]
-    done = box.finish(paths, READ_CAP, settle_s=SETTLE_S)
+    done = _read_shared(box, paths) if shared else box.finish(paths, READ_CAP, settle_s=SETTLE_S)
     files = done.files
     output = (files.get("/logs/verifier/test-stdout.txt") or b"")[-OUTPUT_TAIL:].decode(errors="replace")
     if out.timed_out:

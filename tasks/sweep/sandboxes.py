@@ -6,7 +6,8 @@
   ``critical_error="sandbox"`` once its attempts are used up.
 - Every live host is asked for its sandboxes; one is closed when its job is terminal or unknown,
   or (after a grace of one stage lease, which covers a sandbox whose init has not yet recorded
-  it) when its job points at another sandbox or its lease is long past.
+  it) when its job points at another sandbox (neither its own nor one it holds beside it: ``aux``)
+  or its lease is long past.
 - Every live host is asked for its node's strays, what a runtime runs outside any host
   (Apptainer's instances: :meth:`~sandboxes.base.SandboxRuntime.strays`); those whose job is
   terminal or unknown are stopped by that host. The sweep imports no runtime: the node it runs
@@ -79,7 +80,8 @@ def doomed(entry: SandboxEntry, record: JobRecord | None, now: float, grace_s: f
         return f"its job is {record.status.value}"
     if now - entry.created_at < grace_s:
         return None
-    if not record.sandbox or record.sandbox.get("sandbox_id") != entry.sandbox_id:
+    held = [record.sandbox.get("sandbox_id"), *record.sandbox.get("aux", [])] if record.sandbox else []
+    if entry.sandbox_id not in held:  # its own, or a second one it holds (a grader's: aux)
         return "its job uses another sandbox"
     if now > entry.expires_at + grace_s:
         return "its lease is long past"

@@ -9,6 +9,7 @@ behind to rewrite the reward after the test wrote it.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -103,7 +104,7 @@ def test_a_forging_agent_earns_nothing(api, name):
 
 def test_the_uvx_graded_task_grades_here_offline_but_for_the_registries(api):
     out = result(run(api, "wordcount", ORACLE))
-    assert out["reward"] == 1.0, out["harbor"]["steps"][0].get("output", "")[-2000:]
+    assert out["reward"] == 1.0, json.dumps({k: v for k, v in out["harbor"]["steps"][0].items() if k != "artifacts"})
 
 
 def test_a_verifier_that_runs_past_its_timeout_is_a_fault_not_a_zero(api, tmp_path):
@@ -113,7 +114,7 @@ def test_a_verifier_that_runs_past_its_timeout_is_a_fault_not_a_zero(api, tmp_pa
     (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 30\necho 1 > /logs/verifier/reward.txt\n")
     job = run(api, task, ORACLE)
     assert job["status"] == "failed" and job["result"]["error"]["type"] == "verifier_timeout"
-    assert job["result"]["critical_error"] == "eval"
+    assert job["result"]["critical_error"] == "run"  # each step is graded in the stage that ran its agent
 
 
 def test_bad_tasks_and_agent_blocks_are_refused_at_submission_naming_the_field(api, tmp_path):

@@ -56,6 +56,17 @@ def test_sandboxes_whose_job_ended_vanished_or_moved_on_are_closed(start_host, s
     assert sweep_sandboxes(store, now=later)["sandboxes_closed"] == []
 
 
+def test_a_second_sandbox_a_job_holds_beside_its_own_is_kept(start_host, store):
+    host = start_host(runtime="local")
+    own, grader, other = create(host, "job-two"), create(host, "job-two"), create(host, "job-two")
+    running_job(store, "job-two", own)
+    handle = {**own.handle.model_dump(), "aux": [grader.handle.sandbox_id]}  # as StageContext.open_aux_sandbox
+    store.transition("job-two", None, sandbox=handle)
+    later = time.time() + get_settings().stage_lease_s + 1
+    assert sweep_sandboxes(store, now=later)["sandboxes_closed"] == [f"{host.host_id}/{other.handle.sandbox_id}"]
+    assert grader.exec("echo kept").output == "kept\n" and own.exec("echo kept").output == "kept\n"
+
+
 def test_a_host_that_stopped_beating_is_dead_and_its_jobs_run_again(start_host, store, redis_client,
                                                                    redis_url):
     """redis_url: the broker the job's new init message goes to (tasks/retry.py)."""
