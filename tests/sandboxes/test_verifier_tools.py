@@ -327,7 +327,9 @@ def real_toolkit() -> Path:
 
 def grade(box, test_file: str) -> tuple[str, float, str]:
     """(reward.txt, seconds, output) of the cookbook script on ``test_file``."""
-    box.exec("rm -rf /workspace/logs && mkdir -p /workspace/tests /workspace/logs/verifier")
+    # the two test files have one size: within one second, the first one's cached bytecode would be
+    # taken for the second (pytest's rewrite cache keys on mtime and size), as in a fresh verifier never
+    box.exec("rm -rf /workspace/logs /workspace/tests/__pycache__ && mkdir -p /workspace/tests /workspace/logs/verifier")
     box.write_file("/workspace/tests/test.sh", COOKBOOK_TEST_SH.encode())
     box.write_file("/workspace/tests/test_state.py", test_file.encode())
     started = time.monotonic()
