@@ -41,7 +41,7 @@ def builds(tasks: list[str], root: Path) -> dict[str, float]:
     """Seconds of the base, of each task's image on it, and of each found built."""
     from sandboxes.runtimes.images import bases
     from sandboxes.runtimes.images.build import ensure_built
-    from tasks.harbor.handler import _from_only
+    from tasks.harbor.boxes import from_only
     from tasks.harbor.task import read
 
     started = time.monotonic()
@@ -52,7 +52,7 @@ def builds(tasks: list[str], root: Path) -> dict[str, float]:
     for name in tasks:
         task = read(EXAMPLES / name)
         dockerfile = task.environment / "Dockerfile"
-        contexts[name] = task.environment if dockerfile.is_file() else _from_only(task.config.environment.docker_image)
+        contexts[name] = task.environment if dockerfile.is_file() else from_only(task.config.environment.docker_image)
     for name, context in contexts.items():
         started = time.monotonic()
         ensure_built(context, timeout_s=900, root=root)

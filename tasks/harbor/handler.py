@@ -30,7 +30,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import files
+from tasks.harbor import boxes, files
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import verifier
@@ -91,7 +91,7 @@ class HarborHandler(AgentTaskHandler):
         started = time.monotonic()
         env = task.config.environment
         dockerfile = task.environment / "Dockerfile"
-        context = task.environment if dockerfile.is_file() else _from_only(env.docker_image)
+        context = task.environment if dockerfile.is_file() else boxes.from_only(env.docker_image)
         built = ensure_built(context, timeout_s=env.build_timeout_sec)
         waited = time.monotonic() - started
         ctx.deadline += waited  # like an image pull: the build is waited out, not charged
@@ -124,7 +124,7 @@ class HarborHandler(AgentTaskHandler):
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
         box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
-        _entrypoint(box, image)
+        boxes.entrypoint(box, image)
         block = self._block(ctx)
         block.update(task=task.name, steps=[], step=block.get("step", 0),
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
@@ -142,7 +142,7 @@ class HarborHandler(AgentTaskHandler):
                 if out.exit_code != 0:
                     raise RuntimeError(f"step {step.name}: workdir/setup.sh failed (exit {out.exit_code}): "
                                        f"{out.output[-1000:]}")
-        if step.solution is not None and getattr(_harness_class(ctx.instance), "reads_solution", False):
+        if step.solution is not None and getattr(boxes.harness_class(ctx.instance), "reads_solution", False):
             box.exec("rm -rf /solution", timeout=30)
             files.put_dirs(box, [step.solution], "/solution", mount=mount)
             env = task.config.solution.env
@@ -151,7 +151,7 @@ class HarborHandler(AgentTaskHandler):
                                                               for k, v in env.items()).encode())
                 box.exec(f"mv {shlex.quote(mount + '/.prorl-solution-env')} /solution/.prorl-env", timeout=30)
         if step.healthcheck is not None:
-            _healthcheck(ctx, box, step)
+            boxes.healthcheck(ctx, box, step)
 
     # -- run: the agent on each step, steps graded between ----------------------------------
     def run(self, ctx: StageContext) -> None:
@@ -167,7 +167,7 @@ class HarborHandler(AgentTaskHandler):
             outcome = runner.resume(ctx, self) if ctx.resumed else None
             ctx.resumed = False
             if outcome is None:
-                with _wall(ctx, step):
+                with boxes.wall(ctx, step):
                     runner.run(ctx, self)
             ctx.save()
             last = block["step"] == len(task.steps) - 1
@@ -201,7 +201,7 @@ class HarborHandler(AgentTaskHandler):
         settings = get_settings()
         workdir = self._workdir(task, image)
         agent_box = ctx.sandbox
-        artifacts = _artifacts(agent_box, step)
+        artifacts = boxes.artifacts(agent_box, step)
         shared = task.config.verifier.environment_mode == "shared" and settings.harbor_shared_verifier
         timeout = max(1.0, min(step.verifier_timeout_s, ctx.remaining() - 5))
         if shared:
@@ -210,15 +210,15 @@ class HarborHandler(AgentTaskHandler):
             carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
             tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024) if carried else b""
             network = wants_internet(task.config, task.config.verifier) and settings.harbor_verifier_network
-            spec = self._spec(ctx, task, image, network, env=_tools_env(image))
+            spec = self._spec(ctx, task, image, network, env=boxes.tools_env(image))
             box = ctx.open_aux_sandbox(spec)
-            _entrypoint(box, image)
+            boxes.entrypoint(box, image)
             if tar:
                 files.put_tar(box, tar, "/", mount=files.mount_of(box))
         try:
             box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier", timeout=30)
             files.put_dirs(box, step.tests, "/tests", mount=files.mount_of(box))
-            with _kept(agent_box):  # idle while graded: its lease would lapse
+            with boxes.kept(agent_box):  # idle while graded: its lease would lapse
                 graded = verifier.grade(box, step, workdir, timeout, shared=shared)
         finally:
             if not shared:
@@ -230,114 +230,3 @@ class HarborHandler(AgentTaskHandler):
         if task.config.verifier.environment_mode == "shared" and not shared:
             graded["mode_note"] = "the task asked for shared; graded separately (harbor_shared_verifier is off)"
         return graded
-
-
-def _tools_env(image: dict[str, Any]) -> dict[str, str]:
-    """The verifier's variables for the node's toolkit (uv, its installer served offline), built
-    here once per node: PATH with it first, its trust store for the registries' clients."""
-    from sandboxes.runtimes.images import verifier_tools
-
-    path = (image.get("env") or {}).get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    return verifier_tools.sandbox_env(verifier_tools.ensure_tools(), path)
-
-
-def _from_only(ref: str | None):
-    """A build context whose Dockerfile is ``FROM ref`` ([environment] docker_image without a Dockerfile)."""
-    import hashlib
-
-    from sandboxes.runtimes.images.build import build_dir
-
-    context = build_dir() / "from-only" / hashlib.sha256(str(ref).encode()).hexdigest()[:24]
-    context.mkdir(parents=True, exist_ok=True)
-    dockerfile = context / "Dockerfile"
-    if not dockerfile.is_file():
-        dockerfile.write_text(f"FROM {ref}\n")
-    return context
-
-
-def _entrypoint(box: Any, image: dict[str, Any]) -> None:
-    """The image's ENTRYPOINT started as a container's is under Harbor (its command ``sh -c
-    'sleep infinity'``), in the background; its output in /logs/entrypoint.log."""
-    entry = image.get("entrypoint")
-    if not entry:
-        return
-    argv = " ".join(shlex.quote(a) for a in [*entry, "sh", "-c", "sleep infinity"])
-    box.exec(f"mkdir -p /logs; (setsid {argv} </dev/null >/logs/entrypoint.log 2>&1 &) ; sleep 0.5", timeout=30)
-
-
-def _artifacts(box: Any, step: Step) -> dict[str, Any]:
-    sources = [a.source for a in step.artifacts if a.source.startswith("/")]
-    if not sources:
-        return {}
-    try:
-        return files.members(box.export_tree(sources, 16 * 1024 * 1024), files.TEXT_LIMIT)
-    except Exception as exc:  # noqa: BLE001 - an artifact missing is no fault of the grade
-        return {"error": str(exc)[:300]}
-
-
-class _kept:
-    """The sandbox's lease renewed every 20 s while the block runs (the host kills one unused
-    for ``sandbox_lease_s``)."""
-
-    def __init__(self, box: Any):
-        import threading
-
-        self.box, self.stop = box, threading.Event()
-        self.thread = threading.Thread(target=self._renew, name="harbor-keep", daemon=True)
-
-    def _renew(self) -> None:
-        while not self.stop.wait(20.0):
-            try:
-                self.box.renew()
-            except Exception:  # noqa: BLE001 - a lapsed lease shows when the sandbox is used next
-                return
-
-    def __enter__(self) -> None:
-        self.thread.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-
-
-def _harness_class(instance: dict[str, Any]):
-    from tasks.harnesses import HARNESSES, is_harness_agent
-
-    return HARNESSES.load(instance["agent"]["harness"]) if is_harness_agent(instance) else None
-
-
-class _wall:
-    """The step's ``[agent] timeout_sec`` as the harness's wall time while it runs."""
-
-    def __init__(self, ctx: StageContext, step: Step):
-        self.agent = ctx.instance.get("agent") if isinstance(ctx.instance.get("agent"), dict) else None
-        self.limit = step.agent_timeout_s
-        self.before = self.agent.get("wall_s") if self.agent else None
-
-    def __enter__(self) -> None:
-        if self.agent is not None and self.limit:
-            self.agent["wall_s"] = min(self.limit, self.before or self.limit)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.agent is not None and self.limit:
-            if self.before is None:
-                self.agent.pop("wall_s", None)
-            else:
-                self.agent["wall_s"] = self.before
-
-
-def _healthcheck(ctx: StageContext, box: Any, step: Step) -> None:
-    """Docker HEALTHCHECK's polling: healthy at the first success; ``retries`` failures in a row
-    after the start period are an init fault."""
-    check = step.healthcheck
-    started, failures = time.monotonic(), 0
-    while True:
-        out = box.exec(check.command, timeout=check.timeout_sec)
-        if out.exit_code == 0:
-            return
-        in_start = time.monotonic() - started < check.start_period_sec
-        failures += 0 if in_start else 1
-        if failures >= check.retries:
-            raise RuntimeError(f"step {step.name}: healthcheck {check.command!r} failed {failures} times: "
-                               f"{out.output[-500:]}")
-        ctx.check()
-        time.sleep(check.start_interval_sec if in_start else check.interval_sec)

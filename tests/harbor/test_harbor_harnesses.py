@@ -17,10 +17,9 @@ from tasks.harnesses.codex import codex_binary
 from tasks.harnesses.mini_swe_agent import mini_binary
 from tests.conftest import ROOT, submit, wait
 from tests.harbor.test_harbor_e2e import run
-from tests.harnesses.test_mini_swe_agent import _served, generated
+from tests.harnesses.test_mini_swe_agent import _served, generated, oracle_llm  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.harbor
-ORACLE = ["--policy", "oracle:prorl_celery.fakes.harness_oracle:reply", "--latency-model", "none"]
 
 
 def _installed(binary: str, what: str):
@@ -36,17 +35,6 @@ HARNESSES = [
     pytest.param({"harness": "codex", "max_calls": 20, "wall_s": 300}, id="codex",
                  marks=[pytest.mark.harness, _installed(codex_binary(), "Codex")]),
 ]
-
-
-@pytest.fixture(scope="module")
-def oracle_llm(stack, api):
-    requests.post(f"{api}/clear_llm_server", timeout=10)
-    url = stack.start_fake_llm(name="fake-harbor-oracle", extra_args=ORACLE)
-    resp = requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake",
-                                                      "weight_version": "w1"}, timeout=10)
-    assert resp.status_code == 201, resp.text
-    yield url
-    requests.post(f"{api}/clear_llm_server", timeout=10)
 
 
 def _exact(result: dict, url: str, since: int) -> None:

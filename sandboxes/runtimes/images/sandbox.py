@@ -77,23 +77,12 @@ def identity() -> Identity:
 
 def _userns(owner: int, base: int) -> int:
     """A user namespace owned by ``owner`` mapping 0-65535 to ``base``..: the fd that holds it."""
-    holder = subprocess.Popen([shutil.which("setpriv") or "setpriv", f"--reuid={owner}", f"--regid={owner}",
-                               "--clear-groups", "--", shutil.which("unshare") or "unshare", "--user", "--",
-                               "sleep", "60"], stdin=subprocess.DEVNULL, start_new_session=True)
+    from sandboxes.runtimes.limits.idmap import userns_fd
+
     try:
-        mine = os.stat("/proc/self/ns/user").st_ino
-        deadline = time.monotonic() + 10
-        while os.stat(f"/proc/{holder.pid}/ns/user").st_ino == mine:
-            if time.monotonic() > deadline or holder.poll() is not None:
-                raise ImageBuildFailed("could not make the build's user namespace (unshare --user)")
-            time.sleep(0.005)
-        for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{holder.pid}/{name}", "w") as fh:
-                fh.write(f"0 {base} {ID_COUNT}\n")
-        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        holder.kill()
-        holder.wait()
+        return userns_fd(base, ID_COUNT, owner=owner)
+    except OSError as exc:
+        raise ImageBuildFailed(f"could not make the build's user namespace (unshare --user): {exc}") from None
 
 
 def give(tree: Path, who: Identity) -> None:

@@ -41,6 +41,7 @@ _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 MOUNT = shutil.which("mount") or "/usr/bin/mount"
 BASH = shutil.which("bash") or "/bin/bash"
 
@@ -75,11 +76,14 @@ def why_not() -> str:
     return ""
 
 
-def userns_fd(uid: int) -> int:
-    """A descriptor of a new user namespace whose uid and gid maps are ``0 uid 1`` (the namespace
-    lives as long as the descriptor: the process that made it is gone when this returns)."""
-    proc = subprocess.Popen([UNSHARE, "--user", "--", "cat"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+def userns_fd(uid: int, count: int = 1, owner: int | None = None) -> int:
+    """A descriptor of a new user namespace whose uid and gid maps are ``0 uid count`` (the
+    namespace lives as long as the descriptor: the process that made it is gone when this
+    returns); ``owner``: the uid that creates it, and so owns it (a root host's default: root)."""
+    as_owner = [SETPRIV, f"--reuid={owner}", f"--regid={owner}", "--clear-groups", "--"] if owner is not None else []
+    proc = subprocess.Popen([*as_owner, UNSHARE, "--user", "--", "cat"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                            start_new_session=True)
     try:
         own = os.readlink("/proc/self/ns/user")
         deadline = time.monotonic() + 10
@@ -89,7 +93,7 @@ def userns_fd(uid: int) -> int:
             time.sleep(0.0005)
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{proc.pid}/{name}", "w") as fh:
-                fh.write(f"0 {uid} 1\n")
+                fh.write(f"0 {uid} {count}\n")
         return os.open(f"/proc/{proc.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         proc.stdin.close()
