@@ -7,9 +7,9 @@ own test — measured side by side in one run on the real stack.
 2. Samples: the stack with that image directory; each task run ``--samples`` times by the oracle
    (its solve.sh), one at a time so the figures are the pipeline's, not a queue's. Per sample:
    the init stage (a cached start: the image found, the writable sandbox opened, the step's files
-   put in place), and the verifier's overhead: the eval stage's seconds less the test's own
-   (``harbor.steps[].test_s``) — the carried tar, the fresh sandbox, /tests, the reward files
-   watched (0.3 s) and read after the kill.
+   put in place), and the verifier's overhead per graded step: its grading's seconds less the
+   test's own (``harbor.steps[].grade_s - test_s``) — the artifacts and the carried tar taken, the
+   fresh sandbox, /tests, the reward files watched (0.3 s) and read after the kill.
 
     python bench/harbor.py [--samples 8] [--tasks hello,scores,stages,wordcount]
 
@@ -86,10 +86,9 @@ def samples(tasks: list[str], n: int, root: Path) -> dict[str, list[tuple[float,
                 result = view["result"]
                 if view["status"] != "completed" or result["reward"] != 1.0:
                     raise SystemExit(f"{name}: the oracle did not earn 1: {str(result)[:2000]}")
-                steps = result["harbor"]["steps"]
-                graded_in_eval = steps[-1:]  # the earlier steps are graded within run
-                test_s = sum(s.get("test_s", 0.0) for s in graded_in_eval)
-                rows.append((view["timings"]["init"], view["timings"]["eval"] - test_s))
+                steps = result["harbor"]["steps"]  # each graded as it ended: grade_s, of which test_s is the test's
+                rows.append((view["timings"]["init"],
+                             sum(s["grade_s"] - s["test_s"] for s in steps) / len(steps)))
     return out
 
 

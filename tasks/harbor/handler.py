@@ -199,6 +199,7 @@ class HarborHandler(AgentTaskHandler):
         the agent's own), in the stage that ran the agent: its sandbox is alive and leased then
         (a job waiting for an eval worker holds no lease on it)."""
         settings = get_settings()
+        started = time.monotonic()
         workdir = self._workdir(task, image)
         agent_box = ctx.sandbox
         artifacts = boxes.artifacts(agent_box, step)
@@ -223,7 +224,8 @@ class HarborHandler(AgentTaskHandler):
         finally:
             if not shared:
                 ctx.close_aux_sandbox(box)
-        graded.update(name=step.name, mode="shared" if shared else "separate", artifacts=artifacts)
+        graded.update(name=step.name, mode="shared" if shared else "separate", artifacts=artifacts,
+                      grade_s=round(time.monotonic() - started, 3))
         why = verifier.min_reward_failure(graded["rewards"], step.min_reward)
         if why and not last:
             graded["stopped"] = why
