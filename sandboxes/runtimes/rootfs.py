@@ -123,10 +123,10 @@ def _tools_bind(image: str | None, writable: bool) -> list[str]:
     harmless to an agent that finds it (it is not on the agent's PATH)."""
     from sandboxes.runtimes.images import verifier_tools
 
+    if not image or (not writable and not _is_dir_in(image, verifier_tools.MOUNT)):
+        return []  # asked first: a sandbox on the node's own root never needs the toolkit looked up
     tools = verifier_tools.built()
-    if tools is None or not image or (not writable and not _is_dir_in(image, verifier_tools.MOUNT)):
-        return []
-    return ["--ro-bind", str(tools), verifier_tools.MOUNT]
+    return [] if tools is None else ["--ro-bind", str(tools), verifier_tools.MOUNT]
 
 
 def _beneath(path: str, top: str) -> bool:

@@ -114,7 +114,8 @@ class HarborHandler(AgentTaskHandler):
         base = self.sandbox_spec({**ctx.instance, "sandbox": block})
         return base.model_copy(update={
             "image": image["rootfs"], "writable_root": True, "workdir": self._workdir(task, image),
-            "network": network, "env": {**image.get("env", {}), **resources.env, **(env or {}), **base.env}})
+            # the image's own ENV the runtime takes from the image (etc/prorl-image.json), under these
+            "network": network, "env": {**resources.env, **(env or {}), **base.env}})
 
     def _agent_network(self, task: HarborTask) -> bool:
         return wants_internet(task.config, task.config.agent) and get_settings().harbor_allow_internet

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -107,8 +108,17 @@ def trust_store() -> Path | None:
 
 
 def _name() -> tuple[str, bytes]:
+    """The toolkit's directory name for this node's trust store, and the store's bytes."""
     ca = trust_store()
-    ca_data = ca.read_bytes() if ca else b""
+    st = ca.stat() if ca else None
+    return _named(str(ca) if ca else None, st.st_mtime_ns if st else 0, st.st_size if st else 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _named(ca: str | None, mtime_ns: int, size: int) -> tuple[str, bytes]:
+    """:func:`_name` for one version of the trust store file (read and hashed once, not at every
+    sandbox start that binds the toolkit)."""
+    ca_data = Path(ca).read_bytes() if ca else b""
     store = hashlib.sha256(ca_data).hexdigest()[:12] if ca else "noca"  # a new trust store: a new toolkit
     return f"uv-{UV_VERSION}-b{BUILDER}-{store}", ca_data
 
