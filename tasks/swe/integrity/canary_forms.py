@@ -143,9 +143,11 @@ class Layout:
             if name not in self.taken and name not in self.used:
                 self.used.add(name)
                 return name
-        name = f"test_{'_'.join(rng.sample(self.words, min(3, len(self.words))))}_{rng.randint(2, 99)}"
-        self.used.add(name)
-        return name
+        while True:  # a file of few words: a number after them, never one in use (a second def shadows the first)
+            name = f"test_{'_'.join(rng.sample(self.words, min(3, len(self.words))))}_{rng.randint(2, 999)}"
+            if name not in self.taken and name not in self.used:
+                self.used.add(name)
+                return name
 
     # -- where they go --------------------------------------------------------------------------
     def _spot(self, rng: random.Random, cls: str | None, near: Def | None = None) -> tuple[int, str]:

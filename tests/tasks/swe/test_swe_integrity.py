@@ -142,6 +142,22 @@ def test_canaries_are_the_files_own_tests_copied_renamed_and_placed_among_them()
 
 
 @pytest.mark.unit
+def test_canary_names_are_unique_in_a_file_of_one_word():
+    """A file whose test names give one word ("value") runs out of plain names at once: the numbered
+    names that follow are never one already planted (a second def of a name hides the first, and its
+    must-pass canary read as failed: the CI run that lost a clean answer to ``unverified``)."""
+    text = ("import unittest\n\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n\n"
+            "    def test_value(self):\n        import lib\n        self.assertEqual(lib.value(), 2)\n")
+    listed = {"fail": ["tests.test_m.T.test_value"], "pass": ["tests.test_m.T.test_ok"]}
+    for seed in range(400):
+        planted, made = canaries.plan("tests/test_m.py", text, random.Random(seed), listed)
+        names = [c.name for c in made]
+        assert len(set(names)) == len(names), (seed, names)
+        defs = [line.split("(")[0] for line in planted.splitlines() if line.lstrip().startswith("def ")]
+        assert len(set(defs)) == len(defs), (seed, defs)
+
+
+@pytest.mark.unit
 def test_a_changed_copy_of_a_failing_test_proves_nothing():
     """A must-fail canary that passed is a forgery only where the test it copies did not fail (a
     negated assertion passes where the original's assertion fails: the answer never fixed it)."""
