@@ -61,6 +61,9 @@ class BackendSpec(BaseModel):
                                            "accepted.")
     exact_tokens: bool = Field(False, description="The trainer needs exact token ids: the probe checks that "
                                                   "they come back.")
+    routed_experts: bool | None = Field(None, description="The server runs with --enable-return-routed-experts: "
+                                                          "SGLang's calls ask for the MoE routing trace "
+                                                          "(return_routed_experts); vLLM returns it unasked.")
     tool_parser: str | None = Field(None, description="The format the model writes tool calls in, read out of "
                                                       "its text in token mode (and in chat mode when the server "
                                                       "returns raw text): hermes (default), llama3_json, mistral, "
@@ -124,6 +127,7 @@ class Backend(BaseModel):
     logprobs_mode: str | None = None
     pause_api: PauseApi | None = None
     tool_parser: str | None = Field(None, description="Tool-call format of the model's text (None: hermes).")
+    routed_experts: bool = Field(False, description="Ask each call for the MoE routing trace (SGLang).")
     paused_mode: str | None = Field(None, description="While paused for a weight update: keep, abort or drain.")
     paused_until: float | None = Field(None, description="While paused: when the pause expires if no resume comes.")
     pause_expired_at: float | None = Field(None, description="When its last pause expired with no resume: it went on "
@@ -256,6 +260,12 @@ class Turn(BaseModel):
         None, description="Which response ids each weight version sampled (a turn spanning an update has "
                           "more than one); None where not known (chat mode: the whole turn is weight_version's).")
     continued: int = Field(0, description="Times a weight update aborted the turn and it went on from its ids.")
+    cached_tokens: int | None = Field(None, description="Prompt tokens the server's prefix cache held, as it "
+                                                        "reported them (None: it did not say).")
+    routed_experts: list | str | None = Field(
+        None, description="The MoE routing trace of the generated ids, as the server returned it (vLLM: a list per "
+                          "token of a list per layer of expert ids; SGLang: base64 int32); None: not returned, or "
+                          "the turn was continued after an abort (the trace of its first part is lost).")
     attempts: int = 1
     started_at: float = 0.0
     latency_s: float = 0.0

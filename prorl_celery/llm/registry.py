@@ -82,10 +82,11 @@ class BackendRegistry:
         bid = backend_id(address)
         fields: dict[str, object] = {"address": address}
         for name in ("protocol", "dialect", "capacity", "model", "weight_version", "max_model_len",
-                     "tokenizer", "api_key", "logprobs_mode", "pause_api", "tool_parser"):
+                     "tokenizer", "api_key", "logprobs_mode", "pause_api", "tool_parser", "routed_experts"):
             value = getattr(spec, name)
             if value is not None and name in spec.model_fields_set:
-                fields[name] = value.value if name in ("protocol", "pause_api") else value
+                fields[name] = value.value if name in ("protocol", "pause_api") else (
+                    int(value) if isinstance(value, bool) else value)
         argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
         argv += [item for pair in fields.items() for item in pair]
         created = self.redis.eval(_ADD, 4, keys.llm_backends(), keys.llm_backend(bid),

@@ -27,6 +27,7 @@ from typing import Any
 from prorl_celery.rollout import store
 from prorl_celery.rollout.calllog import GATEWAY_META
 from prorl_celery.rollout.store import Call
+from prorl_celery.rollout.trajectory import served
 
 
 def prompts(calls: Sequence[Call]) -> list[list[int]]:
@@ -80,12 +81,22 @@ def merged(calls: Sequence[Call], fenced: Sequence[int] = ()) -> list[dict[str, 
             seg["loss_mask"] += [0] * len(added) + [own] * len(response)
             seg["logprobs"] += [0.0] * len(added) + _logprobs(call)
             seg["weight_versions"].append(call.meta.get("weight_version"))
+            seg["served"].append(_served(k, call))
         else:
             segments.append({"calls": [k], "reason": "first" if not segments else "not_a_prefix",
                              "prompt_ids": prompt, "response_ids": response, "loss_mask": [own] * len(response),
-                             "logprobs": _logprobs(call), "weight_versions": [call.meta.get("weight_version")]})
+                             "logprobs": _logprobs(call), "weight_versions": [call.meta.get("weight_version")],
+                             "served": [_served(k, call)]})
         length = len(prompt) + len(response)
     return segments
+
+
+def _served(k: int, call: Call) -> dict[str, Any]:
+    """Call ``k``'s replica (backend id and address), prefix-cache hit and routing trace: what the
+    trainer's router replay and cache accounting read, one entry per generated span."""
+    meta = call.meta
+    return {"call": k, "backend_id": meta.get("backend_id"),
+            **served(meta.get("address"), meta.get("cached_tokens"), meta.get("routed_experts"))}
 
 
 def harness_fields(calls: Sequence[Call], fenced: Sequence[int] = ()) -> dict[str, Any]:

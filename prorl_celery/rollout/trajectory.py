@@ -101,7 +101,19 @@ def assistant_messages(messages: list[dict[str, Any]], turns: list[Turn]) -> lis
                        "finish_reason": turn.finish_reason}
             if turn.weight_segments is not None:  # which of token_ids each version sampled
                 message["weight_segments"] = [seg.model_dump() for seg in turn.weight_segments]
+            message.update(served(turn.address, turn.cached_tokens, turn.routed_experts))
         out.append(message)
+    return out
+
+
+def served(address: str | None, cached_tokens: int | None, routed_experts: Any) -> dict[str, Any]:
+    """How a generated span was served: the replica's address, and its prefix-cache hit and MoE
+    routing trace where the server reported them (absent where it did not)."""
+    out: dict[str, Any] = {"address": address}
+    if cached_tokens is not None:
+        out["cached_tokens"] = cached_tokens
+    if routed_experts is not None:
+        out["routed_experts"] = routed_experts
     return out
 
 

@@ -24,6 +24,7 @@ from prorl_celery.llm.models import Turn
 from prorl_celery.rollout.store import Call, RolloutStore, prompts
 
 TURN_IDS = frozenset({"prompt_ids", "response_ids", "logprobs"})
+SERVED = ("cached_tokens", "routed_experts")  # stored only where the server reported them
 SOURCE, CALL, RESENT = "source", "call", "resent"  # a stored message's provenance (module docstring)
 MODEL, CALLER = "model", "caller"
 TAGS = (SOURCE, CALL, RESENT)
@@ -60,7 +61,7 @@ def call_of(turn: Turn, previous: Turn | None, extra: dict[str, Any] | None = No
     context = None
     if previous is not None and previous.prompt_ids is not None and previous.response_ids is not None:
         context = previous.prompt_ids + previous.response_ids
-    meta = turn.model_dump(mode="json", exclude=TURN_IDS)
+    meta = turn.model_dump(mode="json", exclude=TURN_IDS | {k for k in SERVED if getattr(turn, k) is None})
     return Call.of(turn.prompt_ids, turn.response_ids, turn.logprobs, {**meta, **extra} if extra else meta, context)
 
 

@@ -15,7 +15,10 @@ from tests.conftest import submit, wait
 
 pytestmark = pytest.mark.skipif(not Path(mini_binary()).is_absolute(), reason="mini-swe-agent is not "
                                 "installed for sandboxes (bash scripts/install-harnesses.sh)")
-ORACLE = ["--policy", "oracle:prorl_celery.fakes.harness_oracle:reply", "--latency-model", "none"]
+# played as vLLM's token API started with --enable-return-routed-experts (a MoE model of 4 layers,
+# top-2) and --enable-prompt-tokens-details: each span's trace and cache hit pass through the gateway
+ORACLE = ["--policy", "oracle:prorl_celery.fakes.harness_oracle:reply", "--latency-model", "none",
+          "--routed-experts", "4x2", "--prompt-tokens-details"]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def oracle_llm(stack, api):
     """One token-mode backend played by the harness oracle; nothing else registered."""
     requests.post(f"{api}/clear_llm_server", timeout=10)
     url = stack.start_fake_llm(name="fake-harness-oracle", extra_args=ORACLE)
-    resp = requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "fake",
+    resp = requests.post(f"{api}/llm_servers", json={"address": url, "protocol": "generate", "dialect": "vllm-generate",
                                                       "weight_version": "w1"}, timeout=10)
     assert resp.status_code == 201, resp.text
     yield url
@@ -64,6 +67,13 @@ def test_mini_swe_agent_fixes_the_swe_fixture(api, oracle_llm, tmp_path):
     assert tokens["prompt_ids"] + tokens["response_ids"] == served[-1]["prompt_ids"] + served[-1]["response_ids"]
     assert sum(tokens["loss_mask"]) == sum(len(s["response_ids"]) for s in served)
     assert "+" in result["git_patch"]
+    # what the server said of each span: the replica, its routing trace and cache hit, unchanged
+    assert [c["routed_experts"] for c in calls] == [s["routed_experts"] for s in served]
+    assert [c["cached_tokens"] for c in calls] == [s["cached_tokens"] for s in served]
+    (segment,) = harness["segments"]
+    assert [(s["call"], s["address"], s["routed_experts"]) for s in segment["served"]] == [
+        (k, oracle_llm, s["routed_experts"]) for k, s in enumerate(served)]
+    assert max(s["cached_tokens"] for s in served[1:]) > 0  # later prompts extend earlier ones
 
 
 def test_mini_swe_agent_answers_a_math_task(api, oracle_llm):

@@ -112,10 +112,10 @@ def vllm_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry: dic
     stop_reason = None
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                               "stop_reason": stop_reason, "token_ids": ids if body.get("return_token_ids") else None,
-                              "routed_experts": None}
+                              "routed_experts": entry.get("routed_experts")}
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
-            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids), "prompt_logprobs": None,
+            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids, fake, entry), "prompt_logprobs": None,
             "prompt_token_ids": prompt if body.get("return_token_ids") else None, "prompt_text": None,
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
@@ -148,7 +148,7 @@ def llamacpp_chat(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry:
         choice["logprobs"] = {"content": llamacpp_probs(fake, ids, body.get("top_logprobs") or 1)}
     return {"choices": [choice], "created": int(time.time()), "model": body.get("model") or fake.model,
             "system_fingerprint": "b0-prorl-fake", "object": "chat.completion",
-            "usage": {**usage(prompt, ids), "prompt_tokens_details": {"cached_tokens": 0}},
+            "usage": {**usage(prompt, ids), "prompt_tokens_details": {"cached_tokens": entry.get("cached_tokens", 0)}},
             "id": f"chatcmpl-{uuid.uuid4().hex}", "timings": timings(prompt, ids)}
 
 

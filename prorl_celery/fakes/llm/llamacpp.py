@@ -56,5 +56,5 @@ def oai_completion(fake: FakeLLM, body: dict[str, Any], prompt: list[int], entry
     return {"choices": [choice], "created": int(time.time()), "model": body.get("model") or fake.model,
             "system_fingerprint": "b0-prorl-fake", "object": "text_completion",
             "usage": {"completion_tokens": len(ids), "prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids),
-                      "prompt_tokens_details": {"cached_tokens": 0}},
+                      "prompt_tokens_details": {"cached_tokens": entry.get("cached_tokens", 0)}},
             "id": f"chatcmpl-{uuid.uuid4().hex}", "timings": timings}

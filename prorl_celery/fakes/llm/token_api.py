@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from prorl_celery.llm import chatml
 
 from prorl_celery.fakes.llm import llamacpp as fake_llamacpp
+from prorl_celery.fakes.llm import served as fake_served
 from prorl_celery.fakes.llm.wire import (FINGERPRINT, HTTPError, check_max_tokens, llamacpp_error,
                                          llamacpp_max_tokens, llamacpp_probs, sglang_error, timings, vllm_error,
                                          vllm_max_tokens, vllm_usage)
@@ -92,10 +93,10 @@ def vllm_completions(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any
     choice = {"index": 0, "text": _text(fake, ids), "logprobs": logprobs, "finish_reason": entry["finish_reason"],
               "stop_reason": None, "token_ids": ids if want_ids else None,
               "prompt_logprobs": prompt_logprobs(fake, prompt) if body.get("prompt_logprobs") is not None else None,
-              "prompt_token_ids": prompt if want_ids else None, "routed_experts": None}
+              "prompt_token_ids": prompt if want_ids else None, "routed_experts": entry.get("routed_experts")}
     return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
             "model": body.get("model") or fake.model, "choices": [choice], "service_tier": None,
-            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids), "kv_transfer_params": None,
+            "system_fingerprint": FINGERPRINT, "usage": vllm_usage(prompt, ids, fake, entry), "kv_transfer_params": None,
             "ec_transfer_params": None, "metrics": None}
 
 
@@ -130,11 +131,11 @@ def vllm_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any] |
         entries = [{"token_id": t, "logprob": lp, "rank": 1} for t, lp in zip(ids, fake.logprobs(ids))]
         logprobs = {"content": [{**e, "top_logprobs": [dict(e) for _ in range(top)]} for e in entries]}
     choice = {"index": 0, "finish_reason": entry["finish_reason"], "stop_reason": None, "token_ids": ids,
-              "routed_experts": None, "sampling_mask": None,
+              "routed_experts": entry.get("routed_experts"), "sampling_mask": None,
               "weight_versions": entry["weight_versions"],
               "logprobs": logprobs}
     return {"request_id": body.get("request_id") or f"generate-tokens-{uuid.uuid4().hex[:16]}",
-            "model": body.get("model") or fake.model, "created": int(time.time()), "usage": vllm_usage(prompt, ids),
+            "model": body.get("model") or fake.model, "created": int(time.time()), "usage": vllm_usage(prompt, ids, fake, entry),
             "prompt_logprobs": None, "prompt_token_id_logprobs": None, "prompt_token_ids": None,
             "mm_placeholders": None, "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
             "output_mode": "tokens", "choices": [choice]}
@@ -216,7 +217,9 @@ def sglang_generate(fake: FakeLLM, body: dict[str, Any], sock) -> dict[str, Any]
         finish = {"type": "length", "length": len(ids)}
     meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(prompt),
                             "weight_version": fake.engine.version, "completion_tokens": len(ids),
-                            "cached_tokens": 0, "e2e_latency": time.time() - started}
+                            "cached_tokens": entry.get("cached_tokens", 0), "e2e_latency": time.time() - started}
+    if body.get("return_routed_experts") and entry.get("routed_experts") is not None:
+        meta["routed_experts"] = fake_served.packed(entry["routed_experts"])
     if body.get("return_logprob"):
         meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, fake.logprobs(ids))]
     text = fake.tok.decode(ids[:-1] if finish["type"] == "stop" else ids)  # the matched stop token is trimmed

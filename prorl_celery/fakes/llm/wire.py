@@ -71,9 +71,14 @@ def check_max_tokens(asked: Any, limit: int) -> None:
                               f"fewer output tokens. (parameter=max_tokens, value={asked})", param="max_tokens")
 
 
-def vllm_usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+def vllm_usage(prompt: list[int], ids: list[int], fake: FakeLLM | None = None,
+               entry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's usage; its prefix-cache hit only as started with --enable-prompt-tokens-details."""
+    details = None
+    if fake is not None and entry is not None and fake.options.prompt_tokens_details:
+        details = {"cached_tokens": entry.get("cached_tokens", 0)}
     return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids),
-            "prompt_tokens_details": None, "completion_tokens_details": None}
+            "prompt_tokens_details": details, "completion_tokens_details": None}
 
 
 def llamacpp_probs(fake: FakeLLM, ids: list[int], top: int) -> list[dict[str, Any]]:

@@ -47,7 +47,8 @@ class ChatClient:
                     logprobs=got.logprobs,
                     logprobs_mode=(backend.logprobs_mode or wire.logprobs_mode) if got.logprobs else None,
                     token_source="server" if got.response_ids is not None else "none",
-                    message_count=len(request.messages),
+                    message_count=len(request.messages), cached_tokens=got.served.cached_tokens,
+                    routed_experts=got.served.routed_experts,
                     format_error="tool_call" if got.malformed else ("length" if finish == "length" else None))
 
 

@@ -77,7 +77,7 @@ class GenerateClient:
                               backend.logprobs_mode or wire.logprobs_mode, partial)
         try:
             if wire.streamed:
-                out = _streamed(slot, wire, wire.body(request, model, tok, sent, max_tokens), call)
+                out = _streamed(slot, wire, _body(slot, wire, request, model, tok, sent, max_tokens), call)
             else:
                 out = wire.answer(self._post(slot, wire, request, model, tok, sent, max_tokens, call))
         except PartialAborted as exc:
@@ -94,12 +94,12 @@ class GenerateClient:
     def _post(slot: Slot, wire: TokenWire, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
               max_tokens: int, call: Call) -> dict[str, Any]:
         try:
-            return post(slot, wire.path, wire.body(request, model, tok, prompt, max_tokens), call)
+            return post(slot, wire.path, _body(slot, wire, request, model, tok, prompt, max_tokens), call)
         except LLMRequestRejected as exc:
             again = wire.after_refusal(slot.backend.address, exc)  # e.g. a field an older server lacks
             if again is None:
                 raise
-            return post(slot, again.path, again.body(request, model, tok, prompt, max_tokens), call)
+            return post(slot, again.path, _body(slot, again, request, model, tok, prompt, max_tokens), call)
 
     @staticmethod
     def _turn(slot: Slot, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
@@ -123,7 +123,18 @@ class GenerateClient:
                     finish_reason=finish, prompt_ids=prompt, response_ids=response_ids, logprobs=joined.logprobs,
                     logprobs_mode=logprobs_mode, token_source="local", message_count=len(request.messages),
                     format_error="tool_call" if malformed else ("length" if finish == "length" else None),
-                    weight_segments=joined.segments, continued=partial.continued)
+                    weight_segments=joined.segments, continued=partial.continued, cached_tokens=out.served.cached_tokens,
+                    # a continued turn's trace would cover only its last part: none rather than a part
+                    routed_experts=None if partial.continued else out.served.routed_experts)
+
+
+def _body(slot: Slot, wire: TokenWire, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
+          max_tokens: int) -> dict[str, Any]:
+    """``wire``'s body, asking for the routing trace where the backend was registered to give it."""
+    body = wire.body(request, model, tok, prompt, max_tokens)
+    if slot.backend.routed_experts:
+        body.update(wire.routed_experts_request)
+    return body
 
 
 def fetch(slot: Slot, wire: TokenWire, body: dict[str, Any], call: Call) -> Generated:

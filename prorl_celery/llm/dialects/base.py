@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from prorl_celery.errors import BackendAborted, LLMRequestRejected, PartialAborted
 from prorl_celery.llm.dialects.sampling import Sampling
+from prorl_celery.llm.dialects.served import NOTHING, Served
 from prorl_celery.llm.models import LLMRequest, PauseApi, Protocol
 from prorl_celery.llm.tokenizer import Tokenizer
 
@@ -30,6 +31,7 @@ class Generated(NamedTuple):
     finish_reason: str | None
     weight_version: str | None = None
     spans: list[dict[str, Any]] | None = None  # vLLM's weight_versions: [{"version", "start", "end"}]
+    served: Served = NOTHING  # the routing trace and prefix-cache hit the server reported
 
 
 def aborted(out: Generated, server: str) -> BackendAborted:
@@ -65,6 +67,8 @@ class TokenWire:
     logprobs_mode: ClassVar[str | None] = None  # the logprob definition its server reports by default
     streamed: ClassVar[bool] = False  # read as server-sent events (read_events): a cut turn keeps its tokens
     versioned_spans: ClassVar[bool] = False  # answers say which weight version sampled each span
+    # fields that ask a server started for it to return each call's MoE routing trace (BackendSpec.routed_experts)
+    routed_experts_request: ClassVar[Mapping[str, Any]] = {}
 
     def body(self, request: LLMRequest, model: str, tok: Tokenizer, prompt: list[int],
              max_tokens: int | None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, NamedTuple
 
 from prorl_celery.llm import tool_parsers
+from prorl_celery.llm.dialects import served
 from prorl_celery.llm.dialects.sampling import Sampling
 from prorl_celery.llm.models import LLMRequest, ToolCall
 
@@ -30,6 +31,7 @@ class ChatAnswer(NamedTuple):
     response_ids: list[int] | None
     logprobs: list[float] | None
     finish_reason: str | None
+    served: served.Served = served.NOTHING  # the routing trace and prefix-cache hit the server reported
 
 
 class ChatWire:
@@ -64,7 +66,8 @@ class ChatWire:
         message = choice["message"]
         content, calls, malformed = read_calls(message, request, tool_parser)
         prompt_ids, response_ids, logprobs = read_tokens(data, choice, message)
-        return ChatAnswer(content, calls, malformed, prompt_ids, response_ids, logprobs, choice.get("finish_reason"))
+        return ChatAnswer(content, calls, malformed, prompt_ids, response_ids, logprobs, choice.get("finish_reason"),
+                          served.openai(data, choice))
 
 
 def read_calls(message: dict[str, Any], request: LLMRequest,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.errors import BackendAborted, BackendFailed, LLMRequestRejected, LogprobMismatch
+from prorl_celery.llm.dialects import served
 from prorl_celery.llm.dialects.base import Dialect, Generated, TokenWire, aborted, read_logprobs
 from prorl_celery.llm.dialects.chat_wire import ChatWire
 from prorl_celery.llm.dialects.sampling import Sampling
@@ -35,6 +36,7 @@ class SGLangWire(TokenWire):
     sampling = Sampling(names={"max_tokens": "max_new_tokens", "seed": "sampling_seed",
                                "min_tokens": "min_new_tokens"})
     context_margin = 1  # SGLang: max_new_tokens >= context - len(prompt) is refused
+    routed_experts_request = {"return_routed_experts": True}
 
     def __init__(self, seed: bool = True):
         self.seed = seed
@@ -74,7 +76,7 @@ class SGLangWire(TokenWire):
         if from_logprobs is not None and from_logprobs != ids:
             raise LogprobMismatch(f"SGLang: output_ids ({len(ids)}) and the logprobs' ids "
                                   f"({len(from_logprobs)}) disagree")
-        return Generated(ids, read_logprobs(triples), kind)
+        return Generated(ids, read_logprobs(triples), kind, served=served.sglang(meta))
 
 
 def _generated(ids: list[int], meta: dict[str, Any]) -> list[int]:

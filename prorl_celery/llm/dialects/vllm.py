@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_celery.errors import BackendFailed, LogprobMismatch
+from prorl_celery.llm.dialects import served
 from prorl_celery.llm.dialects.base import Dialect, Generated, TokenWire, aborted
 from prorl_celery.llm.dialects.chat_wire import ChatWire
 from prorl_celery.llm.dialects.sampling import Sampling
@@ -105,7 +106,8 @@ class VllmCompletionsWire(TokenWire):
         if from_logprobs is not None and from_logprobs != ids:
             raise LogprobMismatch(f"vLLM: token_ids ({len(ids)}) and the logprobs' tokens "
                                   f"({len(from_logprobs)}) disagree")
-        return _finish(Generated(ids, _floats(lp.get("token_logprobs")) if lp else None, choice.get("finish_reason")))
+        return _finish(Generated(ids, _floats(lp.get("token_logprobs")) if lp else None, choice.get("finish_reason"),
+                                 served=served.openai(data, choice)))
 
 
 class VllmGenerateWire(TokenWire):
@@ -131,7 +133,8 @@ class VllmGenerateWire(TokenWire):
             raise LogprobMismatch(f"vLLM: token_ids ({len(ids)}) and the logprobs' ids ({len(entries)}) disagree")
         logprobs = None if entries is None else _floats([e["logprob"] for e in entries])
         return _finish(Generated(ids, logprobs, choice.get("finish_reason"),
-                                 weight_version(choice.get("weight_versions")), choice.get("weight_versions")))
+                                 weight_version(choice.get("weight_versions")), choice.get("weight_versions"),
+                                 served.openai(data, choice)))
 
 
 def weight_version(spans: list[dict[str, Any]] | None) -> str | None:
