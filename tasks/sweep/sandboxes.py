@@ -8,6 +8,12 @@
   or (after a grace of one stage lease, which covers a sandbox whose init has not yet recorded
   it) when its job points at another sandbox (neither its own nor one it holds beside it: ``aux``)
   or its lease is long past.
+- A sandbox whose job waits between two stages (its last stage done or re-sent, the next not yet
+  taken by a worker) has its lease renewed when it would lapse before the next pass but one: the
+  host kills a sandbox unused for ``sandbox_lease_s``, and under bulk load a job can wait for a run
+  or eval worker longer than that (15 of 196 jobs of a Harbor set lost their sandbox so and ran
+  again from init). A running stage renews its own; a holder that died is the stage lease's
+  matter (the sweep re-sends the stage), so only the waiting are kept alive from here.
 - Every live host is asked for its node's strays, what a runtime runs outside any host
   (Apptainer's instances: :meth:`~sandboxes.base.SandboxRuntime.strays`); those whose job is
   terminal or unknown are stopped by that host. The sweep imports no runtime: the node it runs
@@ -22,8 +28,8 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import NotFound, SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.status import STAGES
-from sandboxes.client import close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
+from prorl_celery.status import STAGES, StageState
+from sandboxes.client import RemoteSandbox, close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
 
@@ -88,13 +94,40 @@ def doomed(entry: SandboxEntry, record: JobRecord | None, now: float, grace_s: f
     return None
 
 
-def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float) -> list[str]:
+WAITING = (StageState.DONE, StageState.REDISPATCHED)  # a stage finished or re-sent: the next not taken yet
+
+
+def lapses_while_waiting(entry: SandboxEntry, record: JobRecord | None, now: float) -> bool:
+    """Whether ``entry`` (a sandbox its job holds) lapses before the pass after next while its job
+    waits for a worker to take its next stage."""
+    if record is None or record.status.terminal or record.stage_state not in WAITING:
+        return False
+    return entry.expires_at - now < 2.5 * get_settings().sweep_interval_s
+
+
+def _renew(host: HostRecord, entry: SandboxEntry) -> bool:
+    handle = SandboxHandle(host_id=host.host_id, address=host.address, token=host.token,
+                           sandbox_id=entry.sandbox_id, runtime=entry.runtime)
+    try:
+        RemoteSandbox(handle).renew()
+        return True
+    except SandboxError as exc:  # gone meanwhile: the next stage finds out and runs it again
+        log.info("sweep could not renew sandbox %s of job %s: %s", entry.sandbox_id, entry.job_id, exc)
+        return False
+
+
+def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float,
+                  renewed: list[str] | None = None) -> list[str]:
+    """Close ``host``'s sandboxes that are :func:`doomed`, renew those whose job waits between
+    stages (their ids added to ``renewed``); returns the ids closed."""
     entries = list_sandboxes(host.address, host.token)
     records = store.get_many([entry.job_id for entry in entries], light=True) if entries else []
     closed = []
     for entry, record in zip(entries, records):
         why = doomed(entry, record, now, grace_s)
         if why is None:
+            if lapses_while_waiting(entry, record, now) and _renew(host, entry) and renewed is not None:
+                renewed.append(f"{host.host_id}/{entry.sandbox_id}")
             continue
         log.info("sweep closes sandbox %s on %s (job %s): %s", entry.sandbox_id, host.host_id,
                  entry.job_id, why)
@@ -121,18 +154,18 @@ def stop_orphan_strays(store: JobStore, host: HostRecord, seen: set[str]) -> lis
 
 
 def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list]:
-    """One pass; returns ``{hosts_dead, jobs_host_lost, sandboxes_closed, hosts_unreachable,
-    instances_stopped}`` (ids), also logged."""
+    """One pass; returns ``{hosts_dead, jobs_host_lost, sandboxes_closed, sandboxes_renewed,
+    hosts_unreachable, instances_stopped}`` (ids), also logged."""
     now = now or time.time()
     grace_s = get_settings().stage_lease_s
     dead = mark_dead_hosts(store, now)
     report: dict[str, list] = {"hosts_dead": dead, "jobs_host_lost": fail_jobs_on(store, dead),
-                               "sandboxes_closed": [], "hosts_unreachable": [],
+                               "sandboxes_closed": [], "sandboxes_renewed": [], "hosts_unreachable": [],
                                "instances_stopped": []}
     seen: set[str] = set()
     for host in live_hosts(store.redis):
         try:
-            report["sandboxes_closed"] += close_orphans(store, host, now, grace_s)
+            report["sandboxes_closed"] += close_orphans(store, host, now, grace_s, report["sandboxes_renewed"])
         except SandboxError as exc:
             log.warning("sweep could not reach sandbox host %s: %s", host.host_id, exc)
             report["hosts_unreachable"].append(host.host_id)

@@ -67,6 +67,26 @@ def test_a_second_sandbox_a_job_holds_beside_its_own_is_kept(start_host, store):
     assert grader.exec("echo kept").output == "kept\n" and own.exec("echo kept").output == "kept\n"
 
 
+def test_a_sandbox_whose_job_waits_for_its_next_stage_is_renewed_before_it_lapses(start_host, store):
+    """Under bulk load a job can wait for a run worker longer than a sandbox's lease: the sweep
+    renews the sandbox of a job between stages, and only of such a job (a running stage renews its
+    own; a dead holder is the stage lease's matter)."""
+    host = start_host(runtime="local")
+    lease = 3 * get_settings().sweep_interval_s  # lapses before the pass after next: not yet
+    waiting, running = create(host, "job-waiting", lease_s=lease), create(host, "job-running", lease_s=lease)
+    running_job(store, "job-waiting", waiting, stage=JobStatus.INIT)
+    store.transition("job-waiting", None, stage_state="done")  # init done, no run worker free yet
+    running_job(store, "job-running", running)
+    before = {e.job_id: e.expires_at for e in list_sandboxes(host.address, host.token)}
+    assert sweep_sandboxes(store)["sandboxes_renewed"] == []  # far from lapsing
+    soon = time.time() + lease - get_settings().sweep_interval_s  # as a pass that much later sees it
+    report = sweep_sandboxes(store, now=soon)
+    assert report["sandboxes_renewed"] == [f"{host.host_id}/{waiting.handle.sandbox_id}"]
+    after = {e.job_id: e.expires_at for e in list_sandboxes(host.address, host.token)}
+    assert after["job-waiting"] > before["job-waiting"] and after["job-running"] == before["job-running"]
+    assert waiting.exec("echo kept").output == "kept\n"
+
+
 def test_a_host_that_stopped_beating_is_dead_and_its_jobs_run_again(start_host, store, redis_client,
                                                                    redis_url):
     """redis_url: the broker the job's new init message goes to (tasks/retry.py)."""
