@@ -24,21 +24,31 @@ bound come with loss mask 0 in ``env_mask``. The batch's results are acknowledge
 the batch for step k+1 is submitted as soon as step k's batch has been collected, so the service
 generates it while TRL trains on step k; around each optimizer step the backends are paused in
 keep mode (their turns freeze between two decode steps) and resumed with the new version, and
-``max_staleness`` bounds how old a result may be. The rollout func draws its prompts itself
+``max_staleness`` bounds how old a result may be.
+
+**Segmented harness results** (calls that do not chain into one sequence): TRL keeps one row per
+prompt, so ``segmented="drop"`` (the default) keeps the row with loss mask 0 on every id — it adds
+no gradient, its reward stays in its group's baseline — and ``"error"`` fails the batch; each
+batch's ``history`` entry counts the rows dropped and why (``dropped``), the reward functions get
+``prorl_dropped`` per row, and a warning is logged. Nothing is trained on as if it were one
+sequence (:mod:`prorl_celery.rollout.trainer`). The rollout func draws its prompts itself
 (``draw(n_groups)``): TRL's own prompts for a step are only known when that step starts, one
 step too late; the ids TRL trains on are the ones returned, so only their number is used.
 """
 from __future__ import annotations
 
+import collections
 import itertools
+import logging
 import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 from prorl_celery.client import ProrlClient
-from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, trajectory
+from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, check_segmented, fixed_row
 
+log = logging.getLogger(__name__)
 InstanceBuilder = Callable[[Any], dict[str, Any]]
 REWARD_KEY = "prorl_reward"
 
@@ -66,8 +76,9 @@ class RolloutFunc:
     def __init__(self, client: ProrlClient, instance_builder: InstanceBuilder, tokenizer: Any = None,
                  sampling_params: dict[str, Any] | None = None, backend_ids: list[str] | None = None,
                  weight_version: Callable[[int], str] | None = None, timeout: float = 1800.0,
-                 require_exact: bool = True, keep_history: bool = True):
-        self.client, self.build, self.timeout = client, instance_builder, timeout
+                 require_exact: bool = True, keep_history: bool = True, segmented: str = "drop"):
+        check_segmented(segmented, fixed=True)  # drop or error: refused here, not mid-run
+        self.client, self.build, self.timeout, self.segmented = client, instance_builder, timeout, segmented
         self.backend_ids, self.require_exact, self.keep_history = backend_ids, require_exact, keep_history
         self.version_of = weight_version or (lambda step: f"step{step}")
         self.sampling_params = {"token_level_generation": True, **(sampling_params or {})}
@@ -85,7 +96,7 @@ class RolloutFunc:
         trajectories = self._collect(job_ids)
         if self.keep_history:
             self.history.append({"step": step, "weight_version": version, "trajectories": trajectories,
-                                 "rollout_s": time.monotonic() - started})
+                                 "rollout_s": time.monotonic() - started, "dropped": dropped(trajectories)})
         return to_trl(trajectories)
 
     def _submit(self, prompts: list[Any]) -> list[str]:
@@ -98,7 +109,16 @@ class RolloutFunc:
     def _collect(self, job_ids: list[str]) -> list[Trajectory]:
         views = {view["job_id"]: view for view in self.client.as_completed(job_ids, timeout=self.timeout)}
         self.client.ack(job_ids)  # consumed: they stop holding back admission (max_staleness)
-        return [trajectory(views[job_id], self.require_exact) for job_id in job_ids]
+        rows = [fixed_row(views[job_id], self.require_exact, self.segmented) for job_id in job_ids]
+        lost = dropped(rows)
+        if lost:
+            log.warning("%d of %d rows not trained on (loss mask 0): %s", sum(lost.values()), len(rows), lost)
+        return rows
+
+
+def dropped(rows: list[Trajectory]) -> dict[str, int]:
+    """How many rows of a batch are not trained on, by reason."""
+    return dict(collections.Counter(row.dropped for row in rows if row.dropped))
 
 
 def to_trl(trajectories: list[Trajectory]) -> dict[str, list]:
@@ -111,7 +131,8 @@ def to_trl(trajectories: list[Trajectory]) -> dict[str, list]:
             REWARD_KEY: [t.reward for t in trajectories],
             "prorl_job_id": [t.job_id for t in trajectories],
             "prorl_weight_versions": [t.weight_versions for t in trajectories],
-            "prorl_token_versions": [t.token_versions for t in trajectories]}
+            "prorl_token_versions": [t.token_versions for t in trajectories],
+            "prorl_dropped": [t.dropped for t in trajectories]}
 
 
 def make_rollout_func(client: ProrlClient, instance_builder: InstanceBuilder, tokenizer: Any = None,
@@ -154,7 +175,8 @@ class AsyncRolloutFunc(RolloutFunc):
         self.pending = self._submit_next(len(prompts) // n, n)  # generated while TRL trains on this one
         if self.keep_history:
             self.history.append({"step": step, "trajectories": trajectories, "wait_s": waited,
-                                 "rollout_s": time.monotonic() - batch["submitted"], "lags": lags(trajectories, step)})
+                                 "rollout_s": time.monotonic() - batch["submitted"], "lags": lags(trajectories, step),
+                                 "dropped": dropped(trajectories)})
         return to_trl(trajectories)
 
     def close(self) -> None:

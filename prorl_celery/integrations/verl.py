@@ -12,6 +12,10 @@ service calls the inference servers, so register veRL's rollout servers with it
 or ``actor_rollout_ref.rollout.agent.default_agent_loop=prorl``; examples/verl_agent_loop.yaml
 sets the service's address through ``agent_loop_config_path``.
 
+A segmented harness result (calls that do not chain into one sequence) is one sample here too:
+``segmented: drop`` (default) returns it with response mask 0 on every id and
+``extra_fields.prorl_dropped``, ``error`` fails it (:mod:`prorl_celery.rollout.trainer`).
+
 The instance comes from the dataset row: an ``instance`` field, else ``extra_info.instance``,
 else a math instance from the last user message and ``reward_model.ground_truth``.
 """
@@ -23,7 +27,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from prorl_celery.client import ProrlClient
-from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, trajectory
+from prorl_celery.rollout.trainer import RolloutFailed, Trajectory, check_segmented, fixed_row
 
 
 def instance_from_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def to_output(traj: Trajectory, response_length: int | None = None) -> AgentLoop
                                          "token_versions": traj.token_versions[cut] if traj.token_versions else None,
                                          "staleness": traj.staleness,
                                          "finish_reason": traj.finish_reason, "assistant_turns": traj.turns,
-                                         "turn_scores": [], "tool_rewards": []})
+                                         "turn_scores": [], "tool_rewards": [], "prorl_dropped": traj.dropped})
 
 
 @register("prorl")
@@ -79,12 +83,15 @@ class ProrlAgentLoop(AgentLoopBase):
     """Runs the sample as a job of the service. Extra keyword arguments (from the agent loop
     config file): ``prorl_url``, ``prorl_token``, ``prorl_state_dir`` (else ``PRORL_API_URL``,
     ``PRORL_API_TOKEN``, ``PRORL_STATE_DIR``), ``sampling`` (service defaults such as
-    ``max_turns``), ``timeout`` (seconds per rollout), ``require_exact`` (token ids)."""
+    ``max_turns``), ``timeout`` (seconds per rollout), ``require_exact`` (token ids), ``segmented``
+    (drop or error: a segmented harness result)."""
 
     def __init__(self, *args: Any, prorl_url: str | None = None, prorl_token: str | None = None,
                  prorl_state_dir: str | None = None, sampling: dict[str, Any] | None = None,
-                 timeout: float = 3600.0, require_exact: bool = True, **kwargs: Any):
+                 timeout: float = 3600.0, require_exact: bool = True, segmented: str = "drop", **kwargs: Any):
         super().__init__(*args, **kwargs)
+        check_segmented(segmented, fixed=True)  # drop or error: refused here
+        self.segmented = segmented
         self.client = ProrlClient(prorl_url, token=prorl_token, state_dir=prorl_state_dir)
         self.defaults = dict(sampling or {})
         self.timeout, self.require_exact = timeout, require_exact
@@ -94,7 +101,7 @@ class ProrlAgentLoop(AgentLoopBase):
         instance = instance_from_row(kwargs)
         params = service_sampling(sampling_params, self.response_length, self.defaults)
         view = await asyncio.to_thread(self._rollout, instance, params)
-        return to_output(trajectory(view, self.require_exact), self.response_length)
+        return to_output(fixed_row(view, self.require_exact, self.segmented), self.response_length)
 
     def _rollout(self, instance: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         job_id = self.client.submit(instance, sampling_params=params)

@@ -3,6 +3,20 @@
 A trainer must never train on a rollout that did not happen: a job that did not complete, or
 whose token ids are missing or only approximate (when exact ones are asked for), is an error of
 the batch here, not a zero-reward sample made up by the glue.
+
+A harness result whose calls do not chain into one token sequence (``token_mode: segmented``:
+context compaction, a sub-agent, an edited history; ``harness.segments``) is never trained on as
+if it did. What becomes of it is the trainer's choice (``segmented``), and always counted:
+
+- ``split``: one sample per segment (its own prompt ids, its generated spans at loss mask 1, the
+  ids between them at 0, their logprobs; the job's reward on each) — every generated span is
+  trained on, in the context it was sampled in. For a trainer that takes any number of samples
+  per rollout (:func:`samples`).
+- ``drop``: no sample to train on. A trainer whose batch holds one row per prompt (TRL's GRPO, a
+  veRL agent loop) keeps the row so that its groups keep their shape, with loss mask 0 on every
+  id (it adds no gradient; its reward still counts in its group's baseline) and ``dropped`` set
+  (:func:`fixed_row`).
+- ``error``: the batch fails (:class:`RolloutFailed`).
 """
 from __future__ import annotations
 
@@ -36,6 +50,13 @@ class Trajectory(BaseModel):
     timing: dict[str, Any] = Field(default_factory=dict)
     job_timings: dict[str, Any] = Field(default_factory=dict, description="The job's stage seconds (queue, init, "
                                                                          "run, eval, total, llm).")
+    segment: int = Field(0, description="Which segment of a segmented harness result this sample is (split).")
+    segments: int = Field(1, description="How many segments the job's result had.")
+    dropped: str | None = Field(None, description="Why this row is not trained on (loss mask all 0), e.g. "
+                                                  "'segmented'; None: it is.")
+
+
+SEGMENTED = ("split", "drop", "error")
 
 
 def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
@@ -50,6 +71,69 @@ def trajectory(view: dict[str, Any], require_exact: bool = True) -> Trajectory:
                       weight_versions=[m.get("weight_version") for m in messages if m.get("role") == "assistant"],
                       token_versions=result.get("token_versions"), staleness=result.get("staleness"),
                       messages=messages, finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
+                      timing=result.get("timing") or {}, job_timings=view.get("timings") or {})
+
+
+def samples(view: dict[str, Any], require_exact: bool = True, segmented: str = "split") -> list[Trajectory]:
+    """The training samples of a terminal job: its trajectory, or for a segmented harness result
+    what ``segmented`` says (module docstring): one per segment, none, or RolloutFailed."""
+    segs = _segments(view, segmented)
+    if segs is None:
+        return [trajectory(view, require_exact)]
+    if segmented == "drop":
+        return []
+    base = _base(view)
+    return [base.model_copy(update={"prompt_ids": seg["prompt_ids"], "response_ids": seg["response_ids"],
+                                    "loss_mask": seg["loss_mask"], "logprobs": seg["logprobs"],
+                                    "weight_versions": list(seg.get("weight_versions") or []),
+                                    "turns": len(seg.get("calls") or []), "segment": k, "segments": len(segs)})
+            for k, seg in enumerate(segs)]
+
+
+def fixed_row(view: dict[str, Any], require_exact: bool = True, segmented: str = "drop") -> Trajectory:
+    """One row for a trainer that keeps one per prompt: the trajectory, or for a segmented harness
+    result (``segmented``: ``drop`` or ``error``) its first segment's ids at loss mask 0, marked
+    ``dropped``."""
+    check_segmented(segmented, fixed=True)
+    segs = _segments(view, segmented)
+    if segs is None:
+        return trajectory(view, require_exact)
+    first = segs[0]
+    return _base(view).model_copy(update={
+        "prompt_ids": first["prompt_ids"], "response_ids": first["response_ids"],
+        "loss_mask": [0] * len(first["response_ids"]), "logprobs": [0.0] * len(first["response_ids"]),
+        "segments": len(segs), "dropped": "segmented"})
+
+
+def check_segmented(segmented: str, fixed: bool = False) -> None:
+    """ValueError unless ``segmented`` is an option (``fixed``: of a trainer with one row per prompt)."""
+    allowed = ("drop", "error") if fixed else SEGMENTED
+    if segmented not in allowed:
+        more = " (split needs a trainer that takes any number of samples)" if fixed and segmented == "split" else ""
+        raise ValueError(f"segmented={segmented!r}: one of {', '.join(allowed)}{more}")
+
+
+def _segments(view: dict[str, Any], segmented: str) -> list[dict[str, Any]] | None:
+    """A completed segmented harness result's segments (None: not one); RolloutFailed for ``error``."""
+    check_segmented(segmented)
+    result = view.get("result") or {}
+    if view.get("status") != "completed" or result.get("token_mode") != "segmented":
+        return None
+    segs = ((result.get("harness") or {}).get("segments")) or []
+    if segmented == "error" or not segs:
+        raise RolloutFailed(f"job {view.get('job_id', '?')}: token_mode segmented ({len(segs)} segments: "
+                            "its calls do not chain into one sequence); segmented='split' trains on each, "
+                            "'drop' on none")
+    return segs
+
+
+def _base(view: dict[str, Any]) -> Trajectory:
+    """The job's fields of a sample whose ids are set apart (a segment's)."""
+    result = view.get("result") or {}
+    return Trajectory(job_id=view.get("job_id", "?"), prompt_ids=[], response_ids=[], loss_mask=[], logprobs=[],
+                      reward=float(result.get("reward") or 0.0), token_mode="segmented",
+                      staleness=result.get("staleness"), messages=result.get("messages") or [],
+                      finish_reason=result.get("finish_reason"), resolved=result.get("resolved"),
                       timing=result.get("timing") or {}, job_timings=view.get("timings") or {})
 
 

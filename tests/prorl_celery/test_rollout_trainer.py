@@ -39,3 +39,63 @@ def test_a_job_unfit_to_train_on_is_an_error_of_the_batch(view, why):
 
 def test_approximate_ids_pass_when_the_trainer_accepts_them():
     assert trajectory(_view(token_mode="retokenized"), require_exact=False).token_mode == "retokenized"
+
+
+def _segmented_view() -> dict:
+    """A harness result of three calls: the first two chain, the third (a compaction) does not."""
+    from prorl_celery.rollout.segments import harness_fields
+    from prorl_celery.rollout.store import Call
+
+    calls = [Call(0, [1, 2, 3], [4, 5], [-0.4, -0.5], {"weight_version": "v1"}),
+             Call(5, [6], [7], [-0.7], {"weight_version": "v1"}),
+             Call(0, [9, 8], [10, 11], [-1.0, -1.1], {"weight_version": "v2"})]
+    fields = harness_fields(calls)
+    assert fields["token_mode"] == "segmented" and len(fields["segments"]) == 2
+    return {"job_id": "js", "status": "completed", "timings": {},
+            "result": {"tokens": fields["tokens"], "token_mode": "segmented", "reward": 0.5, "turns": 3,
+                       "harness": {"segments": fields["segments"], "counts": fields["counts"]}}}
+
+
+def test_a_segmented_result_splits_into_one_sample_per_segment_in_its_own_context():
+    from prorl_celery.rollout.trainer import samples
+
+    first, second = samples(_segmented_view())
+    assert (first.prompt_ids, first.response_ids, first.loss_mask) == ([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1])
+    assert first.logprobs == [-0.4, -0.5, 0.0, -0.7] and first.weight_versions == ["v1", "v1"]
+    assert (second.prompt_ids, second.response_ids, second.loss_mask) == ([9, 8], [10, 11], [1, 1])
+    assert [s.segment for s in (first, second)] == [0, 1] and {s.segments for s in (first, second)} == {2}
+    assert {s.reward for s in (first, second)} == {0.5} and not first.dropped
+    # every generated id is trained on exactly once, in the sequence it was sampled in
+    assert sum(first.loss_mask) + sum(second.loss_mask) == 5
+    assert samples(_segmented_view(), segmented="drop") == []
+    with pytest.raises(RolloutFailed, match="segmented"):
+        samples(_segmented_view(), segmented="error")
+    assert [s.job_id for s in samples(_view())] == ["j1"]  # one sequence: itself
+
+
+def test_a_trainer_with_one_row_per_prompt_drops_a_segmented_result_visibly_or_fails():
+    from prorl_celery.integrations.trl import RolloutFunc, to_trl
+    from prorl_celery.rollout.trainer import check_segmented, fixed_row
+
+    row = fixed_row(_segmented_view())
+    assert row.dropped == "segmented" and row.loss_mask == [0, 0, 0, 0] and row.response_ids == [4, 5, 6, 7]
+    assert row.reward == 0.5  # still in its group's baseline
+    with pytest.raises(RolloutFailed, match="segmented"):
+        fixed_row(_segmented_view(), segmented="error")
+    with pytest.raises(ValueError, match="split needs a trainer"):
+        check_segmented("split", fixed=True)
+
+    class Client:  # what RolloutFunc reads from the service: the finished views, then the ack
+        def as_completed(self, job_ids, timeout):
+            return [_view() if job_id == "j1" else _segmented_view() for job_id in job_ids]
+
+        def ack(self, job_ids):
+            self.acked = job_ids
+
+    func = RolloutFunc(Client(), lambda p: {}, keep_history=False)
+    rows = func._collect(["j1", "js"])
+    batch = to_trl(rows)
+    assert batch["prorl_dropped"] == [None, "segmented"] and batch["env_mask"][1] == [0, 0, 0, 0]
+    assert batch["env_mask"][0] == [1, 0, 1]
+    with pytest.raises(ValueError):
+        RolloutFunc(Client(), lambda p: {}, segmented="split")
