@@ -4,7 +4,8 @@ tasks in each harness's own format, as the harness's prompt shows it.
 mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``):
 the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
 (its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
-Codex (``exec_command``): the same as ``exec_command`` calls. Math fixture tasks: one shell check,
+Codex (``exec_command``): the same as ``exec_command`` calls; the example task ``mcp-skills`` in
+their MCP and skill tools (:mod:`prorl_celery.fakes.mcp_oracle`). Math fixture tasks: one shell check,
 then the answer in ``\boxed{}`` (asked with no tools at all, as a plain chat agent asks: the answer
 at once). Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from prorl_celery.fakes import oracle
+from prorl_celery.fakes import mcp_oracle, oracle
 from prorl_celery.fakes.llm.policies import Reply
 from prorl_celery.fakes.problems import MATH
 from prorl_celery.llm.chatml import text_of
@@ -54,6 +55,10 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
 
 
 def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, lambda command: oracle._call("Bash", command=command, description="answer"),
+                           "claude_code")
+    if mcp is not None:
+        return mcp
     step = oracle._step(messages)
     math = _math(text, step, oracle._call("Bash", command="python3 -c \"print('checking')\"", description="check"),
                  Reply())
@@ -64,6 +69,9 @@ def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
 
 
 def _codex(messages: list[dict[str, Any]]) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, lambda command: oracle._call("exec_command", cmd=command), "codex")
+    if mcp is not None:
+        return mcp
     step = oracle._step(messages)
     text = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "user")
     shell = oracle._call("exec_command", cmd="python3 -c \"print('checking')\"")
