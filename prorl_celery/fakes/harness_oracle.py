@@ -54,8 +54,8 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
     return None
 
 
-def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
-    mcp = mcp_oracle.reply(messages, lambda command: oracle._call("Bash", command=command, description="answer"),
+def _claude_code(messages: list[dict[str, Any]], text: str, tools: list[dict[str, Any]] | None) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, tools, lambda command: oracle._call("Bash", command=command, description="answer"),
                            "claude_code")
     if mcp is not None:
         return mcp
@@ -68,8 +68,8 @@ def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
                                                                description="work on the issue"))
 
 
-def _codex(messages: list[dict[str, Any]]) -> Reply | None:
-    mcp = mcp_oracle.reply(messages, lambda command: oracle._call("exec_command", cmd=command), "codex")
+def _codex(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, tools, lambda command: oracle._call("exec_command", cmd=command), "codex")
     if mcp is not None:
         return mcp
     step = oracle._step(messages)
@@ -105,9 +105,9 @@ def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) ->
     if MINI_SUBMIT in text:
         return _mini(messages, text)
     if CLAUDE_BASH in _system(messages):  # Claude Code's main loop (its tools are in the system prompt)
-        return _claude_code(messages, text)
+        return _claude_code(messages, text, tools)
     if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
-        return _codex(messages)
+        return _codex(messages, tools)
     if not tools:  # a plain chat agent (a command harness with no tools): a math answer in its text
         answer = _math(text, 1, Reply(), Reply())
         if answer is not None:

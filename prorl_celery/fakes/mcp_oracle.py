@@ -20,12 +20,14 @@ INSTRUCTION = (oracle.HARBOR / "mcp-skills" / "instruction.md")
 FACT = re.compile(r"alpha is ([0-9a-f]{12})")
 CREDITS = re.compile(r"acme holds (\d+) credits")
 TEMPLATE = re.compile(r"^\s*(\S*<alpha>\S*)\s*$", re.M)
-SKILL_FILE = re.compile(r"(/[^\s`'\"()]*answer-format/SKILL\.md)")
+SKILL_FILE = re.compile(r"\(file: ([^\s()]*answer-format/SKILL\.md)\)")
+WAIT = "sleep 2"
+ROOT = re.compile(r"`(\w+)` = `(/[^`]+)`")  # Codex's skill roots table: a short alias -> a folder
 
 
-def _tool(system: str, server: str, tool: str) -> str | None:
+def _tool(offered: str, server: str, tool: str) -> str | None:
     """The name the harness gave the server's tool (as the prompt lists its tools)."""
-    found = re.search(rf'"name":\s*"([A-Za-z0-9_.:-]*{server}[A-Za-z0-9_.:-]*{tool})"', system)
+    found = re.search(rf'"name":\s*"([A-Za-z0-9_.:-]*{server}[A-Za-z0-9_.:-]*{tool})"', offered)
     return found.group(1) if found else None
 
 
@@ -34,25 +36,44 @@ def _seen(messages: list[dict[str, Any]]) -> str:
     return "\n".join(text_of(m.get("content")) for m in messages if m.get("role") not in ("system", "assistant"))
 
 
-def reply(messages: list[dict[str, Any]], shell: Any, kind: str) -> Reply | None:
+def _offered(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """Where the harness's tools are listed: the system messages as rendered, and the tools."""
+    system = [text_of(m.get("content")) for m in messages if m.get("role") == "system"]
+    return "\n".join(system) + json.dumps(tools or [])
+
+
+def _wait_or(mine: str, shell: Any, what: str) -> Reply:
+    """A tool not offered yet (a harness may list a server's tools once it has started): wait a
+    little with the shell, a few times, then say so."""
+    if mine.count(WAIT) < 5:
+        return shell(WAIT)
+    return Reply(content=f"The {what} tool is not offered.")
+
+
+
+def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, shell: Any, kind: str) -> Reply | None:
     """``shell(command)``: the harness's shell call; ``kind``: ``claude_code`` or ``codex``."""
     seen = _seen(messages)
     if not INSTRUCTION.is_file() or INSTRUCTION.read_text().strip() not in seen:
         return None
-    system = text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+    system = _offered(messages, tools)
     mine = json.dumps([m for m in messages if m.get("role") == "assistant"])
     fact, credits, template = FACT.search(seen), CREDITS.search(seen), TEMPLATE.search(seen)
     if not fact:
         name = _tool(system, "facts", "lookup")
-        return oracle._call(name, key="alpha") if name else Reply(content="The facts server offers no lookup tool.")
+        return oracle._call(name, key="alpha") if name else _wait_or(mine, shell, "facts lookup")
     if not credits:
         name = _tool(system, "ledger", "balance")
-        return oracle._call(name, account="acme") if name else Reply(content="The ledger server offers no balance tool.")
+        return oracle._call(name, account="acme") if name else _wait_or(mine, shell, "ledger balance")
     if not template:
         if kind == "claude_code":
             return oracle._call("Skill", skill="answer-format")
-        path = SKILL_FILE.search(system + "\n" + seen)
-        return shell(f"cat {path.group(1)}") if path else Reply(content="No answer-format skill is listed.")
+        listed = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") != "assistant")
+        path = SKILL_FILE.search(listed)
+        if not path:
+            return Reply(content="No answer-format skill is listed.")
+        alias, _, rest = path.group(1).partition("/")
+        return shell(f"cat {dict(ROOT.findall(listed)).get(alias, alias)}/{rest}")
     answer = template.group(1).replace("<alpha>", fact.group(1)).replace("<acme>", credits.group(1))
     if answer not in mine:
         return shell(f"printf '%s\\n' '{answer}' > /app/answer.txt")

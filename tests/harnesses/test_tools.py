@@ -134,3 +134,30 @@ def test_a_harbor_instance_whose_harness_cannot_take_a_transport_is_refused_at_s
         assert err.value.field == "task.toml.environment.mcp_servers[1].transport"
     finally:
         get_settings.cache_clear()
+
+
+def test_the_responses_api_renders_namespaced_tools_flat_and_answers_their_calls_in_their_namespace():
+    # Codex groups an MCP server's tools in one namespace tool; a call of one must come back with it
+    from prorl_celery.gateway.apis.openai_responses import OpenAIResponses
+    from prorl_celery.llm.models import ToolCall, Turn
+
+    api = OpenAIResponses()
+    lookup = {"type": "function", "name": "lookup", "description": "Look up a fact",
+              "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}
+    body = {"model": "m", "input": [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "name": "lookup", "namespace": "mcp__facts", "arguments": "{}", "call_id": "c1"},
+        {"type": "function_call_output", "call_id": "c1", "output": "alpha is 1"}],
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+                  {"type": "namespace", "name": "mcp__facts", "description": "its tools", "tools": [lookup]},
+                  {"type": "web_search"}]}
+    request = api.parse(body)
+    assert [t["function"]["name"] for t in request.tools] == ["exec_command", "mcp__facts__lookup"]
+    assert request.messages[1]["tool_calls"][0]["function"]["name"] == "mcp__facts__lookup"  # as it was generated
+    turn = Turn(backend_id="b", address="a", weight_version=None, protocol="generate", model="m", content="",
+                message_count=3, tool_calls=[ToolCall(id="c2", name="mcp__facts__lookup", arguments='{"key":"x"}'),
+                                             ToolCall(id="c3", name="exec_command", arguments="{}")])
+    calls = [i for i in api.respond(turn, request)["output"] if i["type"] == "function_call"]
+    assert [(c["name"], c.get("namespace")) for c in calls] == [("lookup", "mcp__facts"), ("exec_command", None)]
+    streamed = b"".join(api.stream(turn, request)).decode()
+    assert '"namespace": "mcp__facts"' in streamed
