@@ -199,7 +199,8 @@ class HarborHandler(AgentTaskHandler):
         tampered = [s["name"] for s in block["steps"] if s.get("tampered")]
         reward = 0.0 if tampered or not rewards else verifier.headline(rewards)
         return {"reward": reward, "resolved": reward >= 1.0,
-                "harbor": {**{k: v for k, v in block.items() if k not in ("steps", "skills_appendix")}, "rewards": rewards,
+                "harbor": {**{k: v for k, v in block.items() if k not in ("steps", "skills_appendix")},
+                           "rewards": rewards,
                            "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
 
     # -- grading -------------------------------------------------------------------------------

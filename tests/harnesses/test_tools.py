@@ -107,7 +107,8 @@ def test_task_toml_mcp_servers_and_skills_dir_are_honoured_and_malformed_ones_re
                         ('[[environment.mcp_servers]]\nname = "a b"\nurl = "http://a"\n',
                          "task.toml.environment.mcp_servers.0.name"),
                         ('[[environment.mcp_servers]]\nname = "x"\nurl = "http://a"\n'
-                         '[[environment.mcp_servers]]\nname = "x"\nurl = "http://b"\n', "task.toml.environment.mcp_servers"),
+                         '[[environment.mcp_servers]]\nname = "x"\nurl = "http://b"\n',
+                         "task.toml.environment.mcp_servers"),
                         ('[environment]\nskills_dir = "skills"\n', "task.toml.environment.skills_dir")):
         with pytest.raises(InvalidRequest) as err:
             parse(body)
