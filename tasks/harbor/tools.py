@@ -37,8 +37,13 @@ def _harness(instance: dict[str, Any]) -> tuple[str, Any]:
 
 def check(task: HarborTask, instance: dict[str, Any]) -> None:
     """At submission: every MCP server's transport is one the instance's harness takes (when it
-    takes MCP at all)."""
-    name, harness_cls = _harness(instance)
+    takes MCP at all). An unknown harness is the agent check's to refuse."""
+    from prorl_celery.errors import UnknownPlugin
+
+    try:
+        name, harness_cls = _harness(instance)
+    except UnknownPlugin:
+        return
     if harness_cls is not None:
         check_transports(name, harness_cls, task.config.environment.mcp_servers)
 
