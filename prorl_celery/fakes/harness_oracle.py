@@ -4,7 +4,8 @@ tasks in each harness's own format, as the harness's prompt shows it.
 mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``):
 the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
 (its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
-Codex (``exec_command``): the same as ``exec_command`` calls. Math fixture tasks: one shell check,
+Codex (``exec_command``): the same as ``exec_command`` calls; the example task ``mcp-skills`` in
+their MCP and skill tools (:mod:`prorl_celery.fakes.mcp_oracle`). Math fixture tasks: one shell check,
 then the answer in ``\boxed{}`` (asked with no tools at all, as a plain chat agent asks: the answer
 at once). Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from prorl_celery.fakes import oracle
+from prorl_celery.fakes import mcp_oracle, oracle
 from prorl_celery.fakes.llm.policies import Reply
 from prorl_celery.fakes.problems import MATH
 from prorl_celery.llm.chatml import text_of
@@ -53,7 +54,11 @@ def _mini(messages: list[dict[str, Any]], text: str) -> Reply | None:
     return None
 
 
-def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
+def _claude_code(messages: list[dict[str, Any]], text: str, tools: list[dict[str, Any]] | None) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, tools, lambda command: oracle._call("Bash", command=command, description="answer"),
+                           "claude_code")
+    if mcp is not None:
+        return mcp
     step = oracle._step(messages)
     math = _math(text, step, oracle._call("Bash", command="python3 -c \"print('checking')\"", description="check"),
                  Reply())
@@ -63,7 +68,10 @@ def _claude_code(messages: list[dict[str, Any]], text: str) -> Reply | None:
                                                                description="work on the issue"))
 
 
-def _codex(messages: list[dict[str, Any]]) -> Reply | None:
+def _codex(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply | None:
+    mcp = mcp_oracle.reply(messages, tools, lambda command: oracle._call("exec_command", cmd=command), "codex")
+    if mcp is not None:
+        return mcp
     step = oracle._step(messages)
     text = "\n".join(text_of(m.get("content")) for m in messages if m.get("role") == "user")
     shell = oracle._call("exec_command", cmd="python3 -c \"print('checking')\"")
@@ -97,9 +105,9 @@ def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) ->
     if MINI_SUBMIT in text:
         return _mini(messages, text)
     if CLAUDE_BASH in _system(messages):  # Claude Code's main loop (its tools are in the system prompt)
-        return _claude_code(messages, text)
+        return _claude_code(messages, text, tools)
     if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
-        return _codex(messages)
+        return _codex(messages, tools)
     if not tools:  # a plain chat agent (a command harness with no tools): a math answer in its text
         answer = _math(text, 1, Reply(), Reply())
         if answer is not None:

@@ -17,6 +17,8 @@ class GatewayRequest(BaseModel):
 
     messages: list[dict[str, Any]] = Field(description="The whole conversation, OpenAI chat messages.")
     tools: list[dict[str, Any]] | None = Field(None, description="OpenAI function tools.")
+    namespaced: dict[str, tuple[str, str]] = Field(default_factory=dict, description="A tool's rendered name -> "
+                                                   "(namespace, name), for tools the caller grouped in namespaces.")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = Field(None, description="The model the caller named (echoed back, not routed on).")
     stream: bool = False

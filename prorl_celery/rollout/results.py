@@ -72,7 +72,8 @@ def harness_result_fields(state: JobState | Mapping[str, Any]) -> dict[str, Any]
            HARNESS_KEY: {"name": block.get("name"), "exit_code": block.get("exit_code"),
                          "output": block.get("output", ""), "session": block.get("session"),
                          "route": block.get("route"), "restarts": state.harness_restarts or 0,
-                         "sampling": block.get("sampling")},
+                         "sampling": block.get("sampling"),
+                         **({"tools": block["tools"]} if block.get("tools") else {})},
            "timing": {"llm": block.get("llm_s", 0.0), "harness": block.get("run_s", 0.0),
                       "gateway": block.get("gateway_s", 0.0)}}
     sampling = block.get("sampling") or {}

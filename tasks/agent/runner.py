@@ -21,6 +21,7 @@ from prorl_celery.rollout.results import agent_result_fields
 
 if TYPE_CHECKING:
     from tasks.context import StageContext
+    from tasks.harnesses.tools import AgentTools
 
 
 class AgentTask(Protocol):
@@ -36,6 +37,10 @@ class AgentTask(Protocol):
 
     def init(self, ctx: StageContext) -> None:
         """The init stage again: a fresh sandbox with the task in it."""
+        ...
+
+    def agent_tools(self, ctx: StageContext) -> AgentTools | None:
+        """The task's MCP servers and skills for a harness that takes them (None: none)."""
         ...
 
 

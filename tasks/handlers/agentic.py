@@ -63,6 +63,11 @@ class AgentTaskHandler(AgentHandler):
         """The task as a harness gets it: the prompt's user message."""
         return next((m["content"] for m in self.prompt(ctx) if m.get("role") == "user"), "")
 
+    def agent_tools(self, ctx: StageContext) -> Any:
+        """The task's MCP servers and skills (:class:`tasks.harnesses.tools.AgentTools`) for a
+        harness that takes them; a domain without any: None."""
+        return None
+
     def result_fields(self, state: JobState | Mapping[str, Any]) -> dict[str, Any]:
         """The rollout's fields, from the block its runner left in the state; its conversation and
         ids stay in the job's rollout, referenced by ``trajectory`` (the API builds ``messages``,

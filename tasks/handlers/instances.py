@@ -38,13 +38,14 @@ def check_no_agent(instance: dict[str, Any]) -> None:
 def check_harbor(instance: dict[str, Any]) -> None:
     """``harbor``'s: a task folder beneath ``harbor_task_dirs`` whose task.toml is honoured whole
     (:func:`tasks.harbor.task.load`: every key either honoured or refused, naming it)."""
+    from tasks.harbor import tools
     from tasks.harbor.task import load
 
     check_sandbox(instance)
     task_dir = instance.get("task_dir")
     if not isinstance(task_dir, str):
         raise InvalidRequest("task_dir: the path of a Harbor task folder is required", field="instance.task_dir")
-    load(task_dir)
+    tools.check(load(task_dir), instance)
 
 
 ECHO_TOOL_SETS = ("none", "submit", "all")

@@ -3,7 +3,8 @@
 The models mirror Harbor's published schema (its ``TaskConfig``), each with ``extra="forbid"``:
 a key we do not know is refused, naming its dotted path. Keys we know but cannot honour here are
 refused by :func:`refusals` with the reason (a GPU, Windows, a non-root user, sidecar collectors,
-MCP servers, a network allow-list, a separate verifier image), never run without. What is
+a network allow-list, a separate verifier image), never run without. MCP servers and a skills
+folder go to the agent (:mod:`tasks.harbor.tools`). What is
 honoured, and how, is said on each field; the handler (:mod:`tasks.harbor.handler`) does it.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from prorl_celery.errors import InvalidRequest
+from tasks.harnesses.tools import McpServer
 
 SCHEMAS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 NetworkMode = Literal["no-network", "public", "allowlist"]
@@ -76,9 +78,11 @@ class Environment(_Network):
     gpus: int | None = Field(None, ge=0, description="Only 0: no GPU sandboxes here.")
     gpu_types: list[str] | None = None
     tpu: dict[str, Any] | None = None
-    mcp_servers: list[dict[str, Any]] = []
+    mcp_servers: list[McpServer] = Field([], description="Given to a harness that takes MCP (tasks.harbor.tools).")
     env: dict[str, str] = Field({}, description="The sandbox's environment (agent and verifier).")
-    skills_dir: str | None = None
+    skills_dir: str | None = Field(None, pattern=r"^/[^\x00]*$", description="A folder of skills in the image "
+                                   "(<name>/SKILL.md): copied where the harness reads skills, else appended to the "
+                                   "instruction (tasks.harbor.tools).")
     healthcheck: Healthcheck | None = None
     workdir: str | None = Field(None, description="The agent's working directory (else the image's WORKDIR).")
     allow_internet: bool | None = Field(None, description="Deprecated form of network_mode.")
@@ -203,9 +207,7 @@ def refusals(config: TaskConfig) -> list[tuple[str, str]]:
     if env.gpus:
         out.append(("environment.gpus", "no GPU sandboxes here"))
     for key, value, why in (("environment.gpu_types", env.gpu_types, "no GPU sandboxes here"),
-                            ("environment.tpu", env.tpu, "no TPU sandboxes here"),
-                            ("environment.mcp_servers", env.mcp_servers, "MCP servers are not started here"),
-                            ("environment.skills_dir", env.skills_dir, "skills are not installed for harnesses here")):
+                            ("environment.tpu", env.tpu, "no TPU sandboxes here")):
         if value:
             out.append((key, why))
     out += _phase_refusals("environment", env) + _phase_refusals("agent", config.agent)
@@ -223,6 +225,9 @@ def refusals(config: TaskConfig) -> list[tuple[str, str]]:
         for item in items:
             if isinstance(item, Artifact) and item.service not in (None, "main"):
                 out.append((key, f"artifact of service {item.service!r}: sidecars are not run here"))
+    servers = [s.name for s in env.mcp_servers]
+    if len(set(servers)) != len(servers):
+        out.append(("environment.mcp_servers", "MCP server names must be unique"))
     names = [s.name for s in config.steps or []]
     if len(set(names)) != len(names):
         out.append(("steps", "step names must be unique"))

@@ -33,7 +33,7 @@ from tasks.handlers.instances import check_harbor
 from tasks.harbor import boxes, files
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
-from tasks.harbor import verifier
+from tasks.harbor import tools, verifier
 
 KEY = "harbor"
 SYSTEM = ("You are an autonomous agent in a Linux shell. Complete the task below by running commands "
@@ -78,7 +78,14 @@ class HarborHandler(AgentTaskHandler):
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": self.instruction(ctx)}]
 
     def instruction(self, ctx: StageContext) -> str:
-        return self._step(ctx).instruction
+        """The step's instruction; the first one with the skills appended for an agent that loads
+        none (:mod:`tasks.harbor.tools`)."""
+        block = self._block(ctx)
+        extra = block.get("skills_appendix", "") if block.get("step", 0) == 0 else ""
+        return self._step(ctx).instruction + extra
+
+    def agent_tools(self, ctx: StageContext) -> Any:
+        return tools.agent_tools(task_of(ctx.instance), self._block(ctx))
 
     # -- the sandboxes -----------------------------------------------------------------------
     def _image(self, ctx: StageContext, task: HarborTask) -> dict[str, Any]:
@@ -129,6 +136,7 @@ class HarborHandler(AgentTaskHandler):
         block = self._block(ctx)
         block.update(task=task.name, steps=[], step=block.get("step", 0),
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
+        tools.prepare(box, task, ctx.instance, block)
         self._prepare_step(ctx, box, task, task.steps[block["step"]], image)
         ctx.save()
 
@@ -191,7 +199,8 @@ class HarborHandler(AgentTaskHandler):
         tampered = [s["name"] for s in block["steps"] if s.get("tampered")]
         reward = 0.0 if tampered or not rewards else verifier.headline(rewards)
         return {"reward": reward, "resolved": reward >= 1.0,
-                "harbor": {**{k: v for k, v in block.items() if k != "steps"}, "rewards": rewards,
+                "harbor": {**{k: v for k, v in block.items() if k not in ("steps", "skills_appendix")},
+                           "rewards": rewards,
                            "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
 
     # -- grading -------------------------------------------------------------------------------

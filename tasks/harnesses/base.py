@@ -5,6 +5,8 @@ A harness class has ``name``, ``config_class`` (a pydantic model of its own sett
 ``extra="forbid"``), ``launch(task, config) -> Launch`` (the files to put in place and the command
 line, run in the sandbox's shell in the task's working directory) and ``finish_reason(exit_code,
 output) -> str | None`` (what its exit says: ``submitted``, ``step_limit`` ...; None: nothing).
+Optional class attributes say what else it takes (:mod:`tasks.harnesses.tools`): ``mcp_transports``
+and ``skills_home``.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import shlex
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.harnesses.tools import AgentTools
 
 HARNESS_DIR = "$PRORL_HARNESS_DIR"  # in a launch's command: the directory its files were put in
 
@@ -43,6 +47,8 @@ class HarnessTask(BaseModel):
     model: str
     max_calls: int | None = None
     wall_s: float
+    tools: AgentTools = Field(default_factory=AgentTools, description="The task's MCP servers and skills "
+                              "(:mod:`tasks.harnesses.tools`), for a harness that takes them.")
 
 
 class Launch(BaseModel):

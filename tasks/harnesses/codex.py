@@ -10,6 +10,7 @@ import os
 from pydantic import BaseModel, ConfigDict
 
 from tasks.harnesses.base import HARNESS_DIR, HarnessTask, Launch, env_prefix, gateway_env
+from tasks.harnesses.tools import McpServer, copy_skills
 
 
 class CodexConfig(BaseModel):
@@ -28,16 +29,32 @@ def _toml(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def mcp_tables(servers: list[McpServer]) -> str:
+    """Its ``config.toml`` tables ``[mcp_servers.<name>]``: ``command``/``args`` for a stdio server,
+    ``url`` for a streamable HTTP one (it speaks no SSE)."""
+    out = []
+    for s in servers:
+        out.append(f"\n[mcp_servers.{s.name}]\nstartup_timeout_sec = 60\n")
+        if s.transport == "stdio":
+            out.append(f"command = {_toml(s.command or '')}\nargs = [{', '.join(_toml(a) for a in s.args)}]\n")
+        else:
+            out.append(f"url = {_toml(s.url or '')}\n")
+    return "".join(out)
+
+
 class Codex:
     name = "codex"
     config_class = CodexConfig
+    mcp_transports = frozenset({"stdio", "streamable-http"})
+    skills_home = "codex/skills"  # $CODEX_HOME/skills, where it reads a user's skills
 
     def launch(self, task: HarnessTask, config: CodexConfig) -> Launch:
         toml = (f"model = {_toml(task.model)}\nmodel_provider = \"prorl\"\n\n[model_providers.prorl]\n"
                 f"name = \"prorl\"\nbase_url = {_toml(task.base_url + '/v1')}\nenv_key = \"PRORL_GATEWAY_KEY\"\n"
-                "wire_api = \"responses\"\n\n[analytics]\nenabled = false\n")
+                "wire_api = \"responses\"\n\n[analytics]\nenabled = false\n") + mcp_tables(task.tools.mcp_servers)
         env = {**gateway_env(task), "CODEX_HOME": f"{HARNESS_DIR}/codex"}
         command = (f"mkdir -p {HARNESS_DIR}/codex && cp {HARNESS_DIR}/config.toml {HARNESS_DIR}/codex/ && "
+                   f"{copy_skills(task.tools, f'{HARNESS_DIR}/{self.skills_home}')}"
                    f"{env_prefix(env)} {codex_binary()} exec --skip-git-repo-check "
                    f"--dangerously-bypass-approvals-and-sandbox \"$(cat {HARNESS_DIR}/task.txt)\"")
         return Launch(files={"config.toml": toml, "task.txt": task.instruction}, command=command)

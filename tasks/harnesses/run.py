@@ -36,6 +36,7 @@ from sandboxes.base import ExecResult, gateway_dir
 from tasks.context import StageContext
 from tasks.harnesses import HARNESSES
 from tasks.harnesses.base import HarnessSpec, HarnessTask, Launch
+from tasks.harnesses.tools import AgentTools, report
 from prorl_celery.rollout.results import STRICT_SAMPLING
 
 log = logging.getLogger(__name__)
@@ -133,11 +134,15 @@ def trainer_sampling(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (params or {}).items() if k in SamplingParams.model_fields and v is not None}
 
 
-def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None) -> dict[str, Any]:
-    """Run the instance's harness on ``instruction`` in the job's sandbox; its calls go on the
-    job's rollout (:attr:`StageContext.transcript`), ``ctx.state.harness`` gets how it ended."""
+def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None,
+                tools: AgentTools | None = None) -> dict[str, Any]:
+    """Run the instance's harness on ``instruction`` (with the task's ``tools``, where it takes
+    them) in the job's sandbox; its calls go on the job's rollout (:attr:`StageContext.transcript`),
+    ``ctx.state.harness`` gets how it ended (``tools``: what it was given of them)."""
     spec = HarnessSpec.model_validate(ctx.instance["agent"])
-    harness = HARNESSES.load(spec.harness)()
+    tools = tools or AgentTools()
+    harness_cls = HARNESSES.load(spec.harness)
+    harness = harness_cls()
     config = harness.config_class.model_validate(spec.own_config())
     wall = max(1.0, min(spec.wall_s or float("inf"), ctx.remaining() - EVAL_RESERVE_S))
     pool = pool or ctx.llm_pool(defer_release=True)
@@ -152,6 +157,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
                              after_answer=pool.send_releases, fence=ctx.staleness_fence())
     sink.session = session
     ctx.state.harness = _block(spec, session, started, strict)
+    if tools:
+        ctx.state.harness["tools"] = report(spec.harness, harness_cls, tools)
     ctx.save()  # a cancel from here on finds a harness's result in the state
     gateway = Gateway(session, token=secrets.token_urlsafe(24), model=spec.model, socket_path=_socket_path())
     try:
@@ -163,7 +170,8 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
     ctx.state.harness["route"] = route
     with gateway:
         task = HarnessTask(instruction=instruction, base_url=f"http://127.0.0.1:{PORT}", api_key=gateway.token,
-                           socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall)
+                           socket_path=socket_path, model=spec.model, max_calls=spec.max_calls, wall_s=wall,
+                           tools=tools)
         _install(ctx, harness.launch(task, config))
         try:
             result = _exec_watched(ctx, _wrapped(socket_path), wall, session, log)
@@ -237,7 +245,8 @@ def _running(session: GatewaySession, started: float, strict: bool) -> dict[str,
 
 def _keep(ctx: StageContext, spec: HarnessSpec, session: GatewaySession, result: ExecResult | None,
           reason: str, started: float, strict: bool) -> dict[str, Any]:
-    state = {**_block(spec, session, started, strict), "route": ctx.state.harness.get("route"),
+    tools = {"tools": ctx.state.harness["tools"]} if ctx.state.harness.get("tools") else {}
+    state = {**_block(spec, session, started, strict), "route": ctx.state.harness.get("route"), **tools,
              "finish_reason": reason,
              "exit_code": result.exit_code if result else None,
              "output": (result.output[-OUTPUT_TAIL:] if result else "")}

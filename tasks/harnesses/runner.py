@@ -32,7 +32,7 @@ class HarnessRunner:
     def run(self, ctx: StageContext, task: AgentTask) -> Any:
         from tasks.harnesses.run import run_harness
 
-        return run_harness(ctx, task.instruction(ctx))
+        return run_harness(ctx, task.instruction(ctx), tools=task.agent_tools(ctx))
 
     def next_task(self, ctx: StageContext, task: AgentTask) -> None:
         """A new session on the next instruction; the ended run's block is kept in ``harness_steps``."""

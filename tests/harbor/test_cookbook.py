@@ -1,6 +1,7 @@
 """The harbor-cookbook's recipes (github.com/harbor-framework/harbor-cookbook), as a new user runs
 them: each recipe that needs no GUI, no MCP server and no sidecar earns its full reward with the
-oracle and 0 with an agent that does nothing; each of the others is refused at submission with a
+oracle and 0 with an agent that does nothing (``skills`` too: its skills folder goes to the agent);
+each of the others is refused at submission with a
 400 naming the task.toml key or the compose file. The cookbook is not shipped here: clone it and
 name its ``harbor_cookbook/recipes`` directory in ``PRORL_HARBOR_COOKBOOK``."""
 from __future__ import annotations
@@ -24,14 +25,14 @@ RUNNABLE = {  # recipe -> the named rewards the oracle earns
     "multi-reward": {"correctness": 1.0, "performance": 1.0},
     "multi-step": {"reward": 1.0},
     "dns-blacklisting": {"reward": 1.0},
+    "skills": {"reward": 1.0},  # its skills_dir goes to the agent (tasks/harbor/tools.py)
 }
-REFUSED = {  # recipe -> the field its refusal names
-    "skills": "task.toml.environment.skills_dir",
-    "mcp-tools": "task.toml.environment.mcp_servers",
-    "simulated-user": "task.toml.environment.mcp_servers",
+REFUSED = {  # recipe -> the field its refusal names (their MCP servers are compose sidecars)
+    "mcp-tools": "task.toml.environment",
+    "simulated-user": "task.toml.environment",
     "multi-container": "task.toml.environment",
-    "computer-use-ubuntu": "task.toml.environment.mcp_servers",
-    "computer-use-windows": "task.toml.environment.mcp_servers",
+    "computer-use-ubuntu": "task.toml.environment",
+    "computer-use-windows": "task.toml.environment",
 }
 
 

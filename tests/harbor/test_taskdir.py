@@ -64,8 +64,6 @@ def test_a_folder_outside_the_allowed_roots_is_refused(allowed, tmp_path_factory
     ('[agent]\nuser = "agent"', "agent.user"),
     ('[verifier]\nuser = 1000', "verifier.user"),
     ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]', "environment.allowed_hosts"),
-    ('[[environment.mcp_servers]]\nname = "x"\nurl = "http://x"', "environment.mcp_servers"),
-    ('[environment]\nskills_dir = "/skills"', "environment.skills_dir"),
     ('[verifier]\ncollect = [{command = "x", service = "db"}]', "verifier.collect"),
     ('[verifier.environment]\ndocker_image = "x"', "verifier.environment"),
     ('schema_version = "2.0"', "schema_version"),

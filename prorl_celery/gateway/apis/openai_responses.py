@@ -5,7 +5,9 @@ Input items map to chat messages: ``message`` items by role (``developer`` as ``
 ``input_text``/``output_text`` parts as text), ``function_call`` items onto the assistant
 message before them (one assistant message per turn, as the model wrote it), each
 ``function_call_output`` to a ``tool`` message; ``reasoning`` items are dropped. Only ``function``
-tools are rendered (a template has no place for the others)."""
+tools are rendered (a template has no place for the others), those of a ``namespace`` tool (Codex
+groups an MCP server's tools in one, ``mcp__<server>``) as ``<namespace>__<name>``: a call of one
+goes back as a ``function_call`` with its ``namespace``, and comes in again under the same name."""
 from __future__ import annotations
 
 import itertools
@@ -50,7 +52,7 @@ def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(
                 {"id": text(item.get("call_id"), f"input[{i}].call_id"), "type": "function",
-                 "function": {"name": text(item.get("name"), f"input[{i}].name"),
+                 "function": {"name": _joined(item.get("namespace"), text(item.get("name"), f"input[{i}].name")),
                               "arguments": text(item.get("arguments"), f"input[{i}].arguments")}})
         elif kind == "function_call_output":
             output = item.get("output")
@@ -59,12 +61,32 @@ def _messages(items: Any, instructions: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    function = [t for t in tools or [] if isinstance(t, dict) and t.get("type") == "function"]
-    return [{"type": "function", "function": {"name": text(t.get("name"), "tools.name"),
-                                              "description": text(t.get("description"), "tools.description"),
-                                              "parameters": t.get("parameters") or {"type": "object"}}}
-            for t in function] or None
+def _joined(namespace: Any, name: str) -> str:
+    return f"{namespace}__{name}" if isinstance(namespace, str) and namespace else name
+
+
+def _functions(tools: Any) -> list[tuple[str | None, dict[str, Any]]]:
+    """(namespace, tool) of each function tool, those inside ``namespace`` tools included."""
+    out: list[tuple[str | None, dict[str, Any]]] = []
+    for t in tools or []:
+        if isinstance(t, dict) and t.get("type") == "function":
+            out.append((None, t))
+        elif isinstance(t, dict) and t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+            ns = text(t.get("name"), "tools.name")
+            out += [(ns, inner) for inner in t["tools"] if isinstance(inner, dict) and inner.get("type") == "function"]
+    return out
+
+
+def _tools(tools: Any) -> tuple[list[dict[str, Any]] | None, dict[str, tuple[str, str]]]:
+    rendered, namespaced = [], {}
+    for ns, t in _functions(tools):
+        name = text(t.get("name"), "tools.name")
+        if ns:
+            namespaced[_joined(ns, name)] = (ns, name)
+        rendered.append({"type": "function", "function": {
+            "name": _joined(ns, name), "description": text(t.get("description"), "tools.description"),
+            "parameters": t.get("parameters") or {"type": "object"}}})
+    return rendered or None, namespaced
 
 
 class OpenAIResponses:
@@ -81,17 +103,20 @@ class OpenAIResponses:
         except ValidationError as exc:
             err = exc.errors()[0]
             raise bad_request(f"{'.'.join(map(str, err['loc']))}: {err['msg']}", str(err["loc"][0])) from None
-        return GatewayRequest(messages=messages, tools=_tools(body.get("tools")), sampling=sampling,
+        tools, namespaced = _tools(body.get("tools"))
+        return GatewayRequest(messages=messages, tools=tools, namespaced=namespaced, sampling=sampling,
                               model=body.get("model"), stream=bool(body.get("stream")))
 
     @staticmethod
-    def _items(turn: Turn) -> list[dict[str, Any]]:
+    def _items(turn: Turn, request: GatewayRequest) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         if (turn.content or "").strip():
             items.append({"type": "message", "id": new_id("msg_"), "status": "completed", "role": "assistant",
                           "content": [{"type": "output_text", "text": turn.content, "annotations": []}]})
-        items += [{"type": "function_call", "id": new_id("fc_"), "call_id": call.id, "name": call.name,
-                   "arguments": call.arguments, "status": "completed"} for call in turn.tool_calls]
+        for call in turn.tool_calls:
+            ns, name = request.namespaced.get(call.name, (None, call.name))
+            items.append({"type": "function_call", "id": new_id("fc_"), "call_id": call.id, "name": name,
+                          **({"namespace": ns} if ns else {}), "arguments": call.arguments, "status": "completed"})
         return items
 
     def _response(self, turn: Turn, request: GatewayRequest, output: list[dict[str, Any]], status: str,
@@ -107,10 +132,10 @@ class OpenAIResponses:
                           "output_tokens_details": {"reasoning_tokens": 0}}}
 
     def respond(self, turn: Turn, request: GatewayRequest) -> dict[str, Any]:
-        return self._response(turn, request, self._items(turn), "completed", new_id("resp_"))
+        return self._response(turn, request, self._items(turn, request), "completed", new_id("resp_"))
 
     def stream(self, turn: Turn, request: GatewayRequest) -> Iterator[bytes]:
-        seq, rid, items = itertools.count(), new_id("resp_"), self._items(turn)
+        seq, rid, items = itertools.count(), new_id("resp_"), self._items(turn, request)
 
         def event(kind: str, **data: Any) -> bytes:
             return sse(json.dumps({"type": kind, "sequence_number": next(seq), **data}), event=kind)
