@@ -222,7 +222,7 @@ def refusals(config: TaskConfig) -> list[tuple[str, str]]:
             (f"steps.{i}.artifacts", s.artifacts) for i, s in enumerate(config.steps or [])]:
         for item in items:
             if isinstance(item, Artifact) and item.service not in (None, "main"):
-                out.append((key, f"artifact of service {item.service!r}: sidecars are not run here"))
+                out.append((key, f"artifact of service {item.service!r}: a sidecar's files are not collected here"))
     names = [s.name for s in config.steps or []]
     if len(set(names)) != len(names):
         out.append(("steps", "step names must be unique"))

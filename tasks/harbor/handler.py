@@ -30,7 +30,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import boxes, files
+from tasks.harbor import boxes, files, sidecars
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import verifier
@@ -115,7 +115,8 @@ class HarborHandler(AgentTaskHandler):
         return base.model_copy(update={
             "image": image["rootfs"], "writable_root": True, "workdir": self._workdir(task, image),
             # the image's own ENV the runtime takes from the image (etc/prorl-image.json), under these
-            "network": network, "env": {**resources.env, **(env or {}), **base.env}})
+            "network": network, "env": {**resources.env, **(task.compose.main_env if task.compose else {}),
+                                        **(env or {}), **base.env}})
 
     def _agent_network(self, task: HarborTask) -> bool:
         return wants_internet(task.config, task.config.agent) and get_settings().harbor_allow_internet
@@ -125,8 +126,10 @@ class HarborHandler(AgentTaskHandler):
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
         box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
-        boxes.entrypoint(box, image)
         block = self._block(ctx)
+        if task.compose:  # before anything of the task runs in the agent's sandbox: depends_on
+            block["services"] = sidecars.start(ctx, self, task, box)
+        boxes.entrypoint(box, image)
         block.update(task=task.name, steps=[], step=block.get("step", 0),
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
         self._prepare_step(ctx, box, task, task.steps[block["step"]], image)
