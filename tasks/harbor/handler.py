@@ -125,7 +125,8 @@ class HarborHandler(AgentTaskHandler):
     def init(self, ctx: StageContext) -> None:
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
-        box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
+        online = self._agent_network(task)  # then the registries as the verifier reaches them (the toolkit)
+        box = ctx.open_sandbox(self._spec(ctx, task, image, online, env=boxes.tools_env(image) if online else None))
         block = self._block(ctx)
         if task.compose:  # before anything of the task runs in the agent's sandbox: depends_on
             block["services"] = sidecars.start(ctx, self, task, box)

@@ -51,7 +51,7 @@ def build(ctx: StageContext, task: HarborTask, sidecar: Sidecar) -> dict[str, An
     waited = time.monotonic() - started
     ctx.deadline += waited
     ctx.state.init_wait_s = round((ctx.state.init_wait_s or 0.0) + waited, 3)
-    return {"rootfs": built.rootfs, "key": built.key, "from": built.from_ref, "base": built.base, "notes": built.notes,
+    return {"rootfs": built.rootfs, "key": built.key, "env": built.env, "from": built.from_ref, "base": built.base, "notes": built.notes,
             "workdir": built.workdir, "entrypoint": built.config.entrypoint, "cmd": built.config.cmd,
             "expose": built.config.expose, "healthcheck": built.config.healthcheck, "build_s": round(waited, 3)}
 
@@ -85,9 +85,10 @@ def image_health(check: dict[str, Any] | None) -> Health | None:
 
 def _spec(ctx: StageContext, handler: Any, sidecar: Sidecar, image: dict[str, Any]) -> SandboxSpec:
     base = handler.sandbox_spec({"data_source": "harbor"})  # the domain's defaults, not the agent's block
+    network = get_settings().harbor_sidecar_network  # the registries' clients get the node's trust store
     return base.model_copy(update={
         "image": image["rootfs"], "writable_root": True, "workdir": sidecar.workdir or image.get("workdir") or "/",
-        "network": get_settings().harbor_sidecar_network, "env": dict(sidecar.env)})
+        "network": network, "env": {**(boxes.tools_env(image) if network else {}), **sidecar.env}})
 
 
 def hosts(box: Any, names: list[str]) -> None:
@@ -152,6 +153,7 @@ class Services:
     def _wait(self, owner: str, deps: dict[str, str]) -> None:
         for name, condition in deps.items():
             key = f"{name}:{condition}"
+            self.record[name].setdefault("waited_for_by", []).append(owner)
             if key in self.ready or condition == "service_started":
                 continue
             began = time.monotonic()
@@ -162,7 +164,6 @@ class Services:
             self.ready.add(key)
             self.record[name]["ready_s" if condition == "service_healthy" else "completed_s"] = \
                 round(time.monotonic() - began + self.record[name]["started_s"], 3)
-            self.record[name].setdefault("waited_for_by", []).append(owner)
 
     def _exit(self, name: str) -> str | None:
         out = self.boxes[name].exec(f"cat {EXITED} 2>/dev/null", timeout=30)
