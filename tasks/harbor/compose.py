@@ -270,7 +270,7 @@ def _validate(model: type[BaseModel], data: Any, where: str, fail, hint: str) ->
         errors = exc.errors()  # a key of a union's model (build: {...}) over "should be a string"
         err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         key = ".".join(str(p) for p in err["loc"] if not _TYPE_TAG.match(str(p)))  # not a union's member tags
-        path = f"{where}.{key}" if key else where
+        path = ".".join(p for p in (where, key) if p)
         if err["type"] == "extra_forbidden":
             top = str(err["loc"][0])
             nested = len([p for p in err["loc"] if not _TYPE_TAG.match(str(p))]) > 1
@@ -302,7 +302,8 @@ def parse(text: str, task: str, file: str = "docker-compose.yaml", env: Mapping[
     origin = f"environment/{file}"
 
     def fail(where: str, why: str) -> InvalidRequest:
-        return InvalidRequest(f"task {task}: {origin}: {where} {why}", field=f"{origin}.{where}")
+        where = where.strip(".")
+        return InvalidRequest(f"task {task}: {origin}: {where} {why}", field=f"{origin}.{where}" if where else origin)
 
     try:
         raw = yaml.safe_load(text)

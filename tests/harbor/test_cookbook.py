@@ -3,9 +3,10 @@ them: each recipe that needs no GUI earns its full reward with the oracle and 0 
 does nothing, the sidecar services of a docker-compose.yaml included (multi-container's API
 server, mcp-tools' MCP server, simulated-user's); each of the others is refused at submission
 with a 400 naming the task.toml key or the compose file. mcp-tools' own solve.sh installs uv and
-the ``mcp`` package from the registries inside the agent's sandbox, so it needs an operator who
-gives agents the network (``PRORL_HARBOR_ALLOW_INTERNET=1``); offline, a hand-written MCP client
-(plain HTTP from the image's python3) earns the reward the same way. The cookbook is not shipped here: clone it and
+the ``mcp`` package in the agent's sandbox (it needs ``PRORL_HARBOR_ALLOW_INTERNET=1``) and imports
+``streamablehttp_client``, which today's ``mcp`` (2.x) no longer has: it fails wherever it runs. Its
+MCP server is checked with a hand-written client instead (plain HTTP from the image's python3,
+offline), which earns the recipe's full reward through the sidecar. The cookbook is not shipped here: clone it and
 name its ``harbor_cookbook/recipes`` directory in ``PRORL_HARBOR_COOKBOOK``."""
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ RUNNABLE = {  # recipe -> the named rewards the oracle earns
     "multi-container": {"reward": 1.0},  # its api-server: a sidecar (tasks/harbor/sidecars.py)
     "simulated-user": {"reward": 1.0},  # its user-server starts with ANTHROPIC_API_KEY interpolated empty
 }
-ONLINE = {"mcp-tools": {"reward": 1.0}}  # the oracle fetches uv and mcp in the agent's sandbox
 REFUSED = {  # recipe -> the field its refusal names
     "skills": "task.toml.environment.skills_dir",
     "computer-use-ubuntu": "task.toml.environment.mcp_servers",
@@ -83,14 +83,6 @@ def test_the_mcp_recipe_s_server_answers_an_offline_agent_by_name(api, recipes):
     server = solved["harbor"]["services"]["mcp-server"]
     assert "toolkit" not in server["image"]["base"] and any("astral-sh/uv" in n for n in server["image"]["notes"])
     assert result(run(api, recipes / "mcp-tools", NOOP))["reward"] == 0.0
-
-
-@pytest.mark.parametrize("name", sorted(ONLINE))
-@pytest.mark.skipif(os.environ.get("PRORL_HARBOR_ALLOW_INTERNET") not in ("1", "true"),
-                    reason="its solve.sh installs uv and mcp in the agent's sandbox: PRORL_HARBOR_ALLOW_INTERNET=1")
-def test_an_oracle_that_needs_the_registries_earns_its_reward_where_agents_reach_them(api, recipes, name):
-    solved = result(run(api, recipes / name, ORACLE))
-    assert solved["harbor"]["rewards"] == ONLINE[name], solved["harbor"]["steps"][-1].get("output", "")[-3000:]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
