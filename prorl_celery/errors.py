@@ -29,6 +29,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── EnvBuildFailed                         env_build_failed     an environment could not be built
     │   └── UnsafeDirectory                        unsafe_directory     a host directory not safely its own
     ├── ImageBuildFailed                           image_build_failed 500  a Dockerfile could not be built
+    ├── SidecarFailed                              sidecar_failed       a task's sidecar service never got ready
     ├── VerifierFailed                             verifier_failed      a task's verifier could not grade
     │   └── VerifierTimedOut, VerifierNoReward     verifier_timeout, verifier_no_reward
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
@@ -347,6 +348,13 @@ class ImageBuildFailed(ProrlError):
     cannot honour), failed (a RUN exited non-zero, with the log's tail) or timed out."""
 
     type = "image_build_failed"
+
+
+class SidecarFailed(ProrlError):
+    """A task's sidecar service (docker-compose.yaml) exited or never got healthy before what
+    depends on it could start: an infrastructure fault naming the service, not a reward."""
+
+    type = "sidecar_failed"
 
 
 class UnsafeDirectory(SandboxError):

@@ -246,6 +246,12 @@ class SandboxRuntime:
         in the background. Default: close now."""
         self.close()  # type: ignore[attr-defined]  # every Sandbox has close()
 
+    def netns_fd(self) -> int | None:
+        """A new descriptor of the sandbox's own network namespace (the caller closes it), for the
+        host's forwards between sandboxes (:mod:`sandboxes.host.forward`). Default: None, the
+        runtime has none of its own to give."""
+        return None
+
     def hasten_exit(self) -> None:
         """Just before :meth:`kill`: once killed, let this sandbox's processes have the CPU
         before the living until they are gone (a bulk close calls it for each sandbox before

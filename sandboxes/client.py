@@ -109,6 +109,11 @@ class RemoteSandbox:
         ``target``."""
         return self._invoke("relay", socket=socket, target=target, close=close, key=key)
 
+    def forward(self, to: str, ports: list[int]) -> list[int]:
+        """``ports`` of the sandbox ``to`` (this job's, on this host) reached at 127.0.0.1 in this
+        one (host-only: :meth:`sandboxes.host.pool.SandboxPool.forward`)."""
+        return self._invoke("forward", to=to, ports=ports)
+
     def read_file(self, path: str) -> bytes:
         return self._invoke("read_file", path=path)
 
@@ -241,18 +246,21 @@ def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostReco
 
 
 def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
-                 lease_s: float | None = None) -> RemoteSandbox:
-    """Create a sandbox on the live host with the most free slots (ties broken at random).
+                 lease_s: float | None = None, keeper: SandboxHandle | None = None) -> RemoteSandbox:
+    """Create a sandbox on the live host with the most free slots (ties broken at random); with
+    ``keeper``, on the keeper's host, sharing its lifetime (``CreateRequest.keeper``).
 
     Hosts race: a host that turns out full or unreachable is skipped for the next one. Raises
     :class:`NoSandboxCapacity` when none could take it (the caller retries later), and
     :class:`SandboxError` when every host answered with a failure of its own.
     """
     runtime = requested_runtime(spec)  # "auto" is resolved by the host that takes it
-    hosts = [host for host in live_hosts(client, runtime) if host.free > 0]
+    hosts = [host for host in live_hosts(client, runtime) if host.free > 0
+             and (keeper is None or host.host_id == keeper.host_id)]
     random.shuffle(hosts)
     hosts.sort(key=lambda host: host.free, reverse=True)  # stable: shuffled order breaks ties
-    body = CreateRequest(job_id=job_id, spec=spec, lease_s=lease_s).model_dump_json()
+    body = CreateRequest(job_id=job_id, spec=spec, lease_s=lease_s,
+                         keeper=keeper.sandbox_id if keeper else None).model_dump_json()
     full: list[str] = []
     failed: list[str] = []
     for host in hosts:
@@ -293,7 +301,7 @@ def _transient(exc: SandboxError | ImageError) -> bool:
 def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
                          budget_s: float, check: Any = None, lease_s: float | None = None,
                          first_pause_s: float = 0.1, max_pause_s: float = 2.0,
-                         ) -> tuple[RemoteSandbox, float]:
+                         keeper: SandboxHandle | None = None) -> tuple[RemoteSandbox, float]:
     """:func:`open_sandbox`, waiting out what is not the job's fault instead of failing it:
     retried with backoff (jittered, so a thousand waiting inits do not knock at once) for at
     most ``budget_s`` and ``settings.sandbox_create_wait_s``. ``check()`` runs before each try
@@ -310,7 +318,7 @@ def open_sandbox_waiting(client: redis.Redis, spec: SandboxSpec, job_id: str, *,
             check()
         waited = time.monotonic() - started  # before this try: the create's own time is not waiting
         try:
-            return open_sandbox(client, spec, job_id, lease_s), waited
+            return open_sandbox(client, spec, job_id, lease_s, keeper), waited
         except (SandboxError, ImageError) as exc:
             retry += 1
             if not _transient(exc) or time.monotonic() + backoff.base(retry) > deadline:
@@ -328,8 +336,9 @@ class HostProvider:
         self.redis = client
 
     def open(self, spec: SandboxSpec, job_id: str, *, budget_s: float,
-             check: Any = None) -> tuple[RemoteSandbox, float]:
-        return open_sandbox_waiting(self.redis, spec, job_id, budget_s=budget_s, check=check)
+             check: Any = None, keeper: Any = None) -> tuple[RemoteSandbox, float]:
+        return open_sandbox_waiting(self.redis, spec, job_id, budget_s=budget_s, check=check,
+                                    keeper=keeper.handle if keeper is not None else None)
 
     def attach(self, handle: dict[str, Any]) -> RemoteSandbox:
         return RemoteSandbox(SandboxHandle.model_validate(handle))

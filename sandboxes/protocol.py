@@ -30,6 +30,9 @@ class CreateRequest(_Body):
     job_id: str = Field(min_length=1, description="The job the sandbox belongs to (for sweeps).")
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
     lease_s: float | None = Field(None, gt=0, description="Lease; default: settings.sandbox_lease_s.")
+    keeper: str | None = Field(None, description="A sandbox of this host and job whose lifetime this one shares "
+                               "(a task's sidecar service beside the agent's): its lease is held while the keeper "
+                               "lives, and it is closed with the keeper.")
 
 
 # -- the protocol's methods: a request and a response each ---------------------------------
@@ -140,6 +143,17 @@ class RelayResponse(BaseModel):
     path: str = Field("", description="The socket's path on this node: what the sandbox connects to.")
 
 
+class ForwardRequest(_Body):
+    to: str = Field(description="A sandbox of this host and of the same job: where each connection goes.")
+    ports: list[int] = Field(min_length=1, max_length=16, description="TCP ports: each listened on at 127.0.0.1 in "
+                             "this sandbox's network namespace, each connection spliced to 127.0.0.1 at the same "
+                             "port in ``to``'s.")
+
+
+class ForwardResponse(BaseModel):
+    ports: list[int] = Field(description="The ports now forwarded.")
+
+
 class SandboxEntry(BaseModel):
     sandbox_id: str
     host_id: str
@@ -150,6 +164,7 @@ class SandboxEntry(BaseModel):
     lease_s: float
     pid: int | None = None
     info: dict[str, Any] = Field(default_factory=dict)
+    keeper: str | None = Field(None, description="The sandbox this one lives and dies with (CreateRequest.keeper).")
 
 
 class SandboxList(BaseModel):
@@ -235,7 +250,7 @@ class Method:
 
 
 # method name (a method of Sandbox, except the host-only ones: renew, the lease; relay, a gateway's
-# socket piped from another node) -> its models
+# socket piped from another node; forward, ports of another sandbox of the job) -> its models
 METHODS: dict[str, Method] = {
     "exec": Method(ExecRequest, ExecResult),
     "interrupt": Method(Empty, InterruptResponse, ""),
@@ -248,6 +263,7 @@ METHODS: dict[str, Method] = {
     "close": Method(Empty, CloseResponse, "closed"),
     "renew": Method(RenewRequest, SandboxEntry, host_only=True),
     "relay": Method(RelayRequest, RelayResponse, host_only=True),
+    "forward": Method(ForwardRequest, ForwardResponse, "ports", host_only=True),
 }
 
 

@@ -51,9 +51,12 @@ class SandboxProvider(Protocol):
     """Where sandboxes come from; built with the job store's Redis client."""
 
     def open(self, spec: SandboxSpec, job_id: str, *, budget_s: float,
-             check: Callable[[], None] | None = None) -> tuple[ProvidedSandbox, float]:
+             check: Callable[[], None] | None = None,
+             keeper: ProvidedSandbox | None = None) -> tuple[ProvidedSandbox, float]:
         """A new sandbox for ``job_id`` and the seconds waited for it (a full cluster, an image
-        being pulled ...), waiting at most ``budget_s``; ``check()`` raises to stop waiting."""
+        being pulled ...), waiting at most ``budget_s``; ``check()`` raises to stop waiting.
+        ``keeper``: a sandbox of the job the new one lives and dies with, beside it (a task's
+        sidecar service beside the agent's sandbox; ``forward`` then reaches its ports)."""
 
     def attach(self, handle: dict[str, Any]) -> ProvidedSandbox:
         """The sandbox a stored handle names, driven from this process."""

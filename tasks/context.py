@@ -194,6 +194,17 @@ class StageContext:
         self._set_aux([*self.record.sandbox.get("aux", []), box.handle.sandbox_id], box)
         return box
 
+    def open_kept_sandbox(self, spec: SandboxSpec, keeper):
+        """A sandbox that lives and dies with ``keeper`` (the job's own), on its host: a task's
+        sidecar service. Its host holds its lease while the keeper lives and closes it with the
+        keeper; the sweep keeps it while it keeps the keeper. Nothing to close by hand."""
+        from sandboxes.policy import clamp_spec
+
+        box, waited = self.provider.open(clamp_spec(spec), self.job_id, budget_s=self.remaining(),
+                                         check=self.check, keeper=keeper)
+        self.state.init_wait_s = round((self.state.init_wait_s or 0.0) + waited, 3)
+        return box
+
     def close_aux_sandbox(self, box) -> None:
         self.provider.close(box.handle)
         self._set_aux([i for i in self.record.sandbox.get("aux", []) if i != box.handle.sandbox_id])

@@ -124,7 +124,7 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     @app.post("/sandboxes")
     def create() -> Response:
         body = parse(CreateRequest)
-        return ok(pool.create(body.job_id, body.spec, body.lease_s), 201)
+        return ok(pool.create(body.job_id, body.spec, body.lease_s, body.keeper), 201)
 
     @app.get("/sandboxes")
     def list_sandboxes() -> Response:
@@ -232,6 +232,7 @@ _POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
     "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
     "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
     "relay": lambda pool, sandbox_id, args: pool.relay(sandbox_id, **args),
+    "forward": lambda pool, sandbox_id, args: pool.forward(sandbox_id, **args),
 }
 
 

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, SandboxGone
+from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, PolicyDenied, SandboxGone
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
+from sandboxes.host.forward import Forward, forward
 from sandboxes.host.relay import Relay, is_socket, parse_target, socket_path
 from sandboxes.protocol import RelayResponse, SandboxEntry
 from sandboxes import policy
@@ -37,6 +38,8 @@ class _Slot:
     busy: int = 0  # requests in flight; a busy sandbox's lease cannot lapse
     policy: dict[str, Any] = field(default_factory=dict)  # what the host decided, for info()
     relays: dict[str, Relay] = field(default_factory=dict)  # socket name -> its relay (harness sessions)
+    keeper: str | None = None  # the sandbox this one lives and dies with (a task's sidecar: the agent's)
+    forwards: list[tuple[str, Forward]] = field(default_factory=list)  # (target id, forward) listened on here
 
     def renew(self, lease_s: float | None = None) -> None:
         self.lease_s = lease_s or self.lease_s
@@ -85,9 +88,14 @@ class SandboxPool:
         image = policy.check_image(spec.image, "spec.image")
         return name, policy.clamp_spec(spec).model_copy(update={"runtime": name, "image": image})
 
-    def create(self, job_id: str, spec: SandboxSpec, lease_s: float | None = None) -> SandboxEntry:
+    def create(self, job_id: str, spec: SandboxSpec, lease_s: float | None = None,
+               keeper: str | None = None) -> SandboxEntry:
+        """A new sandbox; with ``keeper`` (a live sandbox of this host and job) one that shares
+        its lifetime: held while the keeper lives, closed with it."""
         name, spec = self.admit(spec)
         with self._lock:
+            if keeper is not None:
+                self._slot_of(keeper, job_id, "keeper")
             if len(self._slots) + self._starting >= self.capacity:
                 raise NoSandboxCapacity(f"host {self.host_id} is full ({self.capacity} sandboxes)")
             self._starting += 1  # reserve the slot; starting a sandbox can be slow
@@ -99,16 +107,30 @@ class SandboxPool:
         finally:
             with self._lock:
                 self._starting -= 1
-        slot = _Slot(secrets.token_hex(8), job_id, name, sandbox, lease_s or self.default_lease_s)
+        slot = _Slot(secrets.token_hex(8), job_id, name, sandbox, lease_s or self.default_lease_s, keeper=keeper)
         slot.renew()
         slot.policy = {"isolation": isolation_of(name), "limits": spec.limits.model_dump(exclude_none=True),
                        "limit_enforcement": limit_enforcement()}
         if spec.limits.wall_s:
             slot.wall_deadline = slot.created_at + spec.limits.wall_s
         with self._lock:
-            self._slots[slot.sandbox_id] = slot
+            kept = keeper is None or keeper in self._slots
+            if kept:
+                self._slots[slot.sandbox_id] = slot
+        if not kept:  # the keeper closed while this one started
+            _close(sandbox, slot.sandbox_id)
+            raise SandboxGone(f"no sandbox {keeper!r} on host {self.host_id} (the keeper closed)")
         self.on_change()
         return self.entry(slot)
+
+    def _slot_of(self, sandbox_id: str, job_id: str, field_name: str) -> _Slot:
+        """The live slot ``sandbox_id`` of job ``job_id`` (the caller holds the lock)."""
+        slot = self._slots.get(sandbox_id)
+        if slot is None:
+            raise SandboxGone(f"no sandbox {sandbox_id!r} on host {self.host_id}")
+        if slot.job_id != job_id:
+            raise PolicyDenied(f"sandbox {sandbox_id} is another job's", field=field_name)
+        return slot
 
     def entry(self, slot: _Slot) -> SandboxEntry:
         info = slot.sandbox.info()
@@ -117,7 +139,7 @@ class SandboxPool:
         return SandboxEntry(sandbox_id=slot.sandbox_id, host_id=self.host_id, job_id=slot.job_id,
                             runtime=slot.runtime, created_at=slot.created_at,
                             expires_at=slot.expires_at, lease_s=slot.lease_s, pid=info.get("pid"),
-                            info=info)
+                            info=info, keeper=slot.keeper)
 
     def entries(self) -> list[SandboxEntry]:
         with self._lock:
@@ -198,6 +220,34 @@ class SandboxPool:
         log.info("sandbox %s of job %s: gateway socket %s relayed to %s", sandbox_id, slot.job_id, socket[:8], target)
         return RelayResponse(route="relay", path=path)
 
+    def forward(self, sandbox_id: str, to: str, ports: list[int]) -> list[int]:
+        """``ports`` of the sandbox ``to`` (the same job's, on this host) listened on at 127.0.0.1
+        in ``sandbox_id``'s network namespace (:mod:`sandboxes.host.forward`), until either closes."""
+        if any(not 0 < port < 65536 for port in ports):
+            raise InvalidRequest(f"not TCP ports: {ports}", field="ports")
+        with self._lock:
+            slot = self._slots.get(sandbox_id)
+            if slot is None:
+                raise SandboxGone(f"no sandbox {sandbox_id!r} on host {self.host_id}")
+            target = self._slot_of(to, slot.job_id, "to")
+            slot.busy += 1
+            target.busy += 1
+        try:
+            made = forward(slot.sandbox, target.sandbox, ports)
+        finally:
+            with self._lock:
+                slot.busy -= 1
+                target.busy -= 1
+        with self._lock:
+            alive = self._slots.get(sandbox_id) is slot and self._slots.get(to) is target
+            if alive:
+                slot.forwards.append((to, made))
+        if not alive:
+            made.close()
+            raise SandboxGone(f"sandbox {sandbox_id} or {to} closed while its forward started")
+        log.info("sandbox %s of job %s: ports %s of sandbox %s forwarded in", sandbox_id, slot.job_id, ports, to)
+        return made.ports
+
     def close(self, sandbox_id: str, reason: str = "closed") -> bool:
         return bool(self.close_many([sandbox_id], reason))
 
@@ -209,6 +259,15 @@ class SandboxPool:
         :func:`~sandboxes.runtimes.limits.exitboost.commit`), and one line is logged."""
         with self._lock:
             slots = [slot for i in sandbox_ids if (slot := self._slots.pop(i, None)) is not None]
+            closing = {slot.sandbox_id for slot in slots}
+            while kept := [s for s in self._slots.values() if s.keeper in closing]:  # sidecars go with their keeper
+                for slot in kept:
+                    slots.append(self._slots.pop(slot.sandbox_id))
+                    closing.add(slot.sandbox_id)
+            ends = [f for slot in slots for _to, f in slot.forwards]  # forwards out of or into a closing one
+            for slot in self._slots.values():
+                ends += [f for to, f in slot.forwards if to in closing]
+                slot.forwards = [(to, f) for to, f in slot.forwards if to not in closing]
         for slot in slots:  # before any kill: no dying sandbox competes with these writes yet
             try:
                 slot.sandbox.hasten_exit()
@@ -223,6 +282,8 @@ class SandboxPool:
         for slot in slots:  # its harness sessions' ways out go with it
             for relay in slot.relays.values():
                 relay.close()
+        for made in ends:
+            made.close()
         if len(slots) == 1:
             log.info("closing sandbox %s of job %s: %s", slots[0].sandbox_id, slots[0].job_id, reason)
         elif slots:
@@ -268,8 +329,8 @@ class SandboxPool:
             for slot in self._slots.values():
                 if slot.wall_deadline and now >= slot.wall_deadline:
                     doomed.append((slot.sandbox_id, "wall time limit"))
-                elif slot.busy:
-                    slot.renew()  # a long command keeps its own lease alive
+                elif slot.busy or (slot.keeper is not None and slot.keeper in self._slots):
+                    slot.renew()  # a long command keeps its own lease alive; a sidecar, its keeper's
                 elif now >= slot.expires_at:
                     doomed.append((slot.sandbox_id, "lease lapsed"))
         return [sandbox_id for sandbox_id, why in doomed if self.close(sandbox_id, why)]

@@ -235,6 +235,9 @@ class BwrapSandbox(ShellSandbox):
         if pidfd is not None:
             exitboost.hasten(cgroup.dirs["cpu"], pidfd)
 
+    def netns_fd(self) -> int | None:
+        return self.shell.namespace("net") if self.shell is not None else None
+
     def _close_limits(self) -> None:
         if self._limits is not None:
             self._limits.close()  # whatever is still in the cgroup dies here

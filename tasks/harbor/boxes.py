@@ -106,18 +106,30 @@ class wall:
 
 
 def healthcheck(ctx: StageContext, box: Any, step: Step) -> None:
-    """Docker HEALTHCHECK's polling: healthy at the first success; ``retries`` failures in a row
-    after the start period are an init fault."""
+    """The step's healthcheck polled (:func:`poll`); unhealthy is an init fault."""
     check = step.healthcheck
+    why = poll(ctx, box, check.command, interval_s=check.interval_sec, timeout_s=check.timeout_sec,
+               retries=check.retries, start_period_s=check.start_period_sec, start_interval_s=check.start_interval_sec)
+    if why:
+        raise RuntimeError(f"step {step.name}: {why}")
+
+
+def poll(ctx: StageContext, box: Any, command: str, *, interval_s: float, timeout_s: float, retries: int,
+         start_period_s: float, start_interval_s: float, ended: Any = None) -> str | None:
+    """Docker HEALTHCHECK's polling of ``command`` in ``box``: None (healthy) at the first
+    success; why not after ``retries`` failures in a row past the start period (failures within
+    it do not count), or as soon as ``ended()`` says why the service is gone."""
     started, failures = time.monotonic(), 0
     while True:
-        out = box.exec(check.command, timeout=check.timeout_sec)
+        out = box.exec(command, timeout=timeout_s)
         if out.exit_code == 0:
-            return
-        in_start = time.monotonic() - started < check.start_period_sec
+            return None
+        gone = ended() if ended is not None else None
+        if gone:
+            return gone
+        in_start = time.monotonic() - started < start_period_s
         failures += 0 if in_start else 1
-        if failures >= check.retries:
-            raise RuntimeError(f"step {step.name}: healthcheck {check.command!r} failed {failures} times: "
-                               f"{out.output[-500:]}")
+        if failures >= retries:
+            return f"healthcheck {command!r} failed {failures} times: {out.output[-500:]}"
         ctx.check()
-        time.sleep(check.start_interval_sec if in_start else check.interval_sec)
+        time.sleep(start_interval_s if in_start else interval_s)

@@ -224,7 +224,7 @@ def refusals(config: TaskConfig) -> list[tuple[str, str]]:
             (f"steps.{i}.artifacts", s.artifacts) for i, s in enumerate(config.steps or [])]:
         for item in items:
             if isinstance(item, Artifact) and item.service not in (None, "main"):
-                out.append((key, f"artifact of service {item.service!r}: sidecars are not run here"))
+                out.append((key, f"artifact of service {item.service!r}: a sidecar's files are not collected here"))
     servers = [s.name for s in env.mcp_servers]
     if len(set(servers)) != len(servers):
         out.append(("environment.mcp_servers", "MCP server names must be unique"))

@@ -3,7 +3,8 @@
 init builds the task's image (:mod:`sandboxes.runtimes.images.build`: its Dockerfile made a
 rootfs without a Docker daemon, once per content hash) and opens the agent's sandbox on it with a
 writable root, the task's working directory, env, resources and network (the task asks; the
-operator's ``harbor_allow_internet`` grants), then prepares the first step. run runs the
+operator's ``harbor_allow_internet`` grants), starts the task's sidecar services
+(:mod:`tasks.harbor.sidecars`) before anything of the task runs in it, then prepares the first step. run runs the
 instance's agent (the built-in one, or any harness: ``oracle`` runs the step's ``solve.sh``) on
 each step's instruction and grades each step as it ends, while the agent's sandbox is the stage's
 own (a ``min_reward`` a step misses ends the task); eval rolls the steps' rewards up
@@ -30,7 +31,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import boxes, files
+from tasks.harbor import boxes, files, sidecars
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import tools, verifier
@@ -122,7 +123,8 @@ class HarborHandler(AgentTaskHandler):
         return base.model_copy(update={
             "image": image["rootfs"], "writable_root": True, "workdir": self._workdir(task, image),
             # the image's own ENV the runtime takes from the image (etc/prorl-image.json), under these
-            "network": network, "env": {**resources.env, **(env or {}), **base.env}})
+            "network": network, "env": {**resources.env, **(task.compose.main_env if task.compose else {}),
+                                        **(env or {}), **base.env}})
 
     def _agent_network(self, task: HarborTask) -> bool:
         return wants_internet(task.config, task.config.agent) and get_settings().harbor_allow_internet
@@ -131,9 +133,12 @@ class HarborHandler(AgentTaskHandler):
     def init(self, ctx: StageContext) -> None:
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
-        box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
-        boxes.entrypoint(box, image)
+        online = self._agent_network(task)  # then the registries as the verifier reaches them (the toolkit)
+        box = ctx.open_sandbox(self._spec(ctx, task, image, online, env=boxes.tools_env(image) if online else None))
         block = self._block(ctx)
+        if task.compose:  # before anything of the task runs in the agent's sandbox: depends_on
+            block["services"] = sidecars.start(ctx, self, task, box)
+        boxes.entrypoint(box, image)
         block.update(task=task.name, steps=[], step=block.get("step", 0),
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
         tools.prepare(box, task, ctx.instance, block)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from prorl_celery.errors import InvalidRequest, PolicyDenied
 from sandboxes.dirs import beneath, split_dirs
+from tasks.harbor import compose as compose_file
+from tasks.harbor.compose import Compose
 from tasks.harbor.config import Artifact, Healthcheck, TaskConfig, parse
 
-COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 MAX_INSTRUCTION = 256 * 1024
 
 
@@ -46,6 +47,7 @@ class HarborTask:
     root: Path
     config: TaskConfig
     steps: list[Step]
+    compose: Compose | None = None  # environment/docker-compose.yaml's sidecars (tasks.harbor.sidecars)
 
     @property
     def name(self) -> str:
@@ -124,8 +126,8 @@ def _steps(root: Path, config: TaskConfig) -> list[Step]:
 
 def load(task_dir: str, field_name: str = "instance.task_dir") -> HarborTask:
     """The task folder at ``task_dir`` (beneath an allowed root), read and checked whole: a key of
-    its task.toml this service cannot honour, a missing file, a compose file (sidecars are not run
-    here) are :class:`InvalidRequest` naming what."""
+    its task.toml or its compose file this service cannot honour, a missing file, are
+    :class:`InvalidRequest` naming what."""
     root = _allowed(task_dir, field_name)
     if not root.is_dir():
         raise InvalidRequest(f"task_dir {task_dir!r} is not a directory", field=field_name)
@@ -136,11 +138,12 @@ def read(root: Path, field_name: str = "instance.task_dir") -> HarborTask:
     """The task folder ``root`` read and checked whole, wherever it is (:func:`load` is this
     beneath the operator's roots)."""
     config = parse(_read(root / "task.toml", field_name), origin=f"{root.name}/task.toml")
-    compose = [name for name in COMPOSE_FILES if (root / "environment" / name).is_file()]
-    if compose:
-        raise InvalidRequest(f"task {root.name}: environment/{compose[0]} asks for sidecar services, which are "
-                             "not run here (only single-container tasks)", field="task.toml.environment")
+    name = compose_file.find(root / "environment")
+    compose = None
+    if name is not None:
+        text = (root / "environment" / name).read_text(errors="replace")
+        compose = compose_file.parse(text, config.task.name if config.task else root.name, name)
     if not config.environment.docker_image and not (root / "environment" / "Dockerfile").is_file():
         raise InvalidRequest(f"task {root.name}: no environment/Dockerfile and no [environment] docker_image",
                              field="task.toml.environment")
-    return HarborTask(root=root, config=config, steps=_steps(root, config))
+    return HarborTask(root=root, config=config, steps=_steps(root, config), compose=compose)

@@ -87,8 +87,8 @@ def doomed(entry: SandboxEntry, record: JobRecord | None, now: float, grace_s: f
     if now - entry.created_at < grace_s:
         return None
     held = [record.sandbox.get("sandbox_id"), *record.sandbox.get("aux", [])] if record.sandbox else []
-    if entry.sandbox_id not in held:  # its own, or a second one it holds (a grader's: aux)
-        return "its job uses another sandbox"
+    if entry.sandbox_id not in held and (entry.keeper is None or entry.keeper not in held):
+        return "its job uses another sandbox"  # held: its own, a grader's (aux), a sidecar its keeper's
     if now > entry.expires_at + grace_s:
         return "its lease is long past"
     return None

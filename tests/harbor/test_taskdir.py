@@ -90,8 +90,8 @@ def test_legacy_forms_are_read_as_harbor_reads_them():
 
 def test_compose_tasks_and_missing_files_are_refused_naming_the_task(allowed):
     task = copy("hello", allowed)
-    (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
-    with pytest.raises(InvalidRequest, match="hello.*sidecar"):
+    (task / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: x\n    privileged: true\n")
+    with pytest.raises(InvalidRequest, match="prorl/hello.*services.db.privileged"):
         load(str(task))
     other = copy("scores", allowed)
     (other / "tests" / "test.sh").unlink()

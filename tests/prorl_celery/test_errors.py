@@ -38,7 +38,7 @@ WIRE = {
     "backend_failed": 500, "logprob_mismatch": 500, "backend_aborted": 500, "partial_aborted": 500,
     "backend_unavailable": 500, "context_window_exceeded": 500, "llm_timeout": 500,
     "llm_request_rejected": 500, "quota_exceeded": 413,
-    "verifier_failed": 500, "verifier_timeout": 500, "verifier_no_reward": 500,
+    "verifier_failed": 500, "verifier_timeout": 500, "verifier_no_reward": 500, "sidecar_failed": 500,
 }
 
 

@@ -109,9 +109,10 @@ def test_the_optional_hooks_are_part_of_the_contract_and_inherited_from_the_base
 @pytest.mark.unit
 def test_the_class_check_asks_for_each_protocol_method_with_its_request_fields():
     assert check_methods == {name: tuple(method.request.model_fields)
-                             for name, method in PROTOCOL.items() if name not in ("renew", "relay")}
+                             for name, method in PROTOCOL.items() if name not in ("renew", "relay", "forward")}
     assert "renew" not in check_methods  # the host's lease, not a runtime's method
     assert "relay" not in check_methods  # the host's pipe to a gateway on another node, not a runtime's
+    assert "forward" not in check_methods  # the host's splice between two of its sandboxes
 
 
 class NoStat(WithHooks):

@@ -2,11 +2,14 @@
 
 1. The operator's map (``image_base_map``: glob over the reference as written -> base): a
    ``debian:<suite>`` root made by ``mmdebstrap`` from Debian's own archive (``image_base_mirror``)
-   with ``image_base_packages``, or ``scratch``. Built once per (suite, packages, mirror) under
+   with ``image_base_packages``, ``scratch``, or ``toolkit:uv`` (a root holding only ``/uv`` and
+   ``/uvx``, the verifier toolkit's uv from PyPI's wheel: what ``COPY --from=ghcr.io/astral-sh/uv``
+   copies). Built once per (suite, packages, mirror) under
    ``<build dir>/bases/`` behind an flock, in a temporary directory renamed into place whole. Its
    apt works as the build's fake root (``APT::Sandbox::User "root"``). A reference mapped to
    another distribution says so (``ubuntu:24.04 built as debian:bookworm``); a ``python:*`` base
-   gets Debian's python3 with pip allowed system-wide, as in the official image.
+   gets Debian's python3 (bookworm's 3.11, trixie's 3.13: the default map gives ``python:3.12``
+   and later trixie) with ``python`` and a pip that installs system-wide, as in the official image.
 2. Else a registry the operator allows (``sandbox_registries``): the rootless pull of
    :mod:`sandboxes.runtimes.images.cache` (skopeo + umoci), keyed by its manifest digest.
 3. Else :class:`ImageBuildFailed` naming the reference and the settings that would admit it.
@@ -31,6 +34,7 @@ from sandboxes.runtimes.images.plan import DEFAULT_PATH
 from sandboxes.runtimes.images.locks import locked
 
 BASE_VERSION = "1"
+PYTHONS = {"bookworm": "3.11", "trixie": "3.13"}  # Debian's python3 per suite
 APT_SANDBOX = 'APT::Sandbox::User "root";\n'
 DPKG_EXCLUDES = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
                  "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/locale/*",
@@ -85,6 +89,8 @@ def resolve(ref: str, deadline: float) -> Base:
     if target == "scratch":
         return Base(from_ref=ref, kind="scratch", key="scratch", description=f"scratch for {ref}",
                     notes=[f"{ref} built as scratch (an empty root, PRORL_IMAGE_BASE_MAP)"])
+    if target == "toolkit:uv":
+        return _toolkit(ref)
     if target is not None:
         return _debian(ref, target)
     return _pulled(ref, deadline)
@@ -109,7 +115,8 @@ def _extra_cas() -> list[str]:
 def _debian(ref: str, target: str) -> Base:
     distro, _, suite = target.partition(":")
     if distro != "debian" or not suite or not suite.replace("-", "").isalnum():
-        raise ImageBuildFailed(f"PRORL_IMAGE_BASE_MAP maps {ref!r} to {target!r}: give debian:<suite> or scratch")
+        raise ImageBuildFailed(f"PRORL_IMAGE_BASE_MAP maps {ref!r} to {target!r}: give debian:<suite>, scratch "
+                               "or toolkit:uv")
     settings = _settings()
     text = "\n".join([f"version={BASE_VERSION}", f"suite={suite}", f"mirror={settings.image_base_mirror}",
                       f"ca={hashlib.sha256(''.join(_extra_cas()).encode()).hexdigest()}", *_packages()])
@@ -118,10 +125,48 @@ def _debian(ref: str, target: str) -> Base:
     python = name.split(":")[0] == "python"
     notes = [] if name.startswith("debian:") else [f"{ref} built as debian:{suite}"]
     if python:
-        notes.append(f"{ref}: Debian's python3 stands in for the image's own Python; pip installs system-wide")
+        version = f" {PYTHONS[suite]}" if suite in PYTHONS else ""
+        notes.append(f"{ref}: Debian {suite}'s python3{version} stands in for the image's own Python; "
+                     "pip installs system-wide")
     env = {"PATH": DEFAULT_PATH, **({"LANG": "C.UTF-8"} if python else {})}
     return Base(from_ref=ref, kind="debian", key=f"debian-{suite}-{key}", suite=suite,
                 description=f"debian:{suite} (mmdebstrap) for {ref}", env=env, notes=notes, python_flavour=python)
+
+
+def _toolkit(ref: str) -> Base:
+    from sandboxes.runtimes.images.verifier_tools import BUILDER, UV_VERSION
+
+    return Base(from_ref=ref, kind="toolkit", key=f"toolkit-uv-{UV_VERSION}-b{BUILDER}",
+                description=f"uv {UV_VERSION} from PyPI's wheel (the verifier toolkit's) for {ref}",
+                notes=[f"{ref} built as the node's uv {UV_VERSION} from PyPI's wheel (/uv, /uvx; "
+                       "PRORL_IMAGE_BASE_MAP: toolkit:uv)"])
+
+
+def ensure_toolkit(base: Base, build_dir: Path, deadline: float) -> Path:
+    """The root of a ``toolkit:uv`` base: ``/uv`` and ``/uvx`` copied from the node's verifier
+    toolkit (built now unless there), as ghcr.io/astral-sh/uv's distroless image holds them."""
+    from sandboxes.runtimes.images.verifier_tools import ensure_tools
+
+    bases = build_dir / "bases"
+    bases.mkdir(mode=0o711, exist_ok=True)
+    final = bases / base.key
+    if final.exists():
+        return final
+    with locked(bases / f"{base.key}.lock", deadline, f"the {base.description} base"):
+        if final.exists():
+            return final
+        tools = ensure_tools()
+        scratch = Path(tempfile.mkdtemp(prefix=f".{base.key}.", dir=bases))
+        try:
+            root = scratch / "rootfs"
+            root.mkdir(mode=0o755)
+            for name in ("uv", "uvx"):
+                shutil.copyfile(tools / "bin" / name, root / name)
+                (root / name).chmod(0o755)
+            os.rename(root, final)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return final
 
 
 def _pulled(ref: str, deadline: float) -> Base:

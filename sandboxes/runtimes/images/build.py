@@ -253,7 +253,8 @@ def _metadata(prepared: _Prepared, build: steps.Build, image: Path, final: Path,
     target = prepared.plan.target
     first = prepared.plan.stages[prepared.plan.needed[0]]
     base = prepared.base_of.get(first.from_ref)
-    notes = [*prepared.plan.notes, *(base.notes if base else []), *target.notes, *build.notes]
+    based = [note for ref in prepared.plan.external_refs() for note in prepared.base_of[ref].notes]  # COPY --from's too
+    notes = [*prepared.plan.notes, *(base.notes if base else []), *based, *target.notes, *build.notes]
     if target.user not in (None, "root", "0", "0:0"):
         notes.append(f"USER {target.user} recorded; sandboxes run as root")
     env = dict(target.env)

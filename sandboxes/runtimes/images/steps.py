@@ -78,6 +78,8 @@ def populate(stage: Stage, build: Build) -> Path:
 def _base_root(base: bases.Base, build: Build) -> str:
     if base.kind == "debian":
         return str(bases.ensure_debian(base, build.build_dir, build.deadline))
+    if base.kind == "toolkit":
+        return str(bases.ensure_toolkit(base, build.build_dir, build.deadline))
     if base.kind == "scratch":
         empty = build.scratch / "empty"
         empty.mkdir(exist_ok=True)

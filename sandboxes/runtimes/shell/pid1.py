@@ -10,7 +10,7 @@ import subprocess
 from typing import Any
 
 from sandboxes.runtimes.limits.netns import UserNet, attach, open_low_ports
-from sandboxes.runtimes.procs import child_pids, kill_descendants
+from sandboxes.runtimes.procs import child_pids, kill_descendants, readable
 from sandboxes.runtimes.shell.persistent import PersistentShell
 from sandboxes.runtimes.shell.script import shell_quote
 
@@ -67,6 +67,17 @@ class BwrapShell(PersistentShell):
             open_low_ports(self._init_pid)
         if self.network:  # before any command ran in it: not usable without its network
             self.net = attach(self._init_pid, self._init_fd)
+
+    def namespace(self, kind: str = "net") -> int | None:
+        """A new descriptor of the sandbox's ``kind`` namespace (the caller closes it); None when
+        the sandbox is not running."""
+        if self._init_pid is None:
+            return None
+        fd = os.open(f"/proc/{self._init_pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+        if self._init_fd is not None and readable((self._init_fd,), 0):  # exited: the pid may be another's
+            os.close(fd)
+            return None
+        return fd
 
     def _kill_command(self) -> list[int]:
         if self._init_pid is None:
