@@ -33,6 +33,7 @@ RUNNABLE = {  # recipe -> the named rewards the oracle earns
     "multi-container": {"reward": 1.0},  # its api-server: a sidecar (tasks/harbor/sidecars.py)
     "simulated-user": {"reward": 1.0},  # its user-server starts with ANTHROPIC_API_KEY interpolated empty
     "computer-use-ubuntu": {"reward": 1.0},  # its desktop: Xvfb and an MCP server in a sidecar, no screen
+    "computer-use-windows": {"reward": 1.0},  # its desktop server starts without Daytona's remote Windows
 }
 REFUSED = {  # recipe -> the field its refusal names
 }
