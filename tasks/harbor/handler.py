@@ -30,7 +30,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import boxes, files
+from tasks.harbor import boxes, files, fork
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import verifier
@@ -124,25 +124,23 @@ class HarborHandler(AgentTaskHandler):
     def init(self, ctx: StageContext) -> None:
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
-        box = ctx.open_sandbox(self._spec(ctx, task, image, self._agent_network(task)))
-        boxes.entrypoint(box, image)
         block = self._block(ctx)
-        block.update(task=task.name, steps=[], step=block.get("step", 0),
+        step, workdir = task.steps[block.get("step", 0)], self._workdir(task, image)
+        spec = self._spec(ctx, task, image, self._agent_network(task))
+        forked = fork.prepared(ctx, task, block.get("step", 0), image, spec, lambda box: (
+            boxes.entrypoint(box, image), boxes.setup(ctx, box, step, workdir)))  # once per group
+        box = ctx.open_sandbox(fork.on_layer(spec, forked))
+        boxes.entrypoint(box, image)
+        block.update(task=task.name, steps=[], step=block.get("step", 0), fork=forked,
                      network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
-        self._prepare_step(ctx, box, task, task.steps[block["step"]], image)
+        self._prepare_step(ctx, box, task, step, image, prepared="layer" in forked)
         ctx.save()
 
-    def _prepare_step(self, ctx: StageContext, box: Any, task: HarborTask, step: Step, image: dict[str, Any]) -> None:
-        workdir = self._workdir(task, image)
+    def _prepare_step(self, ctx: StageContext, box: Any, task: HarborTask, step: Step, image: dict[str, Any],
+                      prepared: bool = False) -> None:
         mount = files.mount_of(box)
-        if step.workdir_files is not None:
-            files.put_dirs(box, [step.workdir_files], workdir, mount=mount)
-            if (step.workdir_files / "setup.sh").is_file():
-                out = box.exec(f"cd {shlex.quote(workdir)} && bash ./setup.sh; rc=$?; rm -f ./setup.sh; exit $rc",
-                               timeout=max(1.0, min(600.0, ctx.remaining())))
-                if out.exit_code != 0:
-                    raise RuntimeError(f"step {step.name}: workdir/setup.sh failed (exit {out.exit_code}): "
-                                       f"{out.output[-1000:]}")
+        if not prepared:  # a fork's root has the step's files and what setup.sh made (tasks/harbor/fork.py)
+            boxes.setup(ctx, box, step, self._workdir(task, image))
         if step.solution is not None and getattr(boxes.harness_class(ctx.instance), "reads_solution", False):
             box.exec("rm -rf /solution", timeout=30)
             files.put_dirs(box, [step.solution], "/solution", mount=mount)

@@ -26,6 +26,7 @@ from prorl_celery.status import STAGES
 from sandboxes.client import close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
+from tasks.sweep.layers import sweep_layers
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def stop_orphan_strays(store: JobStore, host: HostRecord, seen: set[str]) -> lis
 
 def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list]:
     """One pass; returns ``{hosts_dead, jobs_host_lost, sandboxes_closed, hosts_unreachable,
-    instances_stopped}`` (ids), also logged."""
+    instances_stopped, layers_removed}`` (ids), also logged."""
     now = now or time.time()
     grace_s = get_settings().stage_lease_s
     dead = mark_dead_hosts(store, now)
@@ -130,6 +131,7 @@ def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list
                                "sandboxes_closed": [], "hosts_unreachable": [],
                                "instances_stopped": []}
     seen: set[str] = set()
+    reached = []
     for host in live_hosts(store.redis):
         try:
             report["sandboxes_closed"] += close_orphans(store, host, now, grace_s)
@@ -137,10 +139,12 @@ def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list
             log.warning("sweep could not reach sandbox host %s: %s", host.host_id, exc)
             report["hosts_unreachable"].append(host.host_id)
             continue
+        reached.append(host)
         try:
             report["instances_stopped"] += stop_orphan_strays(store, host, seen)
         except (SandboxError, NotFound) as exc:  # NotFound: a host of an older version
             log.warning("sweep could not have the strays of sandbox host %s stopped: %s", host.host_id, exc)
+    report["layers_removed"] = sweep_layers(store, reached, now)
     for action, ids in report.items():
         if ids:
             log.warning("sandbox sweep %s %d: %s", action, len(ids), ids)
