@@ -173,7 +173,7 @@ def prepared(ctx: StageContext, task: HarborTask, step: int, image: dict[str, An
              setup: Callable[[Any], None]) -> dict[str, Any]:
     """The group's layer for ``step``, prepared here (``setup`` on a sandbox of ``spec``, then
     frozen) or by another job of the group; the result's ``fork`` block: ``{from, layer,
-    waited_s, prepare_s, bytes}``, or ``{off: why}`` when this job prepares its own."""
+    waited_s, prepare_s, freeze_s, files, bytes}``, or ``{off: why}`` when this job prepares its own."""
     why = why_not(ctx, task, step)
     if why:
         return {"off": why}
@@ -184,17 +184,19 @@ def prepared(ctx: StageContext, task: HarborTask, step: int, image: dict[str, An
         started = time.monotonic()
         box = ctx.open_sandbox(spec)  # the job's own until frozen (the freeze closes it)
         setup(box)
+        frozen = time.monotonic()
         entry = box.freeze(name, group_id=ctx.record.group_id, job_id=ctx.job_id,
                            timeout=max(10.0, min(600.0, ctx.remaining())))
-        return {"job_id": ctx.job_id, "layer": name, "prepare_s": round(time.monotonic() - started, 3),
-                "files": entry.files, "bytes": entry.bytes}
+        now = time.monotonic()
+        return {"job_id": ctx.job_id, "layer": name, "prepare_s": round(now - started, 3),
+                "freeze_s": round(now - frozen, 3), "files": entry.files, "bytes": entry.bytes}
 
     gate = RedisGate(ctx.store.redis, name, get_settings().harbor_fork_ttl_s)
     record, mine, waited = wait_or_prepare(gate, prepare, ctx.check)
     ctx.deadline += waited  # another job's setup is waited out, not charged
     ctx.state.init_wait_s = round((ctx.state.init_wait_s or 0.0) + waited, 3)
     return {"from": "self" if mine else record["job_id"], "layer": name, "waited_s": round(waited, 3),
-            "prepare_s": record["prepare_s"], "files": record["files"], "bytes": record["bytes"]}
+            **{k: record.get(k) for k in ("prepare_s", "freeze_s", "files", "bytes")}}
 
 
 def on_layer(spec: SandboxSpec, fork: dict[str, Any]) -> SandboxSpec:

@@ -3,7 +3,8 @@
 init builds the task's image (:mod:`sandboxes.runtimes.images.build`: its Dockerfile made a
 rootfs without a Docker daemon, once per content hash) and opens the agent's sandbox on it with a
 writable root, the task's working directory, env, resources and network (the task asks; the
-operator's ``harbor_allow_internet`` grants), then prepares the first step. run runs the
+operator's ``harbor_allow_internet`` grants), then prepares the first step (the jobs of a group
+start on one prepared root: :mod:`tasks.harbor.fork`). run runs the
 instance's agent (the built-in one, or any harness: ``oracle`` runs the step's ``solve.sh``) on
 each step's instruction and grades each step as it ends, while the agent's sandbox is the stage's
 own (a ``min_reward`` a step misses ends the task); eval rolls the steps' rewards up

@@ -12,6 +12,8 @@
   (Apptainer's instances: :meth:`~sandboxes.base.SandboxRuntime.strays`); those whose job is
   terminal or unknown are stopped by that host. The sweep imports no runtime: the node it runs
   on may have none, and every node's strays are found, not only its own.
+- Every host reached is asked for its node's frozen layers (:mod:`tasks.sweep.layers`); those
+  whose group ended or whose TTL passed are removed by that host.
 """
 from __future__ import annotations
 

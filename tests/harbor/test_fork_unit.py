@@ -176,3 +176,12 @@ def test_the_sweep_removes_a_layer_once_its_group_ended_or_its_ttl_passed():
     assert layer_doomed(layer, [], now, 3600) == "its group is unknown"
     assert "older than" in layer_doomed(layer, running, now, 30)
     assert layer_doomed(layer.model_copy(update={"in_use": True}), [JobStatus.COMPLETED], now, 30) is None
+
+
+def test_a_request_cannot_name_layers():
+    from prorl_celery.errors import PolicyDenied
+    from sandboxes.policy import check_request_sandbox
+
+    with pytest.raises(PolicyDenied) as caught:
+        check_request_sandbox({"image": None, "layers": ["gabcdef0123456789-abc-s0"]})
+    assert caught.value.field == "instance.sandbox.layers"
