@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from config.settings import get_settings
 from prorl_celery import keys
+from prorl_celery.errors import StageBudgetExceeded
 from sandboxes.base import SandboxSpec
 from tasks.context import StageContext
 from tasks.harbor.task import HarborTask
@@ -177,11 +178,12 @@ def prepared(ctx: StageContext, task: HarborTask, step: int, image: dict[str, An
     why = why_not(ctx, task, step)
     if why:
         return {"off": why}
-    workdir = task.steps[step].workdir_files
+    workdir, budget = task.steps[step].workdir_files, ctx.remaining()
     name = layer_name(ctx.record.group_id, content_key(image["key"], step, workdir, spec), step)
 
     def prepare() -> dict[str, Any]:
         started = time.monotonic()
+        ctx.deadline = time.monotonic() + budget  # the preparer's setup is its own: charged from here
         box = ctx.open_sandbox(spec)  # the job's own until frozen (the freeze closes it)
         setup(box)
         frozen = time.monotonic()
@@ -191,12 +193,30 @@ def prepared(ctx: StageContext, task: HarborTask, step: int, image: dict[str, An
         return {"job_id": ctx.job_id, "layer": name, "prepare_s": round(now - started, 3),
                 "freeze_s": round(now - frozen, 3), "files": entry.files, "bytes": entry.bytes}
 
-    gate = RedisGate(ctx.store.redis, name, get_settings().harbor_fork_ttl_s)
-    record, mine, waited = wait_or_prepare(gate, prepare, ctx.check)
-    ctx.deadline += waited  # another job's setup is waited out, not charged
+    gate, before = RedisGate(ctx.store.redis, name, get_settings().harbor_fork_ttl_s), ctx.deadline
+    record, mine, waited = wait_or_prepare(gate, prepare, _uncharged(ctx))
+    if not mine:
+        ctx.deadline = before + waited  # the whole wait, not charged
     ctx.state.init_wait_s = round((ctx.state.init_wait_s or 0.0) + waited, 3)
     return {"from": "self" if mine else record["job_id"], "layer": name, "waited_s": round(waited, 3),
             **{k: record.get(k) for k in ("prepare_s", "freeze_s", "files", "bytes")}}
+
+
+def _uncharged(ctx: StageContext) -> Callable[[], None]:
+    """The wait's check: the job cancelled or ended raises; the time waited is added to the
+    stage's deadline (another job's setup is waited out, not charged), up to the stage's whole
+    budget once more (a preparer alive but stuck)."""
+    started, deadline, budget = time.monotonic(), ctx.deadline, ctx.remaining()
+
+    def check() -> None:
+        waited = time.monotonic() - started
+        if waited > budget:
+            raise StageBudgetExceeded(f"waited {waited:.0f} s for the group's setup (tasks/harbor/fork.py): "
+                                      "longer than the init stage's budget")
+        ctx.deadline = deadline + waited
+        ctx.check()
+
+    return check
 
 
 def on_layer(spec: SandboxSpec, fork: dict[str, Any]) -> SandboxSpec:

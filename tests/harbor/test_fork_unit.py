@@ -185,3 +185,20 @@ def test_a_request_cannot_name_layers():
     with pytest.raises(PolicyDenied) as caught:
         check_request_sandbox({"image": None, "layers": ["gabcdef0123456789-abc-s0"]})
     assert caught.value.field == "instance.sandbox.layers"
+
+
+def test_waiting_for_the_groups_setup_is_not_charged_but_is_bounded():
+    from prorl_celery.errors import StageBudgetExceeded
+    from tasks.harbor.fork import _uncharged
+
+    ctx = SimpleNamespace(deadline=time.monotonic() + 0.2, checks=0)
+    ctx.remaining = lambda: ctx.deadline - time.monotonic()
+    ctx.check = lambda: setattr(ctx, "checks", ctx.checks + 1)
+    check = _uncharged(ctx)
+    before = ctx.deadline
+    time.sleep(0.1)
+    check()
+    assert ctx.deadline >= before + 0.1 and ctx.checks == 1  # the wait moved the deadline
+    time.sleep(0.15)
+    with pytest.raises(StageBudgetExceeded):  # waited longer than a whole budget: a stuck preparer
+        check()
