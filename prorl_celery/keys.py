@@ -33,6 +33,17 @@ def group(group_id: str) -> str:
     return f"{PREFIX}:group:{group_id}"
 
 
+def fork_layer(name: str) -> str:
+    """String (JSON) with a TTL: a group's prepared root, once frozen into the layer ``name``
+    (tasks/harbor/fork.py): the job that prepared it, its size, its seconds."""
+    return f"{PREFIX}:fork:{name}"
+
+
+def fork_lock(name: str) -> str:
+    """String with a TTL its holder renews: the token of the job preparing the layer ``name``."""
+    return f"{PREFIX}:fork:{name}:lock"
+
+
 def hosts() -> str:
     """Sorted set: sandbox host id -> time of its last heartbeat."""
     return f"{PREFIX}:hosts"

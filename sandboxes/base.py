@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 if TYPE_CHECKING:
-    from sandboxes.protocol import FinishResponse, StatResult, Stray
+    from sandboxes.protocol import FinishResponse, LayerEntry, StatResult, Stray
 
 
 class Limits(BaseModel):
@@ -55,6 +55,7 @@ REFUSED_ENV_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
 # PATH entries a request may not put first: places a sandbox (or a local user) can write to.
 WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev", "/proc", "/run", "/workspace", "/home")
 MAX_ENV_ENTRIES, MAX_ENV_VALUE = 256, 32768
+LAYER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{7,95}$")  # a frozen layer's (sandboxes/runtimes/layers.py)
 
 
 def _env_problem(name: str, value: str) -> str | None:
@@ -90,6 +91,10 @@ class SandboxSpec(BaseModel):
                                 "whose changes are the sandbox's own (the image never changes; "
                                 "another sandbox of it sees none of them); needs `image`. bwrap on a "
                                 "root host only (sandboxes/runtimes/limits/idmap.py); refused elsewhere.")
+    layers: list[str] = Field(default_factory=list, max_length=4, description="Frozen layers "
+                              "(sandboxes/runtimes/layers.py: a prepared sandbox's changes, by name) "
+                              "stacked read-only above the image, topmost first; needs `writable_root`. "
+                              "The sandbox's writes stay its own; a layer never changes.")
     limits: Limits = Field(default_factory=Limits, description="Resource limits.")
     network: bool = Field(False, description="Allow network access from inside the sandbox.")
     workdir: str | None = Field(None, description="Directory the shell starts in (inside the sandbox).")
@@ -105,6 +110,16 @@ class SandboxSpec(BaseModel):
         if writable and not info.data.get("image"):
             raise ValueError("writable_root needs an image (the root it makes writable)")
         return writable
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_need_writable_root(cls, layers: list[str], info: ValidationInfo) -> list[str]:
+        if layers and not info.data.get("writable_root"):
+            raise ValueError("layers need writable_root (they lie beneath its overlay)")
+        bad = [name for name in layers if not LAYER_NAME.match(name)]
+        if bad:
+            raise ValueError(f"not layer names: {bad} ({LAYER_NAME.pattern})")
+        return layers
 
     @field_validator("env")
     @classmethod
@@ -240,6 +255,13 @@ class SandboxRuntime:
     def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
         """:meth:`Sandbox.finish`. Default: not offered by this runtime."""
         raise NotImplementedError(f"{type(self).__name__} cannot finish (kill, then read)")
+
+    def freeze(self, layer: str, group_id: str | None = None, job_id: str | None = None,
+               timeout: float = 600.0) -> LayerEntry:
+        """Kill every process of the sandbox, freeze its root's changes into the layer ``layer``
+        (which other sandboxes may then name in ``spec.layers``), then close it. Default: not
+        offered by this runtime (only a ``writable_root`` sandbox has changes to freeze)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot freeze its root into a layer")
 
     def kill(self) -> None:
         """Stop everything the sandbox runs at once; ``close()`` (idempotent) finishes later,

@@ -21,7 +21,8 @@ from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.gateway_route import GatewayRoute, close_gateway_route, gateway_route
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, FinishResponse,
-                                HostRecord, RelayResponse, SandboxEntry, StatResult, StopStraysRequest,
+                                HostRecord, LayerEntry, LayerList, RelayResponse, RemoveLayersRequest,
+                                RemoveLayersResponse, SandboxEntry, StatResult, StopStraysRequest,
                                 StopStraysResponse, Stray, StrayList)
 from sandboxes.registry import AUTO, requested_runtime
 
@@ -138,6 +139,13 @@ class RemoteSandbox:
         self.gone = True
         return files
 
+    def freeze(self, layer: str, group_id: str | None = None, job_id: str | None = None,
+               timeout: float = 600.0) -> LayerEntry:
+        """The sandbox killed, its root's changes frozen into ``layer``, the sandbox closed."""
+        entry = self._invoke("freeze", layer=layer, group_id=group_id, job_id=job_id, timeout=timeout)
+        self.gone = True
+        return entry
+
     def close(self) -> bool:
         """True if this call closed it, False if it was already gone. Idempotent."""
         return False if self.gone else self._invoke("close")
@@ -150,6 +158,19 @@ def _http_timeout(body: BaseModel) -> float:
     """A call's HTTP timeout: a command's own timeout and a margin, or the control timeout."""
     timeout = getattr(body, "timeout", None)
     return CONTROL_TIMEOUT_S if timeout is None else timeout + HTTP_MARGIN_S
+
+
+def list_layers(address: str, token: str) -> list[LayerEntry]:
+    """The frozen layers of the host's node (:mod:`sandboxes.runtimes.layers`)."""
+    response = request("GET", address, token, "/layers", CONTROL_TIMEOUT_S)
+    return LayerList.model_validate_json(response.content).layers
+
+
+def remove_layers(address: str, token: str, names: list[str]) -> list[str]:
+    """Have the host remove these layers of its node; returns those removed (not those in use)."""
+    response = request("POST", address, token, "/layers/remove", CREATE_TIMEOUT_S,
+                       data=RemoveLayersRequest(layers=names).model_dump_json())
+    return RemoveLayersResponse.model_validate_json(response.content).removed
 
 
 def list_sandboxes(address: str, token: str) -> list[SandboxEntry]:

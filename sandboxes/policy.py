@@ -189,6 +189,9 @@ def check_request_sandbox(block: Any, field: str = "instance.sandbox") -> None:
         except ValidationError as exc:
             raise InvalidRequest(f"{field}.env: {exc.errors()[0]['msg']}", field=f"{field}.env") from None
     check_request_network(block, f"{field}.network")
+    if block.get("layers"):  # the service's own (a group's prepared root), never a request's to name
+        raise PolicyDenied("sandbox layers are set by the service (tasks/harbor/fork.py), not by a request",
+                           field=f"{field}.layers")
 
 
 # -- repository sources -------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.base import LAYER_NAME, ExecResult, SandboxSpec
 
 
 class _Body(BaseModel):
@@ -111,6 +111,38 @@ class FinishResponse(BaseModel):
     killed_at_ns: int = Field(0, description="When the kill began (ns, the node's clock).")
     rewritten: list[str] = Field(default_factory=list, description="Paths that changed while "
                                  "settling, before the kill: something still running wrote them.")
+
+
+class FreezeRequest(_Body):
+    layer: str = Field(pattern=LAYER_NAME.pattern, description="The layer's name (the caller's key; "
+                       "an existing layer of that name is kept).")
+    group_id: str | None = Field(None, max_length=256, description="The group it serves (for the sweep).")
+    job_id: str | None = Field(None, max_length=256, description="The job that prepared it.")
+    timeout: float = Field(600.0, gt=0, le=3600, description="Seconds the copy may take.")
+
+
+class LayerEntry(BaseModel):
+    """A frozen layer (:mod:`sandboxes.runtimes.layers`) as its node lists it."""
+
+    name: str
+    created_at: float
+    files: int = Field(0, description="Entries in it (files, directories, links, whiteouts).")
+    bytes: int = 0
+    group_id: str | None = None
+    job_id: str | None = None
+    in_use: bool = Field(False, description="A live sandbox holds it (it is not removed then).")
+
+
+class LayerList(BaseModel):
+    layers: list[LayerEntry]
+
+
+class RemoveLayersRequest(_Body):
+    layers: list[str] = Field(max_length=10_000, description="Names of layers of this host's node to remove.")
+
+
+class RemoveLayersResponse(BaseModel):
+    removed: list[str] = Field(description="Those removed; the others are in use or already gone.")
 
 
 class InfoResponse(BaseModel):
@@ -259,6 +291,7 @@ METHODS: dict[str, Method] = {
     "stat": Method(PathRequest, StatResult),
     "export_tree": Method(TreeRequest, ExportTreeResponse, "data"),
     "finish": Method(FinishRequest, FinishResponse),
+    "freeze": Method(FreezeRequest, LayerEntry),
     "info": Method(Empty, InfoResponse, "info"),
     "close": Method(Empty, CloseResponse, "closed"),
     "renew": Method(RenewRequest, SandboxEntry, host_only=True),

@@ -21,7 +21,8 @@ from sandboxes.base import ExecResult
 from sandboxes.host.pool import SandboxPool, limit_enforcement
 from sandboxes.host.strays import list_strays, stop_strays
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Health,
-                                Method, SandboxList, StopStraysRequest, StrayList)
+                                LayerList, Method, RemoveLayersRequest, RemoveLayersResponse, SandboxList,
+                                StopStraysRequest, StrayList)
 from sandboxes.runtimes.workspace import stream_capped
 
 
@@ -159,6 +160,19 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
     def strays_stop() -> Response:
         return ok(stop_strays(pool, parse(StopStraysRequest).strays))
 
+    @app.get("/layers")
+    def layers() -> Response:  # the beat sweep's question: which frozen layers this node keeps
+        from sandboxes.runtimes import layers as node_layers
+
+        node_layers.remove_debris()
+        return ok(LayerList(layers=node_layers.list_layers()))
+
+    @app.post("/layers/remove")
+    def layers_remove() -> Response:  # the sweep's word: never one a live sandbox holds
+        from sandboxes.runtimes import layers as node_layers
+
+        return ok(RemoveLayersResponse(removed=node_layers.remove(parse(RemoveLayersRequest).layers)))
+
     return app
 
 
@@ -211,24 +225,25 @@ def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str,
     raise SandboxGone(f"no sandbox {sandbox_id!r} on host {pool.host_id}")
 
 
-def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> Any:
-    """The sandbox's finish (killed, read, closed), then its slot closed too; a path refused
-    before anything was killed leaves it running."""
+def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any], name: str = "finish") -> Any:
+    """The sandbox's finish (killed, read, closed) or freeze (killed, frozen, closed), then its
+    slot closed too; a path refused before anything was killed leaves it running."""
     refused = False
     try:
         with pool.using(sandbox_id) as sandbox:
-            return sandbox.finish(**args)
+            return getattr(sandbox, name)(**args)
     except PermissionError:
         refused = True
         raise
     finally:
         if not refused:
-            pool.close(sandbox_id, "finished")
+            pool.close(sandbox_id, f"{name}ed" if name == "finish" else "frozen")
 
 
 # methods the pool answers itself (its lease, its watch on the caller, its entry)
 _POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
     "exec": _exec, "info": _info, "finish": _finish,
+    "freeze": lambda pool, sandbox_id, args: _finish(pool, sandbox_id, args, "freeze"),
     "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
     "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
     "relay": lambda pool, sandbox_id, args: pool.relay(sandbox_id, **args),

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from prorl_celery.errors import SandboxError
+from prorl_celery.errors import SandboxError, SandboxGone
 from sandboxes.base import Limits, SandboxSpec
 from sandboxes.images import is_reference
 from sandboxes.runtimes.images.cache import ImageLease, open_image
@@ -40,6 +40,9 @@ from sandboxes.runtimes.shell.pid1 import BwrapShell, tree_info
 from sandboxes.runtimes.shell.spawn import NONINTERACTIVE_ENV, TRUSTED_BASH, shell_warm_spec, trusted_argv
 from sandboxes.runtimes.shellbox import IsolatedConfig, ShellSandbox
 from sandboxes.runtimes.workspace import Workspace
+from sandboxes.protocol import LayerEntry
+from sandboxes.runtimes import layers
+from sandboxes.runtimes.layers import LayerHold
 from sandboxes.runtimes.writable import LOGS_MOUNT, WORKSPACE, WritableRoot
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -140,6 +143,7 @@ class BwrapSandbox(ShellSandbox):
         self._image: ImageLease | None = open_image(spec.image) if is_reference(spec.image) else None
         self._rootfs = rootfs = self._image.rootfs if self._image else spec.image
         self._root: WritableRoot | None = None
+        self._layers: LayerHold | None = None
         uid = self._lease_uid(self.config)
         self._limits: SandboxLimits | None = None
         if uid is not None:
@@ -154,6 +158,7 @@ class BwrapSandbox(ShellSandbox):
             if uid is not None:
                 os.chown(host_dir, uid, uid)
             if spec.writable_root:
+                self._layers = layers.hold(spec.layers) if spec.layers else None
                 self._root = self._writable_root(Path(host_dir), rootfs, uid)
             self.workdir = self._workdir(spec.workdir)
             if spec.network:
@@ -171,7 +176,21 @@ class BwrapSandbox(ShellSandbox):
         if uid is None or not os.path.isdir(rootfs):
             raise SandboxError(f"writable_root needs a rootfs directory and a sandbox uid "
                                f"(image {self.spec.image!r})")
-        return WritableRoot(box, rootfs, uid)
+        return WritableRoot(box, rootfs, uid, self._layers.paths if self._layers else None)
+
+    def freeze(self, layer: str, group_id: str | None = None, job_id: str | None = None,
+               timeout: float = 600.0) -> LayerEntry:
+        """:meth:`sandboxes.base.SandboxRuntime.freeze`: the shell closed (reaping the sandbox's
+        pid 1 proves every process of it dead), the root's changes frozen, the sandbox closed."""
+        if self._root is None:
+            raise SandboxError("only a writable_root sandbox has a root to freeze")
+        if self.shell is None or self.shell.closed:
+            raise SandboxGone("the sandbox is closed")
+        try:
+            self.shell.close()
+            return self._root.freeze(layer, group_id, job_id, timeout)
+        finally:
+            self.close()
 
     def _argv(self, uid: int | None) -> list[str]:
         """The shell's whole start: cgroup and workspace shims, the overlay's bind, bwrap."""
@@ -253,6 +272,8 @@ class BwrapSandbox(ShellSandbox):
 
     def _release(self) -> None:
         super()._release()
+        if self._layers is not None:
+            self._layers.release()  # its overlay is gone: the layers may be removed
         if self._image is not None:
             self._image.release()  # nothing runs in its rootfs any more: it may be evicted
 
@@ -261,5 +282,5 @@ class BwrapSandbox(ShellSandbox):
         return {"network": "isolated (slirp4netns)" if self.spec.network else "none",
                 "net_pid": shell.net.pid if shell.net else None, **tree_info(shell),
                 "uid": self.workspace.uid, "mount": self.config.mount, "image": self.spec.image,
-                "writable_root": self._root is not None,
+                "writable_root": self._root is not None, "layers": list(self.spec.layers),
                 **(self._image.info() if self._image else {})}

@@ -9,6 +9,9 @@ changes count against ``disk_mb``), owned by the sandbox's uid except the mount 
     <box>/work    the overlay's work directory
     <box>/root    where the overlay is bound, in the sandbox's own mount namespace only
 
+Below the upper layer: the image, and above it any frozen layers the spec names (a group's
+prepared root, :mod:`sandboxes.runtimes.layers`); :meth:`WritableRoot.freeze` makes one.
+
 The overlay itself (:mod:`sandboxes.runtimes.limits.idmap`) is a descriptor this object holds
 until :meth:`close`; everything under ``<box>`` goes with the workspace (retired, then removed
 by descriptor), and a dead host's boxes with the reaping of its workspace root.
@@ -20,6 +23,8 @@ import threading
 from pathlib import Path
 
 from prorl_celery.errors import SandboxGone
+from sandboxes.runtimes import layers
+from sandboxes.protocol import LayerEntry
 from sandboxes.runtimes.limits import idmap
 from sandboxes.runtimes.workspace import open_beneath, split
 
@@ -29,9 +34,10 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class WritableRoot:
-    """The overlay root of one sandbox, made in ``box`` for the sandbox uid ``uid``."""
+    """The overlay root of one sandbox, made in ``box`` for the sandbox uid ``uid``; ``layers``:
+    frozen layers' trees above the image (:mod:`sandboxes.runtimes.layers`), topmost first."""
 
-    def __init__(self, box: Path, image: str, uid: int):
+    def __init__(self, box: Path, image: str, uid: int, layers: list[str] | None = None):
         self.box, self.uid = box, uid
         self._lock = threading.Lock()  # a descriptor is never used by number once closed
         for name in (WORKSPACE, LOGS, UPPER, WORK, MOUNTPOINT):
@@ -39,7 +45,7 @@ class WritableRoot:
             path.mkdir(mode=0o755, exist_ok=True)
             if name != MOUNTPOINT:
                 os.chown(path, uid, uid)
-        self.fd: int | None = idmap.writable_root(image, str(box / UPPER), str(box / WORK), uid)
+        self.fd: int | None = idmap.writable_root(image, str(box / UPPER), str(box / WORK), uid, layers or [])
 
     @property
     def mountpoint(self) -> str:
@@ -80,6 +86,12 @@ class WritableRoot:
                     os.fchown(fd, self.uid, self.uid)
         finally:
             os.close(fd)
+
+    def freeze(self, name: str, group_id: str | None, job_id: str | None, timeout: float) -> LayerEntry:
+        """The root's changes frozen into the layer ``name`` (the overlay let go first: call it
+        once nothing of the sandbox runs)."""
+        self.close()
+        return layers.freeze(self.box / UPPER, self.uid, name, group_id, job_id, timeout)
 
     def close(self) -> None:
         """Let the overlay go (the kernel drops it once the sandbox's namespace is gone too)."""

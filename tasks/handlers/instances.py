@@ -45,6 +45,8 @@ def check_harbor(instance: dict[str, Any]) -> None:
     task_dir = instance.get("task_dir")
     if not isinstance(task_dir, str):
         raise InvalidRequest("task_dir: the path of a Harbor task folder is required", field="instance.task_dir")
+    if not isinstance(instance.get("fork", True), bool):
+        raise InvalidRequest("fork: true (a group prepares once, tasks/harbor/fork.py) or false", field="instance.fork")
     tools.check(load(task_dir), instance)
 
 

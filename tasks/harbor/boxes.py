@@ -47,6 +47,19 @@ def entrypoint(box: Any, image: dict[str, Any]) -> None:
     box.exec(f"mkdir -p /logs; (setsid {argv} </dev/null >/logs/entrypoint.log 2>&1 &) ; sleep 0.5", timeout=30)
 
 
+def setup(ctx: StageContext, box: Any, step: Step, workdir: str) -> None:
+    """The step's ``workdir/`` put in ``workdir``, then its ``setup.sh`` run there (and removed)."""
+    if step.workdir_files is None:
+        return
+    files.put_dirs(box, [step.workdir_files], workdir, mount=files.mount_of(box))
+    if (step.workdir_files / "setup.sh").is_file():
+        out = box.exec(f"cd {shlex.quote(workdir)} && bash ./setup.sh; rc=$?; rm -f ./setup.sh; exit $rc",
+                       timeout=max(1.0, min(600.0, ctx.remaining())))
+        if out.exit_code != 0:
+            raise RuntimeError(f"step {step.name}: workdir/setup.sh failed (exit {out.exit_code}): "
+                               f"{out.output[-1000:]}")
+
+
 def artifacts(box: Any, step: Step) -> dict[str, Any]:
     sources = [a.source for a in step.artifacts if a.source.startswith("/")]
     if not sources:

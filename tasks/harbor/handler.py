@@ -4,7 +4,8 @@ init builds the task's image (:mod:`sandboxes.runtimes.images.build`: its Docker
 rootfs without a Docker daemon, once per content hash) and opens the agent's sandbox on it with a
 writable root, the task's working directory, env, resources and network (the task asks; the
 operator's ``harbor_allow_internet`` grants), starts the task's sidecar services
-(:mod:`tasks.harbor.sidecars`) before anything of the task runs in it, then prepares the first step. run runs the
+(:mod:`tasks.harbor.sidecars`) before anything of the task runs in it, then prepares the first step
+(the jobs of a group start on one prepared root: :mod:`tasks.harbor.fork`). run runs the
 instance's agent (the built-in one, or any harness: ``oracle`` runs the step's ``solve.sh``) on
 each step's instruction and grades each step as it ends, while the agent's sandbox is the stage's
 own (a ``min_reward`` a step misses ends the task); eval rolls the steps' rewards up
@@ -31,7 +32,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import boxes, files, sidecars
+from tasks.harbor import boxes, files, fork, sidecars
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import tools, verifier
@@ -134,28 +135,26 @@ class HarborHandler(AgentTaskHandler):
         task = task_of(ctx.instance)
         image = self._image(ctx, task)
         online = self._agent_network(task)  # then the registries as the verifier reaches them (the toolkit)
-        box = ctx.open_sandbox(self._spec(ctx, task, image, online, env=boxes.tools_env(image) if online else None))
         block = self._block(ctx)
+        step, workdir = task.steps[block.get("step", 0)], self._workdir(task, image)
+        spec = self._spec(ctx, task, image, online, env=boxes.tools_env(image) if online else None)
+        forked = fork.prepared(ctx, task, block.get("step", 0), image, spec, lambda box: (
+            boxes.entrypoint(box, image), boxes.setup(ctx, box, step, workdir)))  # once per group
+        box = ctx.open_sandbox(fork.on_layer(spec, forked))
         if task.compose:  # before anything of the task runs in the agent's sandbox: depends_on
             block["services"] = sidecars.start(ctx, self, task, box)
         boxes.entrypoint(box, image)
-        block.update(task=task.name, steps=[], step=block.get("step", 0),
-                     network={"agent": self._agent_network(task), "asked": wants_internet(task.config, task.config.agent)})
+        block.update(task=task.name, steps=[], step=block.get("step", 0), fork=forked,
+                     network={"agent": online, "asked": wants_internet(task.config, task.config.agent)})
         tools.prepare(box, task, ctx.instance, block)
-        self._prepare_step(ctx, box, task, task.steps[block["step"]], image)
+        self._prepare_step(ctx, box, task, step, image, prepared="layer" in forked)
         ctx.save()
 
-    def _prepare_step(self, ctx: StageContext, box: Any, task: HarborTask, step: Step, image: dict[str, Any]) -> None:
-        workdir = self._workdir(task, image)
+    def _prepare_step(self, ctx: StageContext, box: Any, task: HarborTask, step: Step, image: dict[str, Any],
+                      prepared: bool = False) -> None:
         mount = files.mount_of(box)
-        if step.workdir_files is not None:
-            files.put_dirs(box, [step.workdir_files], workdir, mount=mount)
-            if (step.workdir_files / "setup.sh").is_file():
-                out = box.exec(f"cd {shlex.quote(workdir)} && bash ./setup.sh; rc=$?; rm -f ./setup.sh; exit $rc",
-                               timeout=max(1.0, min(600.0, ctx.remaining())))
-                if out.exit_code != 0:
-                    raise RuntimeError(f"step {step.name}: workdir/setup.sh failed (exit {out.exit_code}): "
-                                       f"{out.output[-1000:]}")
+        if not prepared:  # a fork's root has the step's files and what setup.sh made (tasks/harbor/fork.py)
+            boxes.setup(ctx, box, step, self._workdir(task, image))
         if step.solution is not None and getattr(boxes.harness_class(ctx.instance), "reads_solution", False):
             box.exec("rm -rf /solution", timeout=30)
             files.put_dirs(box, [step.solution], "/solution", mount=mount)

@@ -18,6 +18,8 @@
   (Apptainer's instances: :meth:`~sandboxes.base.SandboxRuntime.strays`); those whose job is
   terminal or unknown are stopped by that host. The sweep imports no runtime: the node it runs
   on may have none, and every node's strays are found, not only its own.
+- Every host reached is asked for its node's frozen layers (:mod:`tasks.sweep.layers`); those
+  whose group ended or whose TTL passed are removed by that host.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from prorl_celery.status import STAGES, StageState
 from sandboxes.client import RemoteSandbox, close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
 from sandboxes.base import SandboxHandle
 from sandboxes.protocol import HostRecord, SandboxEntry
+from tasks.sweep.layers import sweep_layers
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,7 @@ def stop_orphan_strays(store: JobStore, host: HostRecord, seen: set[str]) -> lis
 
 def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list]:
     """One pass; returns ``{hosts_dead, jobs_host_lost, sandboxes_closed, sandboxes_renewed,
-    hosts_unreachable, instances_stopped}`` (ids), also logged."""
+    hosts_unreachable, instances_stopped, layers_removed}`` (ids), also logged."""
     now = now or time.time()
     grace_s = get_settings().stage_lease_s
     dead = mark_dead_hosts(store, now)
@@ -163,6 +166,7 @@ def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list
                                "sandboxes_closed": [], "sandboxes_renewed": [], "hosts_unreachable": [],
                                "instances_stopped": []}
     seen: set[str] = set()
+    reached = []
     for host in live_hosts(store.redis):
         try:
             report["sandboxes_closed"] += close_orphans(store, host, now, grace_s, report["sandboxes_renewed"])
@@ -170,10 +174,12 @@ def sweep_sandboxes(store: JobStore, now: float | None = None) -> dict[str, list
             log.warning("sweep could not reach sandbox host %s: %s", host.host_id, exc)
             report["hosts_unreachable"].append(host.host_id)
             continue
+        reached.append(host)
         try:
             report["instances_stopped"] += stop_orphan_strays(store, host, seen)
         except (SandboxError, NotFound) as exc:  # NotFound: a host of an older version
             log.warning("sweep could not have the strays of sandbox host %s stopped: %s", host.host_id, exc)
+    report["layers_removed"] = sweep_layers(store, reached, now)
     for action, ids in report.items():
         if ids:
             log.warning("sandbox sweep %s %d: %s", action, len(ids), ids)

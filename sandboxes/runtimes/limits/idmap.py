@@ -101,33 +101,37 @@ def userns_fd(uid: int, count: int = 1, owner: int | None = None) -> int:
         proc.wait()
 
 
-def idmapped_tree(path: str, uid: int) -> int:
+def idmapped_tree(path: str, uid: int, ns: int | None = None) -> int:
     """A detached, read-only, id-mapped clone of the directory tree at ``path`` (its uid and gid 0
-    shown as ``uid``), as a descriptor."""
+    shown as ``uid``), as a descriptor; ``ns``: a user namespace of :func:`userns_fd` to map
+    through (default: a new one)."""
     tree = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path),
                                 _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE), "open_tree")
     try:
-        ns = userns_fd(uid)
+        own = ns is None
+        ns = userns_fd(uid) if own else ns
         try:
             attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID
                               | _MOUNT_ATTR_NODEV, 0, 0, ns)
             _check(_libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE,
                                  ctypes.byref(attr), ctypes.sizeof(attr)), "mount_setattr (idmap)")
         finally:
-            os.close(ns)
+            if own:
+                os.close(ns)
     except BaseException:
         os.close(tree)
         raise
     return tree
 
 
-def overlay(lower: int, upper: str, work: str) -> int:
-    """A detached overlayfs (nosuid, nodev) of the tree ``lower`` (a descriptor) under the
-    directories ``upper`` and ``work``, as a descriptor."""
+def overlay(lowers: list[int], upper: str, work: str) -> int:
+    """A detached overlayfs (nosuid, nodev) of the trees ``lowers`` (descriptors, topmost first)
+    under the directories ``upper`` and ``work``, as a descriptor."""
     fs = _check(_libc.syscall(_SYS_FSOPEN, b"overlay", _FSOPEN_CLOEXEC), "fsopen overlay")
     try:
-        _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_FD, b"lowerdir+", None, lower),
-               "overlay lowerdir+")
+        for lower in lowers:
+            _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_FD, b"lowerdir+", None, lower),
+                   "overlay lowerdir+")
         for key, value in (("upperdir", upper), ("workdir", work)):
             _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key.encode(),
                                  os.fsencode(value), 0), f"overlay {key}")
@@ -138,23 +142,34 @@ def overlay(lower: int, upper: str, work: str) -> int:
         os.close(fs)
 
 
-def writable_root(image: str, upper: str, work: str, uid: int) -> int:
+def writable_root(image: str, upper: str, work: str, uid: int, layers: list[str] | tuple = ()) -> int:
     """The overlay of ``image`` (id-mapped to ``uid``) under ``upper``/``work``, as a descriptor
-    the caller closes. :class:`SandboxError` saying why when it cannot be made here."""
+    the caller closes; ``layers``: root-owned directories (frozen layers,
+    :mod:`sandboxes.runtimes.layers`) stacked read-only above the image, topmost first, id-mapped
+    as it is. :class:`SandboxError` saying why when it cannot be made here."""
     why = why_not()
     if why:
         raise SandboxError(f"writable_root cannot be given here: {why}")
+    lowers: list[int] = []
     try:
-        lower = idmapped_tree(image, uid)
+        ns = userns_fd(uid)
+        try:
+            for path in [*layers, image]:
+                lowers.append(idmapped_tree(path, uid, ns))
+        finally:
+            os.close(ns)
     except OSError as exc:
-        raise SandboxError(f"writable_root: could not id-map the image {image!r} "
+        for fd in lowers:
+            os.close(fd)
+        raise SandboxError(f"writable_root: could not id-map the image {image!r} or its layers "
                            f"(its filesystem may not support id-mapped mounts): {exc}") from exc
     try:
-        return overlay(lower, upper, work)
+        return overlay(lowers, upper, work)
     except OSError as exc:
         raise SandboxError(f"writable_root: could not make the overlay of {image!r}: {exc}") from exc
     finally:
-        os.close(lower)
+        for fd in lowers:
+            os.close(fd)
 
 
 def bind_argv(argv: list[str], root_fd: int, mountpoint: str) -> list[str]:

@@ -77,11 +77,12 @@ def trusted_argv(argv: Sequence[str]) -> list[str]:
 def shell_warm_spec(spec):
     """For a runtime built on this shell: the part of ``spec`` a pre-started sandbox must already
     match (image, network); env, limits and workdir are applied when it is claimed. None when the
-    env cannot be applied later (a name the shell cannot export)."""
+    env cannot be applied later (a name the shell cannot export), or it names frozen layers (a
+    warm sandbox would hold them)."""
     from sandboxes.base import SandboxSpec
 
-    if not all(VALID_NAME.match(name) for name in spec.env):
-        return None
+    if not all(VALID_NAME.match(name) for name in spec.env) or spec.layers:
+        return None  # a frozen layer's sandboxes start on demand: a warm one would hold it
     return SandboxSpec(runtime=spec.runtime, image=spec.image, network=spec.network,
                        writable_root=spec.writable_root)
 
