@@ -5,6 +5,8 @@
 #   bash scripts/install-harnesses.sh mini-swe-agent  # the same, by name
 #   bash scripts/install-harnesses.sh claude-code     # Claude Code (npm), for `-m harness`
 #   bash scripts/install-harnesses.sh codex           # Codex (npm)
+#   bash scripts/install-harnesses.sh openai-client   # a venv with the openai package, for `command`
+#                                                     # harnesses such as examples/lookup_agent.py
 # Python harnesses get a venv of the node's system python3 (/usr/bin/python3: the sandboxes run
 # the node's /usr), so they run inside a sandbox as they do outside. Idempotent.
 set -euo pipefail
@@ -38,7 +40,15 @@ for name in "${wanted[@]}"; do
         npm install --prefix "$dir" --no-audit --no-fund --loglevel=error @openai/codex
       fi
       echo "codex: $(find "$dir/node_modules/@openai" -type f -name codex -perm -u+x | head -1)" ;;
-    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent, claude-code, codex)" >&2; exit 2 ;;
+    openai-client|openai_client)
+      dir="$root/openai-client"
+      if [[ ! -x "$dir/bin/python" ]] || ! "$dir/bin/python" -c "import openai" 2>/dev/null; then
+        "$python" -m venv "$dir"
+        "$dir/bin/pip" install -q --disable-pip-version-check 'openai>=1.50'
+      fi
+      cp "$(dirname "$0")/../examples/lookup_agent.py" "$dir/lookup_agent.py"
+      echo "openai-client: $dir/bin/python" ;;
+    *) echo "install-harnesses: unknown harness $name (known: mini-swe-agent, claude-code, codex, openai-client)" >&2; exit 2 ;;
   esac
 done
 chmod -R a+rX,go-w "$root"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-system-deps.sh
 python3 -m pip install -q -e '.[test]'
 bash scripts/install-real-llm.sh
-bash scripts/install-harnesses.sh  # mini-swe-agent for sandboxes (tests/harnesses)
+bash scripts/install-harnesses.sh mini-swe-agent openai-client  # for sandboxes (tests/harnesses)
 
 for arg in "$@"; do
     case "$arg" in -m|-m?*) exec python3 -m pytest "$@" ;; esac

@@ -5,7 +5,8 @@ mini-swe-agent (its instance template asks for ``echo COMPLETE_TASK_AND_SUBMIT_F
 the SWE fixture's steps as ``bash`` tool calls with a ``command``, then that echo. Claude Code
 (its ``Bash`` tool in the system prompt): the same steps as ``Bash`` tool uses, then a final text;
 Codex (``exec_command``): the same as ``exec_command`` calls; the example task ``mcp-skills`` in
-their MCP and skill tools (:mod:`prorl_celery.fakes.mcp_oracle`). Math fixture tasks: one shell check,
+their MCP and skill tools (:mod:`prorl_celery.fakes.mcp_oracle`); the ``lookup`` task as
+examples/lookup_agent.py asks it (the named file, then the code it was shown). Math fixture tasks: one shell check,
 then the answer in ``\boxed{}`` (asked with no tools at all, as a plain chat agent asks: the answer
 at once). Anything else
 goes to :func:`prorl_celery.fakes.oracle.reply`.
@@ -14,6 +15,7 @@ Start a fake server with it: ``prorl-celery fake-llm --policy oracle:prorl_celer
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from prorl_celery.fakes import mcp_oracle, oracle
@@ -24,6 +26,8 @@ from prorl_celery.llm.chatml import text_of
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 CLAUDE_BASH = '"name": "Bash"'  # how the byte tokenizer's template lists Claude Code's Bash tool
 CODEX_EXEC = '"name": "exec_command"'  # and Codex's shell tool
+LOOKUP_TARGET = re.compile(r"The code you need is in (\S+?)\. ")  # tasks/handlers/lookup.py's prompt
+LOOKUP_SHOWN = re.compile(r" says:\n.*?\b(\d{3,})\b", re.S)  # examples/lookup_agent.py's observation
 
 
 def _math(text: str, step: int, check: Reply, final: Reply) -> Reply | None:
@@ -109,7 +113,19 @@ def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) ->
     if CODEX_EXEC in _system(messages):  # Codex (its task is not its first user message)
         return _codex(messages, tools)
     if not tools:  # a plain chat agent (a command harness with no tools): a math answer in its text
-        answer = _math(text, 1, Reply(), Reply())
+        answer = _math(text, 1, Reply(), Reply()) or _lookup(messages, text)
         if answer is not None:
             return answer
     return oracle.reply(messages, tools)
+
+
+def _lookup(messages: list[dict[str, Any]], text: str) -> Reply | None:
+    """The ``lookup`` task as examples/lookup_agent.py asks it: the file the task names, then the
+    code the file it was shown holds."""
+    target = LOOKUP_TARGET.search(text)
+    if target is None:
+        return None
+    if not any(m.get("role") == "assistant" for m in messages):
+        return Reply(content=target.group(1))
+    shown = LOOKUP_SHOWN.search(text_of(messages[-1].get("content")) or "")
+    return Reply(content=shown.group(1) if shown else "I do not know.")

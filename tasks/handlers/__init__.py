@@ -15,6 +15,7 @@ HANDLERS = Registry("handler", {
     "math": "tasks.handlers.math:MathHandler",
     "stem": "tasks.handlers.stem:StemHandler",
     "echo": "tasks.handlers.echo:EchoHandler",
+    "lookup": "tasks.handlers.lookup:LookupHandler",
     "code": "tasks.handlers.code:CodeHandler",
     "humaneval": "tasks.handlers.code:HumanEvalHandler",
     "swe": "tasks.swe.handler:SweHandler",
@@ -28,6 +29,7 @@ HANDLERS = Registry("handler", {
 # handler not listed checks what every handler does. The API uses these without the handlers.
 INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances.check_swe,
                                                                    "echo": instances.check_echo,
+                                                                   "lookup": instances.check_lookup,
                                                                    "harbor": instances.check_harbor,
                                                                    "shell": instances.check_no_agent}
 # Built-in handler modules that moved, old -> new: a data source that names a class by its old

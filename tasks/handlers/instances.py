@@ -66,6 +66,27 @@ def check_echo(instance: dict[str, Any]) -> None:
         raise InvalidRequest("match: exact or contains", field="instance.match")
 
 
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_lookup(instance: dict[str, Any]) -> None:
+    """``files`` a map of plain file names to texts (2 to 16), ``target`` one of them, ``code``
+    a non-empty string found in the target's text."""
+    check_sandbox(instance)
+    files = instance.get("files")
+    if not isinstance(files, dict) or not 2 <= len(files) <= 16:
+        raise InvalidRequest("files: 2 to 16 {name: text}", field="instance.files")
+    for name, text in files.items():
+        if not isinstance(name, str) or not _FILE_NAME.match(name) or not isinstance(text, str) or len(text) > 4096:
+            raise InvalidRequest(f"files: {name!r}: a plain file name and a text of at most 4 kB",
+                                 field="instance.files")
+    if instance.get("target") not in files:
+        raise InvalidRequest("target: one of the files' names", field="instance.target")
+    code = instance.get("code")
+    if not isinstance(code, str) or not code.strip() or code not in files[instance["target"]]:
+        raise InvalidRequest("code: a non-empty string the target file holds", field="instance.code")
+
+
 def check_swe(instance: dict[str, Any]) -> None:
     """``swe``'s: also the instance's ``image`` and ``repo_source`` (https, or an allowed
     directory), the test lists, and a full ``base_commit``."""
