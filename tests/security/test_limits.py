@@ -81,6 +81,7 @@ def assert_memory_held(host, box, limit_mb: int) -> None:
     assert before - psutil.virtual_memory().available < limit_mb * MB + 1024 * MB
 
 
+@pytest.mark.slow  # ~50 s of disk and memory at the defaults' sizes; the explicit limits' test below is the default suite's
 def test_default_limits_hold_processes_memory_tmpfs_and_disk(start_host):
     host = start_host(runtime="bwrap")
     box = create(host, "defaults")
