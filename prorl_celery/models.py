@@ -125,6 +125,7 @@ class JobView(BaseModel):
     status: JobStatus
     stage: str | None
     group_id: str | None = None
+    project: str | None = Field(None, description="The project whose key submitted it (None: the operator's token).")
     data_source: str
     timings: Timings
     workers: dict[str, str] = Field(default_factory=dict, description="Stage -> worker that ran it.")
