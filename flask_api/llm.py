@@ -115,7 +115,7 @@ def add_server():
     registry = _registry()
     backend, created = registry.add(spec, project=caller())
     if backend.weight_version:
-        WeightVersions(registry.redis).know(backend.weight_version)
+        WeightVersions(registry.redis, backend.project).know(backend.weight_version)
         if backend.pause_api not in (None, PauseApi.NONE) and spec.probe:
             try:  # its spans then say this name, not the last one it was told (or "default")
                 name_version(backend, backend.weight_version, registry.api_key(backend.id))
@@ -159,7 +159,7 @@ def drain_servers():
 def resume_servers():
     body: ResumeRequest = parse_body(ResumeRequest)
     registry = _registry()
-    ids = resume(registry, controlled_ids(registry, body.ids), body.weight_version)
+    ids = resume(registry, controlled_ids(registry, body.ids), body.weight_version, project=caller())
     return jsonify({"resumed": ids, "backends": [b.public() for b in registry.get_many(ids)]})
 
 

@@ -84,14 +84,18 @@ def controlled_ids(registry: BackendRegistry, ids: list[str] | None) -> list[str
     return list(ids)
 
 
-def owned_ids(store: JobStore, job_ids: list[str]) -> list[str]:
-    """Those of ``job_ids`` the caller may see (another project's act as unknown ids)."""
-    if caller() is None:
-        return job_ids
+def ids_by_owner(store: JobStore, job_ids: list[str]) -> dict[str | None, list[str]]:
+    """Those of ``job_ids`` the caller may see, by the project that owns each (None: the
+    operator's, and ids of no job for the operator); another project's act as unknown ids."""
     pipe = store.redis.pipeline(transaction=False)
     for job_id in job_ids:
         pipe.hget(keys.job(job_id), "project")
-    return [job_id for job_id, owner in zip(job_ids, pipe.execute()) if owner and owner.decode() == caller()]
+    out: dict[str | None, list[str]] = {}
+    for job_id, owner in zip(job_ids, pipe.execute()):
+        owner = owner.decode() if owner else None
+        if caller() is None or (owner is not None and owner == caller()):
+            out.setdefault(owner, []).append(job_id)
+    return out
 
 
 def operator_only(what: str) -> None:

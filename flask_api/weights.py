@@ -11,7 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from flask_api.errors import parse_body
 from flask_api.routes import route
 from flask_api.schemas import ErrorBody
-from flask_api.tenancy import controlled_ids, owned_ids
+from flask_api.tenancy import caller, controlled_ids, ids_by_owner
 from prorl_celery.llm.control import pause
 from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.staleness import WeightVersions
@@ -64,8 +64,8 @@ class WeightsState(BaseModel):
     acked: int | None = None
 
 
-def _versions() -> WeightVersions:
-    return WeightVersions(current_app.extensions["prorl_store"].redis)
+def _versions(project: str | None = None) -> WeightVersions:
+    return WeightVersions(current_app.extensions["prorl_store"].redis, project or caller())
 
 
 def _state(acked: int | None = None) -> dict:
@@ -88,10 +88,12 @@ def pause_servers():
        {200: WeightsState, 400: ErrorBody}, body=AckRequest, tag="jobs")
 def ack_jobs():
     body: AckRequest = parse_body(AckRequest)
-    return jsonify(_state(_versions().consume(owned_ids(current_app.extensions["prorl_store"], body.job_ids))))
+    owners = ids_by_owner(current_app.extensions["prorl_store"], body.job_ids)
+    return jsonify(_state(sum(_versions(owner).consume(ids) for owner, ids in owners.items())))
 
 
-@route(bp, "get", "/weights", "Weight versions: the current one and the oldest unconsumed rollout's",
+@route(bp, "get", "/weights", "Weight versions (the caller's project's): the current one and the oldest unconsumed "
+       "rollout's",
        {200: WeightsState}, tag="llm")
 def weights_state():
     return jsonify(_state())

@@ -88,20 +88,25 @@ def llm_probe_lock(backend_id: str) -> str:
     return f"{PREFIX}:llm:probe:{backend_id}"
 
 
-def weight_versions() -> str:
+def _weights(project: str | None) -> str:
+    """Each project's weight versions are its own (its trainer's policy); None: the operator's."""
+    return f"{PREFIX}:weights" if not project else f"{PREFIX}:weights:project:{project}"
+
+
+def weight_versions(project: str | None = None) -> str:
     """Hash: weight version name -> its ordinal (1, 2, ... in the order resumes named them)."""
-    return f"{PREFIX}:weights:versions"
+    return f"{_weights(project)}:versions"
 
 
-def weight_current() -> str:
+def weight_current(project: str | None = None) -> str:
     """String: the ordinal of the weight version the trainer resumed with last (the current policy)."""
-    return f"{PREFIX}:weights:current"
+    return f"{_weights(project)}:current"
 
 
-def weight_unconsumed() -> str:
+def weight_unconsumed(project: str | None = None) -> str:
     """Sorted set: job id -> ordinal of the weight version current when the rollout was admitted,
     for every admitted rollout whose result the trainer has not consumed (acknowledged) yet."""
-    return f"{PREFIX}:weights:unconsumed"
+    return f"{_weights(project)}:unconsumed"
 
 
 def compat_running(project: str | None = None) -> str:

@@ -56,7 +56,7 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
-    _nothing_to_consume(store, [result])
+    _nothing_to_consume(store, [(record, result)])
     return result
 
 
@@ -68,16 +68,19 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
     done = store.transition_many((record.job_id, status, _terminal_fields(record, result))
                                  for (record, _), result in zip(ends, results))
     out = [result if ok else None for result, (ok, _) in zip(results, done)]
-    _nothing_to_consume(store, [r for r in out if r is not None])
+    _nothing_to_consume(store, [(record, r) for (record, _), r in zip(ends, out) if r is not None])
     return out
 
 
-def _nothing_to_consume(store: JobStore, results: list[JobResult]) -> None:
+def _nothing_to_consume(store: JobStore, ended: list[tuple[JobRecord, JobResult]]) -> None:
     """A job that ended without a result to train on no longer holds back admission (the
-    staleness bound waits only for results the trainer will consume)."""
-    ids = [r.job_id for r in results if r.status is not JobStatus.COMPLETED]
-    if ids:
-        WeightVersions(store.redis).consume(ids)
+    staleness bound, of its own project's versions, waits only for results the trainer will consume)."""
+    by_project: dict[str | None, list[str]] = {}
+    for record, result in ended:
+        if result.status is not JobStatus.COMPLETED:
+            by_project.setdefault(record.project, []).append(result.job_id)
+    for project, ids in by_project.items():
+        WeightVersions(store.redis, project).consume(ids)
 
 
 def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:
