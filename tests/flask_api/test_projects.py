@@ -70,7 +70,7 @@ def world(app, redis_url):
     a_ended = _submit(client, a, f"ae-{tag}")
     assert client.delete(f"/jobs/{a_ended}", headers=a).status_code == 200
     port = int(tag[:4], 16) % 60000 + 1
-    a_backend = _backend(client, a, f"http://10.77.0.1:{port}")
+    a_backend = _backend(client, a, f"http://10.97.0.1:{port}")
     shared = _backend(client, ADMIN, f"http://10.78.0.1:{port}")
     w = World(a, b, a_name, b_name, a_job, f"ag-{tag}", a_ended, cursor, a_backend, shared,
               [a_job, a_ended, *group.get_json()["job_ids"]])
