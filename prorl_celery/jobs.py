@@ -304,6 +304,7 @@ def _decode(raw: dict) -> JobRecord:
         else:
             data[key] = value
     data["group_id"] = data.get("group_id") or None
+    data["project"] = data.get("project") or None
     data["instance"] = data.get("instance") or {}
     for name in ("state", "workers", "attempts"):
         data[name] = data.get(name) or {}

@@ -169,3 +169,13 @@ def _compat(project: str | None) -> str:
     """The reference API's state of one project (None: the operator's, as before projects).
     A label has no colon (a job id's characters), so no label reaches into a project's keys."""
     return f"{PREFIX}:compat" if not project else f"{PREFIX}:compat:project:{project}"
+
+
+def cost_totals(project: str) -> str:
+    """Hash: one project's running cost totals (jobs, tokens, LLM calls and seconds, wall seconds)."""
+    return f"{PREFIX}:metrics:cost:{project}"
+
+
+def cost_projects() -> str:
+    """Set: the projects that have cost totals."""
+    return f"{PREFIX}:metrics:cost-projects"

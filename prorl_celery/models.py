@@ -116,6 +116,8 @@ class JobResult(BaseModel):
     instance_id: str | None = None
     trajectory_id: int | None = None
     attempts: list[Attempt] = Field(default_factory=list, description="Every run from init, in order.")
+    cost: dict[str, Any] | None = Field(None, description="What it cost (prorl_celery/rollout/cost.py): tokens and "
+                                                          "LLM seconds per backend, wall seconds per stage.")
 
 
 class JobView(BaseModel):

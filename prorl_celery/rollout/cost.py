@@ -1,0 +1,117 @@
+"""What a trajectory cost, read from its rollout's call records when the job ends, and the
+running totals per project that ``/metrics`` and ``prorl-celery status`` report.
+
+Per backend: calls, prompt tokens (the whole prompt of every call: what the server was sent),
+generated tokens, prompt tokens its prefix cache held (where it said), and LLM seconds (each call's
+latency, retries included); then the wall time of each stage. A call whose server returned no
+token ids (chat mode without them) counts as a call with unknown tokens (``calls_without_ids``).
+Sandbox CPU-seconds and peak memory are not reported by the sandbox hosts yet: ``sandbox`` is None.
+
+Only each record's metadata head is parsed, never its ids: a 30k-token rollout's cost is the read
+of its list, not the decoding of its arrays.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from pydantic import BaseModel, Field
+
+from prorl_celery import keys
+from prorl_celery.models import Timings
+
+_LEN_BYTES = 4
+_STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
+OPERATOR = "_operator"  # the totals of the operator's jobs (no project name starts with '_')
+
+
+class BackendCost(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_tokens: int = 0
+    llm_s: float = 0.0
+    calls_without_ids: int = 0
+
+
+class Cost(BaseModel):
+    """One trajectory's cost."""
+
+    llm: dict[str, BackendCost] = Field(default_factory=dict, description="Backend id -> what its calls took.")
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    llm_calls: int = 0
+    llm_s: float = Field(0.0, description="Seconds of LLM calls (their latency, retries included).")
+    wall_s: dict[str, float] = Field(default_factory=dict, description="Seconds per stage (the result's timing).")
+    sandbox: dict[str, float] | None = Field(None, description="CPU-seconds and peak memory of its sandboxes: "
+                                                               "not reported by the sandbox hosts yet.")
+
+
+def _head(blob: bytes) -> dict[str, Any]:
+    """A packed call record's metadata (:class:`prorl_celery.rollout.store.Call`), ids unread."""
+    size = int.from_bytes(blob[:_LEN_BYTES], "little")
+    return json.loads(blob[_LEN_BYTES:_LEN_BYTES + size])
+
+
+def add_call(cost: Cost, meta: dict[str, Any]) -> None:
+    keep, (n_new, n_response, _) = int(meta.get("_k", 0)), meta.get("_n", (-1, -1, -1))
+    backend = cost.llm.setdefault(str(meta.get("backend_id") or "unknown"), BackendCost())
+    backend.calls += 1
+    backend.llm_s += float(meta.get("latency_s") or 0.0)
+    backend.cached_tokens += int(meta.get("cached_tokens") or 0)
+    if n_new < 0 or n_response < 0:
+        backend.calls_without_ids += 1
+        return
+    backend.prompt_tokens += keep + n_new
+    backend.generated_tokens += n_response
+
+
+def cost_of(blobs: list[bytes], timing: Timings) -> Cost:
+    cost = Cost(wall_s={name: getattr(timing, name) for name in _STAGES})
+    for blob in blobs:
+        add_call(cost, _head(blob))
+    for backend in cost.llm.values():
+        backend.llm_s = round(backend.llm_s, 6)
+        cost.prompt_tokens += backend.prompt_tokens
+        cost.generated_tokens += backend.generated_tokens
+        cost.llm_calls += backend.calls
+        cost.llm_s += backend.llm_s
+    cost.llm_s = round(cost.llm_s, 6)
+    return cost
+
+
+def read_calls(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
+    """Each job's call records, the first ``n`` (its saved count; None: all), in one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for job_id, n in jobs:
+        pipe.lrange(keys.rollout_calls(job_id), 0, -1 if n is None else max(n, 0) - 1)
+    return [[] if n == 0 else blobs for (_, n), blobs in zip(jobs, pipe.execute())]
+
+
+TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s")
+
+
+def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> None:
+    """Add ended jobs' costs to their projects' running totals (None: the operator's)."""
+    pipe = client.pipeline(transaction=False)
+    for project, cost in ended:
+        key = keys.cost_totals(project or OPERATOR)
+        pipe.sadd(keys.cost_projects(), project or OPERATOR)
+        pipe.hincrby(key, "jobs", 1)
+        for name in ("prompt_tokens", "generated_tokens", "llm_calls"):
+            pipe.hincrby(key, name, getattr(cost, name))
+        pipe.hincrbyfloat(key, "llm_s", cost.llm_s)
+        pipe.hincrbyfloat(key, "run_s", cost.wall_s.get("run", 0.0))
+        pipe.hincrbyfloat(key, "total_s", cost.wall_s.get("total", 0.0))
+    pipe.execute()
+
+
+def totals(client: redis.Redis) -> dict[str, dict[str, float]]:
+    """Project (``_operator`` for the operator's jobs) -> its running totals."""
+    names = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.cost_projects()))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.cost_totals(name))
+    return {name: {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
+            for name, raw in zip(names, pipe.execute())}
