@@ -13,7 +13,8 @@ from prorl_celery.metrics import ServiceCollector
 bp = Blueprint("metrics", __name__)
 
 
-@route(bp, "get", "/metrics", "Prometheus metrics (the operator's token)", {200: None, 403: ErrorBody}, tag="operations")
+@route(bp, "get", "/metrics", "Prometheus metrics (the operator's token)", {200: None, 403: ErrorBody},
+       tag="operations")
 def metrics():
     operator_only("/metrics")
     registry = CollectorRegistry(auto_describe=False)

@@ -24,7 +24,8 @@ return 1
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
 #       8 group completion stream prefix, 9 number k of expected field/values pairs, 10 and 11
 #       the key prefixes of a rollout's lists (a terminal job's expire with it), 12 the prefix of
-#       the per-project counts hashes, then those k pairs (each field must hold one of the csv values; a missing field counts as ''), then
+#       the per-project counts hashes,
+#       then those k pairs (each field must hold one of the csv values; a missing field counts as ''), then
 #       the field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
 # the same again per project for a project's job. Completion entries name the job's project.

@@ -9,7 +9,7 @@ from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.jobstate import ROLLOUT_KEY, SANDBOX_KEY
 from prorl_celery.models import ErrorInfo, JobResult
-from prorl_celery.rollout.cost import Cost, add_totals, cost_of, read_calls
+from prorl_celery.rollout.cost import Cost, add_totals, cost_of, read_heads
 from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
 
@@ -84,7 +84,7 @@ def _with_cost(store: JobStore, jobs: list[tuple[JobRecord, Any]], results: list
     Never in the way of ending the job: a cost that cannot be read is left out (and logged)."""
     try:
         counts = [_saved_calls(state if state is not None else record.state) for record, state in jobs]
-        blobs = read_calls(store.redis, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
+        blobs = read_heads(store.redis, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
         costs = [cost_of(calls, result.timing) for calls, result in zip(blobs, results)]
     except Exception:  # noqa: BLE001 - a job's end must not depend on its bill
         log.warning("could not read the cost of %d jobs", len(jobs), exc_info=True)

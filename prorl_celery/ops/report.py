@@ -56,9 +56,8 @@ def render(snap: dict[str, Any]) -> str:
     if snap.get("projects"):
         sections.append(_table(
             ["project", "ended jobs", "prompt tokens", "generated tokens", "llm calls", "llm s", "rollout s"],
-            [[name, f"{t.get('jobs', 0):.0f}", f"{t.get('prompt_tokens', 0):.0f}", f"{t.get('generated_tokens', 0):.0f}",
-              f"{t.get('llm_calls', 0):.0f}", f"{t.get('llm_s', 0):.1f}", f"{t.get('total_s', 0):.1f}"]
-             for name, t in snap["projects"].items()]))
+            [[name, *(f"{t.get(k, 0):.0f}" for k in ("jobs", "prompt_tokens", "generated_tokens", "llm_calls")),
+              f"{t.get('llm_s', 0):.1f}", f"{t.get('total_s', 0):.1f}"] for name, t in snap["projects"].items()]))
     return "\n\n".join(sections)
 
 

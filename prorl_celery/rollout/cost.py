@@ -7,8 +7,8 @@ latency, retries included); then the wall time of each stage. A call whose serve
 token ids (chat mode without them) counts as a call with unknown tokens (``calls_without_ids``).
 Sandbox CPU-seconds and peak memory are not reported by the sandbox hosts yet: ``sandbox`` is None.
 
-Only each record's metadata head is parsed, never its ids: a 30k-token rollout's cost is the read
-of its list, not the decoding of its arrays.
+Only each record's metadata head leaves Redis (a script cuts it off the packed record there), never
+its ids: a bulk cancel of a thousand long rollouts reads kilobytes each, not their token arrays.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 from prorl_celery import keys
 from prorl_celery.models import Timings
 
-_LEN_BYTES = 4
 _STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
 OPERATOR = "_operator"  # the totals of the operator's jobs (no project name starts with '_')
 
@@ -48,10 +47,16 @@ class Cost(BaseModel):
                                                                "not reported by the sandbox hosts yet.")
 
 
-def _head(blob: bytes) -> dict[str, Any]:
-    """A packed call record's metadata (:class:`prorl_celery.rollout.store.Call`), ids unread."""
-    size = int.from_bytes(blob[:_LEN_BYTES], "little")
-    return json.loads(blob[_LEN_BYTES:_LEN_BYTES + size])
+# KEYS[1]: a rollout's calls list; ARGV[1]: the last index to read. The metadata JSON of each
+# packed record (its first 4 bytes are the JSON's length, little-endian), without the arrays.
+_HEADS = """
+local out = {}
+for i, blob in ipairs(redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]))) do
+  local b1, b2, b3, b4 = string.byte(blob, 1, 4)
+  out[i] = string.sub(blob, 5, 4 + b1 + 256 * b2 + 65536 * b3 + 16777216 * b4)
+end
+return out
+"""
 
 
 def add_call(cost: Cost, meta: dict[str, Any]) -> None:
@@ -67,10 +72,11 @@ def add_call(cost: Cost, meta: dict[str, Any]) -> None:
     backend.generated_tokens += n_response
 
 
-def cost_of(blobs: list[bytes], timing: Timings) -> Cost:
+def cost_of(heads: list[bytes], timing: Timings) -> Cost:
+    """The cost of the calls whose metadata heads are ``heads`` (:func:`read_heads`)."""
     cost = Cost(wall_s={name: getattr(timing, name) for name in _STAGES})
-    for blob in blobs:
-        add_call(cost, _head(blob))
+    for head in heads:
+        add_call(cost, json.loads(head))
     for backend in cost.llm.values():
         backend.llm_s = round(backend.llm_s, 6)
         cost.prompt_tokens += backend.prompt_tokens
@@ -81,12 +87,17 @@ def cost_of(blobs: list[bytes], timing: Timings) -> Cost:
     return cost
 
 
-def read_calls(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
-    """Each job's call records, the first ``n`` (its saved count; None: all), in one round trip."""
+def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
+    """The metadata heads of each job's call records, the first ``n`` (its saved count; None:
+    all), in one round trip."""
+    script = client.register_script(_HEADS)
     pipe = client.pipeline(transaction=False)
-    for job_id, n in jobs:
-        pipe.lrange(keys.rollout_calls(job_id), 0, -1 if n is None else max(n, 0) - 1)
-    return [[] if n == 0 else blobs for (_, n), blobs in zip(jobs, pipe.execute())]
+    wanted = [i for i, (_, n) in enumerate(jobs) if n != 0]
+    for i in wanted:
+        job_id, n = jobs[i]
+        script(keys=[keys.rollout_calls(job_id)], args=[-1 if n is None else n - 1], client=pipe)
+    found = dict(zip(wanted, pipe.execute() if wanted else []))
+    return [found.get(i, []) for i in range(len(jobs))]
 
 
 TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s")

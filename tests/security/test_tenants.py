@@ -70,7 +70,8 @@ def test_a_spliced_or_guessed_key_is_no_key(stack, api, two):
     a_key, b_key = a["Authorization"].split()[1], b["Authorization"].split()[1]
     a_id, a_secret = a_key.split("_")[1], a_key.split("_", 2)[2]
     b_id, b_secret = b_key.split("_")[1], b_key.split("_", 2)[2]
-    for forged in (f"prorl_{a_id}_{b_secret}", f"prorl_{b_id}_{a_secret}", a_key[:-1] + ("x" if a_key[-1] != "x" else "y"),
+    flipped = a_key[:-1] + ("x" if a_key[-1] != "x" else "y")
+    for forged in (f"prorl_{a_id}_{b_secret}", f"prorl_{b_id}_{a_secret}", flipped,
                    f"prorl_{a_id}_{stack.api_token}", f"prorl_{'0' * 16}_{a_secret}", a_key + " "):
         if forged.strip() == a_key:
             continue
