@@ -10,7 +10,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from flask_api.errors import parse_body
 from flask_api.routes import route
 from flask_api.schemas import ErrorBody
-from flask_api.tenancy import backend_visible, caller, check_backend_control, controlled_ids, visible_backend
+from flask_api.tenancy import (backend_visible, caller, check_backend_address, check_backend_control, controlled_ids,
+                               visible_backend)
 from prorl_celery.errors import BackendFailed
 from prorl_celery.llm.control import drain, resume
 from prorl_celery.llm.models import Backend, BackendSpec, PauseApi
@@ -106,9 +107,10 @@ def _registry() -> BackendRegistry:
 
 
 @route(bp, "post", "/llm_servers", "Register an LLM backend (the same address twice is one backend)",
-       {201: AddServerResponse, 200: AddServerResponse, **_BAD}, body=BackendSpec, tag="llm")
+       {201: AddServerResponse, 200: AddServerResponse, 403: ErrorBody, **_BAD}, body=BackendSpec, tag="llm")
 def add_server():
     spec: BackendSpec = parse_body(BackendSpec)
+    check_backend_address(normalize_address(spec.address))
     if spec.probe:  # a server that cannot do what was asked is refused now, naming the missing flag
         found = probe_backend(spec, normalize_address(spec.address))
         spec = spec.model_copy(update=found)
@@ -163,11 +165,13 @@ def resume_servers():
     return jsonify({"resumed": ids, "backends": [b.public() for b in registry.get_many(ids)]})
 
 
-@route(bp, "post", "/add_llm_server", "Reference API: register an LLM server", {200: CompatAddResponse, **_BAD},
+@route(bp, "post", "/add_llm_server", "Reference API: register an LLM server",
+       {200: CompatAddResponse, 403: ErrorBody, **_BAD},
        body=AddServerRequest, tag="reference")
 def add_llm_server():
     """Reference-compatible: register an OpenAI-compatible server; duplicates are one backend."""
     body: AddServerRequest = parse_body(AddServerRequest)
+    check_backend_address(normalize_address(body.address))
     backend, created = _registry().add(BackendSpec(address=body.address), project=caller())
     return jsonify({"status": "ok", "id": backend.id, "created": created})
 

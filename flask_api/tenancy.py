@@ -4,10 +4,15 @@ private backend is answered exactly as an unknown id is (404, the same body), ne
 answer must not tell that it exists."""
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 from typing import TypeVar
 
 from flask import g
+
+from config.settings import get_settings
 
 from prorl_celery import keys
 from prorl_celery.errors import PolicyDenied, UnknownBackend, UnknownJob
@@ -102,3 +107,23 @@ def operator_only(what: str) -> None:
     """A route that shows the whole fleet: the operator's token only."""
     if caller() is not None:
         raise PolicyDenied(f"{what} shows the whole fleet: only the operator's token may read it")
+
+
+def check_backend_address(address: str) -> None:
+    """A project registers a backend only at an address inside the operator's
+    ``project_backend_networks`` (the API would probe, and the workers call, whatever it names:
+    loopback services, a metadata endpoint). The operator's token is not checked."""
+    if caller() is None:
+        return
+    allowed = [n.strip() for n in get_settings().project_backend_networks.split(",") if n.strip()]
+    if "*" in allowed:
+        return
+    host = urlsplit(address).hostname or ""
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)} if allowed else set()
+    except OSError:
+        found = set()
+    networks = [ipaddress.ip_network(n, strict=False) for n in allowed]
+    if not found or not all(any(ipaddress.ip_address(a.split("%")[0]) in n for n in networks) for a in found):
+        raise PolicyDenied(f"address: {host!r} is outside the networks a project may register backends in "
+                           f"(PRORL_PROJECT_BACKEND_NETWORKS: {', '.join(allowed) or 'none'})", field="address")

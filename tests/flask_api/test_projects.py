@@ -54,8 +54,11 @@ def world(app, redis_url):
     from prorl_celery.llm.registry import BackendRegistry
     from prorl_celery.projects import ProjectStore
 
+    from config.settings import get_settings
+
     mp = pytest.MonkeyPatch()
     mp.setattr(tasks.chain, "send_chain", lambda *a, **k: None)  # stored, never run
+    mp.setattr(get_settings(), "project_backend_networks", "10.0.0.0/8")
     store = app.extensions["prorl_store"]
     tag = uuid.uuid4().hex[:8]
     projects = ProjectStore(store.redis)
@@ -262,7 +265,21 @@ def metrics(c, w):
     assert c.get("/metrics", headers=ADMIN).status_code == 200
 
 
-def backends_add(c, w):
+def backends_add(c, w, monkeypatch):
+    from config.settings import get_settings
+
+    for address in ("http://127.0.0.1:6379", "http://169.254.169.254:80", "http://localhost:8000",
+                    "http://[::1]:8000", "http://11.0.0.1:1"):
+        for path in ("/llm_servers", "/add_llm_server"):
+            resp = c.post(path, json={"address": address, "probe": False} if path == "/llm_servers"
+                          else {"address": address}, headers=w.b)
+            assert resp.status_code == 403 and resp.get_json()["error"]["field"] == "address", (address, path)
+    assert _backend(c, ADMIN, "http://127.0.0.1:9") == c.post(  # the operator's token is not limited
+        "/llm_servers", json={"address": "http://127.0.0.1:9", "probe": False}, headers=ADMIN).get_json()["id"]
+    c.delete(f"/llm_servers/{_backend(c, ADMIN, 'http://127.0.0.1:9')}", headers=ADMIN)
+    monkeypatch.setattr(get_settings(), "project_backend_networks", "")  # the default: projects register none
+    assert c.post("/llm_servers", json={"address": "http://10.0.0.1:1", "probe": False}, headers=w.b).status_code == 403
+    monkeypatch.undo()
     address = c.get(f"/llm_servers/{w.a_backend}", headers=w.a).get_json()["address"]
     mine = _backend(c, w.b, address)  # the same address: b's own backend, not a's
     assert mine != w.a_backend
@@ -354,8 +371,9 @@ def test_every_route_has_a_row(app):
 
 
 @pytest.mark.parametrize("route", list(ROUTES), ids=lambda r: f"{r[0]} {r[1]}")
-def test_a_project_reaches_only_its_own(client, world, route):
-    ROUTES[route](client, world)
+def test_a_project_reaches_only_its_own(client, world, route, monkeypatch):
+    check = ROUTES[route]
+    check(client, world, monkeypatch) if "monkeypatch" in check.__code__.co_varnames else check(client, world)
 
 
 def test_a_revoked_key_is_refused_at_once(client, world, app):

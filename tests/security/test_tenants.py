@@ -77,3 +77,16 @@ def test_a_spliced_or_guessed_key_is_no_key(stack, api, two):
             continue
         status, body = raw(api, "GET", "/llm_servers", {"Authorization": f"Bearer {forged}"})
         assert status == 401 and body["error"]["type"] == "unauthorized", forged
+
+
+def test_a_project_cannot_point_the_service_at_its_own_host(stack, api, two):
+    """A project's backend is probed by the API and called by the workers: by default a project
+    registers none (PRORL_PROJECT_BACKEND_NETWORKS empty), so neither Redis on loopback nor a
+    metadata endpoint can be made a target; the operator's token still registers anything."""
+    _, (_, b) = two
+    for address in ("http://127.0.0.1:6379", "http://169.254.169.254", "http://localhost:8000/v1"):
+        for path, body in (("/llm_servers", {"address": address}), ("/add_llm_server", {"address": address})):
+            status, reply = raw(api, "POST", path, b, body)
+            assert status == 403 and reply["error"]["field"] == "address", (path, address, reply)
+    status, listed = raw(api, "GET", "/llm_servers", b)
+    assert status == 200 and not [x for x in listed["backends"] if x.get("project")]
