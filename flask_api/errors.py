@@ -122,11 +122,12 @@ def _check_token():
     if not token:
         return error_response(401, "unauthorized", WRONG_TOKEN)
     if hmac.compare_digest(given, token.encode("utf-8")):
-        g.project = None
+        g.project, g.authenticated = None, True
         return None
     g.project = ProjectStore(current_app.extensions["prorl_store"].redis).authenticate(given)
     if g.project is None:
         return error_response(401, "unauthorized", WRONG_TOKEN)
+    g.authenticated = True
     return None
 
 

@@ -24,7 +24,10 @@ T = TypeVar("T", JobRecord, Backend)
 
 
 def caller() -> str | None:
-    """The calling project; None for the operator."""
+    """The calling project; None for the operator. Fails closed: a request the token check did
+    not pass (an open path) is nobody's, never the operator's."""
+    if not g.get("authenticated"):
+        raise RuntimeError("caller() on a request that was not authenticated")
     return g.get("project")
 
 
