@@ -136,7 +136,8 @@ class ServiceCollector(Collector):
                 ("prorl_project_llm_calls", "llm_calls", "LLM calls of its ended jobs"),
                 ("prorl_project_llm_seconds", "llm_s", "Seconds of LLM calls of its ended jobs"),
                 ("prorl_project_run_seconds", "run_s", "Seconds its ended jobs spent in the run stage"),
-                ("prorl_project_rollout_seconds", "total_s", "Wall seconds of its ended jobs, submission to end")):
+                ("prorl_project_rollout_seconds", "total_s", "Wall seconds of its ended jobs, submission to end"),
+                ("prorl_project_price", "price", "Its ended jobs at the operator's prices (PRORL_COST_PRICES)")):
             family = CounterMetricFamily(metric, help_, labels=["project"])
             for name, values in spent.items():
                 family.add_metric([name], values.get(field, 0.0))

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel, Field
 
+from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.models import Timings
 
@@ -45,6 +46,7 @@ class Cost(BaseModel):
     wall_s: dict[str, float] = Field(default_factory=dict, description="Seconds per stage (the result's timing).")
     sandbox: dict[str, float] | None = Field(None, description="CPU-seconds and peak memory of its sandboxes: "
                                                                "not reported by the sandbox hosts yet.")
+    price: float | None = Field(None, description="The operator's prices applied (PRORL_COST_PRICES); None: none set.")
 
 
 # KEYS[1]: a rollout's calls list; ARGV[1]: the last index to read. The metadata JSON of each
@@ -84,7 +86,22 @@ def cost_of(heads: list[bytes], timing: Timings) -> Cost:
         cost.llm_calls += backend.calls
         cost.llm_s += backend.llm_s
     cost.llm_s = round(cost.llm_s, 6)
+    cost.price = price_of(cost, get_settings().cost_prices)
     return cost
+
+
+_PRICED = ("prompt_tokens", "generated_tokens", "cached_tokens", "llm_s")
+
+
+def price_of(cost: Cost, prices: dict[str, float]) -> float | None:
+    """One number for the trajectory: each backend's units at its own price (``<id>.<unit>``) or
+    the common one (``<unit>``), plus each stage's wall seconds at ``wall_s.<stage>``."""
+    if not prices:
+        return None
+    total = sum(prices.get(f"{bid}.{unit}", prices.get(unit, 0.0)) * getattr(spent, unit)
+                for bid, spent in cost.llm.items() for unit in _PRICED)
+    total += sum(prices.get(f"wall_s.{stage}", 0.0) * seconds for stage, seconds in cost.wall_s.items())
+    return round(total, 9)
 
 
 def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
@@ -100,7 +117,7 @@ def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[
     return [found.get(i, []) for i in range(len(jobs))]
 
 
-TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s")
+TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s", "price")
 
 
 def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> None:
@@ -115,6 +132,8 @@ def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> Non
         pipe.hincrbyfloat(key, "llm_s", cost.llm_s)
         pipe.hincrbyfloat(key, "run_s", cost.wall_s.get("run", 0.0))
         pipe.hincrbyfloat(key, "total_s", cost.wall_s.get("total", 0.0))
+        if cost.price is not None:
+            pipe.hincrbyfloat(key, "price", cost.price)
     pipe.execute()
 
 

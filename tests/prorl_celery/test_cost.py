@@ -60,3 +60,20 @@ def test_project_totals_reach_the_metrics(redis_url):
     assert f'prorl_project_llm_seconds_total{{project="{name}"}} 4.0' in text
     assert f'prorl_project_jobs{{project="{name}",status="queued"}} 0.0' in text
     ProjectStore(client).revoke(name)
+
+
+def test_the_operators_prices_make_one_number(monkeypatch):
+    from config.settings import get_settings
+    from prorl_celery.rollout.cost import BackendCost, Cost, price_of
+
+    cost = Cost(llm={"big": BackendCost(calls=2, prompt_tokens=1000, generated_tokens=100, cached_tokens=800, llm_s=4),
+                     "small": BackendCost(calls=1, prompt_tokens=500, generated_tokens=50)},
+                wall_s={"run": 10.0, "total": 12.0})
+    assert price_of(cost, {}) is None
+    prices = {"prompt_tokens": 0.001, "generated_tokens": 0.01, "cached_tokens": -0.0005,
+              "big.generated_tokens": 0.03, "wall_s.run": 0.1}
+    assert price_of(cost, prices) == pytest.approx(1000 * 0.001 + 100 * 0.03 - 800 * 0.0005 + 500 * 0.001
+                                                   + 50 * 0.01 + 10 * 0.1)
+    monkeypatch.setattr(get_settings(), "cost_prices", {"generated_tokens": 2.0})
+    head = Call.of([1, 2], [3, 4, 5], None, {"backend_id": "b"}).pack()[4:]
+    assert cost_of([head[:head.index(b"}") + 1]], Timings()).price == 6.0
