@@ -77,6 +77,15 @@ class ProjectStore:
         pipe.execute()
         return IssuedKey(project=name, key_id=key_id, key=f"{KEY_PREFIX}_{key_id}_{secret}")
 
+    def set_weight(self, name: str, weight: float) -> None:
+        """Change an existing project's weight (UnknownProject otherwise)."""
+        if not weight > 0:
+            raise InvalidRequest("weight must be a positive number", field="weight")
+        raw = self.redis.hget(keys.projects(), name)
+        if raw is None:
+            raise UnknownProject(name)
+        self.redis.hset(keys.projects(), name, json.dumps({**json.loads(raw), "weight": float(weight)}))
+
     def list(self) -> list[Project]:
         by_project: dict[str, list[str]] = {}
         for key_id, raw in self.redis.hgetall(keys.project_keys()).items():
