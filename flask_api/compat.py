@@ -31,6 +31,7 @@ from flask_api.errors import error_response, parse_body
 from flask_api.jobs import check_handlers
 from flask_api.limits import acquire_stream
 from flask_api.routes import route
+from flask_api.tenancy import caller, own
 from prorl_celery.errors import InvalidRequest, JobAlreadyTerminal, UnknownJob
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.llm import Turn
@@ -66,7 +67,7 @@ def _store() -> JobStore:
 
 
 def _state() -> CompatState:
-    return CompatState(_store().redis)
+    return CompatState(_store().redis, caller())
 
 
 @route(bp, "post", "/start", "Reference API: start accepting /process", {200: s.CompatStartResponse, 400: s.ErrorBody},
@@ -82,14 +83,14 @@ def start():
 def stop():
     """Stop accepting /process and cancel every job that /process started and is still running."""
     store = _store()
-    records = [r for r in store.get_many(_state().stop()) if r is not None]
+    records = own(store.get_many(_state().stop()))
     cancelled = cancel_many(store, records, reason="stopped by /stop")
     return jsonify({"status": "stopped", "cancelled": len(cancelled)})
 
 
 @route(bp, "get", "/status", "Reference API: counts of jobs", {200: s.CompatStatus}, tag="reference")
 def status():
-    counts = _store().counts()
+    counts = _store().counts(caller())
     active = counts["init"] + counts["run"] + counts["eval"]
     return jsonify({"status": "running" if _state().running() else "stopped", "pending_jobs": counts["queued"],
                     "running": active, "jobs": counts["queued"] + active, "init": counts["init"],
@@ -125,7 +126,7 @@ def process():
     release = acquire_stream()  # before submitting: a refused /process runs nothing
     store, state = _store(), _state()
     try:
-        (job_id,) = submit(store, [request])
+        (job_id,) = submit(store, [request], project=caller())
         state.track(job_id, body.job_id)
         status = current_app.extensions["prorl_finishes"].wait(job_id, 2 * _budget_s(body.sampling_params) + 10)
     finally:
@@ -152,9 +153,9 @@ def cancel_one():
     body: CancelRequest = parse_body(CancelRequest)
     store = _store()
     live, last = _state().runs(body.job_id)
-    records = [r for r in store.get_many([*live, body.job_id]) if r is not None]
+    records = own(store.get_many([*live, body.job_id]))
     if not records and last is not None:
-        records = [r for r in store.get_many([last]) if r is not None]
+        records = own(store.get_many([last]))
     if not records:
         raise UnknownJob(body.job_id)
     cancelled = cancel_many(store, records, reason="cancelled by /cancel")

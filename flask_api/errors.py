@@ -6,11 +6,12 @@ import logging
 from typing import Any
 
 import redis
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, g, jsonify, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException
 
 from prorl_celery.errors import InvalidRequest, ProrlError, StoreUnavailable, error_body
+from prorl_celery.projects import ProjectStore
 
 log = logging.getLogger(__name__)
 _OPEN_PATHS = ("/healthz",)  # probes: they say only whether the service is up
@@ -20,7 +21,8 @@ NO_TOKEN = ("no 'Authorization: Bearer <token>' header: every route but /healthz
             "directory). NeMo Gym's prorl_agent sends none: call "
             "prorl_celery.integrations.nemo_gym.patch_prorl_agent() in its agent server's process first "
             "(README, 'NeMo RL')")
-WRONG_TOKEN = "the bearer token is not the API's (PRORL_API_TOKEN): send 'Authorization: Bearer <token>' with it"
+WRONG_TOKEN = ("the bearer token is neither the API's (PRORL_API_TOKEN) nor a live project key (`prorl-celery "
+               "projects add`; a revoked one is refused): send 'Authorization: Bearer <token>' with one")
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> tuple[Response, int]:
@@ -108,16 +110,24 @@ def _bearer(header: str) -> bytes | None:
 
 
 def _check_token():
-    """Every route but the probes needs the token; an app without one configured refuses all
-    (fails closed, never open)."""
+    """Every route but the probes needs the operator's token or a live project key
+    (``g.project``: None for the operator, else the key's project); an app without a token
+    configured refuses all (fails closed, never open)."""
     if request.path in _OPEN_PATHS:
         return None
     token = current_app.config.get("API_TOKEN")
     given = _bearer(request.headers.get("Authorization", ""))
     if given is None:
         return error_response(401, "unauthorized", NO_TOKEN)
-    if not token or not hmac.compare_digest(given, token.encode("utf-8")):
+    if not token:
         return error_response(401, "unauthorized", WRONG_TOKEN)
+    if hmac.compare_digest(given, token.encode("utf-8")):
+        g.project, g.authenticated = None, True
+        return None
+    g.project = ProjectStore(current_app.extensions["prorl_store"].redis).authenticate(given)
+    if g.project is None:
+        return error_response(401, "unauthorized", WRONG_TOKEN)
+    g.authenticated = True
     return None
 
 

@@ -12,6 +12,7 @@ from flask_api import schemas as s
 from flask_api.errors import parse_body
 from flask_api.jobs import check_handlers
 from flask_api.routes import route
+from flask_api.tenancy import caller, own
 from prorl_celery.errors import UnknownGroup
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import Instance, JobRequest, SamplingParams
@@ -53,14 +54,14 @@ def submit_group():
     body: GroupRequest = parse_body(GroupRequest)
     jobs = body.jobs()
     check_handlers(jobs)
-    return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs)}), 202
+    return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs, project=caller())}), 202
 
 
 @route(bp, "get", "/groups/{group_id}", "Each sample's status; reward statistics once complete",
        {200: s.GroupView, 404: s.ErrorBody}, tag="groups")
 def get_group(group_id: str):
     store = _store()
-    records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
+    records = own(store.get_many(store.group_ids(group_id)))
     if not records:
         raise UnknownGroup(group_id)
     records.sort(key=lambda r: (r.instance.get("trajectory_id", 0), r.job_id))
@@ -79,18 +80,19 @@ def get_group(group_id: str):
        tag="groups")
 def cancel_group(group_id: str):
     store = _store()
-    records = [r for r in store.get_many(store.group_ids(group_id)) if r is not None]
+    records = own(store.get_many(store.group_ids(group_id)))
     if not records:
         raise UnknownGroup(group_id)
     cancelled = cancel_many(store, records, reason=f"group {group_id} cancelled")
     return jsonify({"group_id": group_id, "cancelled": cancelled})
 
 
-@route(bp, "post", "/cancel_all", "Cancel every active job (optionally of a group or data source)",
+@route(bp, "post", "/cancel_all", "Cancel every active job of the caller's project (the operator's token: "
+       "everyone's), optionally of a group or data source",
        {200: s.CancelAllResponse, 400: s.ErrorBody}, body=CancelAllRequest, tag="groups")
 def cancel_all():
     body: CancelAllRequest = parse_body(CancelAllRequest)
-    records = [r for r in active_jobs(_store())
+    records = [r for r in own(active_jobs(_store()))
                if (body.group_id is None or r.group_id == body.group_id)
                and (body.data_source is None or r.data_source == body.data_source)]
     cancelled = cancel_many(_store(), records, reason="cancel_all")

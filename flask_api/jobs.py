@@ -7,6 +7,7 @@ from flask_api import schemas as s
 from flask_api.errors import json_body, parse_body
 from flask_api.limits import acquire_stream
 from flask_api.routes import WAIT_SECONDS, route
+from flask_api.tenancy import caller, check_job, owned_record
 from prorl_celery.errors import InvalidRequest, UnknownJob, UnknownPlugin
 from prorl_celery.jobs import JobStore
 from prorl_celery.models import BatchRequest, JobRequest, JobView
@@ -24,9 +25,7 @@ def _store() -> JobStore:
 
 
 def _view(job_id: str) -> dict:
-    record = _store().get(job_id)
-    if record is None:
-        raise UnknownJob(job_id)
+    record = owned_record(_store(), job_id)
     return job_views(_store().redis, [record])[0].model_dump(mode="json")
 
 
@@ -60,7 +59,7 @@ def submit_jobs():
     if len(ids) != len(set(ids)):
         raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
     check_handlers(requests, batch=isinstance(parsed, BatchRequest))
-    return jsonify({"job_ids": submit(_store(), requests)}), 202
+    return jsonify({"job_ids": submit(_store(), requests, project=caller())}), 202
 
 
 @route(bp, "get", "/jobs/{job_id}", "A job's status, timings and result", _JOB)
@@ -80,6 +79,7 @@ def wait_job(job_id: str):
                              field="timeout")
     release = acquire_stream() if timeout > 0 else (lambda: None)  # a long poll holds a thread
     try:
+        check_job(_store(), job_id)  # after the cap: another project's id answers as an unknown one
         status = current_app.extensions["prorl_finishes"].wait(job_id, timeout)
     finally:
         release()
@@ -90,5 +90,6 @@ def wait_job(job_id: str):
 
 @route(bp, "delete", "/jobs/{job_id}", "Cancel a job", {**_JOB, 409: s.ErrorBody})
 def cancel_job(job_id: str):
+    check_job(_store(), job_id)
     record = cancel(_store(), job_id)
     return jsonify(job_views(_store().redis, [record])[0].model_dump(mode="json"))

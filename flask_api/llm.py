@@ -10,6 +10,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from flask_api.errors import parse_body
 from flask_api.routes import route
 from flask_api.schemas import ErrorBody
+from flask_api.tenancy import (backend_visible, caller, check_backend_address, check_backend_control, controlled_ids,
+                               visible_backend)
 from prorl_celery.errors import BackendFailed
 from prorl_celery.llm.control import drain, resume
 from prorl_celery.llm.models import Backend, BackendSpec, PauseApi
@@ -105,16 +107,17 @@ def _registry() -> BackendRegistry:
 
 
 @route(bp, "post", "/llm_servers", "Register an LLM backend (the same address twice is one backend)",
-       {201: AddServerResponse, 200: AddServerResponse, **_BAD}, body=BackendSpec, tag="llm")
+       {201: AddServerResponse, 200: AddServerResponse, 403: ErrorBody, **_BAD}, body=BackendSpec, tag="llm")
 def add_server():
     spec: BackendSpec = parse_body(BackendSpec)
+    check_backend_address(normalize_address(spec.address))
     if spec.probe:  # a server that cannot do what was asked is refused now, naming the missing flag
         found = probe_backend(spec, normalize_address(spec.address))
         spec = spec.model_copy(update=found)
     registry = _registry()
-    backend, created = registry.add(spec)
+    backend, created = registry.add(spec, project=caller())
     if backend.weight_version:
-        WeightVersions(registry.redis).know(backend.weight_version)
+        WeightVersions(registry.redis, backend.project).know(backend.weight_version)
         if backend.pause_api not in (None, PauseApi.NONE) and spec.probe:
             try:  # its spans then say this name, not the last one it was told (or "default")
                 name_version(backend, backend.weight_version, registry.api_key(backend.id))
@@ -123,54 +126,60 @@ def add_server():
     return jsonify({"id": backend.id, "created": created, "backend": backend.public()}), 201 if created else 200
 
 
-@route(bp, "get", "/llm_servers", "LLM backends: status, capacity, in flight, served, failures, weights",
-       {200: BackendList}, tag="llm")
+@route(bp, "get", "/llm_servers", "LLM backends: status, capacity, in flight, served, failures, weights "
+       "(a project's key: the shared ones and its own)", {200: BackendList}, tag="llm")
 def list_servers():
-    return jsonify({"backends": [b.public() for b in _registry().list()]})
+    return jsonify({"backends": [b.public() for b in _registry().list() if backend_visible(b)]})
 
 
 @route(bp, "get", "/llm_servers/{backend_id}", "One LLM backend", {200: Backend, 404: ErrorBody}, tag="llm")
 def get_server(backend_id: str):
-    return jsonify(_registry().get(backend_id).public())
+    return jsonify(visible_backend(_registry().get(backend_id)).public())
 
 
 @route(bp, "delete", "/llm_servers/{backend_id}", "Remove an LLM backend (in-flight requests retry elsewhere)",
-       {200: RemoveResponse, 404: ErrorBody}, tag="llm")
+       {200: RemoveResponse, 403: ErrorBody, 404: ErrorBody}, tag="llm")
 def remove_server(backend_id: str):
-    _registry().remove(backend_id)
+    registry = _registry()
+    check_backend_control(registry.get(backend_id))
+    registry.remove(backend_id)
     return jsonify({"removed": backend_id})
 
 
 @route(bp, "post", "/llm_servers/drain", "Stop new requests to backends and wait for their in-flight ones",
-       {200: DrainResponse, 404: ErrorBody, **_BAD}, body=DrainRequest, tag="llm")
+       {200: DrainResponse, 403: ErrorBody, 404: ErrorBody, **_BAD}, body=DrainRequest, tag="llm")
 def drain_servers():
     body: DrainRequest = parse_body(DrainRequest)
     registry = _registry()
     wait = min(body.wait, current_app.config.get("WAIT_MAX_S", 600.0))
-    outcome = drain(registry, body.ids, wait, body.abort)
+    outcome = drain(registry, controlled_ids(registry, body.ids), wait, body.abort)
     return jsonify({**outcome, "backends": [b.public() for b in registry.get_many(outcome["in_flight"])]})
 
 
 @route(bp, "post", "/llm_servers/resume", "Put backends back in rotation, with a new weight version",
-       {200: ResumeResponse, 404: ErrorBody, **_BAD}, body=ResumeRequest, tag="llm")
+       {200: ResumeResponse, 403: ErrorBody, 404: ErrorBody, **_BAD}, body=ResumeRequest, tag="llm")
 def resume_servers():
     body: ResumeRequest = parse_body(ResumeRequest)
     registry = _registry()
-    ids = resume(registry, body.ids, body.weight_version)
+    ids = resume(registry, controlled_ids(registry, body.ids), body.weight_version, project=caller())
     return jsonify({"resumed": ids, "backends": [b.public() for b in registry.get_many(ids)]})
 
 
-@route(bp, "post", "/add_llm_server", "Reference API: register an LLM server", {200: CompatAddResponse, **_BAD},
+@route(bp, "post", "/add_llm_server", "Reference API: register an LLM server",
+       {200: CompatAddResponse, 403: ErrorBody, **_BAD},
        body=AddServerRequest, tag="reference")
 def add_llm_server():
     """Reference-compatible: register an OpenAI-compatible server; duplicates are one backend."""
     body: AddServerRequest = parse_body(AddServerRequest)
-    backend, created = _registry().add(BackendSpec(address=body.address))
+    check_backend_address(normalize_address(body.address))
+    backend, created = _registry().add(BackendSpec(address=body.address), project=caller())
     return jsonify({"status": "ok", "id": backend.id, "created": created})
 
 
-@route(bp, "post", "/clear_llm_server", "Reference API: remove every LLM server", {200: CompatClearResponse},
-       tag="reference")
+@route(bp, "post", "/clear_llm_server", "Reference API: remove every LLM server (a project's key: its own)",
+       {200: CompatClearResponse}, tag="reference")
 def clear_llm_server():
-    """Reference-compatible: forget every backend (their in-flight requests retry elsewhere)."""
-    return jsonify({"status": "ok", "removed": _registry().clear()})
+    """Reference-compatible: forget every backend (their in-flight requests retry elsewhere); a
+    project forgets only its private ones."""
+    registry = _registry()
+    return jsonify({"status": "ok", "removed": registry.clear(controlled_ids(registry, None))})

@@ -59,7 +59,9 @@ def build_document(max_wait_s: float, token: bool) -> dict[str, Any]:
                     "description": "Rollout-as-a-service for RL training of multi-turn LLM agents."},
            "paths": paths, "components": {"schemas": components}}
     if token:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", "description": (
+            "The operator's token (PRORL_API_TOKEN: everything) or a project's key (`prorl-celery projects add`: "
+            "its own jobs, groups, completions and backends; others' answer 404 as unknown ids)")}}
         doc["security"] = [{"bearer": []}]
     return doc
 

@@ -81,6 +81,7 @@ class Completion(BaseModel):
     status: str
     group_id: str | None
     data_source: str
+    project: str | None = None
     job: JobView | None
 
 

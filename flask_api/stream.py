@@ -12,6 +12,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, stream_wit
 from flask_api import schemas as s
 from flask_api.limits import acquire_stream
 from flask_api.routes import WAIT_SECONDS, route
+from flask_api.tenancy import caller
 from prorl_celery import completions
 from prorl_celery.errors import InvalidRequest
 
@@ -47,7 +48,7 @@ def get_completions():
     release = acquire_stream() if wait > 0 else (lambda: None)  # a long poll holds a thread
     try:
         items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
-                                              request.args.get("group_id") or None, limit)
+                                              request.args.get("group_id") or None, limit, project=caller())
     finally:
         release()
     return jsonify({"cursor": next_cursor, "completions": items})
@@ -59,14 +60,14 @@ def get_completions():
 def events():
     cursor = _cursor(request.headers.get("Last-Event-ID") or request.args.get("cursor"))
     group_id = request.args.get("group_id") or None
-    store = current_app.extensions["prorl_store"]
+    store, project = current_app.extensions["prorl_store"], caller()
     release = acquire_stream()  # held until the server closes the response (client gone)
 
     def generate():
         position = cursor
         yield "retry: 1000\n\n"
         while True:
-            items, position = completions.read(store, position, KEEPALIVE_S, group_id)
+            items, position = completions.read(store, position, KEEPALIVE_S, group_id, project=project)
             if not items:
                 yield ": keepalive\n\n"
             for item in items:

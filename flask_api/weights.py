@@ -11,6 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from flask_api.errors import parse_body
 from flask_api.routes import route
 from flask_api.schemas import ErrorBody
+from flask_api.tenancy import caller, controlled_ids, ids_by_owner
 from prorl_celery.llm.control import pause
 from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.staleness import WeightVersions
@@ -63,8 +64,8 @@ class WeightsState(BaseModel):
     acked: int | None = None
 
 
-def _versions() -> WeightVersions:
-    return WeightVersions(current_app.extensions["prorl_store"].redis)
+def _versions(project: str | None = None) -> WeightVersions:
+    return WeightVersions(current_app.extensions["prorl_store"].redis, project or caller())
 
 
 def _state(acked: int | None = None) -> dict:
@@ -74,22 +75,25 @@ def _state(acked: int | None = None) -> dict:
 
 
 @route(bp, "post", "/llm_servers/pause", "Pause backends for a weight update; returns when it is safe to write",
-       {200: PauseResponse, 404: ErrorBody, 400: ErrorBody}, body=PauseRequest, tag="llm")
+       {200: PauseResponse, 403: ErrorBody, 404: ErrorBody, 400: ErrorBody}, body=PauseRequest, tag="llm")
 def pause_servers():
     body: PauseRequest = parse_body(PauseRequest)
     registry = BackendRegistry(current_app.extensions["prorl_store"].redis)
     wait = min(body.wait, current_app.config.get("WAIT_MAX_S", 600.0))
-    return jsonify(pause(registry, body.ids, body.mode, wait, max_pause_s=body.max_pause_s))
+    ids = controlled_ids(registry, body.ids)
+    return jsonify(pause(registry, ids, body.mode, wait, max_pause_s=body.max_pause_s))
 
 
 @route(bp, "post", "/jobs/ack", "Acknowledge consumed results (they stop holding back admission)",
        {200: WeightsState, 400: ErrorBody}, body=AckRequest, tag="jobs")
 def ack_jobs():
     body: AckRequest = parse_body(AckRequest)
-    return jsonify(_state(_versions().consume(body.job_ids)))
+    owners = ids_by_owner(current_app.extensions["prorl_store"], body.job_ids)
+    return jsonify(_state(sum(_versions(owner).consume(ids) for owner, ids in owners.items())))
 
 
-@route(bp, "get", "/weights", "Weight versions: the current one and the oldest unconsumed rollout's",
+@route(bp, "get", "/weights", "Weight versions (the caller's project's): the current one and the oldest unconsumed "
+       "rollout's",
        {200: WeightsState}, tag="llm")
 def weights_state():
     return jsonify(_state())

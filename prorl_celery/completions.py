@@ -29,11 +29,12 @@ def _text(value: Any) -> str:
 
 
 def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str | None = None,
-         count: int = 500) -> tuple[list[dict[str, Any]], str]:
+         count: int = 500, project: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Up to ``count`` completions after ``cursor``, waiting up to ``wait_s`` for the first.
 
     Returns (completions, next cursor); each completion holds its own ``cursor`` and the job.
-    The cursor ``latest`` returns no completions, only the cursor after the newest one."""
+    The cursor ``latest`` returns no completions, only the cursor after the newest one.
+    ``project``: only its jobs' completions (the cursor still moves past the others')."""
     stream = keys.group_completions(group_id) if group_id else keys.completions()
     if cursor == LATEST:
         last = store.redis.xrevrange(stream, count=1)
@@ -46,6 +47,10 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
         block = max(1, round(min(left, BLOCK_SLICE_S) * 1000)) if left > 0 else None
         reply = store.redis.xread({stream: cursor}, count=count, block=block)
         entries = reply[0][1] if reply else []
+        if entries:
+            cursor = _text(entries[-1][0])
+        if project is not None:
+            entries = [(i, fields) for i, fields in entries if _text(fields.get(b"project", b"")) == project]
         if entries or block is None or time.monotonic() >= deadline:
             break
     if not entries:
@@ -55,10 +60,11 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
     for (entry_id, fields), view in zip(entries, views):
         item = {_text(k): _text(v) for k, v in fields.items()}
         item["group_id"] = item.get("group_id") or None
+        item["project"] = item.get("project") or None
         item["cursor"] = _text(entry_id)
         item["job"] = view.model_dump(mode="json") if view else None
         out.append(item)
-    return out, out[-1]["cursor"]
+    return out, cursor
 
 
 def valid_cursor(cursor: str) -> bool:

@@ -14,7 +14,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │       ├── ImageUnavailable                   image_unavailable 424  registry down, pull timed out
     │       └── ImageTooLarge                      image_too_large 413  beyond the host's image cache
     ├── NotFound(KeyError)                         not_found 404        no such id
-    │   └── UnknownJob, UnknownGroup, UnknownBackend
+    │   └── UnknownJob, UnknownGroup, UnknownBackend, UnknownProject
     ├── JobAlreadyTerminal                         conflict 409         the job ended before the operation
     ├── JobCancelled                               cancelled            raised in a stage of a cancelled job
     ├── StageBudgetExceeded(TimeoutError)          timeout 504          a stage ran past its time budget
@@ -226,6 +226,10 @@ class UnknownGroup(NotFound):
 
 class UnknownBackend(NotFound):
     what = "LLM backend id"
+
+
+class UnknownProject(NotFound):
+    what = "project (or key id)"
 
 
 class JobAlreadyTerminal(ProrlError):

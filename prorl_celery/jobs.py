@@ -1,7 +1,7 @@
 """The job store: one Redis hash per job, changed only through compare-and-set scripts
 (:mod:`prorl_celery.jobscripts`).
 
-Fields of the hash: ``job_id status stage_state data_source group_id instance sampling_params
+Fields of the hash: ``job_id status stage_state data_source group_id project instance sampling_params
 sandbox state result workers attempts faults attempt error digest`` (JSON where structured; ``digest``
 tells a retried submission from another request under its id, :func:`request_digest`) and the
 timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
@@ -35,7 +35,7 @@ from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
                 "faults", "error")
 _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
-_LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "sampling_params", "sandbox",
+_LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "project", "sampling_params", "sandbox",
                  "workers", "attempts", "attempt", "t_created", "t_enqueued", "t_finished", "t_stage_start",
                  "queue_s", "init_s", "run_s", "eval_s")
 _VIEW_FIELDS = (*_LIGHT_FIELDS, "result")  # a finished job as the API shows it: not its state or instance
@@ -47,11 +47,12 @@ def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def request_digest(req: JobRequest) -> str:
-    """What tells a retry of a submission (same instance and sampling parameters, in any key order)
-    from a different request under the same job id."""
-    canonical = json.dumps({"instance": req.instance, "sampling_params": req.sampling_params},
-                           sort_keys=True, separators=(",", ":"))
+def request_digest(req: JobRequest, project: str | None = None) -> str:
+    """What tells a retry of a submission (same instance and sampling parameters, in any key order,
+    by the same project) from a different request under the same job id: another project's
+    identical request is a different one (409, never its job)."""
+    body = {"instance": req.instance, "sampling_params": req.sampling_params}
+    canonical = json.dumps({**body, "project": project} if project else body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -63,6 +64,7 @@ class JobRecord(BaseModel):
     stage_state: StageState = StageState.NONE
     data_source: str
     group_id: str | None = None
+    project: str | None = Field(None, description="The project whose key submitted it (None: the operator's token).")
     instance: dict[str, Any]
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     sandbox: dict[str, Any] | None = None
@@ -108,6 +110,7 @@ class JobRecord(BaseModel):
         (:func:`prorl_celery.rollout.views.job_views` builds it from the job's rollout)."""
         result = self.result if result is None else result
         return JobView(job_id=self.job_id, status=self.status, stage=self.stage, group_id=self.group_id,
+                       project=self.project,
                        data_source=self.data_source, timings=self.timings(), workers=self.workers,
                        attempts=self.attempts, result=JobResult.model_validate(result) if result else None)
 
@@ -123,20 +126,22 @@ class JobStore:
         self._save = client.register_script(SAVE)
 
     # -- creation -------------------------------------------------------------------------
-    def create_many(self, requests: Iterable[tuple[str, JobRequest]]) -> list[bool]:
-        """Store new jobs as ``queued``; returns, per job, whether it was new."""
+    def create_many(self, requests: Iterable[tuple[str, JobRequest]], project: str | None = None) -> list[bool]:
+        """Store new jobs as ``queued``, owned by ``project`` (None: the operator); returns, per
+        job, whether it was new."""
         pipe = self.redis.pipeline(transaction=False)
         now = time.time()
         for job_id, req in requests:
             fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": StageState.NONE.value,
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
-                      "t_created": now, "t_enqueued": now, "attempt": 1, "digest": request_digest(req)}
+                      "t_created": now, "t_enqueued": now, "attempt": 1,
+                      "digest": request_digest(req, project), "project": project or ""}
             counts_field = f"queued|{fields['data_source']}"
             flat = [job_id, counts_field] + [x for kv in fields.items() for x in kv]
             group_key = keys.group(req.group_id) if req.group_id else ""
-            self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key,
-                               keys.job_counts()], args=flat, client=pipe)
+            self._create(keys=[keys.job(job_id), keys.jobs_by_status("queued"), group_key, keys.job_counts(),
+                               keys.job_counts_of(project) if project else ""], args=flat, client=pipe)
         return [bool(x) for x in pipe.execute()]
 
     def digests(self, job_ids: list[str]) -> list[str | None]:
@@ -193,15 +198,17 @@ class JobStore:
     def group_ids(self, group_id: str) -> list[str]:
         return sorted(_text(x) for x in self.redis.smembers(keys.group(group_id)))
 
-    def counts_by_source(self) -> dict[tuple[str, str], int]:
-        """(status, data source) -> jobs: current for active statuses, totals for terminal ones."""
-        raw = self.redis.hgetall(keys.job_counts())
+    def counts_by_source(self, project: str | None = None) -> dict[tuple[str, str], int]:
+        """(status, data source) -> jobs: current for active statuses, totals for terminal ones;
+        ``project``: of its jobs only."""
+        raw = self.redis.hgetall(keys.job_counts_of(project) if project else keys.job_counts())
         return {tuple(_text(k).split("|", 1)): int(v) for k, v in raw.items()}
 
-    def counts(self) -> dict[str, int]:
-        """Jobs per status: current for active statuses, totals for terminal ones."""
+    def counts(self, project: str | None = None) -> dict[str, int]:
+        """Jobs per status: current for active statuses, totals for terminal ones; ``project``:
+        of its jobs only."""
         out = {s.value: 0 for s in JobStatus}
-        for (status, _), n in self.counts_by_source().items():
+        for (status, _), n in self.counts_by_source(project).items():
             out[status] = out.get(status, 0) + n
         return out
 
@@ -233,7 +240,8 @@ class JobStore:
         state = StageState(require_state).value if require_state is not None else ""
         args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
-                keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages("")]
+                keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages(""),
+                keys.job_counts_of("")]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
@@ -296,6 +304,7 @@ def _decode(raw: dict) -> JobRecord:
         else:
             data[key] = value
     data["group_id"] = data.get("group_id") or None
+    data["project"] = data.get("project") or None
     data["instance"] = data.get("instance") or {}
     for name in ("state", "workers", "attempts"):
         data[name] = data.get(name) or {}

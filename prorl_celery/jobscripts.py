@@ -5,12 +5,14 @@ are one atomic step. Templates only: the store fills in the ttl and the terminal
 registers them."""
 from __future__ import annotations
 
-# KEYS: job, queued set, group set ('' = none), counts hash. ARGV: job id, counts field, fields...
+# KEYS: job, queued set, group set ('' = none), counts hash, the project's counts hash ('' = none).
+# ARGV: job id, counts field, fields...
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('HINCRBY', KEYS[4], ARGV[2], 1)
+if KEYS[5] ~= '' then redis.call('HINCRBY', KEYS[5], ARGV[2], 1) end
 if KEYS[3] ~= '' then
   redis.call('SADD', KEYS[3], ARGV[1])
   redis.call('EXPIRE', KEYS[3], %(ttl)d)
@@ -21,10 +23,12 @@ return 1
 # ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
 #       8 group completion stream prefix, 9 number k of expected field/values pairs, 10 and 11
-#       the key prefixes of a rollout's lists (a terminal job's expire with it), then those
-#       k pairs (each field must hold one of the csv values; a missing field counts as ''), then
+#       the key prefixes of a rollout's lists (a terminal job's expire with it), 12 the prefix of
+#       the per-project counts hashes,
+#       then those k pairs (each field must hold one of the csv values; a missing field counts as ''), then
 #       the field/value pairs to set.
-# Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals.
+# Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
+# the same again per project for a project's job. Completion entries name the job's project.
 # A job reaching a terminal status is appended to the completion streams in the same step.
 TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'status')
@@ -33,25 +37,29 @@ local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. 
 if member('%(terminal)s', cur) then return {0, cur} end
 if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 12 + 2 * tonumber(ARGV[9])
-for i = 12, first - 1, 2 do
+local first = 13 + 2 * tonumber(ARGV[9])
+for i = 13, first - 1, 2 do
   if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
 end
 local target = ARGV[2]
 if target == '' then target = cur end
 for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 if target ~= cur then
-  local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id')
-  local id, ds, group = meta[1], meta[2], meta[3]
+  local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id', 'project')
+  local id, ds, group, project = meta[1], meta[2], meta[3], meta[4] or ''
   redis.call('HSET', KEYS[1], 'status', target)
   redis.call('SREM', ARGV[4] .. cur, id)
   redis.call('HINCRBY', ARGV[5], cur .. '|' .. ds, -1)
   redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
+  if project ~= '' then
+    redis.call('HINCRBY', ARGV[12] .. project, cur .. '|' .. ds, -1)
+    redis.call('HINCRBY', ARGV[12] .. project, target .. '|' .. ds, 1)
+  end
   if member('%(terminal)s', target) then
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
     redis.call('EXPIRE', ARGV[10] .. id, tonumber(ARGV[6]))
     redis.call('EXPIRE', ARGV[11] .. id, tonumber(ARGV[6]))
-    local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds}
+    local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds, 'project', project}
     redis.call('XADD', ARGV[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
     if group ~= '' then
       redis.call('XADD', ARGV[8] .. group, '*', unpack(entry))

@@ -99,40 +99,45 @@ def llm_probe_lock(backend_id: str) -> str:
     return f"{PREFIX}:llm:probe:{backend_id}"
 
 
-def weight_versions() -> str:
+def _weights(project: str | None) -> str:
+    """Each project's weight versions are its own (its trainer's policy); None: the operator's."""
+    return f"{PREFIX}:weights" if not project else f"{PREFIX}:weights:project:{project}"
+
+
+def weight_versions(project: str | None = None) -> str:
     """Hash: weight version name -> its ordinal (1, 2, ... in the order resumes named them)."""
-    return f"{PREFIX}:weights:versions"
+    return f"{_weights(project)}:versions"
 
 
-def weight_current() -> str:
+def weight_current(project: str | None = None) -> str:
     """String: the ordinal of the weight version the trainer resumed with last (the current policy)."""
-    return f"{PREFIX}:weights:current"
+    return f"{_weights(project)}:current"
 
 
-def weight_unconsumed() -> str:
+def weight_unconsumed(project: str | None = None) -> str:
     """Sorted set: job id -> ordinal of the weight version current when the rollout was admitted,
     for every admitted rollout whose result the trainer has not consumed (acknowledged) yet."""
-    return f"{PREFIX}:weights:unconsumed"
+    return f"{_weights(project)}:unconsumed"
 
 
-def compat_running() -> str:
+def compat_running(project: str | None = None) -> str:
     """String: present while the reference-compatible API is started (/start ... /stop)."""
-    return f"{PREFIX}:compat:running"
+    return f"{_compat(project)}:running"
 
 
-def compat_jobs() -> str:
+def compat_jobs(project: str | None = None) -> str:
     """Set of job ids started by /process and not yet answered."""
-    return f"{PREFIX}:compat:jobs"
+    return f"{_compat(project)}:jobs"
 
 
-def compat_label(label: str) -> str:
+def compat_label(label: str, project: str | None = None) -> str:
     """Set of the job ids /process started under the ``job_id`` label ``label``, not yet answered."""
-    return f"{PREFIX}:compat:label:{label}"
+    return f"{_compat(project)}:label:{label}"
 
 
-def compat_label_last(label: str) -> str:
+def compat_label_last(label: str, project: str | None = None) -> str:
     """String with a TTL: the id of the job /process last started under the label ``label``."""
-    return f"{PREFIX}:compat:label-last:{label}"
+    return f"{_compat(project)}:label-last:{label}"
 
 
 def stage_histogram(stage: str) -> str:
@@ -154,3 +159,34 @@ def rollout_calls(rollout_id: str) -> str:
 def rollout_messages(rollout_id: str) -> str:
     """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollout.store`)."""
     return f"{PREFIX}:rollout:messages:{rollout_id}"
+
+
+def job_counts_of(project: str) -> str:
+    """Hash: as :func:`job_counts`, of one project's jobs only."""
+    return f"{job_counts()}:project:{project}"
+
+
+def projects() -> str:
+    """Hash: project name -> its record (JSON: weight, created)."""
+    return f"{PREFIX}:projects"
+
+
+def project_keys() -> str:
+    """Hash: API key id -> its record (JSON: project, salt, sha256 of salt and secret, created)."""
+    return f"{PREFIX}:projects:keys"
+
+
+def _compat(project: str | None) -> str:
+    """The reference API's state of one project (None: the operator's, as before projects).
+    A label has no colon (a job id's characters), so no label reaches into a project's keys."""
+    return f"{PREFIX}:compat" if not project else f"{PREFIX}:compat:project:{project}"
+
+
+def cost_totals(project: str) -> str:
+    """Hash: one project's running cost totals (jobs, tokens, LLM calls and seconds, wall seconds)."""
+    return f"{PREFIX}:metrics:cost:{project}"
+
+
+def cost_projects() -> str:
+    """Set: the projects that have cost totals."""
+    return f"{PREFIX}:metrics:cost-projects"

@@ -55,6 +55,7 @@ class ServiceCollector(Collector):
         yield from self._hosts()
         yield from self._backends()
         yield from self._sweep()
+        yield from self._projects()
 
     def _jobs(self):
         active = GaugeMetricFamily("prorl_jobs", "Jobs now in an active status", labels=["status", "data_source"])
@@ -114,3 +115,30 @@ class ServiceCollector(Collector):
         for action, n in self.store.redis.hgetall(keys.sweep_counts()).items():
             family.add_metric([_text(action)], int(n))
         yield family
+
+    def _projects(self):
+        """Per project (``_operator``: the operator's jobs): its jobs by status, and what its ended
+        jobs cost (:mod:`prorl_celery.rollout.cost`)."""
+        from prorl_celery.rollout.cost import totals
+
+        jobs = GaugeMetricFamily("prorl_project_jobs", "A project's jobs by status (active now, ended in total)",
+                                 labels=["project", "status"])
+        names = sorted(_text(n) for n in self.store.redis.hkeys(keys.projects()))
+        for name in names:
+            for status, n in self.store.counts(name).items():
+                jobs.add_metric([name, status], max(n, 0))
+        yield jobs
+        spent = totals(self.store.redis)
+        for metric, field, help_ in (
+                ("prorl_project_finished", "jobs", "Jobs of the project that ended (their cost is counted)"),
+                ("prorl_project_prompt_tokens", "prompt_tokens", "Prompt tokens its ended jobs sent"),
+                ("prorl_project_generated_tokens", "generated_tokens", "Tokens its ended jobs generated"),
+                ("prorl_project_llm_calls", "llm_calls", "LLM calls of its ended jobs"),
+                ("prorl_project_llm_seconds", "llm_s", "Seconds of LLM calls of its ended jobs"),
+                ("prorl_project_run_seconds", "run_s", "Seconds its ended jobs spent in the run stage"),
+                ("prorl_project_rollout_seconds", "total_s", "Wall seconds of its ended jobs, submission to end"),
+                ("prorl_project_price", "price", "Its ended jobs at the operator's prices (PRORL_COST_PRICES)")):
+            family = CounterMetricFamily(metric, help_, labels=["project"])
+            for name, values in spent.items():
+                family.add_metric([name], values.get(field, 0.0))
+            yield family

@@ -116,6 +116,8 @@ class JobResult(BaseModel):
     instance_id: str | None = None
     trajectory_id: int | None = None
     attempts: list[Attempt] = Field(default_factory=list, description="Every run from init, in order.")
+    cost: dict[str, Any] | None = Field(None, description="What it cost (prorl_celery/rollout/cost.py): tokens and "
+                                                          "LLM seconds per backend, wall seconds per stage.")
 
 
 class JobView(BaseModel):
@@ -125,6 +127,7 @@ class JobView(BaseModel):
     status: JobStatus
     stage: str | None
     group_id: str | None = None
+    project: str | None = Field(None, description="The project whose key submitted it (None: the operator's token).")
     data_source: str
     timings: Timings
     workers: dict[str, str] = Field(default_factory=dict, description="Stage -> worker that ran it.")

@@ -10,6 +10,9 @@ Otherwise it waits (queued in its run stage, not refused) until the trainer cons
 **Consumed** means acknowledged: the trainer calls ``POST /jobs/ack {"job_ids"}`` (the SDK's
 ``ack``) once it has read a result into a batch; a job that ends without a result to train on
 (failed, cancelled, timeout) is consumed when it ends. Only rollouts with a bound are tracked.
+
+Each project (``prorl_celery.projects``) has versions, a current one and unconsumed rollouts of its
+own: one RL run's resume never holds back another's rollouts.
 """
 from __future__ import annotations
 
@@ -69,43 +72,50 @@ return 1
 
 
 class WeightVersions:
-    def __init__(self, client: redis.Redis):
-        self.redis = client
+    """One project's weight versions (None: the operator's): each RL run's trainer resumes its
+    own backends with its own versions, and its rollouts' staleness counts only those."""
+
+    def __init__(self, client: redis.Redis, project: str | None = None):
+        self.redis, self.project = client, project or None
         self._advance = client.register_script(_ADVANCE)
         self._admit = client.register_script(_ADMIT)
 
+    def _names(self) -> list[str]:
+        return [keys.weight_versions(self.project), keys.weight_current(self.project)]
+
     def advance(self, name: str) -> int:
         """The trainer resumed with ``name``: it is the current version now. Returns its ordinal."""
-        return int(self._advance(keys=[keys.weight_versions(), keys.weight_current()], args=[name, 1]))
+        return int(self._advance(keys=self._names(), args=[name, 1]))
 
     def know(self, name: str) -> int:
         """``name`` exists (a backend registered with it); current only if nothing is yet."""
-        return int(self._advance(keys=[keys.weight_versions(), keys.weight_current()], args=[name, 0]))
+        return int(self._advance(keys=self._names(), args=[name, 0]))
 
     def current(self) -> int:
-        return int(self.redis.get(keys.weight_current()) or 0)
+        return int(self.redis.get(keys.weight_current(self.project)) or 0)
 
     def ordinals(self, names: Iterable[str | None]) -> dict[str, int]:
         """The ordinal of each known name (unknown ones and None are left out)."""
         wanted = sorted({n for n in names if n})
         if not wanted:
             return {}
-        found = self.redis.hmget(keys.weight_versions(), wanted)
+        found = self.redis.hmget(keys.weight_versions(self.project), wanted)
         return {name: int(o) for name, o in zip(wanted, found) if o is not None}
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, job_id: str, k: int) -> bool:
         """Admit the rollout unless the trainer is more than ``k`` versions ahead of the oldest
         unconsumed result; an admitted rollout stays unconsumed until :meth:`consume`."""
-        return bool(self._admit(keys=[keys.weight_current(), keys.weight_unconsumed()], args=[job_id, k]))
+        return bool(self._admit(keys=[keys.weight_current(self.project), keys.weight_unconsumed(self.project)],
+                                args=[job_id, k]))
 
     def consume(self, job_ids: Iterable[str]) -> int:
         ids = list(job_ids)
-        return int(self.redis.zrem(keys.weight_unconsumed(), *ids)) if ids else 0
+        return int(self.redis.zrem(keys.weight_unconsumed(self.project), *ids)) if ids else 0
 
     def oldest_unconsumed(self) -> int | None:
-        oldest = self.redis.zrange(keys.weight_unconsumed(), 0, 0, withscores=True)
+        oldest = self.redis.zrange(keys.weight_unconsumed(self.project), 0, 0, withscores=True)
         return int(oldest[0][1]) if oldest else None
 
     def unconsumed(self) -> int:
-        return int(self.redis.zcard(keys.weight_unconsumed()))
+        return int(self.redis.zcard(keys.weight_unconsumed(self.project)))

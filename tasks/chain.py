@@ -44,28 +44,29 @@ def send_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT,
                   producer=producer, **first["options"])
 
 
-def submit(store: JobStore, requests: Iterable[JobRequest]) -> list[str]:
-    """Store and enqueue jobs. A job id already known for the same request (a retry) is returned
-    but not run again; one known for a different request raises :class:`JobIdConflict`, and then
+def submit(store: JobStore, requests: Iterable[JobRequest], project: str | None = None) -> list[str]:
+    """Store and enqueue jobs owned by ``project`` (None: the operator's). A job id already known
+    for the same request of the same project (a retry) is returned but not run again; one known
+    for a different request (or another project's) raises :class:`JobIdConflict`, and then
     nothing of the batch is stored (unless another submission took the id meanwhile: the jobs new
     here still run, and the conflict is still raised)."""
     named = [(req.job_id or uuid.uuid4().hex, req) for req in requests]
-    _refuse_conflicts(store, [(job_id, req) for job_id, req in named if req.job_id])
-    created = store.create_many(named)
+    _refuse_conflicts(store, [(job_id, req) for job_id, req in named if req.job_id], project)
+    created = store.create_many(named, project)
     with app.producer_or_acquire() as producer:
         for (job_id, req), new in zip(named, created):
             if new:
                 send_chain(job_id, req.instance["data_source"], producer=producer)
-    _refuse_conflicts(store, [(job_id, req) for (job_id, req), new in zip(named, created) if not new])
+    _refuse_conflicts(store, [(job_id, req) for (job_id, req), new in zip(named, created) if not new], project)
     return [job_id for job_id, _ in named]
 
 
-def _refuse_conflicts(store: JobStore, named: list[tuple[str, JobRequest]]) -> None:
+def _refuse_conflicts(store: JobStore, named: list[tuple[str, JobRequest]], project: str | None) -> None:
     """Raise :class:`JobIdConflict` for the first job id stored for another request than its own."""
     if not named:
         return
     for (job_id, req), stored in zip(named, store.digests([job_id for job_id, _ in named])):
-        if stored is not None and stored != request_digest(req):
+        if stored is not None and stored != request_digest(req, project):
             raise JobIdConflict(job_id)
 
 

@@ -145,7 +145,7 @@ class StageContext:
         k = self.max_staleness()
         if k is None or self.state.admission is not None:
             return
-        versions, started = WeightVersions(self.store.redis), time.monotonic()
+        versions, started = WeightVersions(self.store.redis, self.record.project), time.monotonic()
         while not versions.admit(self.job_id, k):
             if self.stopped():
                 raise JobCancelled(f"job {self.job_id} ended while held by admission control")
@@ -267,5 +267,5 @@ class StageContext:
         from tasks.agent.fence import StalenessFence
 
         k = self.max_staleness()
-        return None if k is None else StalenessFence(WeightVersions(self.store.redis), k,
+        return None if k is None else StalenessFence(WeightVersions(self.store.redis, self.record.project), k,
                                                      get_settings().staleness_fence)

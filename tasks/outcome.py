@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.jobstate import SANDBOX_KEY
+from prorl_celery.jobstate import ROLLOUT_KEY, SANDBOX_KEY
 from prorl_celery.models import ErrorInfo, JobResult
+from prorl_celery.rollout.cost import Cost, add_totals, cost_of, read_heads
 from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
 
@@ -50,13 +51,16 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
     ``sources``, which narrow the transition table's, / ``expect_attempt``) is no longer in one
     of those statuses or that attempt."""
     result = build_result(record, status, **kwargs)
+    (cost,) = _with_cost(store, [(record, kwargs.get("state"))], [result])
     expect = {"attempt": expect_attempt} if expect_attempt is not None else None
     ok, current = store.transition(record.job_id, status, sources=sources, expect=expect,
                                    **_terminal_fields(record, result))
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
-    _nothing_to_consume(store, [result])
+    _nothing_to_consume(store, [(record, result)])
+    if cost is not None:
+        add_totals(store.redis, [(record.project, cost)])
     return result
 
 
@@ -65,19 +69,48 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
     """:func:`finish` (without ``sources`` or ``expect_attempt``) of many jobs in one store round
     trip, each ``(record, build_result keyword arguments)``; None for a job that had ended."""
     results = [build_result(record, status, **kwargs) for record, kwargs in ends]
+    costs = _with_cost(store, [(record, kwargs.get("state")) for record, kwargs in ends], results)
     done = store.transition_many((record.job_id, status, _terminal_fields(record, result))
                                  for (record, _), result in zip(ends, results))
     out = [result if ok else None for result, (ok, _) in zip(results, done)]
-    _nothing_to_consume(store, [r for r in out if r is not None])
+    _nothing_to_consume(store, [(record, r) for (record, _), r in zip(ends, out) if r is not None])
+    add_totals(store.redis, [(record.project, cost) for (record, _), cost, r in zip(ends, costs, out)
+                             if r is not None and cost is not None])
     return out
 
 
-def _nothing_to_consume(store: JobStore, results: list[JobResult]) -> None:
+def _with_cost(store: JobStore, jobs: list[tuple[JobRecord, Any]], results: list[JobResult]) -> list[Cost | None]:
+    """Each result's ``cost`` (:mod:`prorl_celery.rollout.cost`), from its rollout's saved calls.
+    Never in the way of ending the job: a cost that cannot be read is left out (and logged)."""
+    try:
+        counts = [_saved_calls(state if state is not None else record.state) for record, state in jobs]
+        blobs = read_heads(store.redis, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
+        costs = [cost_of(calls, result.timing) for calls, result in zip(blobs, results)]
+    except Exception:  # noqa: BLE001 - a job's end must not depend on its bill
+        log.warning("could not read the cost of %d jobs", len(jobs), exc_info=True)
+        return [None] * len(jobs)
+    for result, cost in zip(results, costs):
+        result.cost = cost.model_dump(mode="json")
+    return costs
+
+
+def _saved_calls(state: Any) -> int | None:
+    """The calls its last save stored (a JobState's or its stored dict's); None: not known."""
+    saved = state.get(ROLLOUT_KEY) if state is not None else None
+    if saved is None:
+        return None
+    return saved.get("calls") if isinstance(saved, dict) else getattr(saved, "calls", None)
+
+
+def _nothing_to_consume(store: JobStore, ended: list[tuple[JobRecord, JobResult]]) -> None:
     """A job that ended without a result to train on no longer holds back admission (the
-    staleness bound waits only for results the trainer will consume)."""
-    ids = [r.job_id for r in results if r.status is not JobStatus.COMPLETED]
-    if ids:
-        WeightVersions(store.redis).consume(ids)
+    staleness bound, of its own project's versions, waits only for results the trainer will consume)."""
+    by_project: dict[str | None, list[str]] = {}
+    for record, result in ended:
+        if result.status is not JobStatus.COMPLETED:
+            by_project.setdefault(record.project, []).append(result.job_id)
+    for project, ids in by_project.items():
+        WeightVersions(store.redis, project).consume(ids)
 
 
 def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:

@@ -114,14 +114,16 @@ def _pause_servers(registry: BackendRegistry, backends: list[Backend], modes: di
     return server_s, errors
 
 
-def resume(registry: BackendRegistry, ids: list[str] | None, weight_version: str | None = None) -> list[str]:
+def resume(registry: BackendRegistry, ids: list[str] | None, weight_version: str | None = None,
+           project: str | None = None) -> list[str]:
     """Put ``ids`` (all backends when None) back in rotation, with ``weight_version`` if given:
     a server paused by its own API is told the new version, then resumed (its frozen turns go on);
-    the version becomes the current one for the staleness bound."""
+    the version becomes the current one for the staleness bound (of ``project``'s rollouts; None:
+    the operator's)."""
     ids = registry.resolve(ids)
     sources = [BackendStatus.DRAINING, BackendStatus.QUARANTINED, BackendStatus.ACTIVE]
     if weight_version is not None:
-        WeightVersions(registry.redis).advance(weight_version)
+        WeightVersions(registry.redis, project).advance(weight_version)
     for backend in registry.get_many(ids):
         registry.clear_fields(backend.id, "paused_until")  # no expiry after this: it is resumed
         _resume_one(registry, backend, weight_version, sources)

@@ -116,6 +116,7 @@ class Backend(BaseModel):
 
     id: str
     address: str
+    project: str | None = Field(None, description="The project it is private to (None: shared, the operator's).")
     protocol: Protocol
     dialect: str | None = None
     capacity: int

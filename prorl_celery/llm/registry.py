@@ -65,9 +65,11 @@ def normalize_address(address: str) -> str:
     return text
 
 
-def backend_id(address: str) -> str:
-    """A stable id derived from the normalized address, so the same address is one backend."""
-    return "llm-" + hashlib.sha1(normalize_address(address).encode()).hexdigest()[:10]
+def backend_id(address: str, project: str | None = None) -> str:
+    """A stable id derived from the normalized address, so the same address is one backend; a
+    project's private registration of it is another (its id tells nothing of the shared one's)."""
+    scoped = normalize_address(address) if not project else f"{project}|{normalize_address(address)}"
+    return "llm-" + hashlib.sha1(scoped.encode()).hexdigest()[:10]
 
 
 class BackendRegistry:
@@ -75,12 +77,13 @@ class BackendRegistry:
         self.redis = client
 
     # -- registration ---------------------------------------------------------------------
-    def add(self, spec: BackendSpec) -> tuple[Backend, bool]:
-        """Register ``spec``; the same address again updates only the fields it sets explicitly.
-        Returns (backend, created)."""
+    def add(self, spec: BackendSpec, project: str | None = None) -> tuple[Backend, bool]:
+        """Register ``spec``: shared (every project's jobs may use it), or private to ``project``
+        (only its jobs); the same address again by the same owner updates only the fields it
+        sets explicitly. Returns (backend, created)."""
         address = normalize_address(spec.address)
-        bid = backend_id(address)
-        fields: dict[str, object] = {"address": address}
+        bid = backend_id(address, project)
+        fields: dict[str, object] = {"address": address, **({"project": project} if project else {})}
         for name in ("protocol", "dialect", "capacity", "model", "weight_version", "max_model_len",
                      "tokenizer", "api_key", "logprobs_mode", "pause_api", "tool_parser", "routed_experts"):
             value = getattr(spec, name)
@@ -101,8 +104,9 @@ class BackendRegistry:
         if not pipe.execute()[0]:
             raise UnknownBackend(bid)
 
-    def clear(self) -> list[str]:
-        ids = self.ids()
+    def clear(self, ids: list[str] | None = None) -> list[str]:
+        """Forget ``ids`` (None: every backend); returns them."""
+        ids = self.ids() if ids is None else ids
         for bid in ids:
             try:
                 self.remove(bid)

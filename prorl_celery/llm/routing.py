@@ -16,7 +16,9 @@ One Lua script per acquire:
   longer than re-prefilling its prompt costs on a backend with a free slot
   (``llm_sticky_reprefill_turns`` x that backend's ``turn_s``): in a saturated pool, moving a
   rollout only adds prefill work, so it pays only against a queue;
-- the chosen backend gets the request's lease and the session.
+- the chosen backend gets the request's lease and the session;
+- a backend private to a project (``project`` in its hash) is a candidate only for that
+  project's jobs (the job's ``project``, read in the same script); shared ones for every job.
 """
 from __future__ import annotations
 
@@ -47,9 +49,11 @@ local want, reprefill, r, sticky_ttl = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV
 local bprefix, iprefix, sprefix, job, idle_ms = ARGV[8], ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
 local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
+local mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or ''
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s')
-  if f[1] and (want == '' or f[3] == want) then
+  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
+  local owner = f[5] or ''
+  if f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine) then
     if f[1] == 'active' then
       local ik, sk = iprefix .. id, sprefix .. id
       redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
@@ -169,7 +173,8 @@ class Router:
         args = [int(time.time() * 1000), int(lease_s * 1000), token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
                 keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000)]
-        reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-")], args=args)
+        reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-")],
+                              args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
         bid, load, in_flight, flat = reply[1].decode(), int(reply[2]), int(reply[3]), reply[4]

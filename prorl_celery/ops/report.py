@@ -35,8 +35,10 @@ def snapshot(store: JobStore) -> dict[str, Any]:
                          "status": record.get("status", "?"), "capacity": record.get("capacity", "?"),
                          "in_flight": client.zcount(keys.llm_inflight(backend_id), now * 1000, "+inf"),
                          "weight_version": record.get("weight_version", "")})
+    from prorl_celery.rollout.cost import totals
+
     return {"queues": {q: {"depth": depths[q], "workers": workers.get(q, [])} for q in QUEUES},
-            "hosts": hosts, "backends": backends, "jobs": store.counts()}
+            "hosts": hosts, "backends": backends, "jobs": store.counts(), "projects": totals(client)}
 
 
 def render(snap: dict[str, Any]) -> str:
@@ -51,6 +53,11 @@ def render(snap: dict[str, Any]) -> str:
                 for b in snap["backends"]] or [["-", "", "", "", "", ""]]),
         _table(["status", "jobs"], [[s, str(n)] for s, n in snap["jobs"].items()]),
     ]
+    if snap.get("projects"):
+        sections.append(_table(
+            ["project", "ended jobs", "prompt tokens", "generated tokens", "llm calls", "llm s", "rollout s"],
+            [[name, *(f"{t.get(k, 0):.0f}" for k in ("jobs", "prompt_tokens", "generated_tokens", "llm_calls")),
+              f"{t.get('llm_s', 0):.1f}", f"{t.get('total_s', 0):.1f}"] for name, t in snap["projects"].items()]))
     return "\n\n".join(sections)
 
 

@@ -201,3 +201,31 @@ def test_killed_worker_requests_stop_counting(pool, fake_llms, redis_url):
     finally:
         worker.kill()
     assert pool.registry.get(bid).served == 0
+
+
+@pytest.mark.unit
+def test_a_private_backend_serves_only_its_projects_jobs(pool):
+    """A backend a project registered is a candidate only for that project's jobs (the router reads
+    the job's project in its script); shared ones serve every job, the operator's jobs included."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.status import JobStatus
+
+    store = JobStore(pool.redis)
+    tag = uuid.uuid4().hex[:8]
+    jobs = {owner: f"route-{owner or 'op'}-{tag}" for owner in ("pa", "pb", None)}
+    for owner, job_id in jobs.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=owner)
+    try:
+        private, _ = pool.registry.add(BackendSpec(address="http://10.0.5.1:1", capacity=64, probe=False), project="pa")
+        assert pool.router.acquire(jobs["pb"]) == "none" and pool.router.acquire(jobs[None]) == "none"
+        slots = [pool.router.acquire(jobs["pa"]) for _ in range(3)]
+        assert {s.backend.id for s in slots} == {private.id} and slots[0].backend.project == "pa"
+        shared = add(pool, "http://10.0.5.2:1", capacity=1)
+        others = [pool.router.acquire(jobs[owner]) for owner in ("pb", None) for _ in range(4)]
+        assert {s.backend.id for s in others} == {shared}  # past its capacity, never onto pa's idle one
+        for slot in slots + others:
+            pool.router.release(slot, "ok")
+    finally:
+        for job_id in jobs.values():
+            store.transition(job_id, JobStatus.CANCELLED)

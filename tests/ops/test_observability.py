@@ -31,6 +31,8 @@ def test_metrics_count_jobs_and_stages(api):
     after = _samples(api)
     assert after[key] - before.get(key, 0) == 3
     assert after[runs] - before.get(runs, 0) == 3
+    ended = ("prorl_project_finished_total", (("project", "_operator"),))  # the operator's token: _operator
+    assert after[ended] - before.get(ended, 0) == 3
     assert ("prorl_queue_depth", (("queue", "run"),)) in after
     hosts = [k for k in after if k[0] == "prorl_sandbox_capacity"]
     assert hosts and all(after[k] > 0 for k in hosts)
@@ -43,3 +45,4 @@ def test_status_command_prints_queues_workers_and_jobs(stack):
         assert re.search(rf"^{queue}\s+\d+\s+{queue}@", out, re.M), out
     assert re.search(r"^completed\s+[1-9]\d*$", out, re.M), out
     assert "sandbox host" in out and "llm backend" in out
+    assert re.search(r"^_operator\s+[1-9]\d*\s+\d+", out, re.M), out  # the cost totals of the operator's jobs

@@ -186,6 +186,8 @@ def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path)
     sandbox_root = tmp_path / "sandboxes"
     sandbox_root.mkdir()
     head_file = tmp_path / "prorl-head.env"
+    tenants = tmp_path / "tenants.toml"  # the head makes these projects (issue 36)
+    tenants.write_text('[projects.train]\nweight = 2\n\n[projects.evaluation]\n')
     ports = {"redis": free_port(), "api": free_port(), "flower": free_port(), "llm": free_port()}
     env = {key: value for key, value in os.environ.items()
            if key not in ("PRORL_REDIS_URL", "PRORL_RESULT_URL", "PRORL_API_TOKEN")}
@@ -203,6 +205,7 @@ def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path)
         "PRORL_LLM_CMD": fake_llm_command(),
         "PRORL_LLM_PORT": str(ports["llm"]),
         "PRORL_LLM_REGISTER_ARGS": "--capacity 8 --timeout 180 --wait-llm 60",
+        "PRORL_PROJECTS_FILE": str(tenants),
     })
     # Small jobs that may share the test machine's CPUs; a time limit as the last safety net.
     common = ["--parsable", "--oversubscribe", "--cpus-per-task=1", "--time=15",
@@ -239,6 +242,10 @@ def test_sbatch_stack_runs_a_rollout_and_scancel_leaves_nothing(slurm, tmp_path)
         http = requests.Session()
         http.headers["Authorization"] = f"Bearer {head_info['PRORL_API_TOKEN']}"
         assert requests.get(f"{api}/llm_servers", timeout=10).status_code == 401  # token required
+        for name in ("train", "evaluation"):  # the tenant file's projects, each with a key of its own
+            key = (state_dir / "project-keys" / f"{name}.key").read_text().strip()
+            mine = requests.get(f"{api}/weights", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            assert mine.status_code == 200, mine.text
         _assert_hardened_redis(head_info["PRORL_REDIS_URL"], state_dir)
 
         def all_queues_served():

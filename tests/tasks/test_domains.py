@@ -158,6 +158,12 @@ def test_token_mode_trajectory_is_exact(api, stack, tmp_path, restore_oracle):
     observations = [m["content"] for m in result["messages"] if m["role"] == "tool"]
     assert observations[:4] == [f"step {i}\n" for i in range(4)]
     assert all(m.get("backend_id") for m in result["messages"] if m["role"] == "assistant")
+    cost = result["cost"]  # what the server saw, per backend: every prompt whole, every generated id
+    ((backend, spent),) = cost["llm"].items()
+    assert backend == result["messages"][2]["backend_id"] and spent["calls"] == cost["llm_calls"] == 5
+    assert spent["prompt_tokens"] == cost["prompt_tokens"] == sum(len(r["prompt_ids"]) for r in seen)
+    assert spent["generated_tokens"] == cost["generated_tokens"] == sum(len(r["response_ids"]) for r in seen)
+    assert 0 < cost["llm_s"] <= result["timing"]["run"] and cost["wall_s"]["run"] == result["timing"]["run"]
 
 
 def test_user_handler_by_dotted_path(api):

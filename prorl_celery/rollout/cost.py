@@ -1,0 +1,147 @@
+"""What a trajectory cost, read from its rollout's call records when the job ends, and the
+running totals per project that ``/metrics`` and ``prorl-celery status`` report.
+
+Per backend: calls, prompt tokens (the whole prompt of every call: what the server was sent),
+generated tokens, prompt tokens its prefix cache held (where it said), and LLM seconds (each call's
+latency, retries included); then the wall time of each stage. A call whose server returned no
+token ids (chat mode without them) counts as a call with unknown tokens (``calls_without_ids``).
+Sandbox CPU-seconds and peak memory are not reported by the sandbox hosts yet: ``sandbox`` is None.
+
+Only each record's metadata head leaves Redis (a script cuts it off the packed record there), never
+its ids: a bulk cancel of a thousand long rollouts reads kilobytes each, not their token arrays.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from pydantic import BaseModel, Field
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.models import Timings
+
+_STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
+OPERATOR = "_operator"  # the totals of the operator's jobs (no project name starts with '_')
+
+
+class BackendCost(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_tokens: int = 0
+    llm_s: float = 0.0
+    calls_without_ids: int = 0
+
+
+class Cost(BaseModel):
+    """One trajectory's cost."""
+
+    llm: dict[str, BackendCost] = Field(default_factory=dict, description="Backend id -> what its calls took.")
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    llm_calls: int = 0
+    llm_s: float = Field(0.0, description="Seconds of LLM calls (their latency, retries included).")
+    wall_s: dict[str, float] = Field(default_factory=dict, description="Seconds per stage (the result's timing).")
+    sandbox: dict[str, float] | None = Field(None, description="CPU-seconds and peak memory of its sandboxes: "
+                                                               "not reported by the sandbox hosts yet.")
+    price: float | None = Field(None, description="The operator's prices applied (PRORL_COST_PRICES); None: none set.")
+
+
+# KEYS[1]: a rollout's calls list; ARGV[1]: the last index to read. The metadata JSON of each
+# packed record (its first 4 bytes are the JSON's length, little-endian), without the arrays.
+_HEADS = """
+local out = {}
+for i, blob in ipairs(redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]))) do
+  local b1, b2, b3, b4 = string.byte(blob, 1, 4)
+  out[i] = string.sub(blob, 5, 4 + b1 + 256 * b2 + 65536 * b3 + 16777216 * b4)
+end
+return out
+"""
+
+
+def add_call(cost: Cost, meta: dict[str, Any]) -> None:
+    keep, (n_new, n_response, _) = int(meta.get("_k", 0)), meta.get("_n", (-1, -1, -1))
+    backend = cost.llm.setdefault(str(meta.get("backend_id") or "unknown"), BackendCost())
+    backend.calls += 1
+    backend.llm_s += float(meta.get("latency_s") or 0.0)
+    backend.cached_tokens += int(meta.get("cached_tokens") or 0)
+    if n_new < 0 or n_response < 0:
+        backend.calls_without_ids += 1
+        return
+    backend.prompt_tokens += keep + n_new
+    backend.generated_tokens += n_response
+
+
+def cost_of(heads: list[bytes], timing: Timings) -> Cost:
+    """The cost of the calls whose metadata heads are ``heads`` (:func:`read_heads`)."""
+    cost = Cost(wall_s={name: getattr(timing, name) for name in _STAGES})
+    for head in heads:
+        add_call(cost, json.loads(head))
+    for backend in cost.llm.values():
+        backend.llm_s = round(backend.llm_s, 6)
+        cost.prompt_tokens += backend.prompt_tokens
+        cost.generated_tokens += backend.generated_tokens
+        cost.llm_calls += backend.calls
+        cost.llm_s += backend.llm_s
+    cost.llm_s = round(cost.llm_s, 6)
+    cost.price = price_of(cost, get_settings().cost_prices)
+    return cost
+
+
+_PRICED = ("prompt_tokens", "generated_tokens", "cached_tokens", "llm_s")
+
+
+def price_of(cost: Cost, prices: dict[str, float]) -> float | None:
+    """One number for the trajectory: each backend's units at its own price (``<id>.<unit>``) or
+    the common one (``<unit>``), plus each stage's wall seconds at ``wall_s.<stage>``."""
+    if not prices:
+        return None
+    total = sum(prices.get(f"{bid}.{unit}", prices.get(unit, 0.0)) * getattr(spent, unit)
+                for bid, spent in cost.llm.items() for unit in _PRICED)
+    total += sum(prices.get(f"wall_s.{stage}", 0.0) * seconds for stage, seconds in cost.wall_s.items())
+    return round(total, 9)
+
+
+def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
+    """The metadata heads of each job's call records, the first ``n`` (its saved count; None:
+    all), in one round trip."""
+    script = client.register_script(_HEADS)
+    pipe = client.pipeline(transaction=False)
+    wanted = [i for i, (_, n) in enumerate(jobs) if n != 0]
+    for i in wanted:
+        job_id, n = jobs[i]
+        script(keys=[keys.rollout_calls(job_id)], args=[-1 if n is None else n - 1], client=pipe)
+    found = dict(zip(wanted, pipe.execute() if wanted else []))
+    return [found.get(i, []) for i in range(len(jobs))]
+
+
+TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s", "price")
+
+
+def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> None:
+    """Add ended jobs' costs to their projects' running totals (None: the operator's)."""
+    pipe = client.pipeline(transaction=False)
+    for project, cost in ended:
+        key = keys.cost_totals(project or OPERATOR)
+        pipe.sadd(keys.cost_projects(), project or OPERATOR)
+        pipe.hincrby(key, "jobs", 1)
+        for name in ("prompt_tokens", "generated_tokens", "llm_calls"):
+            pipe.hincrby(key, name, getattr(cost, name))
+        pipe.hincrbyfloat(key, "llm_s", cost.llm_s)
+        pipe.hincrbyfloat(key, "run_s", cost.wall_s.get("run", 0.0))
+        pipe.hincrbyfloat(key, "total_s", cost.wall_s.get("total", 0.0))
+        if cost.price is not None:
+            pipe.hincrbyfloat(key, "price", cost.price)
+    pipe.execute()
+
+
+def totals(client: redis.Redis) -> dict[str, dict[str, float]]:
+    """Project (``_operator`` for the operator's jobs) -> its running totals."""
+    names = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.cost_projects()))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.cost_totals(name))
+    return {name: {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
+            for name, raw in zip(names, pipe.execute())}

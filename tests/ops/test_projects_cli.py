@@ -1,0 +1,62 @@
+"""``prorl-celery projects add|list|revoke`` in process, on the session's Redis."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from prorl_celery.ops.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_add_prints_the_key_once_list_shows_ids_revoke_refuses(redis_url, capsys):
+    from prorl_celery.connections import get_redis
+    from prorl_celery.projects import ProjectStore
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    assert main(["projects", "add", name, "--weight", "2"]) == 0
+    key = capsys.readouterr().out.strip()
+    store = ProjectStore(get_redis())
+    assert store.authenticate(key.encode()) == name
+    assert main(["projects", "list", "--json"]) == 0
+    listed = next(p for p in json.loads(capsys.readouterr().out) if p["name"] == name)
+    assert listed["weight"] == 2 and len(listed["keys"]) == 1 and key not in json.dumps(listed)
+    assert listed["keys"][0] in key
+    assert main(["projects", "revoke", name]) == 0 and "revoked 1 key" in capsys.readouterr().out
+    assert store.authenticate(key.encode()) is None
+    assert main(["projects", "revoke", f"none-{name}"]) == 1
+    assert main(["projects", "add", "Bad Name"]) == 2
+
+
+def test_sync_makes_a_tenant_files_projects_and_keeps_their_keys(redis_url, tmp_path, capsys):
+    import stat
+
+    from prorl_celery.connections import get_redis
+    from prorl_celery.projects import ProjectStore
+
+    tag = uuid.uuid4().hex[:8]
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(f'[projects.train-{tag}]\nweight = 3\n\n[projects.eval-{tag}]\n')
+    keys_dir = tmp_path / "keys"
+    assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0
+    store = ProjectStore(get_redis())
+    written = {p.stem: p for p in keys_dir.iterdir()}
+    assert set(written) == {f"train-{tag}", f"eval-{tag}"}
+    assert stat.S_IMODE(keys_dir.stat().st_mode) == 0o700
+    for name, path in written.items():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert store.authenticate(path.read_text().strip().encode()) == name
+    tenants.write_text(f'[projects.train-{tag}]\nweight = 5\n\n[projects.eval-{tag}]\n')
+    before = {p: p.read_text() for p in written.values()}
+    assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0  # a restart of the head
+    assert {p: p.read_text() for p in written.values()} == before  # the keys handed out stay valid
+    assert next(p for p in store.list() if p.name == f"train-{tag}").weight == 5
+    store.revoke(f"eval-{tag}")  # a revoke outlives the next start of the head
+    assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0
+    assert store.authenticate(written[f"eval-{tag}"].read_text().strip().encode()) is None
+    assert next(p for p in store.list() if p.name == f"eval-{tag}").keys == []
+    assert "new key" in capsys.readouterr().out
+    tenants.write_text('[projects."Bad Name"]\n')
+    assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 2
