@@ -143,3 +143,13 @@ def rollout_calls(rollout_id: str) -> str:
 def rollout_messages(rollout_id: str) -> str:
     """List: a rollout's conversation, one JSON message each (:mod:`prorl_celery.rollout.store`)."""
     return f"{PREFIX}:rollout:messages:{rollout_id}"
+
+
+def audit_verdict(content_hash: str) -> str:
+    """String (JSON): the hack audit's verdict on one task's content (tasks/audit/quarantine.py)."""
+    return f"{PREFIX}:audit:verdict:{content_hash}"
+
+
+def audit_verdicts() -> str:
+    """Set: the content hashes that have an audit verdict."""
+    return f"{PREFIX}:audit:verdicts"

@@ -285,9 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     fake_server.add_arguments(fake)
     fake.set_defaults(func=_cmd_fake_llm)
 
-    from prorl_celery.ops import harbor_cli
+    from prorl_celery.ops import audit_cli, harbor_cli
 
     harbor_cli.add_parser(sub)
+    audit_cli.add_parser(sub)
     return parser
 
 
