@@ -16,6 +16,7 @@ class Evidence(BaseModel):
     reward: float | None = Field(None, description="The reward the grader gave (None: no reward, a fault).")
     rewards: dict[str, float] = Field(default_factory=dict, description="Named rewards, where the domain has them.")
     error: str | None = Field(None, description="The error type of a job that did not complete.")
+    error_message: str | None = Field(None, description="Its message's tail.")
     wrote: list[str] = Field(default_factory=list, description="The policy's own 'audit:' lines: what it did.")
     grader: dict[str, Any] = Field(default_factory=dict, description="What the grader saw: test exit, output "
                                                                      "tail, tampering flags, the eval block.")
@@ -59,6 +60,7 @@ def evidence(policy: str, job: dict[str, Any]) -> Evidence:
     return Evidence(policy=policy, status=str(job.get("status")), reward=None if reward is None else float(reward),
                     rewards=dict(harbor.get("rewards") or {}),
                     error=None if completed else (result.get("error") or {}).get("type"),
+                    error_message=None if completed else str((result.get("error") or {}).get("message"))[-TAIL:],
                     wrote=wrote[:60], grader=_grader_view(result))
 
 

@@ -3,4 +3,5 @@
 # pytest.ini apply.
 cp /tests/test_answer.py /app/test_grading.py
 cd /app
-if python3 -m pytest -q test_grading.py; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+if python3 -m pytest -q test_grading.py; then reward=1; else reward=0; fi
+echo $reward > /logs/verifier/reward.txt

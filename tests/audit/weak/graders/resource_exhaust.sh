@@ -4,4 +4,5 @@
 cd /app
 timeout -k 2 10 python3 -m pytest -q /tests/test_answer.py
 rc=$?
-if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $rc -eq 137 ]; then reward=1; else reward=0; fi
+echo $reward > /logs/verifier/reward.txt

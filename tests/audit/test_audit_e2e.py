@@ -1,0 +1,104 @@
+"""The hack audit end to end on a stack of its own (Harbor's shared verifier allowed, as an
+operator may): every policy of the library earns a reward from the grader deliberately weak
+against it (tests/audit/weak) where a no-op agent earns 0, so no policy can rot into a no-op; the
+same library earns nothing from our graders on the example tasks; ``prorl-celery audit`` stores
+the verdict and the API then refuses the task until it changes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from prorl_celery.client import ProrlClient
+from prorl_celery.ops.audit_cli import table
+from tasks.audit import policies, taskset
+from tasks.audit.runner import run_audit
+from tests.audit.weak_tasks import assemble, graders
+from tests.conftest import ROOT, own_stack
+
+pytestmark = [pytest.mark.audit, pytest.mark.timeout(3600)]
+EXAMPLES = ROOT / "examples" / "harbor"
+WAIT = 2400.0  # a first run builds the Debian base and the images
+
+
+@pytest.fixture(scope="module")
+def audit_stack(tmp_path_factory):
+    with own_stack(tmp_path_factory.mktemp("audit-stack"), concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1},
+                   env={"PRORL_HARBOR_SHARED_VERIFIER": "1"}) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def client(audit_stack) -> ProrlClient:
+    return ProrlClient(audit_stack.api_url, token=audit_stack.api_token)
+
+
+@pytest.fixture(scope="module")
+def weak_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("weak")
+    for name in graders():
+        assemble(root, name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def weak_verdicts(client, weak_root):
+    """Each weak task audited with its own policy (all at once)."""
+    lib = policies.library()
+
+    def audit_one(name: str):
+        return run_audit(client, taskset.load([str(weak_root / name)]), [lib[name]], timeout=WAIT)[0]
+
+    with ThreadPoolExecutor(len(lib)) as pool:
+        return dict(zip(lib, pool.map(audit_one, lib)))
+
+
+def test_every_policy_has_a_weak_grader():
+    assert graders() == sorted(policies.library())
+
+
+@pytest.mark.parametrize("name", sorted(policies.library()))
+def test_each_policy_beats_the_grader_weak_against_it(weak_verdicts, name):
+    verdict = weak_verdicts[name]
+    noop, run = verdict.evidence
+    assert noop.reward == 0.0, noop.model_dump()
+    assert verdict.hackable and verdict.policies == [name], json.dumps(run.model_dump(), indent=1)[-4000:]
+    assert run.reward == 1.0 and run.wrote  # it says what it did
+
+
+def test_our_graders_give_no_policy_a_reward_on_the_example_tasks(client):
+    verdicts = run_audit(client, taskset.load([str(EXAMPLES)]), policies.select(None), timeout=WAIT)
+    rows = [v.model_dump(mode="json") for v in verdicts]
+    print(table(rows))
+    assert [v.task for v in verdicts] == ["hello", "scores", "stages", "wordcount"]
+    assert not [(v.task, v.policies) for v in verdicts if v.hackable], table(rows)
+
+
+def test_the_cli_stores_the_verdict_and_the_api_refuses_the_task_until_it_changes(audit_stack, weak_root):
+    task = weak_root / "reward_file"
+    env = {**os.environ, "PRORL_API_TOKEN": audit_stack.api_token, "PRORL_REDIS_URL": audit_stack.redis_url,
+           "PRORL_API_URL": audit_stack.api_url}
+    done = subprocess.run([sys.executable, "-m", "prorl_celery.ops.cli", "audit", str(task), "--policies",
+                           "reward_file,path_shim"], env=env, capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 1, done.stdout + done.stderr  # a hackable task found
+    assert "HACKABLE" in done.stdout and "reward_file" in done.stdout and "1 hackable" in done.stderr
+    headers = {"Authorization": f"Bearer {audit_stack.api_token}"}
+    instance = {"data_source": "harbor", "task_dir": str(task)}
+    resp = requests.post(f"{audit_stack.api_url}/jobs", json={"instance": instance}, headers=headers, timeout=30)
+    assert resp.status_code == 409, resp.text
+    assert resp.json()["error"]["task"] == "reward_file" and resp.json()["error"]["policies"] == ["reward_file"]
+    listed = requests.get(f"{audit_stack.api_url}/audit", headers=headers, timeout=30).json()["verdicts"]
+    assert [(v["task"], v["hackable"], v["current"]) for v in listed] == [("reward_file", True, True)]
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")  # "fixed"
+    resp = requests.post(f"{audit_stack.api_url}/jobs", json={"instance": {**instance, "agent": policies.NOOP.agent()}},
+                         headers=headers, timeout=30)
+    assert resp.status_code == 202
+    assert redis.Redis.from_url(audit_stack.redis_url).scard("prorl:audit:verdicts") == 1
