@@ -54,6 +54,13 @@ def test_the_agent_blocks_are_the_command_harness_and_known_word_for_word():
 
 
 @unit
+def test_every_policy_has_a_grader_weak_against_it():
+    from tests.audit.weak_tasks import graders
+
+    assert graders() == sorted(policies.library())
+
+
+@unit
 def test_an_unknown_policy_is_refused_listing_the_known_ones():
     with pytest.raises(InvalidRequest) as err:
         policies.select(["reward_file", "nope"])
