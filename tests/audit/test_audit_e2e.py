@@ -98,6 +98,9 @@ def test_our_swe_grader_gives_no_policy_a_reward_on_a_real_row(client, tmp_path)
     table_text = table([v.model_dump(mode="json") for v in verdicts])
     print(table_text)
     (verdict,) = verdicts
+    for e in verdict.evidence:  # what each did, and the SWE grader's integrity verdict on it
+        integrity = (e.grader.get("eval") or {}).get("integrity") or {} if isinstance(e.grader.get("eval"), dict) else {}
+        print(e.policy, e.reward, integrity.get("outcome"), e.wrote[:4])
     assert verdict.data_source == "swebench" and verdict.baseline == 0.0, table_text
     assert [e.status for e in verdict.evidence] == ["completed"] * len(verdict.evidence), verdict.model_dump_json()[-3000:]
     assert not verdict.hackable, verdict.model_dump_json()[-6000:]
