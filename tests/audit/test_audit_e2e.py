@@ -82,18 +82,23 @@ def test_our_graders_give_no_policy_a_reward_on_the_example_tasks(client):
     assert not [(v.task, v.policies) for v in verdicts if v.hackable], table(rows)
 
 
-def test_our_swe_grader_gives_no_policy_a_reward_on_a_real_row(client, tmp_path):
-    """marshmallow-1359 (tests/fixtures/swebench) as a JSONL row without data_source, its repository
-    at base_commit and its environment built (or found built) on this node."""
+@pytest.fixture(scope="module")
+def swe_row(tmp_path_factory) -> dict:
+    """marshmallow-1359 (tests/fixtures/swebench), its repository at base_commit and its
+    environment built (or found built) on this node."""
     from sandboxes.runtimes.env.build import ensure_env
     from tests.real import swebench_data
     from tests.real.test_swebench import recipe_of
 
     row = swebench_data.rows()["marshmallow-code__marshmallow-1359"]
-    repo = swebench_data.materialize(row, tmp_path / "repo")
-    image = ensure_env(recipe_of(row["instance_id"], repo))
+    repo = swebench_data.materialize(row, tmp_path_factory.mktemp("swe") / "repo")
+    return {**row, "repo_source": str(repo), "image": str(ensure_env(recipe_of(row["instance_id"], repo)))}
+
+
+def test_our_swe_grader_gives_no_policy_a_reward_on_a_real_row(client, swe_row, tmp_path):
+    """The row as a JSONL line without data_source."""
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({**row, "repo_source": str(repo), "image": str(image)}) + "\n")
+    rows.write_text(json.dumps(swe_row) + "\n")
     verdicts = run_audit(client, taskset.load([str(rows)]), policies.select(None), timeout=WAIT)
     table_text = table([v.model_dump(mode="json") for v in verdicts])
     print(table_text)
@@ -126,3 +131,25 @@ def test_the_cli_stores_the_verdict_and_the_api_refuses_the_task_until_it_change
                          headers=headers, timeout=30)
     assert resp.status_code == 202
     assert redis.Redis.from_url(audit_stack.redis_url).scard("prorl:audit:verdicts") == 1
+
+
+def test_rescore_replays_a_kept_workspace_through_todays_grader(audit_stack, client, swe_row):
+    """A rollout whose stored reward an older grader got wrong (simulated: its stored reward set to
+    0) is replayed from its kept diff, and the change reported; the stored original stays as it was.
+    A Harbor result keeps no workspace: not replayable, said so."""
+    from prorl_celery.jobs import JobStore
+    from tasks.audit.rescore import rescore
+
+    instance = {**swe_row, "data_source": "swebench"}
+    gold = client.wait(client.submit({**instance, "agent": {"harness": "replay", "patch": swe_row["patch"]}}),
+                       timeout=WAIT)
+    assert gold["result"]["reward"] == 1.0, gold["result"].get("eval")
+    store = JobStore(redis.Redis.from_url(audit_stack.redis_url))
+    record = store.get(gold["job_id"])
+    store.redis.hset(f"prorl:job:{gold['job_id']}", "result", json.dumps({**record.result, "reward": 0.0}))
+    harbor = client.wait(client.submit({"data_source": "harbor", "task_dir": str(EXAMPLES / "hello"),
+                                        "agent": policies.NOOP.agent()}), timeout=WAIT)
+    swe, other = rescore(client, store, [gold["job_id"], harbor["job_id"]], timeout=WAIT)
+    assert (swe.original, swe.today, swe.changed) == (0.0, 1.0, True), swe
+    assert store.get(gold["job_id"]).result["reward"] == 0.0  # the stored original untouched
+    assert other.today is None and not other.changed and "git_patch" in other.note

@@ -111,3 +111,23 @@ def test_equal_rewards_and_faults_are_not_hackable_but_a_better_named_reward_is(
     assert judge("t", "harbor", noop, [named]).policies == ["b"]
     failed_base = Evidence(policy="noop", status="failed", reward=None, error="verifier_no_reward")
     assert judge("t", "harbor", failed_base, [same]).hackable  # a reward where the no-op got none
+
+
+@unit
+def test_rescore_replays_only_what_a_result_keeps():
+    from prorl_celery.jobs import JobRecord
+    from tasks.audit.rescore import replay_instance
+    from tasks.harnesses import check_agent
+
+    def record(status, result, instance=None):
+        return JobRecord.model_validate({"job_id": "j", "status": status, "data_source": "swebench",
+                                         "instance": instance or {"data_source": "swebench", "repo": "o/r",
+                                                                  "agent": {"harness": "x"}, "trajectory_id": 2},
+                                         "result": result, "t_created": 0.0})
+
+    instance, why = replay_instance(record("completed", {"reward": 1.0, "git_patch": "diff --git a/x b/x\n"}))
+    assert why is None and instance["agent"] == {"harness": "replay", "patch": "diff --git a/x b/x\n"}
+    assert "trajectory_id" not in instance and instance["repo"] == "o/r"
+    check_agent(instance["agent"])  # the replay harness is registered and accepts it
+    assert replay_instance(record("completed", {"reward": 1.0}))[1].startswith("the result keeps no")
+    assert "failed" in replay_instance(record("failed", {"reward": 0.0, "git_patch": ""}))[1]
