@@ -153,3 +153,19 @@ def test_rescore_replays_a_kept_workspace_through_todays_grader(audit_stack, cli
     assert (swe.original, swe.today, swe.changed) == (0.0, 1.0, True), swe
     assert store.get(gold["job_id"]).result["reward"] == 0.0  # the stored original untouched
     assert other.today is None and not other.changed and "git_patch" in other.note
+
+
+def test_harbor_submit_audits_a_dataset_before_its_first_training_submission(audit_stack):
+    env = {**os.environ, "PRORL_API_TOKEN": audit_stack.api_token, "PRORL_REDIS_URL": audit_stack.redis_url,
+           "PRORL_API_URL": audit_stack.api_url}
+    agent = json.dumps({"harness": "command", "command": "echo 'good morning' > /app/greeting.txt"})
+    argv = [sys.executable, "-m", "prorl_celery.ops.cli", "harbor", "submit", str(EXAMPLES / "hello"), "--agent", agent,
+            "--n", "1"]
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=WAIT)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "auditing 1 task(s)" in first.stderr and "hello" in first.stderr and "ok" in first.stderr
+    assert "1/1" in first.stdout  # solved: the table of the submission itself
+    listed = ProrlClient(audit_stack.api_url, token=audit_stack.api_token).audit()["verdicts"]
+    assert [(v["task"], v["hackable"]) for v in listed if v["task"] == "hello"] == [("hello", False)]
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=WAIT)
+    assert again.returncode == 0 and "auditing" not in again.stderr, again.stderr
