@@ -42,10 +42,10 @@ def table(verdicts: list[dict[str, Any]]) -> str:
     body = []
     for v in verdicts:
         faults = [e["policy"] for e in v["evidence"] if e["reward"] is None]
-        verdict = "HACKABLE" if v["hackable"] else "ok"
+        verdict = "HACKABLE" if v["hackable"] else "not audited" if v.get("note") else "ok"
         body.append([v["task"], verdict + (f" ({len(faults)} faults)" if faults else ""),
                      "-" if v["baseline"] is None else f"{v['baseline']:.2f}",
-                     ", ".join(v["policies"]) or "-", _summary(v) or "-"])
+                     ", ".join(v["policies"]) or "-", _summary(v) or v.get("note") or "-"])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     widths[-1] = len(head[-1])  # the evidence is the line's tail: not padded
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -83,9 +83,10 @@ def store(verdicts: list[dict[str, Any]]) -> int:
               "nothing is quarantined", file=sys.stderr)
         return 0
     client = redis.Redis.from_url(url)
-    for verdict in verdicts:
+    audited = [v for v in verdicts if v.get("content_hash")]  # not a task the service refused to run
+    for verdict in audited:
         quarantine.store(client, verdict)
-    return len(verdicts)
+    return len(audited)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:

@@ -13,8 +13,6 @@ from tasks.audit.policies import NOOP, Policy
 from tasks.audit.taskset import AuditTask
 from tasks.audit.verdict import TaskVerdict, evidence, judge
 
-BATCH = 500
-
 Progress = Callable[[int, int], None]  # (jobs done, jobs in all)
 
 
@@ -32,12 +30,19 @@ def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progr
               timeout: float | None = None) -> list[TaskVerdict]:
     """Submit every run, wait for all, and judge each task (its content hash and grader version
     recorded, for the quarantine)."""
-    planned = jobs_for(tasks, policies)
+    from prorl_celery.client import ProrlClientError
+    from prorl_celery.errors import ProrlError
+
     owner: dict[str, tuple[int, str]] = {}
-    for start in range(0, len(planned), BATCH):
-        chunk = planned[start:start + BATCH]
-        ids = client.submit_many([job for _, _, job in chunk])
-        owner.update({job_id: (i, name) for job_id, (i, name, _) in zip(ids, chunk)})
+    refused: dict[int, str] = {}
+    for i, task in enumerate(tasks):  # a task at a time: one the service refuses is said so, not fatal
+        chunk = jobs_for([task], policies)
+        try:
+            ids = client.submit_many([job for _, _, job in chunk])
+        except (ProrlError, ProrlClientError) as exc:
+            refused[i] = f"refused at submission: {exc}"
+            continue
+        owner.update({job_id: (i, name) for job_id, (_, name, _) in zip(ids, chunk)})
     finished: dict[tuple[int, str], dict[str, Any]] = {}
     if progress:
         progress(0, len(owner))
@@ -55,6 +60,10 @@ def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progr
         raise
     verdicts = []
     for i, task in enumerate(tasks):
+        if i in refused:
+            verdicts.append(TaskVerdict(task=task.name, data_source=task.instance["data_source"], hackable=False,
+                                        note=refused[i]))
+            continue
         noop = evidence(NOOP.name, finished[(i, NOOP.name)])
         runs = [evidence(p.name, finished[(i, p.name)]) for p in policies]
         verdict = judge(task.name, task.instance["data_source"], noop, runs)

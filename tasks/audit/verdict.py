@@ -31,6 +31,7 @@ class TaskVerdict(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list, description="Every policy's run, the no-op's first.")
     content_hash: str | None = None
     grader_version: str | None = None
+    note: str | None = Field(None, description="Why the task could not be audited (its runs refused at submission).")
 
 
 def _grader_view(result: dict[str, Any]) -> dict[str, Any]:

@@ -131,3 +131,39 @@ def test_rescore_replays_only_what_a_result_keeps():
     check_agent(instance["agent"])  # the replay harness is registered and accepts it
     assert replay_instance(record("completed", {"reward": 1.0}))[1].startswith("the result keeps no")
     assert "failed" in replay_instance(record("failed", {"reward": 0.0, "git_patch": ""}))[1]
+
+
+class _Client:
+    """The API as the runner sees it: a task whose runs are refused, one whose runs finish."""
+
+    def __init__(self):
+        self.jobs: dict[str, dict] = {}
+
+    def submit_many(self, jobs):
+        from prorl_celery.errors import InvalidRequest
+
+        if jobs[0]["instance"].get("refuse"):
+            raise InvalidRequest("this domain runs no harness", field="instance.agent")
+        ids = [f"j{len(self.jobs) + i}" for i in range(len(jobs))]
+        for job_id, job in zip(ids, jobs):
+            won = job["instance"]["agent"]["command"] != policies.NOOP.script
+            self.jobs[job_id] = {"job_id": job_id, "status": "completed",
+                                 "result": {"reward": 1.0 if won else 0.0, "harness": {"output": "audit: did it\n"}}}
+        return ids
+
+    def as_completed(self, ids, timeout=None):
+        return [self.jobs[i] for i in ids]
+
+
+@unit
+def test_the_runner_judges_each_task_and_says_which_it_could_not_run():
+    from tasks.audit.runner import run_audit
+    from tasks.audit.taskset import AuditTask
+
+    tasks = [AuditTask("bad", {"data_source": "echo", "text": "x", "refuse": True}),
+             AuditTask("good", {"data_source": "echo", "text": "x"})]
+    seen = []
+    bad, good = run_audit(_Client(), tasks, policies.select(["reward_file"]), progress=lambda d, n: seen.append((d, n)))
+    assert not bad.hackable and "refused at submission" in bad.note and bad.content_hash is None
+    assert good.hackable and good.policies == ["reward_file"] and good.evidence[1].wrote == ["did it"]
+    assert good.content_hash and good.grader_version == "1" and seen[-1] == (2, 2)
