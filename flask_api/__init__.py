@@ -9,7 +9,7 @@ from config.settings import get_settings
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
-    from flask_api import compat, errors, groups, health, jobs, limits, llm, metrics, openapi, stream, weights
+    from flask_api import audit, compat, errors, groups, health, jobs, limits, llm, metrics, openapi, stream, weights
     from prorl_celery.completions import FinishWatcher
     from prorl_celery.connections import get_store
 
@@ -32,5 +32,6 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(compat.bp)
     app.register_blueprint(metrics.bp)
     app.register_blueprint(llm.bp)
+    app.register_blueprint(audit.bp)
     app.register_blueprint(openapi.bp)
     return app

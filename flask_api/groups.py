@@ -53,8 +53,9 @@ def _store() -> JobStore:
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)
     jobs = body.jobs()
-    check_handlers(jobs)
-    return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs, project=caller())}), 202
+    warnings = check_handlers(jobs)
+    return jsonify({"group_id": body.group_id, "job_ids": submit(_store(), jobs, project=caller()),
+                    **({"warnings": warnings} if warnings else {})}), 202
 
 
 @route(bp, "get", "/groups/{group_id}", "Each sample's status; reward statistics once complete",

@@ -29,12 +29,13 @@ def _view(job_id: str) -> dict:
     return job_views(_store().redis, [record])[0].model_dump(mode="json")
 
 
-def check_handlers(requests: list[JobRequest], batch: bool = False) -> None:
+def check_handlers(requests: list[JobRequest], batch: bool = False) -> list[dict]:
     """Refuse, before anything is stored, a job whose data source names no handler, whose
     instance its handler refuses (the operator's policy on runtime, image, repository source;
     a malformed field), or whose ``max_staleness`` would widen the operator's bound. A built-in
     handler is checked without importing it (:func:`tasks.handlers.instance_check`). ``batch``:
-    a refusal names the job's place in the batch (``jobs.3.sampling_params...``)."""
+    a refusal names the job's place in the batch (``jobs.3.sampling_params...``). Then the hack
+    audit's quarantine (:func:`check_quarantine`): returns its warnings."""
     for i, req in enumerate(requests):
         check_max_staleness(req.sampling_params, f"jobs.{i}.sampling_params.max_staleness" if batch
                             else "sampling_params.max_staleness")
@@ -46,6 +47,22 @@ def check_handlers(requests: list[JobRequest], batch: bool = False) -> None:
             raise InvalidRequest(str(exc), field="instance.data_source") from None
     for req in requests:
         checks[req.instance["data_source"]](req.instance)
+    return check_quarantine(requests)
+
+
+def check_quarantine(requests: list[JobRequest]) -> list[dict]:
+    """A task the hack audit found hackable is refused (409 ``task_quarantined``), accepted with a
+    warning, or allowed, per ``PRORL_AUDIT_POLICY`` (:mod:`tasks.audit.quarantine`, imported only
+    once some verdict is stored)."""
+    from config.settings import get_settings
+    from prorl_celery import keys
+
+    redis = _store().redis
+    if not redis.exists(keys.audit_verdicts()):
+        return []
+    from tasks.audit import quarantine
+
+    return quarantine.check(redis, [req.instance for req in requests], get_settings().audit_policy)
 
 
 @route(bp, "post", "/jobs", "Submit one job or a batch",
@@ -58,8 +75,9 @@ def submit_jobs():
     ids = [req.job_id for req in requests if req.job_id]
     if len(ids) != len(set(ids)):
         raise InvalidRequest("job ids within one batch must be distinct", field="jobs")
-    check_handlers(requests, batch=isinstance(parsed, BatchRequest))
-    return jsonify({"job_ids": submit(_store(), requests, project=caller())}), 202
+    warnings = check_handlers(requests, batch=isinstance(parsed, BatchRequest))
+    return jsonify({"job_ids": submit(_store(), requests, project=caller()),
+                    **({"warnings": warnings} if warnings else {})}), 202
 
 
 @route(bp, "get", "/jobs/{job_id}", "A job's status, timings and result", _JOB)

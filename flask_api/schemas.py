@@ -11,6 +11,8 @@ from prorl_celery.models import JobView
 
 class SubmitResponse(BaseModel):
     job_ids: list[str]
+    warnings: list[dict[str, Any]] | None = Field(None, description="Accepted with a warning: a task the hack "
+                                                                     "audit found hackable (PRORL_AUDIT_POLICY=warn).")
 
 
 class SandboxHostHealth(BaseModel):
@@ -39,6 +41,7 @@ class HealthResponse(BaseModel):
 class GroupSubmitResponse(BaseModel):
     group_id: str
     job_ids: list[str]
+    warnings: list[dict[str, Any]] | None = Field(None, description="As the jobs' submission's.")
 
 
 class GroupSample(BaseModel):

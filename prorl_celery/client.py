@@ -194,6 +194,10 @@ class ProrlClient:
         body = {k: v for k, v in {"group_id": group_id, "data_source": data_source}.items() if v}
         return self._call("POST", "/cancel_all", json=body).json()["cancelled"]
 
+    def audit(self) -> dict[str, Any]:
+        """The hack audit's verdicts (``GET /audit``): ``{policy, verdicts: [...]}``."""
+        return self._call("GET", "/audit").json()
+
     # -- inference backends ---------------------------------------------------------------
     def add_llm_server(self, address: str, **fields: Any) -> dict[str, Any]:
         return self._call("POST", "/llm_servers", json={"address": address, **fields}).json()

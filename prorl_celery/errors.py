@@ -8,6 +8,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     ├── InvalidRequest(ValueError)                 invalid_request 400  bad input; carries the field
     │   ├── PolicyDenied                           policy_denied 403    beyond the operator's policy
     │   ├── JobIdConflict                          job_id_conflict 409  a known job id, another request
+    │   ├── TaskQuarantined                        task_quarantined 409  the hack audit found the task hackable
     │   ├── QuotaExceeded                          quota_exceeded 413   past a byte quota of the rollout store
     │   └── ImageError                             image_error 400      a sandbox image could not be had
     │       ├── ImageNotFound                      image_not_found 404  no such image, tag or digest
@@ -184,6 +185,26 @@ class JobIdConflict(InvalidRequest):
                          "sampling_params); resubmit the same request to get that job, or choose a new job id",
                          field="job_id")
         self.job_id = job_id
+
+
+class TaskQuarantined(InvalidRequest):
+    """The hack audit found the task hackable (``policies`` earned more than a no-op agent) and the
+    operator refuses such tasks (``PRORL_AUDIT_POLICY=refuse``) until the task or its grader changes."""
+
+    type = "task_quarantined"
+    http_status = 409
+
+    def __init__(self, task: str, policies: list[str], content_hash: str):
+        super().__init__(f"task {task!r} is quarantined: the hack audit found it hackable by "
+                         f"{', '.join(policies) or 'a policy'}; fix the task or its grader and audit it again "
+                         "(prorl-celery audit), or ask the operator (PRORL_AUDIT_POLICY)", field="instance")
+        self.task, self.policies, self.content_hash = task, list(policies), content_hash
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if hasattr(self, "task"):  # a rebuilt (client-side) error has only the message
+            out.update(task=self.task, policies=self.policies, content_hash=self.content_hash)
+        return out
 
 
 class ImageError(InvalidRequest):

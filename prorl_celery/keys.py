@@ -190,3 +190,13 @@ def cost_totals(project: str) -> str:
 def cost_projects() -> str:
     """Set: the projects that have cost totals."""
     return f"{PREFIX}:metrics:cost-projects"
+
+
+def audit_verdict(content_hash: str) -> str:
+    """String (JSON): the hack audit's verdict on one task's content (tasks/audit/quarantine.py)."""
+    return f"{PREFIX}:audit:verdict:{content_hash}"
+
+
+def audit_verdicts() -> str:
+    """Set: the content hashes that have an audit verdict."""
+    return f"{PREFIX}:audit:verdicts"

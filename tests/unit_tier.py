@@ -34,7 +34,7 @@ HEAVY_FIXTURES = frozenset({
 })
 # the markers addopts deselects (setup.cfg); a unit test carries none of them
 DESELECTED = frozenset({"slow", "chaos", "slurm", "real_llm", "trainer", "learning", "multinode", "apptainer", "swebench",
-                        "harness", "harbor"})
+                        "harness", "harbor", "audit"})
 ALLOWED_PROCESSES = ("tasks/verify/math_worker.py",)  # the math grader's capped worker
 
 

@@ -285,10 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     fake_server.add_arguments(fake)
     fake.set_defaults(func=_cmd_fake_llm)
 
-    from prorl_celery.ops import harbor_cli, projects_cli
+    from prorl_celery.ops import audit_cli, harbor_cli, projects_cli
 
     harbor_cli.add_parser(sub)
     projects_cli.add_parser(sub)
+    audit_cli.add_parser(sub)
     return parser
 
 

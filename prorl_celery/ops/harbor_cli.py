@@ -2,7 +2,9 @@
 
 ``submit DIR...`` submits a group of ``--n`` samples per task (a DIR is a task folder, or a folder
 of task folders) with the chosen agent, shows a progress bar while they run, and prints a table of
-rewards per task at the end (``--json`` for the rows). ``check DIR...`` reads each task here, as
+rewards per task at the end (``--json`` for the rows). Before it, the tasks the hack audit has no
+current verdict on are audited (``prorl-celery audit``; ``--no-audit`` skips it, and the oracle
+needs none), and a task the service then refuses as hackable is left out and said so. ``check DIR...`` reads each task here, as
 the service will, and says what it would run or which key it refuses.
 """
 from __future__ import annotations
@@ -90,15 +92,42 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
 
 
+def _audit_first(client: Any, tasks: list[Path], timeout: float | None) -> None:
+    """Audit the tasks without a current verdict (a dataset's first training submission), store
+    the verdicts, and print their table to stderr."""
+    from prorl_celery.ops import audit_cli
+    from tasks.audit import quarantine
+
+    known = {v["content_hash"] for v in client.audit()["verdicts"] if v.get("current")}
+    todo = [t for t in tasks if quarantine.content_hash(instance(t, None)) not in known]
+    if not todo:
+        return
+    print(f"harbor: auditing {len(todo)} task(s) with the hack policies first (--no-audit skips it)", file=sys.stderr)
+    verdicts = audit_cli.audit(client, [str(t) for t in todo], None, timeout)
+    audit_cli.store(verdicts)
+    print(audit_cli.table(verdicts), file=sys.stderr)
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     from prorl_celery.client import ProrlClient
+    from prorl_celery.errors import TaskQuarantined
+    from prorl_celery.ops.cli import _load_secrets
 
+    _load_secrets(args.state_dir)
     client = ProrlClient(args.url, state_dir=args.state_dir)
     agent = agent_block(args.agent)
     sampling = json.loads(args.sampling) if args.sampling else {}
+    tasks = task_dirs(args.dirs)
+    if not args.no_audit and (agent or {}).get("harness") != "oracle":
+        _audit_first(client, tasks, args.timeout)
     groups: dict[str, tuple[str, list[str]]] = {}
-    for task in task_dirs(args.dirs):
-        groups[task.name] = client.submit_group(instance(task, agent), args.n, sampling)
+    for task in tasks:
+        try:
+            groups[task.name] = client.submit_group(instance(task, agent), args.n, sampling)
+        except TaskQuarantined as exc:
+            print(f"harbor: {task.name} left out: {exc}", file=sys.stderr)
+    if not groups:
+        return 1
     owner = {job: name for name, (_, jobs) in groups.items() for job in jobs}
     finished: dict[str, list[dict[str, Any]]] = {name: [] for name in groups}
     rewards: list[float] = []
@@ -152,6 +181,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--state-dir", default=os.environ.get("PRORL_STATE_DIR"),
                         help="read PRORL_API_URL and PRORL_API_TOKEN from <state dir>/secrets.env unless set")
     submit.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    submit.add_argument("--no-audit", action="store_true",
+                        help="submit without first auditing the tasks that have no current hack-audit verdict")
     submit.set_defaults(func=_cmd_submit)
     check = verbs.add_parser("check", help="read task folders as the service would; name what is refused")
     check.add_argument("dirs", nargs="+")

@@ -28,6 +28,7 @@ from typing import Any
 from prorl_celery.errors import VerifierFailed, VerifierNoReward, VerifierTimedOut
 from tasks.harbor.task import Step
 
+GRADER_VERSION = "1"  # bump when grading changes: it lifts the hack audit's quarantine (tasks/audit)
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
 READ_CAP = 1024 * 1024

@@ -11,6 +11,7 @@ HARNESSES = Registry("harness", {
     "claude_code": "tasks.harnesses.claude_code:ClaudeCode",
     "codex": "tasks.harnesses.codex:Codex",
     "oracle": "tasks.harnesses.oracle:Oracle",
+    "replay": "tasks.harnesses.replay:Replay",
 }, aliases={"mini-swe-agent": "mini_swe_agent", "claude-code": "claude_code"}, check=check_harness)
 
 

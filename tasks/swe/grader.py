@@ -46,6 +46,7 @@ from tasks.swe import integrity, runners, specs as swe_specs, test_log
 from tasks.swe.integrity import canaries, tamper
 from tasks.swe.runners.base import RunSite
 
+GRADER_VERSION = "1"  # bump when grading changes: it lifts the hack audit's quarantine (tasks/audit)
 GUARD = Path(__file__).resolve().parent / "runners" / "unittest_guard.py"
 RUN_WATCH = Path(__file__).resolve().parent / "runners" / "run_watch.py"  # copied beside each runner, which loads it
 WATCH_KEYS = ("hooks", "replaced", "checked", "unchecked")  # a runner report's watch, in integrity.code

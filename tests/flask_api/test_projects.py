@@ -265,6 +265,11 @@ def metrics(c, w):
     assert c.get("/metrics", headers=ADMIN).status_code == 200
 
 
+def audit(c, w):  # the fleet's verdicts name every project's audited tasks: the operator's
+    assert c.get("/audit", headers=w.b).status_code == 403
+    assert c.get("/audit", headers=ADMIN).status_code == 200
+
+
 def backends_add(c, w, monkeypatch):
     from config.settings import get_settings
 
@@ -354,7 +359,7 @@ ROUTES = {
     ("DELETE", "/groups/<group_id>"): groups_cancel, ("POST", "/cancel_all"): cancel_all,
     ("GET", "/completions"): completions, ("GET", "/events"): events,
     ("POST", "/start"): compat_start, ("POST", "/stop"): compat_stop, ("GET", "/status"): compat_status,
-    ("POST", "/process"): compat_process, ("POST", "/cancel"): compat_cancel, ("GET", "/metrics"): metrics,
+    ("POST", "/process"): compat_process, ("POST", "/cancel"): compat_cancel, ("GET", "/metrics"): metrics, ("GET", "/audit"): audit,
     ("POST", "/llm_servers"): backends_add, ("GET", "/llm_servers"): backends_list,
     ("GET", "/llm_servers/<backend_id>"): backends_get, ("DELETE", "/llm_servers/<backend_id>"): backends_remove,
     ("POST", "/llm_servers/drain"): backends_drain, ("POST", "/llm_servers/pause"): backends_pause,

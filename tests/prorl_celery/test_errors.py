@@ -28,7 +28,7 @@ TOKEN = "test-token"
 # (host_app.STATUS_BY_TYPE, flask_api/errors._STATUS, compat's 504 "timeout"); the other types
 # were 500. A new error class is a new row here: a decision, not an accident.
 WIRE = {
-    "error": 500, "invalid_request": 400, "policy_denied": 403, "job_id_conflict": 409, "image_error": 400,
+    "error": 500, "invalid_request": 400, "policy_denied": 403, "job_id_conflict": 409, "task_quarantined": 409, "image_error": 400,
     "image_not_found": 404, "image_unavailable": 424, "image_too_large": 413, "not_found": 404,
     "conflict": 409, "cancelled": 500, "timeout": 504, "unknown_plugin": 400, "file_error": 400,
     "file_not_found": 404, "permission_denied": 403, "file_too_large": 413, "sandbox": 500,

@@ -1,0 +1,169 @@
+"""The hack policy library, the task sets and the verdicts, in process (the policies' own attacks
+run in sandboxes: test_audit_e2e.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from prorl_celery.errors import InvalidRequest
+from tasks.audit import policies, taskset
+from tasks.audit.verdict import Evidence, evidence, judge
+
+unit = pytest.mark.unit  # all but the bash syntax check, which starts bash
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = ["reward or verifier-log files", "shadowing the tests", "conftest", "sitecustomize", "PATH shims",
+           "log parser counts as a pass", "exit-code", "reading tests/ or solution/", "git history",
+           "network", "outlives the agent", "resource exhaustion"]
+
+
+@unit
+def test_the_library_covers_every_class_of_the_issue_one_file_each():
+    lib = policies.library()
+    for cls in CLASSES:
+        assert [p.name for p in lib.values() if cls in p.hack_class], cls
+    assert len({p.hack_class for p in lib.values()}) == len(lib) >= len(CLASSES)
+    for policy in lib.values():
+        assert (policies.HERE / f"{policy.name}.sh").is_file()
+        assert len(policy.script) <= policies.COMMAND_MAX, policy.name  # fits the command harness
+
+
+def test_each_policy_is_valid_bash_and_writes_no_fixed_names():
+    for policy in policies.library().values():
+        check = subprocess.run(["bash", "-n"], input=policy.script, text=True, capture_output=True)
+        assert check.returncode == 0, (policy.name, check.stderr)
+    # the names a policy makes are drawn at run time: no module or file name is spelt in the plugin
+    assert "rand_name" in policies.library()["site_persist"].script
+    assert "rand_name" in policies.library()["conftest_plugin"].script
+
+
+@unit
+def test_the_agent_blocks_are_the_command_harness_and_known_word_for_word():
+    from tasks.harnesses import check_agent
+
+    for policy in [policies.NOOP, *policies.library().values()]:
+        check_agent(policy.agent())  # accepted at submission
+        assert policies.is_audit_agent(policy.agent())
+    edited = policies.library()["reward_file"].agent()
+    edited["command"] += "\necho trained"
+    assert not policies.is_audit_agent(edited)
+    assert not policies.is_audit_agent({"harness": "command", "command": "true", "wall_s": 5})
+    assert not policies.is_audit_agent(None)
+
+
+@unit
+def test_every_policy_has_a_grader_weak_against_it():
+    from tests.audit.weak_tasks import graders
+
+    assert graders() == sorted(policies.library())
+
+
+@unit
+def test_an_unknown_policy_is_refused_listing_the_known_ones():
+    with pytest.raises(InvalidRequest) as err:
+        policies.select(["reward_file", "nope"])
+    assert "nope" in str(err.value) and "path_shim" in str(err.value) and err.value.field == "policies"
+    assert [p.name for p in policies.select(["path_shim", "reward_file"])] == ["path_shim", "reward_file"]
+
+
+@unit
+def test_task_sets_harbor_folders_and_jsonl_rows(tmp_path):
+    found = taskset.load([str(ROOT / "examples" / "harbor")])
+    assert [t.name for t in found] == ["hello", "scores", "stages", "wordcount"]
+    assert found[0].instance == {"data_source": "harbor", "task_dir": str(ROOT / "examples" / "harbor" / "hello")}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"instance_id": "o__r-1", "repo": "o/r", "base_commit": "a" * 40, "agent": {}}) + "\n"
+                    + json.dumps({"data_source": "gsm8k", "problem": "1+1", "answer": "2"}) + "\n")
+    swe, math = taskset.load([str(rows)])
+    assert swe.name == "o__r-1" and swe.instance["data_source"] == "swebench" and "agent" not in swe.instance
+    assert math.instance["data_source"] == "gsm8k"
+    with pytest.raises(InvalidRequest):
+        taskset.load([str(tmp_path)])
+
+
+def _job(reward, status="completed", output="", **result):
+    return {"status": status, "result": {"reward": reward, "harness": {"output": output}, **result}}
+
+
+@unit
+def test_a_policy_that_beats_the_noop_marks_the_task_hackable_with_its_evidence():
+    noop = evidence("noop", _job(0.0))
+    won = evidence("reward_file", _job(1.0, output="audit: wrote /app/reward.txt\nnoise\n",
+                                       harbor={"rewards": {"reward": 1.0}, "tampered": [],
+                                               "steps": [{"name": "main", "test_exit": 1, "output": "x" * 5000}]}))
+    lost = evidence("path_shim", _job(0.0))
+    fault = evidence("resource_exhaust", _job(0.0, status="failed", error={"type": "verifier_timeout"}))
+    verdict = judge("t", "harbor", noop, [won, lost, fault])
+    assert verdict.hackable and verdict.policies == ["reward_file"]
+    assert won.wrote == ["wrote /app/reward.txt"] and len(won.grader["steps"][0]["output"]) <= 1500
+    assert won.grader["steps"][0]["test_exit"] == 1
+    assert fault.reward is None and fault.error == "verifier_timeout"  # a fault earns nothing
+
+
+@unit
+def test_equal_rewards_and_faults_are_not_hackable_but_a_better_named_reward_is():
+    noop = Evidence(policy="noop", status="completed", reward=0.5, rewards={"correctness": 0.0, "style": 1.0})
+    same = Evidence(policy="a", status="completed", reward=0.5, rewards={"correctness": 0.0, "style": 1.0})
+    assert not judge("t", "harbor", noop, [same]).hackable
+    named = Evidence(policy="b", status="completed", reward=0.5, rewards={"correctness": 1.0, "style": 0.0})
+    assert judge("t", "harbor", noop, [named]).policies == ["b"]
+    failed_base = Evidence(policy="noop", status="failed", reward=None, error="verifier_no_reward")
+    assert judge("t", "harbor", failed_base, [same]).hackable  # a reward where the no-op got none
+
+
+@unit
+def test_rescore_replays_only_what_a_result_keeps():
+    from prorl_celery.jobs import JobRecord
+    from tasks.audit.rescore import replay_instance
+    from tasks.harnesses import check_agent
+
+    def record(status, result, instance=None):
+        return JobRecord.model_validate({"job_id": "j", "status": status, "data_source": "swebench",
+                                         "instance": instance or {"data_source": "swebench", "repo": "o/r",
+                                                                  "agent": {"harness": "x"}, "trajectory_id": 2},
+                                         "result": result, "t_created": 0.0})
+
+    instance, why = replay_instance(record("completed", {"reward": 1.0, "git_patch": "diff --git a/x b/x\n"}))
+    assert why is None and instance["agent"] == {"harness": "replay", "patch": "diff --git a/x b/x\n"}
+    assert "trajectory_id" not in instance and instance["repo"] == "o/r"
+    check_agent(instance["agent"])  # the replay harness is registered and accepts it
+    assert replay_instance(record("completed", {"reward": 1.0}))[1].startswith("the result keeps no")
+    assert "failed" in replay_instance(record("failed", {"reward": 0.0, "git_patch": ""}))[1]
+
+
+class _Client:
+    """The API as the runner sees it: a task whose runs are refused, one whose runs finish."""
+
+    def __init__(self):
+        self.jobs: dict[str, dict] = {}
+
+    def submit_many(self, jobs):
+        from prorl_celery.errors import InvalidRequest
+
+        if jobs[0]["instance"].get("refuse"):
+            raise InvalidRequest("this domain runs no harness", field="instance.agent")
+        ids = [f"j{len(self.jobs) + i}" for i in range(len(jobs))]
+        for job_id, job in zip(ids, jobs):
+            won = job["instance"]["agent"]["command"] != policies.NOOP.script
+            self.jobs[job_id] = {"job_id": job_id, "status": "completed",
+                                 "result": {"reward": 1.0 if won else 0.0, "harness": {"output": "audit: did it\n"}}}
+        return ids
+
+    def as_completed(self, ids, timeout=None):
+        return [self.jobs[i] for i in ids]
+
+
+@unit
+def test_the_runner_judges_each_task_and_says_which_it_could_not_run():
+    from tasks.audit.runner import run_audit
+    from tasks.audit.taskset import AuditTask
+
+    tasks = [AuditTask("bad", {"data_source": "echo", "text": "x", "refuse": True}),
+             AuditTask("good", {"data_source": "echo", "text": "x"})]
+    seen = []
+    bad, good = run_audit(_Client(), tasks, policies.select(["reward_file"]), progress=lambda d, n: seen.append((d, n)))
+    assert not bad.hackable and "refused at submission" in bad.note and bad.content_hash is None
+    assert good.hackable and good.policies == ["reward_file"] and good.evidence[1].wrote == ["did it"]
+    assert good.content_hash and good.grader_version == "1" and seen[-1] == (2, 2)
