@@ -41,7 +41,7 @@ def verdict(redis_client, task):
 def client(redis_url, monkeypatch):
     from flask_api import create_app, groups, jobs
 
-    fake_submit = lambda store, requests: [r.job_id or uuid.uuid4().hex for r in requests]  # noqa: E731
+    fake_submit = lambda store, requests, project=None: [r.job_id or uuid.uuid4().hex for r in requests]  # noqa: E731
     monkeypatch.setattr(jobs, "submit", fake_submit)
     monkeypatch.setattr(groups, "submit", fake_submit)
     return create_app({"TESTING": True}).test_client()
