@@ -217,23 +217,12 @@ class Phase:
     def per(self, value: float) -> float:
         return value / self.units
 
-    def top_level_calls(self) -> float:
-        """Commands a client sent (scripts count once; what they call inside is in their µs)."""
-        nested = {"hget", "hset", "hmget", "hincrby", "sadd", "srem", "smembers", "rpush", "llen", "ltrim", "del",
-                  "expire", "xadd", "zadd", "zrem", "zcard", "zrangebyscore", "hdel", "incr", "exists", "get", "set",
-                  "pexpire", "zscore", "zincrby", "hgetall", "scard", "sismember", "lrange", "hexists", "time"}
-        scripted = sum(c for k, (c, _) in self.commands.items() if k in ("evalsha", "eval"))
-        return sum(c for k, (c, _) in self.commands.items() if k not in nested or not scripted)
-
     def row(self) -> str:
-        cmd_us = sum(u for k, (_, u) in self.commands.items() if not self._nested_when_scripted(k))
+        cmd_us = sum(u for _, u in self.commands.values())
         return (f"| {self.name} | per {self.unit} | {self.per(sum(c for c, _ in self.commands.values())):.1f} "
                 f"| {self.per(cmd_us):.0f} | {self.per(self.redis_cpu_us):.0f} | {self.per(self.bytes_in) / 1e3:.2f} "
                 f"| {self.per(self.bytes_out) / 1e3:.2f} | {self.per(self.memory) / 1e3:.2f} "
                 f"| {self.per(self.client_cpu_us):.0f} | {self.units / self.wall:.0f} |")
-
-    def _nested_when_scripted(self, name: str) -> bool:
-        return False  # the usec of a command a script ran is also in the script's: see detail()
 
     def detail(self) -> str:
         top = sorted(self.commands.items(), key=lambda kv: -kv[1][1])
@@ -296,7 +285,7 @@ def parts_alone(redis, shape: dict, watch_jobs: int, n: int) -> list[Phase]:
     def route():
         router.release(router.acquire(ids[1], Protocol.CHAT), "ok")
 
-    watch = StatusWatch(store, max_age_s=0.0)
+    watch = StatusWatch(store, max_age_s=0.0, forget_s=1e9)  # every ask a reading; nobody forgotten
     for job_id in ids[:watch_jobs]:
         watch.status(job_id)  # each asked once: read alone, then in the set
     watch.status(ids[0])  # the first reading adds them all
@@ -341,6 +330,9 @@ def main() -> None:
         from prorl_celery.llm.registry import BackendRegistry
 
         redis = get_redis()
+        server = redis.info("server")
+        print(f"redis {server['redis_version']}, appendfsync {redis.info('persistence').get('aof_enabled')} "
+              "(the launcher's: AOF, fsync always)", flush=True)
         BackendRegistry(redis).add(BackendSpec(address="http://bench.invalid:1", capacity=100000, probe=False))
         phases = run_phases(redis, args)
         detail = parts_alone(redis, shape, args.watch_jobs, 20 if args.quick else 400)
@@ -385,13 +377,13 @@ def report(phases: list[Phase], detail: list[Phase], args) -> None:
     per_turn = run.per(run.redis_cpu_us)
     per_job_read = reading.per(reading.redis_cpu_us) / args.watch_jobs
     watch_per_turn = per_job_read * args.turn_s / 0.2  # readings every MAX_AGE_S of each job, over a turn
-    stages = sum(p.per(p.redis_cpu_us) for p in phases[:4] if p is not run) + phases[1].per(phases[1].redis_cpu_us)
+    stages = sum(p.per(p.redis_cpu_us) for p in phases[:4] if p is not run)  # run's own: in its turns
     per_rollout_us = per_turn * args.turns + watch_per_turn * args.turns + stages + sum(
         p.per(p.redis_cpu_us) for p in phases[4:])
     ceiling = 1e6 / (per_turn + watch_per_turn)
     print(f"\nRedis CPU per turn {per_turn:.0f} us (run phase) + the watch {watch_per_turn:.0f} us "
           f"({per_job_read:.2f} us per job per reading, read every 0.2 s over a {args.turn_s:g} s turn); "
-          f"per rollout {per_rollout_us / 1e3:.1f} ms (turns, watch, submit, 3 stages, completion, one read)")
+          f"per rollout {per_rollout_us / 1e3:.1f} ms (turns, watch, submit, 3 stages, completion, one read; server CPU)")
     print(f"ceiling per Redis core: {ceiling:.0f} turns/s = {ceiling * args.turn_s:.0f} rollouts in flight at "
           f"{args.turn_s:g} s turns; {1e6 / per_rollout_us:.0f} rollouts/s")
     wall_turns = run.units / run.wall
