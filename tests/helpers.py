@@ -26,3 +26,13 @@ def read_env_file(path: Path) -> dict[str, str]:
                 key, _, value = word.partition("=")
                 values[key] = value
     return values
+
+
+def dead(proc) -> bool:
+    """A ``psutil.Process`` gone or a zombie; one that exits between the two questions is gone."""
+    import psutil
+
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -19,6 +19,7 @@ from sandboxes.base import SandboxHandle
 from sandboxes.client import RemoteSandbox, list_sandboxes
 from prorl_celery.fakes.problems import MATH
 from tests.conftest import own_stack, submit, wait, wait_until
+from tests.helpers import dead
 
 BULK = 30  # rollouts running at once for cancel_all
 
@@ -37,7 +38,7 @@ def _sandbox_tree(job_id: str, store: JobStore | None = None) -> list[psutil.Pro
 
 
 def _gone(procs: list[psutil.Process]) -> bool:
-    return all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in procs)
+    return all(dead(p) for p in procs)
 
 
 def _cancel(api: str, job_id: str) -> dict:

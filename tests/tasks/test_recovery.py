@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from tests.conftest import own_stack, wait_until
+from tests.helpers import dead
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_sandbox_host_killed_mid_run(stack, api):
                60, "the second attempt's first step")
     view = requests.delete(f"{api}/jobs/{job_id}", timeout=30).json()
     assert [a["fault"] for a in view["result"]["attempts"]][0] in {"sandbox_gone", "sandbox_host_unreachable"}
-    wait_until(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in tree), 10,
+    wait_until(lambda: all(dead(p) for p in tree), 10,
                "the sandbox's processes to die with their host")
     after = submit(api, {"data_source": "shell", "commands": ["echo again"]})
     assert wait(api, after, timeout=60)["status"] == "completed"
