@@ -29,6 +29,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,22 @@ class Numbers:
         return out
 
 
+@dataclass(frozen=True)
+class Task:
+    """What is trained on: a prompt (a string the draw makes) as the service's instance, the run's
+    fresh prompts, the held-out ones, the sampling set. examples/harness_grpo.py has another."""
+
+    name: str
+    instance: Callable[[str], dict[str, Any]]
+    sampling: Callable[[int], dict[str, Any]]
+    heldout: Callable[[int], list[str]]
+    draw: Callable[[int, set[str]], Callable[[int], list[str]]]  # (seed, held-out) -> draw(k)
+    text: Callable[[str], str] = str  # a prompt as TRL's dataset holds it (only the batch's shape is used)
+
+
+ECHO = Task("echo", instance, sampling, heldout_numbers, Numbers, lambda x: f"Repeat this 5-digit number exactly: {x}")
+
+
 @dataclass
 class Run:
     settings: Settings
@@ -104,14 +121,16 @@ class Run:
     heldout: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> accuracy, seconds
     started: float = field(default_factory=time.monotonic)
     unconsumed_after: int = -1  # results admitted under the bound but never acknowledged, at the end
+    task: Task = ECHO
 
 
-def evaluate(client: ProrlClient, numbers: list[str], max_tokens: int, model_dir: Path) -> dict[str, Any]:
+def evaluate(client: ProrlClient, numbers: list[str], max_tokens: int, model_dir: Path,
+             task: Task = ECHO) -> dict[str, Any]:
     """Held-out sampled accuracy: each prompt once at temperature 1.0 (no staleness bound: these
     are never trained on), all submitted at once so the server decodes them together."""
     started = time.monotonic()
-    params = {**sampling(max_tokens), "token_level_generation": True, "tokenizer": str(model_dir)}
-    ids = client.submit_many([{"instance": instance(x), "sampling_params": params} for x in numbers])
+    params = {**task.sampling(max_tokens), "token_level_generation": True, "tokenizer": str(model_dir)}
+    ids = client.submit_many([{"instance": task.instance(x), "sampling_params": params} for x in numbers])
     views = list(client.as_completed(ids, timeout=1800))
     client.ack(ids)
     rewards = [float((v.get("result") or {}).get("reward") or 0.0) for v in views]
@@ -119,7 +138,7 @@ def evaluate(client: ProrlClient, numbers: list[str], max_tokens: int, model_dir
             "failed": sum(1 for v in views if v["status"] != "completed")}
 
 
-def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR) -> Run:
+def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR, task: Task = ECHO) -> Run:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -132,10 +151,10 @@ def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR) 
     rows = settings.groups * settings.n + settings.heldout  # a training batch and a held-out pass
     server = LiveModelServer(model, tokenizer, name="smollm2-135m-live", max_batch=rows).start()
     backend = server.register(client, tokenizer=str(model_dir), weight_version="step0", capacity=rows)
-    held = heldout_numbers(settings.heldout)
-    draw = Numbers(settings.seed, set(held))
-    rollout = make_async_rollout_func(client, instance, draw, tokenizer, max_staleness=settings.max_staleness,
-                                      sampling_params=sampling(settings.max_tokens), backend_ids=[backend["id"]])
+    held = task.heldout(settings.heldout)
+    draw = task.draw(settings.seed, set(held))
+    rollout = make_async_rollout_func(client, task.instance, draw, tokenizer, max_staleness=settings.max_staleness,
+                                      sampling_params=task.sampling(settings.max_tokens), backend_ids=[backend["id"]])
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="async-grpo-"), max_steps=settings.steps,
                       per_device_train_batch_size=settings.groups * settings.n, num_generations=settings.n,
                       gradient_accumulation_steps=1, learning_rate=settings.lr, lr_scheduler_type="constant",
@@ -145,13 +164,13 @@ def build(client: ProrlClient, settings: Settings, model_dir: Path = MODEL_DIR) 
                       seed=settings.seed, mask_truncated_completions=False, dataloader_num_workers=0,
                       gradient_checkpointing=False)
     # TRL's own prompts only set the batch's shape: the rollout func draws its own (one step ahead)
-    data = Dataset.from_dict({"prompt": [f"Repeat this 5-digit number exactly: {x}" for x in draw(64)]})
+    data = Dataset.from_dict({"prompt": [task.text(x) for x in draw(64)]})
     trainer = GRPOTrainer(model=model, reward_funcs=service_reward, args=args, train_dataset=data,
                           processing_class=tokenizer, rollout_func=rollout)
     server.model = trainer.model  # the object the optimizer updates
     sync = WeightSync(client, [backend["id"]], mode="keep")
     trainer.add_callback(weight_sync_callback(sync))
-    return Run(settings, trainer, rollout, server, sync, client)
+    return Run(settings, trainer, rollout, server, sync, client, task=task)
 
 
 def _engine_s(server: LiveModelServer, since: float, until: float) -> tuple[float, int]:
@@ -163,11 +182,11 @@ def _engine_s(server: LiveModelServer, since: float, until: float) -> tuple[floa
 def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
     from transformers import TrainerCallback
 
-    held = heldout_numbers(run.settings.heldout)
+    held = run.task.heldout(run.settings.heldout)
     s = run.settings
 
     def heldout(step: int) -> None:
-        run.heldout[step] = evaluate(run.client, held, s.max_tokens, model_dir)
+        run.heldout[step] = evaluate(run.client, held, s.max_tokens, model_dir, run.task)
         log(f"  held-out at step {step}: accuracy {run.heldout[step]['accuracy']:.3f} "
             f"({run.heldout[step]['seconds']:.1f}s)")
 
@@ -192,6 +211,10 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
                       "lag_mean": batch["lags"]["mean"], "lag_max": batch["lags"]["max"],
                       "stale_share": batch["lags"]["stale_share"],
                       "tokens": sum(sum(t.loss_mask) for t in trajs), "load1": os.getloadavg()[0],
+                      "turns": sorted(t.turns for t in trajs)[len(trajs) // 2],
+                      "masked_share": (sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs)
+                                       / max(1, sum(len(t.loss_mask) for t in trajs))),
+                      "dropped": batch.get("dropped") or {},
                       "elapsed_s": end - run.started, "modes": sorted(set((pause["modes"] or {}).values()))}
             run.steps.append(record)
             log(f"step {record['step']:3d}: reward {record['reward']:.3f} | wait {record['wait_s']:5.1f}s "
@@ -251,7 +274,7 @@ def plot(run: Run, path: Path) -> None:
     a.set_ylim(0, 1.05)
     a.set_ylabel("reward / accuracy")
     a.legend(loc="lower right", fontsize=8)
-    a.set_title(f"async GRPO through the service, SmolLM2-135M, echo (seed {run.settings.seed})")
+    a.set_title(f"async GRPO through the service, SmolLM2-135M, {run.task.name} (seed {run.settings.seed})")
     b.plot(steps, [r["lag_mean"] for r in run.steps], label="mean token lag (steps)")
     b.plot(steps, [r["stale_share"] for r in run.steps], label="share of tokens >= 1 step old")
     b.set_ylabel("staleness")
@@ -280,10 +303,13 @@ def write(run: Run, out: Path) -> dict[str, Any]:
     result = {"summary": summary(run), "steps": run.steps,
               "heldout": {str(k): v for k, v in sorted(run.heldout.items())},
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(run.settings).items()}}
-    name = f"async_grpo_seed{run.settings.seed}"
+    name = f"{NAMES.get(run.task.name, run.task.name + '_grpo')}_seed{run.settings.seed}"
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     plot(run, out / f"{name}.png")
     return result
+
+
+NAMES = {"echo": "async_grpo"}  # a task's files: <name>_seed<S>.json / .png
 
 
 def _stack():
@@ -301,8 +327,8 @@ def _stack():
     return stack
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(task: Task = ECHO, doc: str | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(doc or __doc__).splitlines()[0])
     defaults = Settings()
     for name, value in vars(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -313,7 +339,7 @@ def main() -> None:
     stack = None if args.api else _stack()
     client = ProrlClient(args.api) if args.api else ProrlClient(stack.api_url, token=stack.api_token)
     try:
-        run = train(build(client, settings, args.model), args.model)
+        run = train(build(client, settings, args.model, task), args.model)
         result = write(run, settings.out)
         print(json.dumps(result["summary"], indent=1))
         run.server.stop()
