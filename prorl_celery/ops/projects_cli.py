@@ -4,6 +4,9 @@
 rotation) and prints the new key once: only its hash is kept. ``list`` shows each project, its
 weight and the ids of its live keys. ``revoke NAME`` revokes every key of a project, ``revoke KEY``
 (an id from ``list``, or the key itself) one key; the API refuses it from the next request on.
+``set NAME [--weight W] [--max-in-flight N] [--max-sandboxes N] [--max-llm-in-flight N]
+[--tokens-per-hour N] [--over [QUOTA=]hold|429]`` changes its weight and quotas
+(:mod:`prorl_celery.quotas`; -1 unsets a limit).
 ``sync FILE --keys-dir DIR`` makes the projects of a tenant file (TOML: a ``[projects.NAME]`` table
 each, ``weight`` optional) exist with those weights; a new project gets a key, written to
 ``DIR/NAME.key`` (0600, in a 0700 directory) for the operator to hand over. An existing project
@@ -78,6 +81,30 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_set(args: argparse.Namespace) -> int:
+    from prorl_celery.errors import InvalidRequest, UnknownProject
+    from prorl_celery.quotas import QUOTA_NAMES
+
+    _load(args)
+    changes: dict = {name: getattr(args, name) for name in QUOTA_NAMES if getattr(args, name) is not None}
+    over = {}
+    for item in args.over or []:
+        name, _, policy = item.rpartition("=")
+        for quota in ([name] if name else QUOTA_NAMES):
+            over[quota] = policy
+    if over:
+        changes["over"] = over
+    try:
+        if args.weight is not None:
+            _projects().set_weight(args.name, args.weight)
+        quotas = _projects().set_quotas(args.name, changes)
+    except (InvalidRequest, UnknownProject) as exc:
+        print(f"projects: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(quotas.model_dump(exclude_none=True)))
+    return 0
+
+
 def _cmd_sync(args: argparse.Namespace) -> int:
     import tomllib
     from pathlib import Path
@@ -132,6 +159,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     revoke.add_argument("target")
     revoke.add_argument("--state-dir", **state)
     revoke.set_defaults(func=_cmd_revoke)
+    set_ = verbs.add_parser("set", help="change a project's weight and quotas (a limit of -1: none)")
+    set_.add_argument("name")
+    set_.add_argument("--weight", type=float, default=None, help="its share when projects compete")
+    for flag, what in (("max-in-flight", "rollouts released to the stages at once"),
+                       ("max-sandboxes", "rollouts in init, run or eval at once"),
+                       ("max-llm-in-flight", "LLM requests in flight at once"),
+                       ("tokens-per-hour", "prompt plus generated tokens in the last hour")):
+        set_.add_argument(f"--{flag}", type=int, default=None, help=what)
+    set_.add_argument("--over", action="append", metavar="[QUOTA=]hold|429",
+                      help="what a submission meets at a quota: held, or refused 429 (no QUOTA: every quota)")
+    set_.add_argument("--state-dir", **state)
+    set_.set_defaults(func=_cmd_set)
     sync = verbs.add_parser("sync", help="make a tenant file's projects exist; new keys go to --keys-dir")
     sync.add_argument("file", help="TOML: [projects.NAME] tables, each with an optional weight")
     sync.add_argument("--keys-dir", required=True, help="where a new key is written, as NAME.key (0600)")
