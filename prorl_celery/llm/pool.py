@@ -140,7 +140,8 @@ class LLMPool:
                 self.router.release(slot, "aborted")
                 raise
             else:
-                self.router.release(slot, "ok", wait=not self.defer_release)
+                self.router.release(slot, "ok", wait=not self.defer_release,
+                                    tokens=len(turn.prompt_ids or ()) + len(turn.response_ids or ()))
                 return turn.model_copy(update={"attempts": attempts, "started_at": started,
                                                "latency_s": time.monotonic() - t0})
 
@@ -178,6 +179,11 @@ class LLMPool:
         """Draining: wait for resume, or for the pause to expire (``llm_max_pause_s``). Quarantined:
         probe now. Nothing registered or nothing healthy: wait up to ``llm_no_backend_wait_s``."""
         settings = get_settings()
+        if reason == "quota":  # the project's own quota: held as long as it takes, cancellable
+            wait(WAIT_POLL_S, stop, WAIT_POLL_S)
+            if stop():
+                raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while held by its project's quota")
+            return
         if reason == "quarantined":
             healthy = probe_quarantined(self.redis, min_interval_s=min(1.0, settings.llm_probe_period_s))
             if any(healthy.values()):
