@@ -218,7 +218,8 @@ class Router:
         api_key = record.get(b"api_key")
         project = reply[5].decode() if len(reply) > 5 and reply[5] else None
         return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
-                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s), load, project=project)
+                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
+                              also=keys.llm_project_inflight(project) if project else None), load, project=project)
 
     def release(self, slot: Slot, outcome: str, wait: bool = True, tokens: int = 0) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the

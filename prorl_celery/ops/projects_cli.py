@@ -65,6 +65,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for p in projects:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.created))
         print(f"{p.name:<24} {p.weight:>7g}  {created:<20} {', '.join(p.keys) or '- (all revoked)'}")
+        limits = p.quotas.model_dump(exclude_none=True, exclude={"over"})
+        if limits:
+            print(" " * 26 + "quotas: " + ", ".join(f"{k}={v} ({p.quotas.over.get(k, 'hold')})"
+                                                   for k, v in limits.items()))
     return 0
 
 

@@ -60,3 +60,22 @@ def test_sync_makes_a_tenant_files_projects_and_keeps_their_keys(redis_url, tmp_
     assert "new key" in capsys.readouterr().out
     tenants.write_text('[projects."Bad Name"]\n')
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 2
+
+
+def test_set_changes_weight_and_quotas_and_list_shows_them(redis_url, capsys):
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    assert main(["projects", "add", name]) == 0
+    capsys.readouterr()
+    assert main(["projects", "set", name, "--weight", "4", "--max-in-flight", "10", "--tokens-per-hour", "500",
+                 "--over", "tokens_per_hour=429"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"max_in_flight": 10, "tokens_per_hour": 500,
+                                                   "over": {"tokens_per_hour": "429"}}
+    assert main(["projects", "set", name, "--max-in-flight", "-1", "--over", "hold"]) == 0
+    capsys.readouterr()
+    assert main(["projects", "list", "--json"]) == 0
+    listed = next(p for p in json.loads(capsys.readouterr().out) if p["name"] == name)
+    assert listed["weight"] == 4 and listed["quotas"]["max_in_flight"] is None
+    assert listed["quotas"]["tokens_per_hour"] == 500 and set(listed["quotas"]["over"].values()) == {"hold"}
+    assert main(["projects", "list"]) == 0 and "tokens_per_hour=500 (hold)" in capsys.readouterr().out
+    assert main(["projects", "set", name, "--over", "nope=429"]) == 2
+    assert main(["projects", "set", f"none-{name}", "--max-sandboxes", "1"]) == 2
