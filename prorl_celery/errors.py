@@ -410,13 +410,17 @@ class OverQuota(TooManyStreams):
     (:mod:`prorl_celery.quotas`): nothing was stored; retry after ``retry_after`` seconds."""
 
     type = "over_quota"
+    quota: str | None = None
+    limit: int | None = None
+    retry_after: int | None = None  # also the answer's Retry-After header
 
     def __init__(self, project: str, quota: str, limit: int, retry_after: int):
         super().__init__(f"project {project!r} is at its quota {quota} ({limit}); retry after {retry_after}s")
         self.quota, self.limit, self.retry_after = quota, limit, retry_after
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "quota": self.quota, "limit": self.limit, "retry_after": self.retry_after}
+        named = {"quota": self.quota, "limit": self.limit, "retry_after": self.retry_after}
+        return {**super().to_dict(), **{k: v for k, v in named.items() if v is not None}}
 
 
 class StoreUnavailable(ProrlError):
