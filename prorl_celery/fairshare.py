@@ -240,6 +240,15 @@ class FairShare:
         """The job's stage is done and its next one is queued: it waits in a queue again."""
         self.redis.sadd(keys.fair_waiting(), job_id)
 
+    def forget(self, jobs: Iterable[tuple[str, str]]) -> None:
+        """``(project, job id)`` of pending jobs that ended (cancelled): out of their lists now,
+        not when the release script meets them."""
+        pipe = self.redis.pipeline(transaction=False)
+        for project, job_id in jobs:
+            pipe.zrem(keys.fair_pending(project), job_id)
+            pipe.hdel(keys.fair_pending_since(project), job_id)
+        pipe.execute()
+
     def pending(self, project: str) -> int:
         return int(self.redis.zcard(keys.fair_pending(project)))
 

@@ -122,6 +122,8 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     if links := queued_links(cancelled.values()):
         app.control.revoke(links)
     if any(r.project for r in cancelled.values()):
+        FairShare(store.redis).forget((r.project, r.job_id) for r in cancelled.values()
+                                      if r.project and r.status is JobStatus.QUEUED)
         dispatch(store)  # their quotas and queue places are free
     return list(cancelled)
 

@@ -19,8 +19,10 @@ from prorl_celery.projects import ProjectStore
 @pytest.fixture
 def fair(redis_url):
     client = redis.Redis.from_url(redis_url)
-    client.delete(keys.fair_active(), keys.fair_waiting(), keys.fair_held(), keys.fair_vtime())
-    return FairShare(client)
+    names = [keys.fair_active(), keys.fair_waiting(), keys.fair_held(), keys.fair_vtime()]
+    client.delete(*names)
+    yield FairShare(client)
+    client.delete(*names)  # what these tests released was never sent: it must not hold the stack's queues
 
 
 def _project(fair: FairShare, weight: float = 1.0, **quotas) -> str:
@@ -128,3 +130,16 @@ def test_tokens_per_hour_429_says_when(fair):
     with pytest.raises(OverQuota) as refused:
         _submit(fair, project, 1)
     assert refused.value.quota == "tokens_per_hour" and 1 <= refused.value.retry_after <= 3600
+
+
+def test_a_cancelled_pending_job_leaves_its_list_and_is_never_released(fair):
+    from tasks.chain import cancel_many
+
+    project = _project(fair)
+    ids = _submit(fair, project, 3)
+    store = JobStore(fair.redis)
+    assert cancel_many(store, store.get_many(ids)) == ids
+    assert fair.pending(project) == 0
+    fair.redis.zadd(keys.fair_pending(project), {ids[0]: -1})  # as if the forget had been lost
+    fair.redis.zadd(keys.fair_active(), {project: 0})
+    assert fair.release(cap=10) == [] and fair.pending(project) == 0
