@@ -63,6 +63,20 @@ def test_a_held_job_runs_later_and_says_why(stack, api, redis_url):
     assert ended[0]["timings"]["quota_held"] is None
 
 
+def test_an_evaluation_overtakes_the_pending_training_rollouts(stack, api, redis_url):
+    """One at a time (max_in_flight 1): the evaluation, submitted last with a higher priority, runs
+    right after the one already running, before every training rollout still pending."""
+    _, key = _project(redis_url, max_in_flight=1)
+    first = _post(api, key, [_shell("sleep 1")]).json()["job_ids"]
+    training = _post(api, key, [_shell("true") for _ in range(3)]).json()["job_ids"]
+    evaluation = _post(api, key, [{**_shell("true"), "priority": 10}]).json()["job_ids"]
+    store = JobStore(redis.Redis.from_url(redis_url))
+    for job_id in first + training + evaluation:
+        assert _wait(api, key, job_id)["status"] == "completed"
+    started = {r.job_id: r.t_created + r.queue_s for r in store.get_many(first + training + evaluation)}
+    assert started[first[0]] < started[evaluation[0]] < min(started[t] for t in training)
+
+
 @pytest.mark.slow
 def test_a_late_project_is_not_starved_by_a_backlog(stack, api, redis_url):
     """A submits 120 rollouts of half a second first, B then 5. With equal weights B's next job
