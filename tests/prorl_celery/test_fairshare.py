@@ -50,6 +50,16 @@ def _start(fair: FairShare, job_id: str, status: str = "run") -> None:
     fair.redis.hincrby(keys.job_counts_of(project), f"{status}|echo", 1)
 
 
+def _metrics(fair: FairShare) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from prorl_celery.metrics import ServiceCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(JobStore(fair.redis)))
+    return generate_latest(registry).decode()
+
+
 def _end(fair: FairShare, job_id: str) -> None:
     project = fair.redis.hget(keys.job(job_id), "project").decode()
     fair.redis.hset(keys.job(job_id), "status", "completed")
@@ -97,6 +107,9 @@ def test_max_in_flight_holds_and_records_the_wait(fair):
         _start(fair, job_id)
     assert fair.release(cap=10) == []  # two in a stage: at the quota
     assert fair.redis.hget(keys.fair_held(), project).decode().endswith("|max_in_flight")
+    metrics = _metrics(fair)
+    assert f'prorl_project_quota_held{{project="{project}",quota="max_in_flight"}} 1.0' in metrics
+    assert f'prorl_project_pending{{project="{project}"}} 2.0' in metrics
     _end(fair, ids[0])
     assert [j for j, _ in fair.release(cap=10)] == [ids[2]]
     record = JobStore(fair.redis).get(ids[2])
