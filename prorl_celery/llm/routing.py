@@ -21,7 +21,12 @@ One Lua script per acquire:
   project's jobs (the job's ``project``, read in the same script); shared ones for every job;
 - a project's quotas (:mod:`prorl_celery.quotas`) are checked in the same script: its requests in
   flight (their own leases, lapsing with them) and its tokens of the last 60 minutes (added by
-  the release of each call).
+  the release of each call);
+- weighted share of the capacity: when no candidate backend has a free slot, a project's request
+  would queue inside a backend; it does so only while the project holds less than its weight's
+  share of the candidates' capacity (among the projects with requests in flight), else it waits
+  for a free slot (``share``). A project alone is never held, and a free slot goes to whoever
+  asks: nothing idles. The operator's own jobs are outside it.
 """
 from __future__ import annotations
 
@@ -111,6 +116,20 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     end
   end
   if best_eta then break end
+  if pin ~= '' then  -- every slot taken: past its weighted share a project waits, the others queue
+    local total, wsum, wmine, nmine = 0, 0, 1, 0
+    for _, id in ipairs(ids) do total = total + cap[id] end
+    local flat = redis.call('HGETALL', KEYS[4])
+    for i = 1, #flat, 2 do
+      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], now, '+inf')
+      if flat[i] == mine or n > 0 then
+        local w = tonumber(cjson.decode(flat[i + 1]).weight) or 1
+        wsum = wsum + w
+        if flat[i] == mine then wmine, nmine = w, n end
+      end
+    end
+    if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
+  end
 end
 local chosen = best[math.min(math.floor(r * #best) + 1, #best)]
 local sticky = job ~= '' and redis.call('GET', KEYS[2])
@@ -192,7 +211,8 @@ class Router:
     """Acquire and release in-flight slots. ``acquire`` returns a Slot or the reason there is none:
     ``draining`` (wait for resume), ``quarantined`` (probe), ``none`` (nothing registered),
     ``quota`` (the rollout's project is at its ``max_llm_in_flight`` or ``tokens_per_hour``:
-    wait for one of its calls to end, or for its hour to have room)."""
+    wait for one of its calls to end, or for its hour to have room), ``share`` (every slot is
+    taken and the project holds its weighted share of them: wait for a free slot)."""
 
     def __init__(self, client: redis.Redis):
         self.redis = client
