@@ -14,8 +14,13 @@ and the API's answer time of ``POST /jobs`` with a project's key against the ope
 (whose jobs skip fair share).
 
     python3 bench/fair_share.py [--window 40] [--sleep 0.5]
+    python3 bench/fair_share.py --only-llm     # the LLM router's share alone (a Redis, no stack)
 
-Last line: ``fair_share two_max_err=<> four_max_err=<> admission_p50_ms=<>`` (relative error of
+LLM backends' capacity: the router alone on one backend of capacity 8, two projects (weights 1
+and 3) with 16 callers each holding a slot 50 ms per call, for 15 s: each one's share of the
+calls done against its weight's.
+
+Last line: ``fair_share two_max_err=<> four_max_err=<> llm_max_err=<> admission_p50_ms=<>`` (relative error of
 a share against its weight's, the worst project).
 """
 from __future__ import annotations
@@ -125,12 +130,70 @@ def admission(api: str, client: redis.Redis, operator_token: str) -> float:
     return p50
 
 
+def llm_share(client: redis.Redis, seconds: float = 15.0, call_s: float = 0.05) -> float:
+    """The LLM router alone: one backend of capacity 8, two projects (weights 1 and 3) with 16
+    callers each, every call holding its slot ``call_s``; each project's share of the calls done
+    against its weight's. Returns the worst relative error."""
+    import threading
+
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.llm import BackendSpec
+    from prorl_celery.llm.registry import BackendRegistry
+    from prorl_celery.llm.routing import Router, Slot
+    from prorl_celery.models import JobRequest
+
+    projects, store, tag = ProjectStore(client), JobStore(client), uuid.uuid4().hex[:6]
+    plan = {f"llm-{tag}-a": 1.0, f"llm-{tag}-b": 3.0}
+    backend, _ = BackendRegistry(client).add(BackendSpec(address="http://10.0.9.1:1", capacity=8, probe=False))
+    done = {name: 0 for name in plan}
+    stop_at = time.monotonic() + seconds
+
+    def caller(name: str, i: int) -> None:
+        router, job_id = Router(redis.Redis.from_url(os.environ["PRORL_REDIS_URL"])), f"{name}-{i}"
+        while time.monotonic() < stop_at:
+            slot = router.acquire(job_id)
+            if not isinstance(slot, Slot):
+                time.sleep(0.01)
+                continue
+            time.sleep(call_s)
+            router.release(slot, "ok")
+            done[name] += 1
+
+    threads = []
+    for name, weight in plan.items():
+        projects.add(name, weight)
+        store.create_many([(f"{name}-{i}", JobRequest(instance={"data_source": "shell"})) for i in range(16)], name)
+        threads += [threading.Thread(target=caller, args=(name, i)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    BackendRegistry(client).remove(backend.id)
+    total, worst = sum(done.values()), 0.0
+    for name, weight in plan.items():
+        share, want = done[name] / total, weight / sum(plan.values())
+        worst = max(worst, abs(share - want) / want)
+        print(f"  {name:<18} weight {weight:g}: {done[name]} calls, share {share:.3f} against {want:.3f} "
+              f"({(share - want) / want:+.1%})")
+    return worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=40.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--sleep", type=float, default=0.5)
+    parser.add_argument("--only-llm", action="store_true", help="only the router's share (no stack)")
     args = parser.parse_args()
+    if args.only_llm:
+        redis_only = Stack(StackOptions(redis_password=REDIS_PASSWORD, persist=False,
+                                        state_dir=Path(tempfile.mkdtemp(prefix="bench-fair-"))))
+        redis_only.start_redis(REDIS_PORT)
+        try:
+            llm_share(redis.Redis.from_url(os.environ["PRORL_REDIS_URL"]))
+        finally:
+            redis_only.stop()
+        return
     options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-fair-")),
                            persist=False, concurrency={"init": 4, "run": RUN_THREADS, "eval": 4, "maint": 1})
     stack = Stack(options)
@@ -142,10 +205,13 @@ def main() -> None:
             print(f"{name} projects (weight, load skew): {plan}")
             errors[name] = run_scenario(stack.api_url, client, plan, args)
             time.sleep(5)
+        print("LLM backends' capacity (the router alone)")
+        errors["llm"] = llm_share(client)
         print("admission overhead")
         p50 = admission(stack.api_url, client, stack.api_token)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"fair_share two_max_err={errors['two']:.3f} four_max_err={errors['four']:.3f} admission_p50_ms={p50:.3f}")
+    print(f"fair_share two_max_err={errors['two']:.3f} four_max_err={errors['four']:.3f} "
+          f"llm_max_err={errors['llm']:.3f} admission_p50_ms={p50:.3f}")
 
 
 if __name__ == "__main__":
