@@ -2,11 +2,12 @@
 
 Starts the service (4 init, 8 run, 4 eval threads, the ``local`` runtime) and, per scenario,
 makes projects with the given weights; each submits its whole load at once (skewed: the
-lightest-weighted project submits several times what its weight could finish, and first), of rollouts that each hold a run thread for ``--sleep`` seconds (a shell ``sleep``: the
-stand-in for a slow agent; the fake LLM's latency would do the same to a run thread). Every
-project stays backlogged through the measurement, so the service is saturated. After
-``--warmup`` seconds, completions are counted for ``--window`` seconds per project (by the
-store's finish time); each project's share of them is compared with its weight's share.
+lightest-weighted project submits several times what its weight could finish, and first), of
+rollouts that each hold a run thread for ``--sleep`` seconds (a shell ``sleep``: the stand-in for
+a slow agent; the fake LLM's latency would do the same to a run thread). Every project stays
+backlogged through the measurement, so the service is saturated. After ``--warmup`` seconds,
+completions are counted for ``--window`` seconds per project (by the store's finish time); each
+project's share of them is compared with its weight's share.
 
 Admission overhead: per submission of one job by a project, the fair-share scripts' time (the
 enqueue with its quota checks, and one release attempt) with every project's backlog pending,
@@ -20,8 +21,8 @@ LLM backends' capacity: the router alone on one backend of capacity 8, two proje
 and 3) with 16 callers each holding a slot 50 ms per call, for 15 s: each one's share of the
 calls done against its weight's.
 
-Last line: ``fair_share two_max_err=<> four_max_err=<> llm_max_err=<> admission_p50_ms=<>`` (relative error of
-a share against its weight's, the worst project).
+Last line: ``fair_share two_max_err=<> four_max_err=<> llm_max_err=<> admission_p50_ms=<>``
+(relative error of a share against its weight's, the worst project).
 """
 from __future__ import annotations
 

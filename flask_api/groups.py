@@ -49,7 +49,8 @@ def _store() -> JobStore:
 
 
 @route(bp, "post", "/groups", "Submit n samples of one prompt",
-       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody, 429: s.ErrorBody}, body=GroupRequest,
+       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody,
+        429: s.ErrorBody}, body=GroupRequest,
        tag="groups")
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)

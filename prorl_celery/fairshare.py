@@ -84,7 +84,9 @@ if over.max_in_flight == '429' or over.max_sandboxes == '429' then
     if f[1] == 'queued' and f[2] == p then held = held + 1 end
   end
   for _, name in ipairs({'max_in_flight', 'max_sandboxes'}) do
-    if over[name] == '429' and q[name] and held > q[name] then return {'refused', name, tostring(q[name]), tostring(retry)} end
+    if over[name] == '429' and q[name] and held > q[name] then
+      return {'refused', name, tostring(q[name]), tostring(retry)}
+    end
   end
 end
 if over.max_llm_in_flight == '429' and q.max_llm_in_flight and llm_in_flight(p, now) >= q.max_llm_in_flight then
