@@ -156,3 +156,22 @@ def test_a_cancelled_pending_job_leaves_its_list_and_is_never_released(fair):
     fair.redis.zadd(keys.fair_pending(project), {ids[0]: -1})  # as if the forget had been lost
     fair.redis.zadd(keys.fair_active(), {project: 0})
     assert fair.release(cap=10) == [] and fair.pending(project) == 0
+
+
+def test_concurrent_submissions_never_pass_a_429_quota_together(fair, redis_url):
+    """Twenty submitters at once (each its own connection, as API processes are), room for five:
+    exactly five are taken, the check and the add being one script."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    project = _project(fair, max_in_flight=5, over={"max_in_flight": "429"})
+
+    def one(i: int) -> bool:
+        try:
+            FairShare(redis.Redis.from_url(redis_url)).enqueue(project, [(f"{project}-c{i}", 0)])
+        except OverQuota:
+            return False
+        return True
+
+    with ThreadPoolExecutor(20) as pool:
+        taken = list(pool.map(one, range(20)))
+    assert sum(taken) == 5 and fair.pending(project) == 5
