@@ -8,7 +8,8 @@ weight and the ids of its live keys. ``revoke NAME`` revokes every key of a proj
 [--tokens-per-hour N] [--over [QUOTA=]hold|429]`` changes its weight and quotas
 (:mod:`prorl_celery.quotas`; -1 unsets a limit).
 ``sync FILE --keys-dir DIR`` makes the projects of a tenant file (TOML: a ``[projects.NAME]`` table
-each, ``weight`` optional) exist with those weights; a new project gets a key, written to
+each, ``weight`` and the quotas optional: ``max_in_flight = 100``, ``over = {tokens_per_hour =
+"429"}``) exist with those weights and quotas (one left out is left as it is; -1 removes it); a new project gets a key, written to
 ``DIR/NAME.key`` (0600, in a 0700 directory) for the operator to hand over. An existing project
 keeps its keys (a revoked one stays revoked: ``add`` gives it a new key); no other project is
 touched. The Slurm head runs it at every start (``PRORL_PROJECTS_FILE``).
@@ -114,6 +115,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from prorl_celery.errors import InvalidRequest
+    from prorl_celery.quotas import QUOTA_NAMES
     from prorl_celery.statedir import make_private_dir
 
     _load(args)
@@ -127,12 +129,17 @@ def _cmd_sync(args: argparse.Namespace) -> int:
     try:
         for name, table in sorted(wanted.items()):
             weight = table.get("weight")
+            quotas = {k: v for k, v in table.items() if k in (*QUOTA_NAMES, "over")}
             if name in live:
                 if weight is not None:
                     store.set_weight(name, weight)
+                if quotas:
+                    store.set_quotas(name, quotas)
                 print(f"{name}: exists, {len(live[name].keys)} live key(s)")
                 continue
             issued = store.add(name, weight)
+            if quotas:
+                store.set_quotas(name, quotas)
             path = keys_dir / f"{name}.key"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as fh:
@@ -176,7 +183,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     set_.add_argument("--state-dir", **state)
     set_.set_defaults(func=_cmd_set)
     sync = verbs.add_parser("sync", help="make a tenant file's projects exist; new keys go to --keys-dir")
-    sync.add_argument("file", help="TOML: [projects.NAME] tables, each with an optional weight")
+    sync.add_argument("file", help="TOML: [projects.NAME] tables, each with an optional weight and quotas")
     sync.add_argument("--keys-dir", required=True, help="where a new key is written, as NAME.key (0600)")
     sync.add_argument("--state-dir", **state)
     sync.set_defaults(func=_cmd_sync)

@@ -48,11 +48,13 @@ def test_sync_makes_a_tenant_files_projects_and_keeps_their_keys(redis_url, tmp_
     for name, path in written.items():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert store.authenticate(path.read_text().strip().encode()) == name
-    tenants.write_text(f'[projects.train-{tag}]\nweight = 5\n\n[projects.eval-{tag}]\n')
+    tenants.write_text(f'[projects.train-{tag}]\nweight = 5\nmax_in_flight = 40\nover = {{max_in_flight = "429"}}\n'
+                       f'\n[projects.eval-{tag}]\n')
     before = {p: p.read_text() for p in written.values()}
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0  # a restart of the head
     assert {p: p.read_text() for p in written.values()} == before  # the keys handed out stay valid
-    assert next(p for p in store.list() if p.name == f"train-{tag}").weight == 5
+    train = next(p for p in store.list() if p.name == f"train-{tag}")
+    assert train.weight == 5 and train.quotas.max_in_flight == 40 and train.quotas.over == {"max_in_flight": "429"}
     store.revoke(f"eval-{tag}")  # a revoke outlives the next start of the head
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0
     assert store.authenticate(written[f"eval-{tag}"].read_text().strip().encode()) is None
