@@ -113,7 +113,8 @@ def _run_id(label: str | None) -> str:
 
 
 @route(bp, "post", "/process", "Reference API: run one new rollout and answer with its result",
-       {200: s.CompatResult, 400: s.ErrorBody, 403: s.ErrorBody, 504: s.ErrorBody}, body=ProcessRequest,
+       {200: s.CompatResult, 400: s.ErrorBody, 403: s.ErrorBody, 504: s.ErrorBody,
+        429: s.ErrorBody}, body=ProcessRequest,
        tag="reference")
 def process():
     """Every call runs a new job, as the reference does: ``job_id`` labels it (``/cancel`` with the

@@ -78,8 +78,12 @@ def parse_body(model: type[BaseModel]) -> BaseModel:
 
 def _handle_prorl(exc: ProrlError):
     """The class's own status, as on the sandbox host: one type, one status on every server
-    (a request the operator's policy refuses is 403 ``policy_denied`` here too)."""
-    return jsonify({"error": exc.to_dict()}), exc.http_status
+    (a request the operator's policy refuses is 403 ``policy_denied`` here too). One that says
+    when to come back (a project over a quota) says it in ``Retry-After`` too."""
+    body = jsonify({"error": exc.to_dict()})
+    if getattr(exc, "retry_after", None):
+        body.headers["Retry-After"] = str(exc.retry_after)
+    return body, exc.http_status
 
 
 def _handle_http(exc: HTTPException):

@@ -29,11 +29,12 @@ class GroupRequest(BaseModel):
     n: int = Field(ge=1, le=1024, description="Number of samples; each gets trajectory_id 0..n-1 (at most 1,024: one request writes them all).")
     group_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")] | None = Field(
         None, description="Client-chosen id; resubmitting it with the same request runs nothing new; another instance or sampling set under it is 409.")
+    priority: int = Field(0, ge=-1000, le=1000, description="Each sample's priority within its project (as a job's).")
 
     def jobs(self) -> list[JobRequest]:
         gid = self.group_id = self.group_id or uuid.uuid4().hex
         return [JobRequest(instance={**self.instance, "trajectory_id": i}, sampling_params=self.sampling_params,
-                           job_id=f"{gid}-{i}", group_id=gid) for i in range(self.n)]
+                           job_id=f"{gid}-{i}", group_id=gid, priority=self.priority) for i in range(self.n)]
 
 
 class CancelAllRequest(BaseModel):
@@ -48,7 +49,8 @@ def _store() -> JobStore:
 
 
 @route(bp, "post", "/groups", "Submit n samples of one prompt",
-       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody}, body=GroupRequest,
+       {202: s.GroupSubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody,
+        429: s.ErrorBody}, body=GroupRequest,
        tag="groups")
 def submit_group():
     body: GroupRequest = parse_body(GroupRequest)

@@ -66,7 +66,8 @@ def check_quarantine(requests: list[JobRequest]) -> list[dict]:
 
 
 @route(bp, "post", "/jobs", "Submit one job or a batch",
-       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody}, body=[JobRequest, BatchRequest])
+       {202: s.SubmitResponse, 400: s.ErrorBody, 403: s.ErrorBody, 409: s.ErrorBody,
+        429: s.ErrorBody}, body=[JobRequest, BatchRequest])
 def submit_jobs():
     body = json_body()
     model = BatchRequest if isinstance(body, dict) and "jobs" in body else JobRequest

@@ -114,9 +114,10 @@ class ProrlClient:
 
     # -- jobs -----------------------------------------------------------------------------
     def submit(self, instance: dict[str, Any], sampling_params: dict[str, Any] | None = None,
-               job_id: str | None = None, group_id: str | None = None) -> str:
+               job_id: str | None = None, group_id: str | None = None, priority: int | None = None) -> str:
+        """One job; ``priority``: within the key's project, a higher one is released first."""
         return self.submit_many([{"instance": instance, "sampling_params": sampling_params or {},
-                                  "job_id": job_id, "group_id": group_id}])[0]
+                                  "job_id": job_id, "group_id": group_id, "priority": priority}])[0]
 
     def submit_many(self, jobs: Iterable[dict[str, Any]]) -> list[str]:
         body = [{**job, "job_id": job.get("job_id") or uuid.uuid4().hex} for job in jobs]
@@ -124,9 +125,9 @@ class ProrlClient:
         return self._call("POST", "/jobs", json={"jobs": body}).json()["job_ids"]
 
     def submit_group(self, instance: dict[str, Any], n: int, sampling_params: dict[str, Any] | None = None,
-                     group_id: str | None = None) -> tuple[str, list[str]]:
+                     group_id: str | None = None, priority: int | None = None) -> tuple[str, list[str]]:
         body = {"instance": instance, "n": n, "sampling_params": sampling_params or {},
-                "group_id": group_id or uuid.uuid4().hex}
+                "group_id": group_id or uuid.uuid4().hex, **({"priority": priority} if priority is not None else {})}
         reply = self._call("POST", "/groups", json=body).json()
         return reply["group_id"], reply["job_ids"]
 

@@ -34,7 +34,8 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     ├── VerifierFailed                             verifier_failed      a task's verifier could not grade
     │   └── VerifierTimedOut, VerifierNoReward     verifier_timeout, verifier_no_reward
     ├── TooManyStreams                             too_many_requests 429  streams and long polls over the cap
-    │   └── RateLimited                            a gateway session's operations past its rate or concurrency
+    │   ├── RateLimited                            a gateway session's operations past its rate or concurrency
+    │   └── OverQuota                              over_quota 429       a project at a quota whose over is 429
     ├── StoreUnavailable                           store_unavailable 503  the job store is down
     ├── RolloutFailed                              rollout_failed       no trajectory a trainer can train on
     └── LLMError                                   llm                  a backend or the LLM pool failed
@@ -402,6 +403,24 @@ class RateLimited(TooManyStreams):
     def __init__(self, reason: str):
         super().__init__(f"the session's gateway is rate-limited: {reason}")
         self.reason = reason
+
+
+class OverQuota(TooManyStreams):
+    """A project's submission while it is at one of its quotas whose ``over`` is 429
+    (:mod:`prorl_celery.quotas`): nothing was stored; retry after ``retry_after`` seconds."""
+
+    type = "over_quota"
+    quota: str | None = None
+    limit: int | None = None
+    retry_after: int | None = None  # also the answer's Retry-After header
+
+    def __init__(self, project: str, quota: str, limit: int, retry_after: int):
+        super().__init__(f"project {project!r} is at its quota {quota} ({limit}); retry after {retry_after}s")
+        self.quota, self.limit, self.retry_after = quota, limit, retry_after
+
+    def to_dict(self) -> dict:
+        named = {"quota": self.quota, "limit": self.limit, "retry_after": self.retry_after}
+        return {**super().to_dict(), **{k: v for k, v in named.items() if v is not None}}
 
 
 class StoreUnavailable(ProrlError):

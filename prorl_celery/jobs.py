@@ -37,7 +37,7 @@ _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "wo
 _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 _LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "project", "sampling_params", "sandbox",
                  "workers", "attempts", "attempt", "t_created", "t_enqueued", "t_finished", "t_stage_start",
-                 "queue_s", "init_s", "run_s", "eval_s")
+                 "queue_s", "init_s", "run_s", "eval_s", *("quota_wait_s", "quota_held"))  # fair share's
 _VIEW_FIELDS = (*_LIGHT_FIELDS, "result")  # a finished job as the API shows it: not its state or instance
 _STAGE_TIME_FIELDS = {JobStatus.INIT: "init_s", JobStatus.RUN: "run_s", JobStatus.EVAL: "eval_s"}
 assert set(_STAGE_TIME_FIELDS) == set(STAGES)
@@ -82,6 +82,8 @@ class JobRecord(BaseModel):
     init_s: float = 0.0
     run_s: float = 0.0
     eval_s: float = 0.0
+    quota_wait_s: float = Field(0.0, description="Held by a project quota before release (prorl_celery/fairshare.py).")
+    quota_held: str | None = None
 
     @property
     def stage(self) -> str | None:
@@ -103,7 +105,8 @@ class JobRecord(BaseModel):
         if waited is None:
             waited = ((self.result or {}).get("timing") or {}).get("init_wait")
         return Timings(queue=self.queue_s, init=self.init_s, run=self.run_s, eval=self.eval_s,
-                       total=round(end - self.t_created, 6), init_wait=float(waited or 0.0))
+                       total=round(end - self.t_created, 6), init_wait=float(waited or 0.0),
+                       quota_wait=self.quota_wait_s, quota_held=self.quota_held)
 
     def view(self, result: dict[str, Any] | None = None) -> JobView:
         """The job as the API shows it; ``result``: the stored one as the trainer reads it

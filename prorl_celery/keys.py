@@ -200,3 +200,49 @@ def audit_verdict(content_hash: str) -> str:
 def audit_verdicts() -> str:
     """Set: the content hashes that have an audit verdict."""
     return f"{PREFIX}:audit:verdicts"
+
+
+# -- fair share and quotas (prorl_celery/fairshare.py, prorl_celery/quotas.py) -----------------
+def fair_active() -> str:
+    """Sorted set: project -> its pass (virtual time) for every project with pending jobs."""
+    return f"{PREFIX}:fair:active"
+
+
+def fair_vtime() -> str:
+    """String: the pass of the project chosen last (a project that becomes active starts there)."""
+    return f"{PREFIX}:fair:vtime"
+
+
+def fair_pending(project: str) -> str:
+    """Sorted set: one project's jobs not yet released to the init queue, by priority then order."""
+    return f"{PREFIX}:fair:pending:{project}"
+
+
+def fair_pending_since(project: str) -> str:
+    """Hash: pending job id -> when it was enqueued (ms)."""
+    return f"{PREFIX}:fair:pending-since:{project}"
+
+
+def fair_waiting() -> str:
+    """Set: released jobs of projects that wait in a stage queue (for init, or for their next stage)."""
+    return f"{PREFIX}:fair:waiting"
+
+
+def fair_held() -> str:
+    """Hash: project -> since when (ms) a quota holds its next job, and which (``ms|quota``)."""
+    return f"{PREFIX}:fair:held"
+
+
+def fair_seq() -> str:
+    """String: a counter ordering pending jobs of equal priority (first come, first released)."""
+    return f"{PREFIX}:fair:seq"
+
+
+def llm_project_inflight(project: str) -> str:
+    """Sorted set: one project's LLM requests in flight (lease token -> expiry, ms)."""
+    return f"{PREFIX}:llm:project-inflight:{project}"
+
+
+def llm_project_tokens(project: str) -> str:
+    """Hash: minute (epoch // 60) -> tokens one project's LLM calls used in it (the last hour kept)."""
+    return f"{PREFIX}:llm:project-tokens:{project}"

@@ -72,8 +72,10 @@ class Lease:
 class HeldLease:
     """An in-flight lease: ``token`` in the sorted set ``key`` with an expiry score in ms."""
 
-    def __init__(self, client: redis.Redis, key: str, token: str, ttl_s: float):
+    def __init__(self, client: redis.Redis, key: str, token: str, ttl_s: float, also: str | None = None):
         self.redis, self.key, self.token, self.ttl_ms = client, key, token, int(ttl_s * 1000)
+        self.also = also
+        """Another sorted set holding the same token, renewed with it (a project's LLM requests)."""
         self.due = time.monotonic() + ttl_s / 3
         """When the keeper renews it next (monotonic seconds)."""
 
@@ -211,6 +213,9 @@ def _renew_calls(pipe: redis.client.Pipeline, by_key: dict[str, list[Watched]],
         due = [call.lease for call in group if call.lease.due <= now]
         if due:
             pipe.zadd(key, {lease.token: now_ms + lease.ttl_ms for lease in due}, xx=True)
+            for lease in due:
+                if lease.also:
+                    pipe.zadd(lease.also, {lease.token: now_ms + lease.ttl_ms}, xx=True)
             renewed += due
     return renewed
 

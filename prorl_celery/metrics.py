@@ -116,6 +116,30 @@ class ServiceCollector(Collector):
             family.add_metric([_text(action)], int(n))
         yield family
 
+    def _fair_share(self, names: list[str]):
+        """Per project: its jobs pending in fair share, the quota holding it (if one does), and its
+        LLM requests in flight (:mod:`prorl_celery.fairshare`, :mod:`prorl_celery.quotas`)."""
+        pending = GaugeMetricFamily("prorl_project_pending", "A project's jobs waiting for fair share to "
+                                    "release them to the stages", labels=["project"])
+        held = GaugeMetricFamily("prorl_project_quota_held", "1 while one of the project's quotas holds its "
+                                 "next job", labels=["project", "quota"])
+        llm = GaugeMetricFamily("prorl_project_llm_in_flight", "The project's LLM requests in flight",
+                                labels=["project"])
+        pipe = self.store.redis.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        for name in names:
+            pipe.zcard(keys.fair_pending(name))
+            pipe.zcount(keys.llm_project_inflight(name), now_ms, "+inf")
+        pipe.hgetall(keys.fair_held())
+        replies = pipe.execute()
+        holding = {_text(k): _text(v).split("|", 1)[1] for k, v in replies[-1].items()}
+        for i, name in enumerate(names):
+            pending.add_metric([name], replies[2 * i])
+            llm.add_metric([name], replies[2 * i + 1])
+            if name in holding:
+                held.add_metric([name, holding[name]], 1)
+        yield from (pending, held, llm)
+
     def _projects(self):
         """Per project (``_operator``: the operator's jobs): its jobs by status, and what its ended
         jobs cost (:mod:`prorl_celery.rollout.cost`)."""
@@ -128,6 +152,7 @@ class ServiceCollector(Collector):
             for status, n in self.store.counts(name).items():
                 jobs.add_metric([name, status], max(n, 0))
         yield jobs
+        yield from self._fair_share(names)
         spent = totals(self.store.redis)
         for metric, field, help_ in (
                 ("prorl_project_finished", "jobs", "Jobs of the project that ended (their cost is counted)"),

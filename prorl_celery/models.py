@@ -57,6 +57,7 @@ class JobRequest(BaseModel):
     sampling_params: SamplingParams = Field(default_factory=dict)
     job_id: JobId | None = Field(None, description="Client-chosen id, an idempotency key: the same request under a known id is not run again; a different one is refused (409 job_id_conflict).")
     group_id: JobId | None = Field(None, description="Jobs sharing a group id can be cancelled together.")
+    priority: int = Field(0, ge=-1000, le=1000, description="Within its project: a higher one is released to the stages first (evaluation before training); equal ones in order of submission. The operator's own jobs are not ordered by it.")
 
 
 class BatchRequest(BaseModel):
@@ -82,6 +83,9 @@ class Timings(BaseModel):
     actions: float = Field(0.0, description="Running tool calls in the sandbox (within run).")
     init_wait: float = Field(0.0, description="Waiting for a sandbox (within init): every host "
                              "full, a transient create failure, an image still being pulled.")
+    quota_wait: float = Field(0.0, description="Held by one of its project's quotas before it was released "
+                              "to the stages (within queue); quota_held names which.")
+    quota_held: str | None = Field(None, description="The quota that held it (max_in_flight, max_sandboxes), if any.")
 
 
 class Attempt(BaseModel):

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownProject
+from prorl_celery.quotas import Quotas
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,62}$"
 KEY_PREFIX = "prorl"
@@ -33,8 +34,9 @@ class Project(BaseModel):
     """A project as ``projects list`` shows it."""
 
     name: str
-    weight: float = Field(1.0, description="Its share when projects compete (recorded; fair share is not built yet).")
+    weight: float = Field(1.0, description="Its share of init slots and backends when projects compete (fair share).")
     created: float
+    quotas: Quotas = Field(default_factory=Quotas, description="Its quotas (prorl_celery/quotas.py).")
     keys: list[str] = Field(default_factory=list, description="The ids of its live keys (never the secrets).")
 
 
@@ -85,6 +87,20 @@ class ProjectStore:
         if raw is None:
             raise UnknownProject(name)
         self.redis.hset(keys.projects(), name, json.dumps({**json.loads(raw), "weight": float(weight)}))
+
+    def set_quotas(self, name: str, changes: dict) -> Quotas:
+        """Change an existing project's quotas (:meth:`Quotas.merged`); returns them as now stored."""
+        raw = self.redis.hget(keys.projects(), name)
+        if raw is None:
+            raise UnknownProject(name)
+        record = json.loads(raw)
+        try:
+            quotas = Quotas.model_validate(record.get("quotas") or {}).merged(changes)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), field="quotas") from None
+        record["quotas"] = quotas.model_dump(exclude_none=True)
+        self.redis.hset(keys.projects(), name, json.dumps(record))
+        return quotas
 
     def list(self) -> list[Project]:
         by_project: dict[str, list[str]] = {}

@@ -8,6 +8,7 @@ from celery import chain
 
 from prorl_celery.celery_app import app
 from prorl_celery.errors import JobAlreadyTerminal, JobIdConflict, UnknownJob
+from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore, request_digest
 from prorl_celery.models import ErrorInfo, JobRequest
 from prorl_celery.status import STAGES, JobStatus, StageState, next_stage
@@ -45,20 +46,37 @@ def send_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT,
 
 
 def submit(store: JobStore, requests: Iterable[JobRequest], project: str | None = None) -> list[str]:
-    """Store and enqueue jobs owned by ``project`` (None: the operator's). A job id already known
+    """Store and enqueue jobs owned by ``project`` (None: the operator's; a project's wait in its
+    fair-share list until released, and OverQuota is raised before anything is stored). A job id already known
     for the same request of the same project (a retry) is returned but not run again; one known
     for a different request (or another project's) raises :class:`JobIdConflict`, and then
     nothing of the batch is stored (unless another submission took the id meanwhile: the jobs new
     here still run, and the conflict is still raised)."""
     named = [(req.job_id or uuid.uuid4().hex, req) for req in requests]
     _refuse_conflicts(store, [(job_id, req) for job_id, req in named if req.job_id], project)
+    if project:  # pending in fair share first (or OverQuota: nothing stored), released below
+        FairShare(store.redis).enqueue(project, [(job_id, req.priority) for job_id, req in named])
     created = store.create_many(named, project)
-    with app.producer_or_acquire() as producer:
-        for (job_id, req), new in zip(named, created):
-            if new:
-                send_chain(job_id, req.instance["data_source"], producer=producer)
+    if project:
+        dispatch(store)
+    else:
+        with app.producer_or_acquire() as producer:
+            for (job_id, req), new in zip(named, created):
+                if new:
+                    send_chain(job_id, req.instance["data_source"], producer=producer)
     _refuse_conflicts(store, [(job_id, req) for (job_id, req), new in zip(named, created) if not new], project)
     return [job_id for job_id, _ in named]
+
+
+def dispatch(store: JobStore, started: str | None = None) -> list[str]:
+    """Release what fair share allows now (:mod:`prorl_celery.fairshare`) and send their chains;
+    returns the released job ids. ``started``: a job whose stage just began."""
+    released = FairShare(store.redis).release(started)
+    if released:
+        with app.producer_or_acquire() as producer:
+            for job_id, data_source in released:
+                send_chain(job_id, data_source, producer=producer)
+    return [job_id for job_id, _ in released]
 
 
 def _refuse_conflicts(store: JobStore, named: list[tuple[str, JobRequest]], project: str | None) -> None:
@@ -103,6 +121,10 @@ def cancel_many(store: JobStore, records: list[JobRecord], reason: str = "cancel
     close_handles(_sandboxes_of(store, list(cancelled.values())))
     if links := queued_links(cancelled.values()):
         app.control.revoke(links)
+    if any(r.project for r in cancelled.values()):
+        FairShare(store.redis).forget((r.project, r.job_id) for r in cancelled.values()
+                                      if r.project and r.status is JobStatus.QUEUED)
+        dispatch(store)  # their quotas and queue places are free
     return list(cancelled)
 
 

@@ -20,6 +20,7 @@ from prorl_celery import keys
 from prorl_celery.celery_app import app
 from prorl_celery.connections import get_store
 from prorl_celery.errors import JobCancelled, LLMError, ProrlError, SandboxError, StageBudgetExceeded
+from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
 from prorl_celery.llm.pool import end_rollout
@@ -27,6 +28,7 @@ from prorl_celery.metrics import observe_stage
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
 from sandboxes.client import close_handle
+from tasks.chain import dispatch
 from tasks.context import StageContext
 from tasks.handlers import get_handler
 from tasks.handlers.base import AgentHandler
@@ -109,6 +111,8 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
     if record.status.terminal:  # cancelled before this stage began: end the chain
         return _ended(task, record, stage, "the job has ended")
     lease, resumed = _admit(store, task, record, stage)
+    if record.project:
+        _fair_share(store, record.job_id, started=True)
     try:
         limit = get_settings().stage_max_attempts
         if resumed and record.attempts[stage.value] > limit:
@@ -125,7 +129,22 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
     if isinstance(out, Requeued):  # sent only now: the new init must find the lease free
         out.send()
         raise _skip(record, stage, "the job runs again from init")  # ends this chain
+    if record.project:
+        _fair_share(store, record.job_id, started=False)
     return out
+
+
+def _fair_share(store: JobStore, job_id: str, started: bool) -> None:
+    """Tell fair share (prorl_celery/fairshare.py) that a project's job left a queue (its stage
+    began: release more) or finished a stage (it waits for the next, or ended: release more).
+    Its failure never fails the stage: the beat's sweep releases too."""
+    try:
+        if not started and store.status(job_id) in (JobStatus.INIT, JobStatus.RUN):
+            FairShare(store.redis).waiting_for_next(job_id)
+        else:
+            dispatch(store, started=job_id if started else None)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("fair share after %s of job %s: %s", "start" if started else "end", job_id, exc)
 
 
 def _execute(store: JobStore, record: JobRecord, stage: JobStatus,

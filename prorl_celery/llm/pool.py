@@ -10,6 +10,7 @@ each token with the version that sampled it (``Turn.weight_segments``).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.1
 DRAINING_POLL_S = 0.03
+HELD_POLL_S = 0.2  # a call its project's quota or share holds looks again (many may wait: not too often)
 MAX_BACKOFF_S = 8.0
 
 
@@ -140,7 +142,8 @@ class LLMPool:
                 self.router.release(slot, "aborted")
                 raise
             else:
-                self.router.release(slot, "ok", wait=not self.defer_release)
+                self.router.release(slot, "ok", wait=not self.defer_release,
+                                    tokens=len(turn.prompt_ids or ()) + len(turn.response_ids or ()))
                 return turn.model_copy(update={"attempts": attempts, "started_at": started,
                                                "latency_s": time.monotonic() - t0})
 
@@ -178,6 +181,11 @@ class LLMPool:
         """Draining: wait for resume, or for the pause to expire (``llm_max_pause_s``). Quarantined:
         probe now. Nothing registered or nothing healthy: wait up to ``llm_no_backend_wait_s``."""
         settings = get_settings()
+        if reason in ("quota", "share"):  # the project's quota, or its share of a full pool: cancellable
+            wait(HELD_POLL_S * random.uniform(0.75, 1.25), stop, WAIT_POLL_S)
+            if stop():
+                raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while held by its project's {reason}")
+            return
         if reason == "quarantined":
             healthy = probe_quarantined(self.redis, min_interval_s=min(1.0, settings.llm_probe_period_s))
             if any(healthy.values()):

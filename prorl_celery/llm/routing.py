@@ -18,7 +18,15 @@ One Lua script per acquire:
   rollout only adds prefill work, so it pays only against a queue;
 - the chosen backend gets the request's lease and the session;
 - a backend private to a project (``project`` in its hash) is a candidate only for that
-  project's jobs (the job's ``project``, read in the same script); shared ones for every job.
+  project's jobs (the job's ``project``, read in the same script); shared ones for every job;
+- a project's quotas (:mod:`prorl_celery.quotas`) are checked in the same script: its requests in
+  flight (their own leases, lapsing with them) and its tokens of the last 60 minutes (added by
+  the release of each call);
+- weighted share of the capacity: when no candidate backend has a free slot, a project's request
+  would queue inside a backend; it does so only while the project holds less than its weight's
+  share of the candidates' capacity (among the projects with requests in flight), else it waits
+  for a free slot (``share``). A project alone is never held, and a free slot goes to whoever
+  asks: nothing idles. The operator's own jobs are outside it.
 """
 from __future__ import annotations
 
@@ -50,6 +58,23 @@ local bprefix, iprefix, sprefix, job, idle_ms = ARGV[8], ARGV[9], ARGV[10], ARGV
 local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
 local mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or ''
+local pin = ''
+if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, the call waits
+  local raw = redis.call('HGET', KEYS[4], mine)
+  local q = (raw and cjson.decode(raw).quotas) or {}
+  pin = ARGV[13] .. mine
+  if q.max_llm_in_flight then
+    redis.call('ZREMRANGEBYSCORE', pin, '-inf', now)
+    if redis.call('ZCARD', pin) >= q.max_llm_in_flight then return {'quota'} end
+  end
+  if q.tokens_per_hour then
+    local used, minute, flat = 0, math.floor(now / 60000), redis.call('HGETALL', ARGV[14] .. mine)
+    for i = 1, #flat, 2 do
+      if tonumber(flat[i]) > minute - 60 then used = used + tonumber(flat[i + 1]) end
+    end
+    if used >= q.tokens_per_hour then return {'quota'} end
+  end
+end
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
   local owner = f[5] or ''
@@ -91,6 +116,20 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     end
   end
   if best_eta then break end
+  if pin ~= '' then  -- every slot taken: past its weighted share a project waits, the others queue
+    local total, wsum, wmine, nmine = 0, 0, 1, 0
+    for _, id in ipairs(ids) do total = total + cap[id] end
+    local flat = redis.call('HGETALL', KEYS[4])
+    for i = 1, #flat, 2 do
+      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], now, '+inf')
+      if flat[i] == mine or n > 0 then
+        local w = tonumber(cjson.decode(flat[i + 1]).weight) or 1
+        wsum = wsum + w
+        if flat[i] == mine then wmine, nmine = w, n end
+      end
+    end
+    if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
+  end
 end
 local chosen = best[math.min(math.floor(r * #best) + 1, #best)]
 local sticky = job ~= '' and redis.call('GET', KEYS[2])
@@ -101,16 +140,28 @@ if sticky and cap[sticky] and sticky ~= chosen then
 end
 if sticky and sticky ~= chosen then redis.call('ZREM', sprefix .. sticky, job) end
 redis.call('ZADD', iprefix .. chosen, now + lease_ms, token)
+if pin ~= '' then
+  redis.call('ZADD', pin, now + lease_ms, token)
+  redis.call('PEXPIRE', pin, lease_ms + 60000)
+end
 if job ~= '' then
   redis.call('ZADD', sprefix .. chosen, now, job)
   redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
 end
 return {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1),
-        redis.call('HGETALL', bprefix .. chosen)}
+        redis.call('HGETALL', bprefix .. chosen), mine}
 """
 
 _RELEASE = """
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if KEYS[3] ~= '' then  -- the project's: its request leaves its count, its tokens enter its hour
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  local tokens = tonumber(ARGV[5])
+  if tokens > 0 then
+    redis.call('HINCRBY', KEYS[4], ARGV[6], tokens)
+    redis.call('EXPIRE', KEYS[4], 3700)
+  end
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   if ARGV[2] == 'ok' then
     redis.call('HINCRBY', KEYS[2], 'served', 1)
@@ -143,6 +194,7 @@ class Slot:
     api_key: str | None = None
     lease: HeldLease | None = None
     load: int = 0  # sessions (or requests in flight) the backend had besides this one when chosen
+    project: str | None = None  # the rollout's project: its LLM quotas count this request
     acquired_at: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -157,7 +209,10 @@ class Slot:
 
 class Router:
     """Acquire and release in-flight slots. ``acquire`` returns a Slot or the reason there is none:
-    ``draining`` (wait for resume), ``quarantined`` (probe), ``none`` (nothing registered)."""
+    ``draining`` (wait for resume), ``quarantined`` (probe), ``none`` (nothing registered),
+    ``quota`` (the rollout's project is at its ``max_llm_in_flight`` or ``tokens_per_hour``:
+    wait for one of its calls to end, or for its hour to have room), ``share`` (every slot is
+    taken and the project holds its weighted share of them: wait for a free slot)."""
 
     def __init__(self, client: redis.Redis):
         self.redis = client
@@ -172,25 +227,32 @@ class Router:
         token = uuid.uuid4().hex
         args = [int(time.time() * 1000), int(lease_s * 1000), token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
-                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000)]
-        reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-")],
-                              args=args)
+                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000),
+                keys.llm_project_inflight(""), keys.llm_project_tokens("")]
+        reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
+                                    keys.projects()], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
         bid, load, in_flight, flat = reply[1].decode(), int(reply[2]), int(reply[3]), reply[4]
         record = dict(zip(flat[0::2], flat[1::2]))
         api_key = record.get(b"api_key")
+        project = reply[5].decode() if len(reply) > 5 and reply[5] else None
         return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
-                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s), load)
+                    HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
+                              also=keys.llm_project_inflight(project) if project else None), load, project=project)
 
-    def release(self, slot: Slot, outcome: str, wait: bool = True) -> None:
+    def release(self, slot: Slot, outcome: str, wait: bool = True, tokens: int = 0) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the
         backend's measured speed), failed (counts as a failure) or aborted. ``wait=False``: sent
         later by this thread (:meth:`send_deferred`, e.g. once the caller has its answer), all
-        of them in one round trip; the lease is held until then."""
+        of them in one round trip; the lease is held until then. ``tokens``: prompt plus
+        generated tokens of the call, counted against its project's ``tokens_per_hour``."""
         assert slot.lease is not None
         per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
-        call = ([slot.lease.key, keys.llm_backend(slot.backend.id)], [slot.lease.token, outcome, per_turn, TURN_EWMA])
+        project = [keys.llm_project_inflight(slot.project), keys.llm_project_tokens(slot.project)] \
+            if slot.project else ["", ""]
+        call = ([slot.lease.key, keys.llm_backend(slot.backend.id), *project],
+                [slot.lease.token, outcome, per_turn, TURN_EWMA, tokens, int(time.time() // 60)])
         if wait:
             self._release(keys=call[0], args=call[1])
         else:

@@ -4,8 +4,12 @@
 rotation) and prints the new key once: only its hash is kept. ``list`` shows each project, its
 weight and the ids of its live keys. ``revoke NAME`` revokes every key of a project, ``revoke KEY``
 (an id from ``list``, or the key itself) one key; the API refuses it from the next request on.
+``set NAME [--weight W] [--max-in-flight N] [--max-sandboxes N] [--max-llm-in-flight N]
+[--tokens-per-hour N] [--over [QUOTA=]hold|429]`` changes its weight and quotas
+(:mod:`prorl_celery.quotas`; -1 unsets a limit).
 ``sync FILE --keys-dir DIR`` makes the projects of a tenant file (TOML: a ``[projects.NAME]`` table
-each, ``weight`` optional) exist with those weights; a new project gets a key, written to
+each, ``weight`` and the quotas optional: ``max_in_flight = 100``, ``over = {tokens_per_hour =
+"429"}``) exist with those weights and quotas (one left out is left as it is; -1 removes it); a new project gets a key, written to
 ``DIR/NAME.key`` (0600, in a 0700 directory) for the operator to hand over. An existing project
 keeps its keys (a revoked one stays revoked: ``add`` gives it a new key); no other project is
 touched. The Slurm head runs it at every start (``PRORL_PROJECTS_FILE``).
@@ -62,6 +66,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for p in projects:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.created))
         print(f"{p.name:<24} {p.weight:>7g}  {created:<20} {', '.join(p.keys) or '- (all revoked)'}")
+        limits = p.quotas.model_dump(exclude_none=True, exclude={"over"})
+        if limits:
+            print(" " * 26 + "quotas: " + ", ".join(f"{k}={v} ({p.quotas.over.get(k, 'hold')})"
+                                                   for k, v in limits.items()))
     return 0
 
 
@@ -78,11 +86,36 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_set(args: argparse.Namespace) -> int:
+    from prorl_celery.errors import InvalidRequest, UnknownProject
+    from prorl_celery.quotas import QUOTA_NAMES
+
+    _load(args)
+    changes: dict = {name: getattr(args, name) for name in QUOTA_NAMES if getattr(args, name) is not None}
+    over = {}
+    for item in args.over or []:
+        name, _, policy = item.rpartition("=")
+        for quota in ([name] if name else QUOTA_NAMES):
+            over[quota] = policy
+    if over:
+        changes["over"] = over
+    try:
+        if args.weight is not None:
+            _projects().set_weight(args.name, args.weight)
+        quotas = _projects().set_quotas(args.name, changes)
+    except (InvalidRequest, UnknownProject) as exc:
+        print(f"projects: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(quotas.model_dump(exclude_none=True)))
+    return 0
+
+
 def _cmd_sync(args: argparse.Namespace) -> int:
     import tomllib
     from pathlib import Path
 
     from prorl_celery.errors import InvalidRequest
+    from prorl_celery.quotas import QUOTA_NAMES
     from prorl_celery.statedir import make_private_dir
 
     _load(args)
@@ -96,12 +129,17 @@ def _cmd_sync(args: argparse.Namespace) -> int:
     try:
         for name, table in sorted(wanted.items()):
             weight = table.get("weight")
+            quotas = {k: v for k, v in table.items() if k in (*QUOTA_NAMES, "over")}
             if name in live:
                 if weight is not None:
                     store.set_weight(name, weight)
+                if quotas:
+                    store.set_quotas(name, quotas)
                 print(f"{name}: exists, {len(live[name].keys)} live key(s)")
                 continue
             issued = store.add(name, weight)
+            if quotas:
+                store.set_quotas(name, quotas)
             path = keys_dir / f"{name}.key"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as fh:
@@ -132,8 +170,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     revoke.add_argument("target")
     revoke.add_argument("--state-dir", **state)
     revoke.set_defaults(func=_cmd_revoke)
+    set_ = verbs.add_parser("set", help="change a project's weight and quotas (a limit of -1: none)")
+    set_.add_argument("name")
+    set_.add_argument("--weight", type=float, default=None, help="its share when projects compete")
+    for flag, what in (("max-in-flight", "rollouts released to the stages at once"),
+                       ("max-sandboxes", "rollouts in init, run or eval at once"),
+                       ("max-llm-in-flight", "LLM requests in flight at once"),
+                       ("tokens-per-hour", "prompt plus generated tokens in the last hour")):
+        set_.add_argument(f"--{flag}", type=int, default=None, help=what)
+    set_.add_argument("--over", action="append", metavar="[QUOTA=]hold|429",
+                      help="what a submission meets at a quota: held, or refused 429 (no QUOTA: every quota)")
+    set_.add_argument("--state-dir", **state)
+    set_.set_defaults(func=_cmd_set)
     sync = verbs.add_parser("sync", help="make a tenant file's projects exist; new keys go to --keys-dir")
-    sync.add_argument("file", help="TOML: [projects.NAME] tables, each with an optional weight")
+    sync.add_argument("file", help="TOML: [projects.NAME] tables, each with an optional weight and quotas")
     sync.add_argument("--keys-dir", required=True, help="where a new key is written, as NAME.key (0600)")
     sync.add_argument("--state-dir", **state)
     sync.set_defaults(func=_cmd_sync)

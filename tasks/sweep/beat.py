@@ -31,7 +31,7 @@ from prorl_celery.metrics import count_sweep
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import STAGES, JobStatus, StageState
 from sandboxes.client import close_handle
-from tasks.chain import send_chain
+from tasks.chain import dispatch, send_chain
 from tasks.outcome import finish
 from tasks.sweep.requeue import requeue_lost
 from tasks.sweep.sandboxes import sweep_sandboxes
@@ -92,6 +92,7 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
         elif redispatch_lapsed(store, record, now):
             report["redispatched"].append(record.job_id)
     report["requeued"] = requeue_lost(store, active, now)
+    report["released"] = dispatch(store)  # fair share's backstop: a quota freed by an end nobody saw
     report.update(sweep_sandboxes(store, now))  # hosts, their sandboxes, singularity instances
     report["pauses_expired"] = expire_pauses(BackendRegistry(store.redis), now)
     for action, ids in report.items():

@@ -90,13 +90,16 @@ def task_ids_in(channel: Any, queue: str) -> set[str]:
 
 
 def _queued(store: JobStore) -> list[_Waiting]:
-    """Jobs waiting for init, read lightly (a backlog can be large)."""
+    """Jobs waiting for init, read lightly (a backlog can be large); a project's job only once fair
+    share released it."""
     ids = store.ids_in(JobStatus.QUEUED)
     pipe = store.redis.pipeline(transaction=False)
     for job_id in ids:
-        pipe.hmget(keys.job(job_id), "status", "data_source", "t_enqueued")
+        pipe.hmget(keys.job(job_id), "status", "data_source", "t_enqueued", "project", "t_released")
     out = []
-    for job_id, (status, source, enqueued) in zip(ids, pipe.execute()):
+    for job_id, (status, source, enqueued, project, released) in zip(ids, pipe.execute()):
+        if project and not released:
+            continue  # pending in its project's fair-share list: no message was sent yet
         if status == b"queued" and source and enqueued:
             out.append(_Waiting(job_id, source.decode(), float(enqueued)))
     return out

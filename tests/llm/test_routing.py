@@ -229,3 +229,83 @@ def test_a_private_backend_serves_only_its_projects_jobs(pool):
     finally:
         for job_id in jobs.values():
             store.transition(job_id, JobStatus.CANCELLED)
+
+
+@pytest.mark.unit
+def test_a_projects_llm_quotas_hold_its_calls(pool):
+    """``max_llm_in_flight``: a project's call past it gets no slot ('quota': the pool waits) until
+    one of its calls is released; ``tokens_per_hour``: released calls' tokens fill its hour, and at
+    the quota its next call waits too. Another project's calls are not held."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.projects import ProjectStore
+    from prorl_celery.status import JobStatus
+
+    tag = uuid.uuid4().hex[:8]
+    capped, free = f"llmq-{tag}", f"llmf-{tag}"
+    projects = ProjectStore(pool.redis)
+    for name in (capped, free):
+        projects.add(name)
+    projects.set_quotas(capped, {"max_llm_in_flight": 2, "tokens_per_hour": 100})
+    store = JobStore(pool.redis)
+    jobs = {p: f"route-{p}" for p in (capped, free)}
+    for project, job_id in jobs.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=project)
+    try:
+        add(pool, "http://10.0.6.1:1", capacity=64)
+        held = [pool.router.acquire(jobs[capped]) for _ in range(2)]
+        assert all(isinstance(s, Slot) and s.project == capped for s in held)
+        assert pool.router.acquire(jobs[capped]) == "quota"
+        other = pool.router.acquire(jobs[free])
+        assert isinstance(other, Slot)
+        pool.router.release(held[0], "ok", tokens=60)
+        third = pool.router.acquire(jobs[capped])
+        assert isinstance(third, Slot)
+        pool.router.release(held[1], "ok", tokens=60)  # 120 tokens this hour: over 100
+        pool.router.release(third, "aborted")
+        assert pool.router.acquire(jobs[capped]) == "quota"
+        pool.router.release(other, "ok", tokens=10_000)
+        assert isinstance(again := pool.router.acquire(jobs[free]), Slot)
+        pool.router.release(again, "aborted")
+    finally:
+        for job_id in jobs.values():
+            store.transition(job_id, JobStatus.CANCELLED)
+
+
+@pytest.mark.unit
+def test_a_full_pool_is_shared_by_weight(pool):
+    """Every slot taken: a project alone still queues in a backend (nothing idles), but once another
+    project has calls in flight, the one holding its weight's share of the capacity waits
+    ('share') while the other's calls go in; a free slot goes to whoever asks."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.projects import ProjectStore
+    from prorl_celery.status import JobStatus
+
+    tag = uuid.uuid4().hex[:8]
+    big, small = f"shb-{tag}", f"shs-{tag}"
+    projects = ProjectStore(pool.redis)
+    projects.add(big, weight=1)
+    projects.add(small, weight=3)
+    store = JobStore(pool.redis)
+    jobs = {p: f"route-{p}" for p in (big, small)}
+    for project, job_id in jobs.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=project)
+    try:
+        add(pool, "http://10.0.7.1:1", capacity=4)
+        mine = [pool.router.acquire(jobs[big]) for _ in range(6)]  # alone: past the capacity too
+        assert all(isinstance(s, Slot) for s in mine)
+        theirs = [pool.router.acquire(jobs[small]) for _ in range(3)]  # share 3 of 4: under it, all go in
+        assert all(isinstance(s, Slot) for s in theirs)
+        assert pool.router.acquire(jobs[small]) == "share" and pool.router.acquire(jobs[big]) == "share"
+        for slot in mine[:5]:
+            pool.router.release(slot, "ok")
+        assert pool.router.acquire(jobs[big]) == "share"  # 1 + 3 in flight: full, and its share is 1
+        pool.router.release(mine[5], "ok")
+        again = pool.router.acquire(jobs[big])  # a free slot: taken by whoever asks
+        assert isinstance(again, Slot)
+        for slot in [*theirs, again]:
+            pool.router.release(slot, "ok")
+    finally:
+        for job_id in jobs.values():
+            store.transition(job_id, JobStatus.CANCELLED)

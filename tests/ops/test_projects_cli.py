@@ -48,11 +48,13 @@ def test_sync_makes_a_tenant_files_projects_and_keeps_their_keys(redis_url, tmp_
     for name, path in written.items():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert store.authenticate(path.read_text().strip().encode()) == name
-    tenants.write_text(f'[projects.train-{tag}]\nweight = 5\n\n[projects.eval-{tag}]\n')
+    tenants.write_text(f'[projects.train-{tag}]\nweight = 5\nmax_in_flight = 40\nover = {{max_in_flight = "429"}}\n'
+                       f'\n[projects.eval-{tag}]\n')
     before = {p: p.read_text() for p in written.values()}
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0  # a restart of the head
     assert {p: p.read_text() for p in written.values()} == before  # the keys handed out stay valid
-    assert next(p for p in store.list() if p.name == f"train-{tag}").weight == 5
+    train = next(p for p in store.list() if p.name == f"train-{tag}")
+    assert train.weight == 5 and train.quotas.max_in_flight == 40 and train.quotas.over == {"max_in_flight": "429"}
     store.revoke(f"eval-{tag}")  # a revoke outlives the next start of the head
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 0
     assert store.authenticate(written[f"eval-{tag}"].read_text().strip().encode()) is None
@@ -60,3 +62,22 @@ def test_sync_makes_a_tenant_files_projects_and_keeps_their_keys(redis_url, tmp_
     assert "new key" in capsys.readouterr().out
     tenants.write_text('[projects."Bad Name"]\n')
     assert main(["projects", "sync", str(tenants), "--keys-dir", str(keys_dir)]) == 2
+
+
+def test_set_changes_weight_and_quotas_and_list_shows_them(redis_url, capsys):
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    assert main(["projects", "add", name]) == 0
+    capsys.readouterr()
+    assert main(["projects", "set", name, "--weight", "4", "--max-in-flight", "10", "--tokens-per-hour", "500",
+                 "--over", "tokens_per_hour=429"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"max_in_flight": 10, "tokens_per_hour": 500,
+                                                   "over": {"tokens_per_hour": "429"}}
+    assert main(["projects", "set", name, "--max-in-flight", "-1", "--over", "hold"]) == 0
+    capsys.readouterr()
+    assert main(["projects", "list", "--json"]) == 0
+    listed = next(p for p in json.loads(capsys.readouterr().out) if p["name"] == name)
+    assert listed["weight"] == 4 and listed["quotas"]["max_in_flight"] is None
+    assert listed["quotas"]["tokens_per_hour"] == 500 and set(listed["quotas"]["over"].values()) == {"hold"}
+    assert main(["projects", "list"]) == 0 and "tokens_per_hour=500 (hold)" in capsys.readouterr().out
+    assert main(["projects", "set", name, "--over", "nope=429"]) == 2
+    assert main(["projects", "set", f"none-{name}", "--max-sandboxes", "1"]) == 2

@@ -1,0 +1,256 @@
+"""Weighted fair share between projects, and the quotas that hold a project's rollouts.
+
+Celery's queues are first come, first served: a project that submits 10,000 rollouts first would
+hold every stage queue ahead of one that submits 10. So a project's jobs are not sent at once:
+they wait in Redis, in the project's *pending* list (by ``priority``, then order), and a
+dispatcher releases them to the init queue while the stage queues are shallow: at most
+``fair_share_queue`` released jobs wait in any stage queue (for init, or for their next stage),
+across every API process and worker, whatever is free is taken at once.
+
+Which project's job goes next is stride scheduling (weighted fair queueing with unit cost): each
+project with pending jobs has a *pass*; the lowest pass goes next and its pass grows by
+1 / weight. A project that becomes active starts at the pass chosen last (it banks nothing while
+idle). A project at a quota (:mod:`prorl_celery.quotas`) is passed over until it is below it; the
+wait is written to its next job (``timings.quota_wait``).
+
+Everything is in Redis and done by two Lua scripts (:data:`_ENQUEUE`, :data:`_RELEASE`): admission
+is atomic across API processes, and a restart loses nothing. Releases are attempted at every
+submission, every stage start and every end (and by the beat's sweep); the caller sends the chains
+of what was released. A released job whose message is lost is the requeue sweep's, as any other.
+The operator's own jobs (no project) are sent at once, outside fair share.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import redis
+
+from config.settings import get_settings
+from prorl_celery import keys
+from prorl_celery.errors import OverQuota
+
+# Counting a project's use, shared by both scripts. proj(p): its record (quotas, weight).
+_COMMON = """
+local function proj(p)
+  local raw = redis.call('HGET', KEYS[1], p)
+  local rec = raw and cjson.decode(raw) or {}
+  rec.quotas = rec.quotas or {}
+  rec.quotas.over = rec.quotas.over or {}
+  return rec
+end
+local function in_stages(p)
+  local n, flat = 0, redis.call('HGETALL', ARGV[1] .. p)
+  for i = 1, #flat, 2 do
+    local s = string.match(flat[i], '^(%a+)|')
+    if s == 'init' or s == 'run' or s == 'eval' then n = n + tonumber(flat[i + 1]) end
+  end
+  return n
+end
+local function llm_in_flight(p, now)
+  return redis.call('ZCOUNT', ARGV[2] .. p, now, '+inf')
+end
+local function tokens_last_hour(p, now)
+  local minute, used, oldest = math.floor(now / 60000), 0, {}
+  local flat = redis.call('HGETALL', ARGV[3] .. p)
+  for i = 1, #flat, 2 do
+    local m = tonumber(flat[i])
+    if m > minute - 60 then used = used + tonumber(flat[i + 1]); table.insert(oldest, {m, tonumber(flat[i + 1])})
+    else redis.call('HDEL', ARGV[3] .. p, flat[i]) end
+  end
+  return used, oldest, minute
+end
+"""
+
+# KEYS: projects, active, vtime, pending(p), pending since(p), seq, waiting.
+# ARGV: counts prefix, llm in-flight prefix, tokens prefix, job prefix, project, now ms,
+#       retry-after s, n, then n (job id, priority) pairs. Returns {'ok', new} or
+#       {'refused', quota, limit, retry after s}.
+_ENQUEUE = _COMMON + """
+local jprefix, p, now, retry = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local new = {}
+for i = 0, tonumber(ARGV[8]) - 1 do
+  local id = ARGV[9 + 2 * i]
+  if redis.call('EXISTS', jprefix .. id) == 0 and not redis.call('ZSCORE', KEYS[4], id) then
+    table.insert(new, {id, tonumber(ARGV[10 + 2 * i])})
+  end
+end
+local rec = proj(p)
+local q, over = rec.quotas, rec.quotas.over
+if over.max_in_flight == '429' or over.max_sandboxes == '429' then
+  local held = in_stages(p) + redis.call('ZCARD', KEYS[4]) + #new
+  for _, id in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+    local f = redis.call('HMGET', jprefix .. id, 'status', 'project')
+    if f[1] == 'queued' and f[2] == p then held = held + 1 end
+  end
+  for _, name in ipairs({'max_in_flight', 'max_sandboxes'}) do
+    if over[name] == '429' and q[name] and held > q[name] then
+      return {'refused', name, tostring(q[name]), tostring(retry)}
+    end
+  end
+end
+if over.max_llm_in_flight == '429' and q.max_llm_in_flight and llm_in_flight(p, now) >= q.max_llm_in_flight then
+  return {'refused', 'max_llm_in_flight', tostring(q.max_llm_in_flight), tostring(retry)}
+end
+if over.tokens_per_hour == '429' and q.tokens_per_hour then
+  local used, oldest, minute = tokens_last_hour(p, now)
+  if used >= q.tokens_per_hour then
+    table.sort(oldest, function(a, b) return a[1] < b[1] end)
+    local after = 60
+    for _, mt in ipairs(oldest) do
+      used = used - mt[2]
+      after = (mt[1] + 60) * 60 - math.floor(now / 1000)
+      if used < q.tokens_per_hour then break end
+    end
+    return {'refused', 'tokens_per_hour', tostring(q.tokens_per_hour), tostring(math.max(after, 1))}
+  end
+end
+if #new == 0 then return {'ok', 0} end
+local seq = redis.call('INCRBY', KEYS[6], #new) - #new
+for i, job in ipairs(new) do
+  redis.call('ZADD', KEYS[4], -job[2] * 1e12 + seq + i, job[1])
+  redis.call('HSET', KEYS[5], job[1], now)
+end
+redis.call('ZADD', KEYS[2], 'NX', tonumber(redis.call('GET', KEYS[3]) or '0'), p)
+return {'ok', #new}
+"""
+
+# KEYS: projects, active, vtime, waiting, held.
+# ARGV: counts prefix, llm in-flight prefix, tokens prefix, job prefix, pending prefix,
+#       pending-since prefix, now ms, queue cap, started job id ('' for none).
+# Returns the released jobs as {id, data source, ...}.
+_RELEASE = _COMMON + """
+local jprefix, pprefix, sprefix = ARGV[4], ARGV[5], ARGV[6]
+local now, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+if ARGV[9] ~= '' then redis.call('SREM', KEYS[4], ARGV[9]) end
+if redis.call('ZCARD', KEYS[2]) == 0 then return {} end
+local queued_of, waiting = {}, 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+  local f = redis.call('HMGET', jprefix .. id, 'status', 'stage_state', 'project')
+  if not f[1] or f[2] == 'running' or not (f[1] == 'queued' or f[1] == 'init' or f[1] == 'run' or f[1] == 'eval') then
+    redis.call('SREM', KEYS[4], id)
+  else
+    waiting = waiting + 1
+    if f[1] == 'queued' and f[3] then queued_of[f[3]] = (queued_of[f[3]] or 0) + 1 end
+  end
+end
+local recs, stages, skip, out, drops = {}, {}, {}, {}, 0
+local function over_quota(p)
+  local q = recs[p].quotas
+  if not (q.max_in_flight or q.max_sandboxes) then return nil end
+  stages[p] = stages[p] or in_stages(p)
+  local held = stages[p] + (queued_of[p] or 0)
+  if q.max_sandboxes and held >= q.max_sandboxes then return 'max_sandboxes' end
+  if q.max_in_flight and held >= q.max_in_flight then return 'max_in_flight' end
+  return nil
+end
+while waiting < cap and drops < 1000 do
+  local chosen, pass = nil, nil
+  local act = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #act, 2 do
+    local p = act[i]
+    if not skip[p] then
+      if redis.call('ZCARD', pprefix .. p) == 0 then
+        redis.call('ZREM', KEYS[2], p)
+        redis.call('HDEL', KEYS[5], p)
+      else
+        recs[p] = recs[p] or proj(p)
+        local quota = over_quota(p)
+        if quota then
+          if not redis.call('HGET', KEYS[5], p) then redis.call('HSET', KEYS[5], p, now .. '|' .. quota) end
+        else
+          chosen, pass = p, tonumber(act[i + 1])
+          break
+        end
+      end
+    end
+  end
+  if not chosen then break end
+  local head = redis.call('ZRANGE', pprefix .. chosen, 0, 0)[1]
+  local f = redis.call('HMGET', jprefix .. head, 'status', 'project', 'data_source', 't_created')
+  local since = tonumber(redis.call('HGET', sprefix .. chosen, head) or now)
+  if not f[1] and now - since < 30000 then
+    skip[chosen] = true  -- its submitter stores it in a moment, and releases it then
+  else
+    redis.call('ZREM', pprefix .. chosen, head)
+    redis.call('HDEL', sprefix .. chosen, head)
+    if f[1] == 'queued' and f[2] == chosen then
+      local fields = {'t_released', now / 1000}
+      local held = redis.call('HGET', KEYS[5], chosen)
+      if held then
+        local t, quota = string.match(held, '^([%d.]+)|(.*)$')
+        local wait = math.max(0, now - math.max(tonumber(t), (tonumber(f[4]) or 0) * 1000)) / 1000
+        table.insert(fields, 'quota_wait_s'); table.insert(fields, wait)
+        table.insert(fields, 'quota_held'); table.insert(fields, quota)
+        redis.call('HDEL', KEYS[5], chosen)
+      end
+      redis.call('HSET', jprefix .. head, unpack(fields))
+      redis.call('SADD', KEYS[4], head)
+      waiting = waiting + 1
+      queued_of[chosen] = (queued_of[chosen] or 0) + 1
+      redis.call('SET', KEYS[3], pass)
+      redis.call('ZADD', KEYS[2], pass + 1 / math.max(tonumber(recs[chosen].weight) or 1, 1e-6), chosen)
+      table.insert(out, head)
+      table.insert(out, f[3])
+    else
+      drops = drops + 1  -- cancelled while pending, or never stored
+    end
+  end
+end
+return out
+"""
+
+
+def _prefixes() -> list[str]:
+    return [keys.job_counts_of(""), keys.llm_project_inflight(""), keys.llm_project_tokens(""), keys.job("")]
+
+
+class FairShare:
+    """The per-project pending lists and their dispatcher (one per Redis client)."""
+
+    def __init__(self, client: redis.Redis):
+        self.redis = client
+        self._enqueue = client.register_script(_ENQUEUE)
+        self._release = client.register_script(_RELEASE)
+
+    def enqueue(self, project: str, jobs: Iterable[tuple[str, int]]) -> int:
+        """Add ``(job id, priority)`` pairs to ``project``'s pending list (a job id already stored or
+        pending is left out); returns how many were added. Raises :class:`OverQuota` (nothing added)
+        while the project is at a quota whose ``over`` is 429."""
+        flat = [x for job_id, priority in jobs for x in (job_id, int(priority))]
+        reply = self._enqueue(
+            keys=[keys.projects(), keys.fair_active(), keys.fair_vtime(), keys.fair_pending(project),
+                  keys.fair_pending_since(project), keys.fair_seq(), keys.fair_waiting()],
+            args=[*_prefixes(), project, int(time.time() * 1000), get_settings().quota_retry_after_s,
+                  len(flat) // 2, *flat])
+        if reply[0] == b"refused":
+            quota, limit, after = (x.decode() for x in reply[1:])
+            raise OverQuota(project, quota, int(limit), max(1, int(float(after))))
+        return int(reply[1])
+
+    def release(self, started: str | None = None, cap: int | None = None) -> list[tuple[str, str]]:
+        """Release pending jobs while the stage queues are shallow; returns ``(job id, data
+        source)`` of each, whose chain the caller sends. ``started``: a job whose stage just
+        began (it no longer waits in a queue). ``cap``: instead of ``fair_share_queue``."""
+        out = self._release(
+            keys=[keys.projects(), keys.fair_active(), keys.fair_vtime(), keys.fair_waiting(), keys.fair_held()],
+            args=[*_prefixes(), keys.fair_pending(""), keys.fair_pending_since(""), int(time.time() * 1000),
+                  cap or get_settings().fair_share_queue, started or ""])
+        return [(out[i].decode(), out[i + 1].decode()) for i in range(0, len(out), 2)]
+
+    def waiting_for_next(self, job_id: str) -> None:
+        """The job's stage is done and its next one is queued: it waits in a queue again."""
+        self.redis.sadd(keys.fair_waiting(), job_id)
+
+    def forget(self, jobs: Iterable[tuple[str, str]]) -> None:
+        """``(project, job id)`` of pending jobs that ended (cancelled): out of their lists now,
+        not when the release script meets them."""
+        pipe = self.redis.pipeline(transaction=False)
+        for project, job_id in jobs:
+            pipe.zrem(keys.fair_pending(project), job_id)
+            pipe.hdel(keys.fair_pending_since(project), job_id)
+        pipe.execute()
+
+    def pending(self, project: str) -> int:
+        return int(self.redis.zcard(keys.fair_pending(project)))
+

@@ -1,0 +1,177 @@
+"""Fair share and quotas in Redis (prorl_celery/fairshare.py): releases go by weight, by priority
+within a project, stop at the stage-queue cap and at a project's quotas (the wait recorded on the
+job), and a 429 quota refuses a submission before anything is pending."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from prorl_celery import keys
+from prorl_celery.errors import OverQuota
+from prorl_celery.fairshare import FairShare
+from prorl_celery.jobs import JobStore
+from prorl_celery.models import JobRequest
+from prorl_celery.projects import ProjectStore
+
+
+@pytest.fixture
+def fair(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    names = [keys.fair_active(), keys.fair_waiting(), keys.fair_held(), keys.fair_vtime()]
+    client.delete(*names)
+    yield FairShare(client)
+    client.delete(*names)  # what these tests released was never sent: it must not hold the stack's queues
+
+
+def _project(fair: FairShare, weight: float = 1.0, **quotas) -> str:
+    name = f"fs-{uuid.uuid4().hex[:8]}"
+    store = ProjectStore(fair.redis)
+    store.add(name, weight)
+    if quotas:
+        store.set_quotas(name, quotas)
+    return name
+
+
+def _submit(fair: FairShare, project: str, n: int, priority: int = 0) -> list[str]:
+    named = [(f"{project}-{priority}-{uuid.uuid4().hex[:6]}",
+              JobRequest(instance={"data_source": "echo"}, priority=priority)) for _ in range(n)]
+    fair.enqueue(project, [(job_id, req.priority) for job_id, req in named])
+    JobStore(fair.redis).create_many(named, project)
+    return [job_id for job_id, _ in named]
+
+
+def _start(fair: FairShare, job_id: str, status: str = "run") -> None:
+    """What a stage start does to the job's hash and its project's counts (the transition script's
+    work; the release script reads only these)."""
+    project = fair.redis.hget(keys.job(job_id), "project").decode()
+    fair.redis.hset(keys.job(job_id), mapping={"status": status, "stage_state": "running"})
+    fair.redis.hincrby(keys.job_counts_of(project), f"{status}|echo", 1)
+
+
+def _metrics(fair: FairShare) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from prorl_celery.metrics import ServiceCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(JobStore(fair.redis)))
+    return generate_latest(registry).decode()
+
+
+def _end(fair: FairShare, job_id: str) -> None:
+    project = fair.redis.hget(keys.job(job_id), "project").decode()
+    fair.redis.hset(keys.job(job_id), "status", "completed")
+    fair.redis.hincrby(keys.job_counts_of(project), "run|echo", -1)
+
+
+def test_releases_follow_the_weights_and_the_cap(fair):
+    heavy, light = _project(fair, weight=3), _project(fair, weight=1)
+    _submit(fair, heavy, 40)
+    _submit(fair, light, 40)
+    assert len(fair.release(cap=4)) == 4
+    assert fair.release(cap=4) == []  # four wait in the queues: nothing more until one starts
+    order = []
+    for _ in range(40):
+        waiting = [m.decode() for m in fair.redis.smembers(keys.fair_waiting())]
+        _start(fair, waiting[0])
+        order += [job_id for job_id, _ in fair.release(started=waiting[0], cap=4)]
+    share = sum(job_id.startswith(heavy) for job_id in order) / len(order)
+    assert abs(share - 0.75) <= 0.05, order
+
+
+def test_a_new_project_does_not_wait_behind_a_backlog(fair):
+    first, late = _project(fair), _project(fair)
+    _submit(fair, first, 200)
+    released = [j for j, _ in fair.release(cap=2)]
+    _submit(fair, late, 3)
+    for job_id in released:
+        _start(fair, job_id)
+    assert any(j.startswith(late) for j, _ in fair.release(cap=2))
+
+
+def test_priority_within_a_project(fair):
+    project = _project(fair)
+    training = _submit(fair, project, 5, priority=0)
+    evaluation = _submit(fair, project, 2, priority=10)
+    released = [j for j, _ in fair.release(cap=3)]
+    assert released[:2] == evaluation and released[2] == training[0]
+
+
+def test_max_in_flight_holds_and_records_the_wait(fair):
+    project = _project(fair, max_in_flight=2)
+    ids = _submit(fair, project, 4)
+    assert [j for j, _ in fair.release(cap=10)] == ids[:2]
+    for job_id in ids[:2]:
+        _start(fair, job_id)
+    assert fair.release(cap=10) == []  # two in a stage: at the quota
+    assert fair.redis.hget(keys.fair_held(), project).decode().endswith("|max_in_flight")
+    metrics = _metrics(fair)
+    assert f'prorl_project_quota_held{{project="{project}",quota="max_in_flight"}} 1.0' in metrics
+    assert f'prorl_project_pending{{project="{project}"}} 2.0' in metrics
+    _end(fair, ids[0])
+    assert [j for j, _ in fair.release(cap=10)] == [ids[2]]
+    record = JobStore(fair.redis).get(ids[2])
+    assert record.quota_held == "max_in_flight" and record.timings().quota_wait >= 0
+
+
+def test_max_sandboxes_counts_the_stages_and_the_released(fair):
+    project = _project(fair, max_sandboxes=1)
+    ids = _submit(fair, project, 3)
+    fair.redis.hset(keys.job_counts_of(project), "init|echo", 1)
+    assert fair.release(cap=10) == []
+    fair.redis.hset(keys.job_counts_of(project), "init|echo", 0)
+    assert [j for j, _ in fair.release(cap=10)] == ids[:1]
+    assert fair.release(cap=10) == []  # the released one will hold a sandbox
+
+
+def test_a_429_quota_refuses_before_anything_is_pending(fair):
+    project = _project(fair, max_in_flight=3, over={"max_in_flight": "429"})
+    _submit(fair, project, 3)
+    with pytest.raises(OverQuota) as refused:
+        _submit(fair, project, 1)
+    assert refused.value.quota == "max_in_flight" and refused.value.retry_after >= 1
+    assert fair.pending(project) == 3
+
+
+def test_tokens_per_hour_429_says_when(fair):
+    project = _project(fair, tokens_per_hour=100, over={"tokens_per_hour": "429"})
+    import time
+
+    fair.redis.hset(keys.llm_project_tokens(project), int(time.time() // 60), 150)
+    with pytest.raises(OverQuota) as refused:
+        _submit(fair, project, 1)
+    assert refused.value.quota == "tokens_per_hour" and 1 <= refused.value.retry_after <= 3600
+
+
+def test_a_cancelled_pending_job_leaves_its_list_and_is_never_released(fair):
+    from tasks.chain import cancel_many
+
+    project = _project(fair)
+    ids = _submit(fair, project, 3)
+    store = JobStore(fair.redis)
+    assert cancel_many(store, store.get_many(ids)) == ids
+    assert fair.pending(project) == 0
+    fair.redis.zadd(keys.fair_pending(project), {ids[0]: -1})  # as if the forget had been lost
+    fair.redis.zadd(keys.fair_active(), {project: 0})
+    assert fair.release(cap=10) == [] and fair.pending(project) == 0
+
+
+def test_concurrent_submissions_never_pass_a_429_quota_together(fair, redis_url):
+    """Twenty submitters at once (each its own connection, as API processes are), room for five:
+    exactly five are taken, the check and the add being one script."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    project = _project(fair, max_in_flight=5, over={"max_in_flight": "429"})
+
+    def one(i: int) -> bool:
+        try:
+            FairShare(redis.Redis.from_url(redis_url)).enqueue(project, [(f"{project}-c{i}", 0)])
+        except OverQuota:
+            return False
+        return True
+
+    with ThreadPoolExecutor(20) as pool:
+        taken = list(pool.map(one, range(20)))
+    assert sum(taken) == 5 and fair.pending(project) == 5
