@@ -147,26 +147,14 @@ def ensure_toolkit(base: Base, build_dir: Path, deadline: float) -> Path:
     toolkit (built now unless there), as ghcr.io/astral-sh/uv's distroless image holds them."""
     from sandboxes.runtimes.images.verifier_tools import ensure_tools
 
-    bases = build_dir / "bases"
-    bases.mkdir(mode=0o711, exist_ok=True)
-    final = bases / base.key
-    if final.exists():
-        return final
-    with locked(bases / f"{base.key}.lock", deadline, f"the {base.description} base"):
-        if final.exists():
-            return final
+    def make(root: Path) -> None:
         tools = ensure_tools()
-        scratch = Path(tempfile.mkdtemp(prefix=f".{base.key}.", dir=bases))
-        try:
-            root = scratch / "rootfs"
-            root.mkdir(mode=0o755)
-            for name in ("uv", "uvx"):
-                shutil.copyfile(tools / "bin" / name, root / name)
-                (root / name).chmod(0o755)
-            os.rename(root, final)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return final
+        root.mkdir(mode=0o755)
+        for name in ("uv", "uvx"):
+            shutil.copyfile(tools / "bin" / name, root / name)
+            (root / name).chmod(0o755)
+
+    return _built_once(base, build_dir, deadline, make)
 
 
 def _pulled(ref: str, deadline: float) -> Base:
@@ -206,6 +194,17 @@ def pulled_rootfs(base: Base, deadline: float) -> tuple[str, dict[str, str], Cal
 
 def ensure_debian(base: Base, build_dir: Path, deadline: float) -> Path:
     """The mmdebstrap root of ``base``, built now unless it exists."""
+    def make(root: Path) -> None:
+        _mmdebstrap(base, root, build_dir / "bases" / f"{base.key}.log", deadline)
+        os.chmod(root, 0o755)
+
+    return _built_once(base, build_dir, deadline, make)
+
+
+def _built_once(base: Base, build_dir: Path, deadline: float, make: Callable[[Path], None]) -> Path:
+    """``<build_dir>/bases/<key>``: made by ``make(root)`` in a scratch directory beside it under the
+    base's lock, then renamed into place whole (a killed build leaves only scratch, removed by the
+    next holder of the lock); every node and sample reading the same directory shares it."""
     bases = build_dir / "bases"
     bases.mkdir(mode=0o711, exist_ok=True)
     final = bases / base.key
@@ -218,8 +217,7 @@ def ensure_debian(base: Base, build_dir: Path, deadline: float) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{base.key}.", dir=bases))
         try:
-            _mmdebstrap(base, scratch / "rootfs", bases / f"{base.key}.log", deadline)
-            os.chmod(scratch / "rootfs", 0o755)
+            make(scratch / "rootfs")
             os.rename(scratch / "rootfs", final)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
