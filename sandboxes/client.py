@@ -198,6 +198,12 @@ def stop_strays(address: str, token: str, strays: list[Stray]) -> StopStraysResp
 
 
 # -- closing by handle: the one way the service closes a job's sandbox -----------------------
+def handle_of(host: HostRecord, entry: SandboxEntry) -> SandboxHandle:
+    """The handle of the sandbox ``entry`` on ``host`` (as the host listed or created it)."""
+    return SandboxHandle(host_id=host.host_id, address=host.address, token=host.token,
+                         sandbox_id=entry.sandbox_id, runtime=entry.runtime)
+
+
 def close_handle(handle: SandboxHandle | dict[str, Any], *, raise_errors: bool = False) -> bool:
     """Close the sandbox a handle (or the dict a job record stores) names. True if this call
     closed it; False if it was already gone, which is not an error.
@@ -300,9 +306,7 @@ def open_sandbox(client: redis.Redis, spec: SandboxSpec, job_id: str,
             failed.append(f"{host.host_id}: {exc}")
             continue
         entry = SandboxEntry.model_validate_json(response.content)
-        return RemoteSandbox(SandboxHandle(host_id=host.host_id, address=host.address,
-                                           token=host.token, sandbox_id=entry.sandbox_id,
-                                           runtime=entry.runtime), entry)
+        return RemoteSandbox(handle_of(host, entry), entry)
     if failed and not full:  # hosts answered with a real failure: retrying will not help
         raise SandboxError(f"every sandbox host failed to create the sandbox: {'; '.join(failed)}")
     raise NoSandboxCapacity(f"no live sandbox host with room for runtime {runtime!r}"

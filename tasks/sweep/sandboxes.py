@@ -31,8 +31,8 @@ from prorl_celery import keys
 from prorl_celery.errors import NotFound, SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.status import STAGES, StageState
-from sandboxes.client import RemoteSandbox, close_handle, list_sandboxes, list_strays, live_hosts, stop_strays
-from sandboxes.base import SandboxHandle
+from sandboxes.client import (RemoteSandbox, close_handle, handle_of, list_sandboxes, list_strays, live_hosts,
+                              stop_strays)
 from sandboxes.protocol import HostRecord, SandboxEntry
 from tasks.sweep.layers import sweep_layers
 
@@ -109,10 +109,8 @@ def lapses_while_waiting(entry: SandboxEntry, record: JobRecord | None, now: flo
 
 
 def _renew(host: HostRecord, entry: SandboxEntry) -> bool:
-    handle = SandboxHandle(host_id=host.host_id, address=host.address, token=host.token,
-                           sandbox_id=entry.sandbox_id, runtime=entry.runtime)
     try:
-        RemoteSandbox(handle).renew()
+        RemoteSandbox(handle_of(host, entry)).renew()
         return True
     except SandboxError as exc:  # gone meanwhile: the next stage finds out and runs it again
         log.info("sweep could not renew sandbox %s of job %s: %s", entry.sandbox_id, entry.job_id, exc)
@@ -134,9 +132,7 @@ def close_orphans(store: JobStore, host: HostRecord, now: float, grace_s: float,
             continue
         log.info("sweep closes sandbox %s on %s (job %s): %s", entry.sandbox_id, host.host_id,
                  entry.job_id, why)
-        handle = SandboxHandle(host_id=host.host_id, address=host.address, token=host.token,
-                               sandbox_id=entry.sandbox_id, runtime=entry.runtime)
-        if close_handle(handle, raise_errors=True):  # unreachable: sweep_sandboxes reports the host
+        if close_handle(handle_of(host, entry), raise_errors=True):  # unreachable: sweep_sandboxes reports the host
             closed.append(f"{host.host_id}/{entry.sandbox_id}")
     return closed
 
