@@ -2,6 +2,7 @@
 :func:`tasks.agent.runner.runner_for`), and a domain's own scoring."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +74,11 @@ class AgentTaskHandler(AgentHandler):
         ids stay in the job's rollout, referenced by ``trajectory`` (the API builds ``messages``,
         ``tokens`` and ``token_mode`` from it: :mod:`prorl_celery.rollout.views`)."""
         return runner_of(state).result_fields(state)
+
+
+def mentions(text: str, value: str) -> bool:
+    """``value`` in ``text``, not as part of a longer word or number."""
+    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
 
 
 def final_answer(state: JobState | Mapping[str, Any]) -> tuple[str | None, str]:

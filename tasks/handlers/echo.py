@@ -13,14 +13,13 @@ model rarely answers with the number alone, but often says it back inside a sent
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from prorl_celery.llm import LLMRequest, Turn
 from tasks.agent import AgentConfig
 from tasks.agent import tools as agent_tools
 from tasks.context import StageContext
-from tasks.handlers.agentic import AgentTaskHandler, final_answer
+from tasks.handlers.agentic import AgentTaskHandler, final_answer, mentions
 from tasks.handlers.instances import ECHO_TOOL_SETS, check_echo
 
 ToolSet = Literal["none", "submit", "all"]
@@ -71,7 +70,7 @@ class EchoHandler(AgentTaskHandler):
         given = answer_of(submitted if submitted is not None else text)
         expected = answer_of(str(ctx.instance["text"]))
         if ctx.instance.get("match", "exact") == "contains":
-            correct = re.search(rf"(?<!\w){re.escape(expected)}(?!\w)", given) is not None
+            correct = mentions(given, expected)
         else:
             correct = given == expected
         return {"reward": 1.0 if correct else 0.0, "resolved": correct,

@@ -15,13 +15,8 @@ import re
 from typing import Any
 
 from tasks.context import StageContext
-from tasks.handlers.agentic import AgentTaskHandler, final_answer
+from tasks.handlers.agentic import AgentTaskHandler, final_answer, mentions
 from tasks.handlers.instances import check_lookup
-
-def mentions(text: str, value: str) -> bool:
-    """``value`` in ``text``, not as part of a longer word or number."""
-    return re.search(rf"(?<![\w]){re.escape(value)}(?![\w])", text) is not None
-
 
 class LookupHandler(AgentTaskHandler):
     name = "lookup"

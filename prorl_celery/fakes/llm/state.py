@@ -110,8 +110,9 @@ class FakeLLM:
                      weight_versions=seq.version_spans(len(ids)), produced=seq.produced() if seq.aborted else len(ids))
         if self.options.routed_experts:
             entry["routed_experts"] = served.routes(ids, *self.options.routed_experts, start=len(prompt_ids))
-        with self.engine.lock:  # the engine's own cache is read and written under its lock
-            self.cache.add(prompt_ids + ids)
+        if self.cache is not self.engine.cache:  # the engine's own cache keeps what it served itself
+            with self.engine.lock:
+                self.cache.add(prompt_ids + ids)
         self.check_alive()
         return None if seq.aborted else entry
 
