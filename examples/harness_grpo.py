@@ -28,7 +28,7 @@ from examples import async_grpo  # noqa: E402
 
 FILES = ("notes.txt", "codes.txt", "todo.txt")
 HARNESS = Path("/opt/prorl-harnesses/openai-client")
-AGENT = {"harness": "command", "max_calls": 2, "wall_s": 120,
+AGENT = {"harness": "command", "max_calls": 2, "wall_s": 600,
          "command": f"{HARNESS / 'bin' / 'python'} {HARNESS / 'lookup_agent.py'}"}
 HELDOUT_SEED = 20261206
 
