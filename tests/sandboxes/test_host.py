@@ -113,8 +113,9 @@ def test_one_route_serves_every_protocol_method(start_host):
     assert reply.content == b"hi"
     assert requests.put(f"{base}/files", params={"path": "h"}, data=b"x", headers=headers).ok
     assert sandbox.read_file("h") == b"x"
-    assert requests.delete(base, headers=headers, timeout=30).json() == {"closed": True}
-    assert requests.post(f"{base}/close", json={}, headers=headers, timeout=30).json() == {"closed": False}
+    closed = requests.delete(base, headers=headers, timeout=30).json()  # usage: null where no cgroup measured it
+    assert closed["closed"] is True and set(closed) == {"closed", "usage"}
+    assert requests.post(f"{base}/close", json={}, headers=headers, timeout=30).json() == {"closed": False, "usage": None}
     reply = requests.post(f"{base}/stat", json={"path": "f"}, headers=headers, timeout=30)
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "sandbox_gone"
 
