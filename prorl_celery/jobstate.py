@@ -20,6 +20,7 @@ ROLLOUT_KEY = "_rollout"
 ADMISSION_KEY = "_admission"
 SANDBOX_KEY = "_sandbox"
 INIT_WAIT_KEY = "_init_wait_s"
+USAGE_KEY = "_sandbox_usage"
 AGENT_KEY = "agent"
 HARNESS_KEY = "harness"
 RESTARTS_KEY = "harness_restarts"
@@ -51,6 +52,9 @@ class JobState(BaseModel):
         None, alias=SANDBOX_KEY, description="The result's ``sandbox`` block: what the host started.")
     init_wait_s: float | None = Field(
         None, alias=INIT_WAIT_KEY, description="Seconds init waited for a sandbox (``timings.init_wait``).")
+    sandbox_usage: dict[str, Any] | None = Field(
+        None, alias=USAGE_KEY, description="What the job's closed sandboxes used, as their hosts read their "
+                                           "cgroups (``cost.sandbox``: :func:`prorl_celery.rollout.cost.add_usage`).")
     agent: dict[str, Any] | None = Field(
         None, alias=AGENT_KEY, description="The built-in agent's episode (:class:`tasks.agent.episode.Episode`).")
     harness: dict[str, Any] | None = Field(

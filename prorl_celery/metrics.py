@@ -162,8 +162,18 @@ class ServiceCollector(Collector):
                 ("prorl_project_llm_seconds", "llm_s", "Seconds of LLM calls of its ended jobs"),
                 ("prorl_project_run_seconds", "run_s", "Seconds its ended jobs spent in the run stage"),
                 ("prorl_project_rollout_seconds", "total_s", "Wall seconds of its ended jobs, submission to end"),
-                ("prorl_project_price", "price", "Its ended jobs at the operator's prices (PRORL_COST_PRICES)")):
+                ("prorl_project_price", "price", "Its ended jobs at the operator's prices (PRORL_COST_PRICES)"),
+                ("prorl_project_sandbox_measured", "sandbox_jobs", "Its ended jobs whose sandboxes' cgroups were read"),
+                ("prorl_project_sandbox_cpu_seconds", "sandbox_cpu_s",
+                 "CPU-seconds of its ended jobs' sandboxes (their cgroups)")):
             family = CounterMetricFamily(metric, help_, labels=["project"])
             for name, values in spent.items():
                 family.add_metric([name], values.get(field, 0.0))
             yield family
+        peak = GaugeMetricFamily("prorl_project_sandbox_peak_memory_mb",
+                                 "The largest peak memory (MiB, its sandboxes' cgroups) of one of its ended jobs",
+                                 labels=["project"])
+        for name, values in spent.items():
+            if "sandbox_peak_memory_mb" in values:
+                peak.add_metric([name], values["sandbox_peak_memory_mb"])
+        yield peak

@@ -274,6 +274,13 @@ class SandboxRuntime:
         runtime has none of its own to give."""
         return None
 
+    def usage(self) -> dict[str, Any] | None:
+        """What the sandbox used, as its cgroup counts it: ``{"cpu_s", "peak_memory_mb"}`` (see
+        :meth:`sandboxes.runtimes.limits.cgroups.SandboxCgroup.usage`), now while it lives and the
+        last reading once closed; the host reads it at close and in ``info``. Default: None, not
+        measured (never a guess): the runtime keeps no cgroup of its own per sandbox."""
+        return None
+
     def hasten_exit(self) -> None:
         """Just before :meth:`kill`: once killed, let this sandbox's processes have the CPU
         before the living until they are gone (a bulk close calls it for each sandbox before

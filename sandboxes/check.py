@@ -26,7 +26,7 @@ METHODS: dict[str, tuple[str, ...]] = {
 # _CLASS_HOOKS are called on the class
 HOOKS: dict[str, tuple[str, ...]] = {
     "available": ("config",), "warm_spec": ("spec",), "claim": ("job_id", "spec"), "kill": (),
-    "open_file": ("path",), "netns_fd": (),
+    "open_file": ("path",), "netns_fd": (), "usage": (),
     "strays": ("config",), "stop_stray": ("name", "config")}
 _CLASS_HOOKS = ("available", "warm_spec", "strays", "stop_stray")
 _conformant: set[type] = set()  # checked once per class: the registry loads one per create

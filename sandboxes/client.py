@@ -20,9 +20,9 @@ from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.gateway_route import GatewayRoute, close_gateway_route, gateway_route
-from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, FinishResponse,
-                                HostRecord, LayerEntry, LayerList, RelayResponse, RemoveLayersRequest,
-                                RemoveLayersResponse, SandboxEntry, StatResult, StopStraysRequest,
+from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Empty,
+                                FinishResponse, HostRecord, LayerEntry, LayerList, RelayResponse, RemoveLayersRequest,
+                                RemoveLayersResponse, SandboxEntry, SandboxUsage, StatResult, StopStraysRequest,
                                 StopStraysResponse, Stray, StrayList)
 from sandboxes.registry import AUTO, requested_runtime
 
@@ -71,6 +71,7 @@ class RemoteSandbox:
         self.handle = handle
         self.entry = entry  # the host's answer to the create (runtime, isolation, limits ...)
         self.gone = False  # the host said so: closing it again is no call (a bulk cancel's 1,000)
+        self.usage: SandboxUsage | None = None  # what it used, as the host read it at its close
 
     def _call(self, name: str, body: BaseModel) -> BaseModel:
         """One protocol method on the host: its request model in, its response model out."""
@@ -134,9 +135,10 @@ class RemoteSandbox:
         return self._invoke("export_tree", paths=paths, max_bytes=max_bytes)
 
     def finish(self, paths: list[str], max_bytes: int, settle_s: float = 0.0) -> FinishResponse:
-        """The sandbox killed, ``paths`` read, the sandbox closed (its host forgets it)."""
+        """The sandbox killed, ``paths`` read, the sandbox closed (its host forgets it); what it
+        used is kept in ``usage``."""
         files = self._invoke("finish", paths=paths, max_bytes=max_bytes, settle_s=settle_s)
-        self.gone = True
+        self.gone, self.usage = True, files.usage
         return files
 
     def freeze(self, layer: str, group_id: str | None = None, job_id: str | None = None,
@@ -147,8 +149,13 @@ class RemoteSandbox:
         return entry
 
     def close(self) -> bool:
-        """True if this call closed it, False if it was already gone. Idempotent."""
-        return False if self.gone else self._invoke("close")
+        """True if this call closed it, False if it was already gone. Idempotent. What it used
+        (the host's reading at the close; None: not measured) is kept in ``usage``."""
+        if self.gone:
+            return False
+        answer = self._call("close", Empty())
+        self.usage = answer.usage
+        return answer.closed
 
     def info(self) -> dict[str, Any]:
         return {**self._invoke("info"), "address": self.handle.address}
@@ -212,16 +219,24 @@ def close_handle(handle: SandboxHandle | dict[str, Any], *, raise_errors: bool =
     a host kills a sandbox whose lease lapsed (or died with it), and a caller closing on its way
     out must not have its own outcome hidden. ``raise_errors`` raises it instead, for a caller
     that reports the host (the sweep)."""
+    return close_measured(handle, raise_errors=raise_errors)[0]
+
+
+def close_measured(handle: SandboxHandle | dict[str, Any], *,
+                   raise_errors: bool = False) -> tuple[bool, SandboxUsage | None]:
+    """:func:`close_handle`, and what the sandbox (and its sidecars) used, as its host read it at
+    the close (None: already gone, or not measured)."""
     try:
-        return RemoteSandbox(SandboxHandle.model_validate(handle)).close()
+        box = RemoteSandbox(SandboxHandle.model_validate(handle))
+        return box.close(), box.usage
     except SandboxGone:
-        return False
+        return False, None
     except Exception as exc:  # noqa: BLE001 - see above
         if raise_errors:
             raise
         sandbox_id = handle.get("sandbox_id") if isinstance(handle, dict) else handle.sandbox_id
         log.warning("could not close sandbox %s: %s", sandbox_id, exc)
-        return False
+        return False, None
 
 
 def close_handles(handles: list[SandboxHandle | dict[str, Any]]) -> list[str]:
@@ -370,6 +385,9 @@ class HostProvider:
 
     def close(self, handle: SandboxHandle | dict[str, Any]) -> bool:
         return close_handle(handle)
+
+    def close_measured(self, handle: SandboxHandle | dict[str, Any]) -> tuple[bool, SandboxUsage | None]:
+        return close_measured(handle)
 
     def gateway_route(self, sandbox: Any, socket_path: str, listen: Any, key: str | None = None) -> GatewayRoute:
         return gateway_route(sandbox, socket_path, listen, key)

@@ -100,6 +100,31 @@ class ExportTreeResponse(BaseModel):
     data: bytes = Field(description="The tar (sent as the raw body).")
 
 
+class SandboxUsage(BaseModel):
+    """What a sandbox used, as its cgroup counted it (read at close, before the group is removed;
+    or on demand, in ``info``). A sandbox closed with its sidecars (those it keeps) counts theirs
+    too: CPU-seconds added up, peaks added up (they run side by side: a bound of their joint peak)."""
+
+    cpu_s: float | None = Field(None, description="CPU-seconds of all its processes (cpuacct.usage); "
+                                "None where the node has no cpuacct hierarchy.")
+    peak_memory_mb: float = Field(description="Peak of its memory cgroup (MiB; memory.max_usage_in_bytes: "
+                                  "processes, page cache and tmpfs pages).")
+    source: Literal["cgroup"] = "cgroup"
+    sandboxes: int = Field(1, description="How many sandboxes the reading covers (it and its sidecars).")
+
+
+def combine_usage(readings: list[dict[str, Any] | None]) -> SandboxUsage | None:
+    """One reading of sandboxes closed together (each a :meth:`cgroup usage
+    <sandboxes.runtimes.limits.cgroups.SandboxCgroup.usage>` or None: none measured it); None when
+    none was measured (the ``local`` runtime, a host without cgroup v1 or not root, singularity)."""
+    measured = [r for r in readings if r]
+    if not measured:
+        return None
+    cpus = [r["cpu_s"] for r in measured if r.get("cpu_s") is not None]
+    return SandboxUsage(cpu_s=round(sum(cpus), 6) if cpus else None, sandboxes=len(measured),
+                        peak_memory_mb=round(sum(r["peak_memory_mb"] for r in measured), 3))
+
+
 class FinishResponse(BaseModel):
     model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
@@ -111,6 +136,8 @@ class FinishResponse(BaseModel):
     killed_at_ns: int = Field(0, description="When the kill began (ns, the node's clock).")
     rewritten: list[str] = Field(default_factory=list, description="Paths that changed while "
                                  "settling, before the kill: something still running wrote them.")
+    usage: SandboxUsage | None = Field(None, description="What it used (and its sidecars), read at "
+                                       "close; None: not measured (no cgroup).")
 
 
 class FreezeRequest(_Body):
@@ -151,6 +178,8 @@ class InfoResponse(BaseModel):
 
 class CloseResponse(BaseModel):
     closed: bool = Field(description="False when the sandbox was already gone.")
+    usage: SandboxUsage | None = Field(None, description="What it used (and its sidecars), read just "
+                                       "before the kill; None: already gone, or not measured (no cgroup).")
 
 
 class RenewRequest(_Body):

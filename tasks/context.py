@@ -206,7 +206,7 @@ class StageContext:
         return box
 
     def close_aux_sandbox(self, box) -> None:
-        self.provider.close(box.handle)
+        self._closed(*_close_measured(self.provider, box.handle))
         self._set_aux([i for i in self.record.sandbox.get("aux", []) if i != box.handle.sandbox_id])
 
     def _set_aux(self, aux: list[str], opened=None) -> None:
@@ -223,8 +223,20 @@ class StageContext:
         """Close the job's sandbox if it has one (the provider's close: never raises, closing
         twice is harmless); True if this call closed it. The record keeps the handle: the result
         and a retry name the attempt's host from it."""
-        known_gone, self._sandbox = self._sandbox is not None and self._sandbox.gone, None
-        return bool(self.record.sandbox) and not known_gone and self.provider.close(self.record.sandbox)
+        box, self._sandbox = self._sandbox, None
+        if box is not None and box.gone:  # its finish closed it: what it used came with the files
+            return self._closed(False, getattr(box, "usage", None))
+        if not self.record.sandbox:
+            return False
+        return self._closed(*_close_measured(self.provider, self.record.sandbox))
+
+    def _closed(self, closed: bool, usage: Any) -> bool:
+        """A close's reading (the host's, at the close) added to the state, for ``cost.sandbox``."""
+        if usage is not None:
+            from prorl_celery.rollout.cost import add_usage
+
+            self.state.sandbox_usage = add_usage(self.state.sandbox_usage, usage)
+        return closed
 
     @property
     def provider(self):
@@ -269,3 +281,9 @@ class StageContext:
         k = self.max_staleness()
         return None if k is None else StalenessFence(WeightVersions(self.store.redis, self.record.project), k,
                                                      get_settings().staleness_fence)
+
+
+def _close_measured(provider: Any, handle: Any) -> tuple[bool, Any]:
+    """The provider's close and what the sandbox used (None where the provider does not say)."""
+    measured = getattr(provider, "close_measured", None)
+    return measured(handle) if measured is not None else (provider.close(handle), None)

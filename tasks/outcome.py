@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
-from prorl_celery.jobstate import ROLLOUT_KEY, SANDBOX_KEY
+from prorl_celery.jobstate import ROLLOUT_KEY, SANDBOX_KEY, USAGE_KEY
 from prorl_celery.models import ErrorInfo, JobResult
 from prorl_celery.rollout.cost import Cost, add_totals, cost_of, read_heads
 from prorl_celery.staleness import WeightVersions
@@ -85,13 +85,19 @@ def _with_cost(store: JobStore, jobs: list[tuple[JobRecord, Any]], results: list
     try:
         counts = [_saved_calls(state if state is not None else record.state) for record, state in jobs]
         blobs = read_heads(store.redis, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
-        costs = [cost_of(calls, result.timing) for calls, result in zip(blobs, results)]
+        costs = [cost_of(calls, result.timing, _usage(state if state is not None else record.state))
+                 for calls, result, (record, state) in zip(blobs, results, jobs)]
     except Exception:  # noqa: BLE001 - a job's end must not depend on its bill
         log.warning("could not read the cost of %d jobs", len(jobs), exc_info=True)
         return [None] * len(jobs)
     for result, cost in zip(results, costs):
         result.cost = cost.model_dump(mode="json")
     return costs
+
+
+def _usage(state: Any) -> dict[str, Any] | None:
+    """What the job's closed sandboxes used (:meth:`tasks.context.StageContext.close_sandbox`)."""
+    return state.get(USAGE_KEY) if state is not None else None
 
 
 def _saved_calls(state: Any) -> int | None:

@@ -55,9 +55,13 @@ def render(snap: dict[str, Any]) -> str:
     ]
     if snap.get("projects"):
         sections.append(_table(
-            ["project", "ended jobs", "prompt tokens", "generated tokens", "llm calls", "llm s", "rollout s"],
+            ["project", "ended jobs", "prompt tokens", "generated tokens", "llm calls", "llm s", "rollout s",
+             "sandbox cpu s", "peak sandbox MiB"],
             [[name, *(f"{t.get(k, 0):.0f}" for k in ("jobs", "prompt_tokens", "generated_tokens", "llm_calls")),
-              f"{t.get('llm_s', 0):.1f}", f"{t.get('total_s', 0):.1f}"] for name, t in snap["projects"].items()]))
+              f"{t.get('llm_s', 0):.1f}", f"{t.get('total_s', 0):.1f}",
+              f"{t['sandbox_cpu_s']:.1f}" if "sandbox_cpu_s" in t else "-",
+              f"{t['sandbox_peak_memory_mb']:.0f}" if "sandbox_peak_memory_mb" in t else "-"]
+             for name, t in snap["projects"].items()]))
     return "\n\n".join(sections)
 
 

@@ -5,7 +5,9 @@ Per backend: calls, prompt tokens (the whole prompt of every call: what the serv
 generated tokens, prompt tokens its prefix cache held (where it said), and LLM seconds (each call's
 latency, retries included); then the wall time of each stage. A call whose server returned no
 token ids (chat mode without them) counts as a call with unknown tokens (``calls_without_ids``).
-Sandbox CPU-seconds and peak memory are not reported by the sandbox hosts yet: ``sandbox`` is None.
+Then ``sandbox``: the CPU-seconds and peak memory of the job's sandboxes, as their hosts read their
+cgroups when they closed them (:class:`sandboxes.protocol.SandboxUsage`, kept in the job's state by
+:meth:`tasks.context.StageContext.close_sandbox`); None where no cgroup measured them.
 
 Only each record's metadata head leaves Redis (a script cuts it off the packed record there), never
 its ids: a bulk cancel of a thousand long rollouts reads kilobytes each, not their token arrays.
@@ -35,6 +37,29 @@ class BackendCost(BaseModel):
     calls_without_ids: int = 0
 
 
+class SandboxCost(BaseModel):
+    """What the job's sandboxes used (each read by its host at its close, from its cgroup)."""
+
+    cpu_s: float | None = Field(None, description="CPU-seconds of all their processes; None where the "
+                                                  "node's cgroups count none (no cpuacct).")
+    peak_memory_mb: float = Field(0.0, description="Their memory cgroups' peaks added up (MiB): a bound "
+                                                   "of their joint peak.")
+    source: str = "cgroup"
+    sandboxes: int = Field(1, description="How many sandboxes were measured (sidecars and a grader's too).")
+
+
+def add_usage(spent: dict[str, Any] | None, usage: Any) -> dict[str, Any]:
+    """``spent`` (a job's :class:`SandboxCost` so far, as stored) with one more close's reading
+    (a :class:`sandboxes.protocol.SandboxUsage` or its dict) added."""
+    new = usage if isinstance(usage, dict) else usage.model_dump()
+    if not spent:
+        return SandboxCost.model_validate(new).model_dump()
+    cpus = [v for v in (spent.get("cpu_s"), new.get("cpu_s")) if v is not None]
+    return SandboxCost(cpu_s=round(sum(cpus), 6) if cpus else None, source=new.get("source", "cgroup"),
+                       peak_memory_mb=round(spent["peak_memory_mb"] + new["peak_memory_mb"], 3),
+                       sandboxes=spent.get("sandboxes", 1) + new.get("sandboxes", 1)).model_dump()
+
+
 class Cost(BaseModel):
     """One trajectory's cost."""
 
@@ -44,8 +69,8 @@ class Cost(BaseModel):
     llm_calls: int = 0
     llm_s: float = Field(0.0, description="Seconds of LLM calls (their latency, retries included).")
     wall_s: dict[str, float] = Field(default_factory=dict, description="Seconds per stage (the result's timing).")
-    sandbox: dict[str, float] | None = Field(None, description="CPU-seconds and peak memory of its sandboxes: "
-                                                               "not reported by the sandbox hosts yet.")
+    sandbox: SandboxCost | None = Field(None, description="CPU-seconds and peak memory of its sandboxes, from "
+                                                          "their cgroups; None: not measured (no cgroup).")
     price: float | None = Field(None, description="The operator's prices applied (PRORL_COST_PRICES); None: none set.")
 
 
@@ -74,9 +99,11 @@ def add_call(cost: Cost, meta: dict[str, Any]) -> None:
     backend.generated_tokens += n_response
 
 
-def cost_of(heads: list[bytes], timing: Timings) -> Cost:
-    """The cost of the calls whose metadata heads are ``heads`` (:func:`read_heads`)."""
-    cost = Cost(wall_s={name: getattr(timing, name) for name in _STAGES})
+def cost_of(heads: list[bytes], timing: Timings, sandbox: dict[str, Any] | None = None) -> Cost:
+    """The cost of the calls whose metadata heads are ``heads`` (:func:`read_heads`), with the
+    job's sandbox usage (its state's, :func:`add_usage`; None: not measured)."""
+    cost = Cost(wall_s={name: getattr(timing, name) for name in _STAGES},
+                sandbox=SandboxCost.model_validate(sandbox) if sandbox else None)
     for head in heads:
         add_call(cost, json.loads(head))
     for backend in cost.llm.values():
@@ -95,12 +122,16 @@ _PRICED = ("prompt_tokens", "generated_tokens", "cached_tokens", "llm_s")
 
 def price_of(cost: Cost, prices: dict[str, float]) -> float | None:
     """One number for the trajectory: each backend's units at its own price (``<id>.<unit>``) or
-    the common one (``<unit>``), plus each stage's wall seconds at ``wall_s.<stage>``."""
+    the common one (``<unit>``), plus each stage's wall seconds at ``wall_s.<stage>``, plus the
+    sandboxes' CPU-seconds at ``sandbox.cpu_s`` (and their peak MiB at ``sandbox.peak_memory_mb``)."""
     if not prices:
         return None
     total = sum(prices.get(f"{bid}.{unit}", prices.get(unit, 0.0)) * getattr(spent, unit)
                 for bid, spent in cost.llm.items() for unit in _PRICED)
     total += sum(prices.get(f"wall_s.{stage}", 0.0) * seconds for stage, seconds in cost.wall_s.items())
+    if cost.sandbox is not None:
+        total += prices.get("sandbox.cpu_s", 0.0) * (cost.sandbox.cpu_s or 0.0)
+        total += prices.get("sandbox.peak_memory_mb", 0.0) * cost.sandbox.peak_memory_mb
     return round(total, 9)
 
 
@@ -117,12 +148,22 @@ def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[
     return [found.get(i, []) for i in range(len(jobs))]
 
 
-TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s", "price")
+TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s", "price",
+          "sandbox_jobs", "sandbox_cpu_s", "sandbox_peak_memory_mb")
+
+# KEYS[1]: a project's totals; ARGV[1]: a job's peak: the field keeps the largest
+_MAX = """
+local old = tonumber(redis.call('HGET', KEYS[1], 'sandbox_peak_memory_mb') or '-1')
+if tonumber(ARGV[1]) > old then redis.call('HSET', KEYS[1], 'sandbox_peak_memory_mb', ARGV[1]) end
+"""
 
 
 def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> None:
-    """Add ended jobs' costs to their projects' running totals (None: the operator's)."""
+    """Add ended jobs' costs to their projects' running totals (None: the operator's). Of the
+    jobs whose sandboxes were measured: how many (``sandbox_jobs``), their CPU-seconds, and the
+    largest peak memory of one job (``sandbox_peak_memory_mb``)."""
     pipe = client.pipeline(transaction=False)
+    peak = client.register_script(_MAX)
     for project, cost in ended:
         key = keys.cost_totals(project or OPERATOR)
         pipe.sadd(keys.cost_projects(), project or OPERATOR)
@@ -134,6 +175,10 @@ def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> Non
         pipe.hincrbyfloat(key, "total_s", cost.wall_s.get("total", 0.0))
         if cost.price is not None:
             pipe.hincrbyfloat(key, "price", cost.price)
+        if cost.sandbox is not None:
+            pipe.hincrby(key, "sandbox_jobs", 1)
+            pipe.hincrbyfloat(key, "sandbox_cpu_s", cost.sandbox.cpu_s or 0.0)
+            peak(keys=[key], args=[cost.sandbox.peak_memory_mb], client=pipe)
     pipe.execute()
 
 

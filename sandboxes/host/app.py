@@ -20,7 +20,8 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, FileError, InvalidReque
 from sandboxes.base import ExecResult
 from sandboxes.host.pool import SandboxPool, limit_enforcement
 from sandboxes.host.strays import list_strays, stop_strays
-from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Health,
+from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CloseResponse, CreateRequest,
+                                FinishResponse, Health,
                                 LayerList, Method, RemoveLayersRequest, RemoveLayersResponse, SandboxList,
                                 StopStraysRequest, StrayList)
 from sandboxes.runtimes.workspace import stream_capped
@@ -221,30 +222,39 @@ def _exec(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> ExecResul
 def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str, Any]:
     for entry in pool.entries():
         if entry.sandbox_id == sandbox_id:
-            return {**entry.info, "host_id": entry.host_id, "expires_at": entry.expires_at}
+            usage = pool.usage(sandbox_id)  # read now: a few small cgroup files
+            return {**entry.info, "host_id": entry.host_id, "expires_at": entry.expires_at,
+                    "usage": usage.model_dump() if usage else None}
     raise SandboxGone(f"no sandbox {sandbox_id!r} on host {pool.host_id}")
+
+
+def _close(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> CloseResponse:
+    closed, usage = pool.close_measured(sandbox_id)
+    return CloseResponse(closed=closed, usage=usage)
 
 
 def _finish(pool: SandboxPool, sandbox_id: str, args: dict[str, Any], name: str = "finish") -> Any:
     """The sandbox's finish (killed, read, closed) or freeze (killed, frozen, closed), then its
-    slot closed too; a path refused before anything was killed leaves it running."""
-    refused = False
+    slot closed too, and a finish's answer says what it (and its sidecars) used; a path refused
+    before anything was killed leaves it running."""
+    reason = f"{name}ed" if name == "finish" else "frozen"
     try:
         with pool.using(sandbox_id) as sandbox:
-            return getattr(sandbox, name)(**args)
+            out = getattr(sandbox, name)(**args)
     except PermissionError:
-        refused = True
         raise
-    finally:
-        if not refused:
-            pool.close(sandbox_id, f"{name}ed" if name == "finish" else "frozen")
+    except BaseException:
+        pool.close(sandbox_id, reason)
+        raise
+    _, usage = pool.close_measured(sandbox_id, reason)  # the runtime's reading taken at its close
+    return out.model_copy(update={"usage": usage}) if isinstance(out, FinishResponse) else out
 
 
 # methods the pool answers itself (its lease, its watch on the caller, its entry)
 _POOL_CALLS: dict[str, Callable[[SandboxPool, str, dict[str, Any]], Any]] = {
     "exec": _exec, "info": _info, "finish": _finish,
     "freeze": lambda pool, sandbox_id, args: _finish(pool, sandbox_id, args, "freeze"),
-    "close": lambda pool, sandbox_id, args: pool.close(sandbox_id),
+    "close": _close,
     "renew": lambda pool, sandbox_id, args: pool.renew(sandbox_id, args["lease_s"]),
     "relay": lambda pool, sandbox_id, args: pool.relay(sandbox_id, **args),
     "forward": lambda pool, sandbox_id, args: pool.forward(sandbox_id, **args),

@@ -16,7 +16,7 @@ from prorl_celery.errors import InvalidRequest, NoSandboxCapacity, PolicyDenied,
 from sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from sandboxes.host.forward import Forward, forward
 from sandboxes.host.relay import Relay, is_socket, parse_target, socket_path
-from sandboxes.protocol import RelayResponse, SandboxEntry
+from sandboxes.protocol import RelayResponse, SandboxEntry, SandboxUsage, combine_usage
 from sandboxes import policy
 from sandboxes.registry import ServedRuntimes, isolation_of, load_runtime, requested_runtime
 from sandboxes.host.warm import WarmPool
@@ -251,12 +251,29 @@ class SandboxPool:
     def close(self, sandbox_id: str, reason: str = "closed") -> bool:
         return bool(self.close_many([sandbox_id], reason))
 
-    def close_many(self, sandbox_ids: list[str], reason: str = "closed") -> list[str]:
+    def close_measured(self, sandbox_id: str, reason: str = "closed") -> tuple[bool, SandboxUsage | None]:
+        """:meth:`close`, and what the sandbox and its sidecars used (read just before the kill:
+        :meth:`~sandboxes.base.SandboxRuntime.usage`); None when not measured or already gone."""
+        readings: dict[str, Any] = {}
+        closed = self.close_many([sandbox_id], reason, readings)
+        return bool(closed), combine_usage(list(readings.values()))
+
+    def usage(self, sandbox_id: str) -> SandboxUsage | None:
+        """What a live sandbox (and its sidecars) used so far: a reading on demand (``info``)."""
+        with self._lock:
+            if sandbox_id not in self._slots:
+                raise SandboxGone(f"no sandbox {sandbox_id!r} on host {self.host_id}")
+            boxes = [s.sandbox for s in self._slots.values() if sandbox_id in (s.sandbox_id, s.keeper)]
+        return combine_usage([_usage_of(box) for box in boxes])
+
+    def close_many(self, sandbox_ids: list[str], reason: str = "closed",
+                   readings: dict[str, Any] | None = None) -> list[str]:
         """Close several; returns those it closed. Every sandbox is killed (its ``kill()`` hook)
         before any teardown is queued: killed and closed one by one, each kill's syscalls waited
         for the GIL behind the exec threads the earlier kills had woken (bench/RESULTS.md, bulk
         cancel). Their exits are hastened (each one's ``hasten_exit()`` before the kills, then
-        :func:`~sandboxes.runtimes.limits.exitboost.commit`), and one line is logged."""
+        :func:`~sandboxes.runtimes.limits.exitboost.commit`), and one line is logged. With
+        ``readings``, each closing sandbox's usage is read into it first (a bulk close reads none)."""
         with self._lock:
             slots = [slot for i in sandbox_ids if (slot := self._slots.pop(i, None)) is not None]
             closing = {slot.sandbox_id for slot in slots}
@@ -268,6 +285,8 @@ class SandboxPool:
             for slot in self._slots.values():
                 ends += [f for to, f in slot.forwards if to in closing]
                 slot.forwards = [(to, f) for to, f in slot.forwards if to not in closing]
+        if readings is not None:  # the last reading of a live group: its processes still run
+            readings.update((slot.sandbox_id, _usage_of(slot.sandbox)) for slot in slots)
         for slot in slots:  # before any kill: no dying sandbox competes with these writes yet
             try:
                 slot.sandbox.hasten_exit()
@@ -367,6 +386,16 @@ def limit_enforcement() -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - reported, not raised: a probe must not stop creates
         log.warning("could not tell how limits are enforced: %s", exc)
         return {}
+
+
+def _usage_of(sandbox: Sandbox) -> dict[str, Any] | None:
+    """The runtime's usage reading (a runtime class without the hook: None, not measured)."""
+    hook = getattr(sandbox, "usage", None)
+    try:
+        return hook() if hook is not None else None
+    except Exception:  # noqa: BLE001 - a reading never stops a close
+        log.warning("could not read a sandbox's usage", exc_info=True)
+        return None
 
 
 def _close(sandbox: Sandbox, sandbox_id: str) -> None:

@@ -254,6 +254,10 @@ class BwrapSandbox(ShellSandbox):
         if pidfd is not None:
             exitboost.hasten(cgroup.dirs["cpu"], pidfd)
 
+    def usage(self) -> dict[str, Any] | None:
+        """Its cgroup's CPU-seconds and peak memory (None on a node where it has no cgroup)."""
+        return self._limits.usage() if self._limits is not None else None
+
     def netns_fd(self) -> int | None:
         return self.shell.namespace("net") if self.shell is not None else None
 

@@ -77,3 +77,43 @@ def test_the_operators_prices_make_one_number(monkeypatch):
     monkeypatch.setattr(get_settings(), "cost_prices", {"generated_tokens": 2.0})
     head = Call.of([1, 2], [3, 4, 5], None, {"backend_id": "b"}).pack()[4:]
     assert cost_of([head[:head.index(b"}") + 1]], Timings()).price == 6.0
+
+
+def test_sandbox_usage_adds_up_and_reaches_totals_price_and_metrics(redis_url, monkeypatch):
+    """Each close's reading adds to the job's (CPU summed, peaks summed: sandboxes side by side);
+    the project's totals keep the CPU-seconds and the largest peak of one job; a price per
+    sandbox CPU-second; an unmeasured job (None) leaves the sandbox totals alone."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from config.settings import get_settings
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.metrics import ServiceCollector
+    from prorl_celery.projects import ProjectStore
+    from prorl_celery.rollout.cost import add_usage
+    from sandboxes.protocol import SandboxUsage, combine_usage
+
+    assert combine_usage([None, None]) is None
+    agent = combine_usage([{"cpu_s": 1.5, "peak_memory_mb": 100.0}, {"cpu_s": None, "peak_memory_mb": 20.0}])
+    assert (agent.cpu_s, agent.peak_memory_mb, agent.sandboxes) == (1.5, 120.0, 2)
+    spent = add_usage(add_usage(None, agent), SandboxUsage(cpu_s=0.25, peak_memory_mb=30.0))
+    assert spent == {"cpu_s": 1.75, "peak_memory_mb": 150.0, "source": "cgroup", "sandboxes": 3}
+    monkeypatch.setattr(get_settings(), "cost_prices", {"sandbox.cpu_s": 2.0, "wall_s.total": 0.5})
+    measured = cost_of([], Timings(total=4.0), spent)
+    assert measured.sandbox.cpu_s == 1.75 and measured.price == pytest.approx(1.75 * 2.0 + 4.0 * 0.5)
+    small = cost_of([], Timings(total=1.0), {"cpu_s": 0.5, "peak_memory_mb": 40.0})
+    unmeasured = cost_of([], Timings(total=1.0))
+    assert unmeasured.sandbox is None and unmeasured.price == 0.5
+    client = redis.Redis.from_url(redis_url)
+    name = f"cost-{uuid.uuid4().hex[:8]}"
+    ProjectStore(client).add(name)
+    add_totals(client, [(name, measured), (name, small), (name, unmeasured)])
+    got = totals(client)[name]
+    assert (got["jobs"], got["sandbox_jobs"], got["sandbox_cpu_s"], got["sandbox_peak_memory_mb"]) == (3, 2, 2.25, 150.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(JobStore(client)))
+    text = generate_latest(registry).decode()
+    assert f'prorl_project_sandbox_cpu_seconds_total{{project="{name}"}} 2.25' in text
+    assert f'prorl_project_sandbox_peak_memory_mb{{project="{name}"}} 150.0' in text
+    assert f'prorl_project_sandbox_measured_total{{project="{name}"}} 2.0' in text
+    ProjectStore(client).revoke(name)

@@ -113,8 +113,9 @@ def test_one_route_serves_every_protocol_method(start_host):
     assert reply.content == b"hi"
     assert requests.put(f"{base}/files", params={"path": "h"}, data=b"x", headers=headers).ok
     assert sandbox.read_file("h") == b"x"
-    assert requests.delete(base, headers=headers, timeout=30).json() == {"closed": True}
-    assert requests.post(f"{base}/close", json={}, headers=headers, timeout=30).json() == {"closed": False}
+    closed = requests.delete(base, headers=headers, timeout=30).json()  # usage: null where no cgroup measured it
+    assert closed["closed"] is True and set(closed) == {"closed", "usage"}
+    assert requests.post(f"{base}/close", json={}, headers=headers, timeout=30).json() == {"closed": False, "usage": None}
     reply = requests.post(f"{base}/stat", json={"path": "f"}, headers=headers, timeout=30)
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "sandbox_gone"
 
@@ -291,3 +292,42 @@ def test_warm_sandboxes_are_claimed_with_the_jobs_settings(start_host):
     restarted = second.exec("kill -9 $$")
     assert "new shell" in restarted.output
     assert second.exec('echo "$TASK"; ulimit -n').output == "warm start\n300\n"
+
+
+def test_close_and_finish_say_what_the_cgroup_counted(start_host):
+    """The host reads the sandbox's cgroup (cpuacct.usage, memory.max_usage_in_bytes) on demand
+    in info and at close; the close's reading is what the cgroup's own files said; a local
+    sandbox has no cgroup: null, never a guess."""
+    from pathlib import Path
+
+    from sandboxes.runtimes.limits.cgroups import PREFIX, V1_ROOT, accounting, host_key
+
+    if accounting() is None:
+        pytest.skip("no cgroup v1 cpuacct here (or not root): sandboxes are not measured")
+    host = start_host(capacity=4)
+    sandbox = create(host, spec={"runtime": "bwrap"})
+    burn = ("python3 -c 'import time\nb = b\"x\" * (100 << 20)\nt = time.process_time()\n"
+            "while time.process_time() - t < 1.0: pass'")
+    assert sandbox.exec(burn, timeout=30).exit_code == 0
+    info = sandbox.info()
+    workspace = Path(info["workspace"])  # <its runtime's root>/<name>: its cgroup's key and name
+    group = Path(PREFIX) / host_key(str(workspace.parent)) / workspace.name
+    cpu_s = int((V1_ROOT / accounting() / group / "cpuacct.usage").read_text()) / 1e9
+    peak_mb = int((V1_ROOT / "memory" / group / "memory.max_usage_in_bytes").read_text()) / (1 << 20)
+    assert 1.0 <= info["usage"]["cpu_s"] <= cpu_s + 1e-6 and info["usage"]["source"] == "cgroup"
+    assert sandbox.close() is True
+    usage = sandbox.usage
+    assert cpu_s - 1e-6 <= usage.cpu_s <= cpu_s + 0.1 and usage.peak_memory_mb == pytest.approx(peak_mb, abs=0.01)
+    assert usage.peak_memory_mb >= 100 and usage.sandboxes == 1
+    finished = create(host, job_id="job-2", spec={"runtime": "bwrap"})
+    finished.exec("head -c 30000000 /dev/zero > /tmp/fill; echo x > out.txt")
+    answer = finished.finish(["out.txt"], 1000)
+    assert answer.files["out.txt"] == b"x\n" and answer.usage.peak_memory_mb >= 28  # tmpfs pages count
+    assert finished.usage == answer.usage and answer.usage.cpu_s > 0
+    keeper = create(host, job_id="job-4", spec={"runtime": "bwrap"})  # a sidecar's use counts with its keeper's
+    sidecar = create(host, job_id="job-4", keeper=keeper.handle.sandbox_id, spec={"runtime": "bwrap"})
+    sidecar.exec("head -c 20000000 /dev/zero > /tmp/fill")
+    assert keeper.close() is True and keeper.usage.sandboxes == 2 and keeper.usage.peak_memory_mb >= 19
+    local = create(host, job_id="job-3", spec={"runtime": "local"})
+    assert local.info()["usage"] is None
+    assert local.close() is True and local.usage is None

@@ -169,3 +169,38 @@ def test_token_mode_trajectory_is_exact(api, stack, tmp_path, restore_oracle):
 def test_user_handler_by_dotted_path(api):
     result = _run(api, {"data_source": "tests.handlers_for_tests:UserHandler", "x": 21})
     assert result["doubled"] == 42 and result["reward"] == 0.25
+
+
+# burns a second of CPU holding 100 MiB, then prints its own rusage: CPU-seconds, max RSS (KiB)
+BURN = ("python3 -c 'import json, resource, time\n"
+        "b = b\"x\" * (100 << 20)\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 1.0: pass\n"
+        "r = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(json.dumps([r.ru_utime + r.ru_stime, r.ru_maxrss, len(b)]))'")
+
+
+def test_cost_has_what_the_sandboxs_cgroup_counted(api, redis_client):
+    """cost.sandbox: the host's reading of the sandbox's cgroup at its close, against what the
+    burning process itself counted (its rusage); the operator's totals take it in."""
+    from prorl_celery.rollout.cost import OPERATOR, totals
+    from sandboxes.runtimes.limits.cgroups import accounting
+
+    if accounting() is None:
+        pytest.skip("no cgroup v1 cpuacct here (or not root): sandboxes are not measured")
+    before = totals(redis_client).get(OPERATOR, {}).get("sandbox_cpu_s", 0.0)
+    result = _run(api, {"data_source": "shell", "commands": [BURN], "sandbox": {"runtime": "bwrap"}})
+    own_cpu, own_rss_kb, held = json.loads(result["steps"][0]["output"])
+    spent = result["cost"]["sandbox"]
+    assert spent["source"] == "cgroup" and spent["sandboxes"] == 1 and held == 100 << 20
+    assert own_cpu <= spent["cpu_s"] <= own_cpu + 0.75, (own_cpu, spent)  # + bash, python's start
+    # the 100 MiB it held, at least; its RSS also counts shared library pages charged elsewhere
+    assert 100 <= spent["peak_memory_mb"] <= own_rss_kb / 1024 + 64, (own_rss_kb, spent)
+    after = totals(redis_client)[OPERATOR]
+    assert after["sandbox_cpu_s"] - before >= spent["cpu_s"] - 1e-6
+    assert after["sandbox_peak_memory_mb"] >= spent["peak_memory_mb"]
+
+
+def test_a_local_sandbox_is_not_measured(api):
+    result = _run(api, {"data_source": "shell", "commands": ["echo hi"], "sandbox": {"runtime": "local"}})
+    assert result["sandbox"]["runtime"] == "local" and result["cost"]["sandbox"] is None

@@ -14,6 +14,11 @@ enter_argv`: a ``/bin/sh`` shim writes its own pid, then execs the real argv), s
 sandbox forks is ever outside. :meth:`SandboxCgroup.remove` kills what is left in it and removes
 it; :func:`sweep` removes what a dead host left. A delegated cgroup v2 subtree (Slurm) is detected
 and reported as not enforced (see :func:`enforcement`).
+
+What a sandbox used (:meth:`SandboxCgroup.usage`: its CPU-seconds from ``cpuacct.usage``, its peak
+memory from ``memory.max_usage_in_bytes``) is read from the same groups: ``cpuacct`` is joined
+beside them where it is a hierarchy of its own (``/sys/fs/cgroup/cpuacct/prorl/...``), or read
+in the cpu group where the node mounts ``cpu,cpuacct`` together (:func:`accounting`).
 """
 from __future__ import annotations
 
@@ -54,6 +59,21 @@ def controllers() -> tuple[str, ...]:
     found = tuple(name for name in CONTROLLERS if (V1_ROOT / name / "cgroup.procs").exists()
                   and not (V1_ROOT / name / "cgroup.subtree_control").exists())
     return found if found == CONTROLLERS else ()
+
+
+@functools.cache
+def accounting() -> str | None:
+    """The hierarchy that counts a sandbox's CPU time: ``cpu`` where cpuacct is mounted with it,
+    ``cpuacct`` where it is a hierarchy of its own, None where there is none (or no cgroups)."""
+    if not controllers():
+        return None
+    if (V1_ROOT / "cpu" / "cpuacct.usage").exists():
+        return "cpu"
+    acct = V1_ROOT / "cpuacct"
+    if (acct / "cpuacct.usage").exists() and (acct / "cgroup.procs").exists() \
+            and not (acct / "cgroup.subtree_control").exists():
+        return "cpuacct"
+    return None
 
 
 def why_not() -> str:
@@ -122,8 +142,8 @@ class SandboxCgroup:
     """The cgroups (one per controller) of one sandbox, made when constructed."""
 
     def __init__(self, host_key: str, name: str):
-        self.dirs = {ctrl: V1_ROOT / ctrl / PREFIX / _safe(host_key) / _safe(name)
-                     for ctrl in controllers()}
+        joined = controllers() + (("cpuacct",) if accounting() == "cpuacct" else ())
+        self.dirs = {ctrl: V1_ROOT / ctrl / PREFIX / _safe(host_key) / _safe(name) for ctrl in joined}
         for directory in self.dirs.values():
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -163,6 +183,19 @@ class SandboxCgroup:
 
     def stat(self, ctrl: str, name: str) -> str:
         return (self.dirs[ctrl] / name).read_text().strip()
+
+    def usage(self) -> dict[str, float | None] | None:
+        """What the sandbox used so far: CPU-seconds of all its processes, dead ones included
+        (None where no hierarchy counts them), and the peak of its memory cgroup's usage (MiB: its
+        processes, their page cache and tmpfs pages). None when the group is gone."""
+        acct = accounting()
+        try:
+            peak = int(self.stat("memory", "memory.max_usage_in_bytes"))
+            cpu_ns = int(self.stat(acct, "cpuacct.usage")) if acct else None
+        except (OSError, ValueError, KeyError):
+            return None
+        return {"cpu_s": None if cpu_ns is None else round(cpu_ns / 1e9, 6),
+                "peak_memory_mb": round(peak / _MB, 3)}
 
     def remove(self) -> None:
         for directory in self.dirs.values():
@@ -206,7 +239,7 @@ def sweep(host_key: str) -> int:
     empty directories of other host ids (never their sandboxes' cgroups: a live host may have
     made one an instant ago, before its first process entered it). Returns how many went."""
     removed = 0
-    for ctrl in controllers():
+    for ctrl in controllers() + (("cpuacct",) if accounting() == "cpuacct" else ()):
         base = V1_ROOT / ctrl / PREFIX
         own = base / _safe(host_key)
         for directory in sorted(own.glob("*/")) if own.is_dir() else []:
@@ -261,6 +294,7 @@ class SandboxLimits:
         self.own_uid = own_uid
         self.workspace_dir = str(workspace.host_dir)
         self.cgroup: SandboxCgroup | None = None
+        self.final: dict[str, float | None] | None = None  # the last reading, taken at close
         if controllers():
             self.cgroup = SandboxCgroup(host_key(root), workspace.host_dir.name)
             self.cgroup.apply(limits)
@@ -294,8 +328,14 @@ class SandboxLimits:
         if self.cgroup:
             self.cgroup.apply(limits)
 
+    def usage(self) -> dict[str, float | None] | None:
+        """Its cgroup's reading (:meth:`SandboxCgroup.usage`): now while it lives, the one taken
+        just before its removal after; None where it has none."""
+        return self.cgroup.usage() if self.cgroup else self.final
+
     def close(self) -> None:
         if self.cgroup:
+            self.final = self.cgroup.usage() or self.final
             self.cgroup.remove()
             self.cgroup = None
 
