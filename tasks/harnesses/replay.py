@@ -22,24 +22,27 @@ STEP_MARK = "/tmp/.prorl-replay-step"  # outside every carried directory: never 
 
 RESTORE = f'''import base64, gzip, io, json, os, sys, tarfile
 d = os.environ["PRORL_HARNESS_DIR"]
-n = int(open("{STEP_MARK}").read()) if os.path.exists("{STEP_MARK}") else 0
-open("{STEP_MARK}", "w").write(str(n + 1))
+root = sys.argv[1] if len(sys.argv) > 1 else "/"  # "/" in a sandbox; a folder standing for it in a test
+mark = os.path.join(root, "{STEP_MARK}".lstrip("/"))
+n = int(open(mark).read()) if os.path.exists(mark) else 0
+open(mark, "w").write(str(n + 1))
 if not os.path.exists(os.path.join(d, "ws%d.json" % n)):
     sys.exit("replay: no kept workspace for step %d" % n)
 ws = json.load(open(os.path.join(d, "ws%d.json" % n)))
 keep = set(ws["names"])
 for top in ws["dirs"]:
-    for base, dirs, files in os.walk(top):
+    for base, dirs, files in os.walk(os.path.join(root, top.lstrip("/"))):
         for name in files + [x for x in dirs if os.path.islink(os.path.join(base, x))]:
-            if os.path.join(base, name) not in keep:
+            if "/" + os.path.relpath(os.path.join(base, name), root) not in keep:
                 os.unlink(os.path.join(base, name))
 data = gzip.decompress(base64.b64decode(open(os.path.join(d, "ws%d.b64" % n)).read()))
 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
     if hasattr(tarfile, "fully_trusted_filter"):
-        tar.extractall("/", filter="fully_trusted")  # the host built its names: relative, no ..
+        tar.extractall(root, filter="fully_trusted")  # the host built its names: relative, no ..
     else:
-        tar.extractall("/")
-print("replay: step %d restored: %d files present, %d members unpacked" % (n, len(keep), len(tar.getmembers())))
+        tar.extractall(root)
+    unpacked = len(tar.getmembers())
+print("replay: step %d restored: %d files present, %d members unpacked" % (n, len(keep), unpacked))
 '''
 
 
