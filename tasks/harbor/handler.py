@@ -220,10 +220,11 @@ class HarborHandler(AgentTaskHandler):
         shared = task.config.verifier.environment_mode == "shared" and settings.harbor_shared_verifier
         timeout = max(1.0, min(step.verifier_timeout_s, ctx.remaining() - 5))
         carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
-        tar = b""
-        if carried and (not shared or rescore_retention_s(settings) > 0):
-            tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024)
-        kept = self._keep(ctx, tar, carried, image)  # for prorl-celery rescore: before grading touches it
+        cap = settings.harbor_carry_max_mb * 1024 * 1024
+        tar = agent_box.export_tree(carried, cap) if carried and not shared else b""
+        # for prorl-celery rescore, before grading touches it (a shared verifier's workspace is the agent's)
+        kept = self._keep(ctx, tar, carried, image,
+                          export=(lambda: agent_box.export_tree(carried, cap)) if shared else None)
         if shared:
             box = agent_box
         else:
@@ -250,11 +251,15 @@ class HarborHandler(AgentTaskHandler):
             graded["mode_note"] = "the task asked for shared; graded separately (harbor_shared_verifier is off)"
         return graded
 
-    def _keep(self, ctx: StageContext, tar: bytes, carried: list[str], image: dict[str, Any]) -> dict[str, Any]:
-        """The step's workspace kept for re-grading (:mod:`tasks.harbor.keep`); what was kept."""
+    def _keep(self, ctx: StageContext, tar: bytes, carried: list[str], image: dict[str, Any],
+              export: Any = None) -> dict[str, Any]:
+        """The step's workspace kept for re-grading (:mod:`tasks.harbor.keep`); what was kept.
+        ``export``: how to take the tar when the verifier got none (shared mode)."""
         if not carried:
             return {"workspace": "no: the task's working directory is /"}
         try:
+            if export is not None and rescore_retention_s(get_settings()) > 0:
+                tar = export()
             return keep.keep(ctx.store.redis, ctx.job_id, self._block(ctx).get("step", 0), tar,
                              image.get("rootfs"), carried, get_settings())
         except Exception as exc:  # noqa: BLE001 - re-grading's copy never fails the job
