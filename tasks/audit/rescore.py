@@ -120,7 +120,11 @@ def rescore(client: Any, store: Any, job_ids: list[str], timeout: float | None =
                 _compare(row, today)
         else:
             row.how = "harbor workspace, new job" if "workspaces" in instance["agent"] else "swe diff, new job"
-            row.replay_job = client.submit(instance)
+            try:
+                row.replay_job = client.submit(instance)
+            except Exception as exc:  # noqa: BLE001 - e.g. a task quarantined since (409): said on its row
+                row.note = f"the replay was refused: {exc}"[:300]
+                continue
             replays[row.replay_job] = job_id
     for job in client.as_completed(list(replays), timeout=timeout) if replays else []:
         row = out[replays[job["job_id"]]]

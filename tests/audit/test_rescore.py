@@ -151,8 +151,8 @@ def test_the_replay_restores_a_kept_workspace_over_the_prepared_tree(image, tmp_
 
 
 def _record(instance: dict, state: dict, result: dict, finished: float | None = None,
-            status: str = "completed") -> JobRecord:
-    return JobRecord.model_validate({"job_id": "a1", "status": status, "data_source": instance["data_source"],
+            status: str = "completed", job_id: str = "a1") -> JobRecord:
+    return JobRecord.model_validate({"job_id": job_id, "status": status, "data_source": instance["data_source"],
                                      "instance": instance, "state": state, "result": result,
                                      "t_created": 0.0, "t_finished": finished or time.time()})
 
@@ -232,3 +232,21 @@ def test_a_grader_that_needs_a_sandbox_is_reported_not_regraded():
     state = {"agent": {"answer": "print(sum(map(int, input().split())))", "final_text": ""}}
     today, why = regrade(_record(instance, state, {"reward": 1.0}))
     assert today is None and "needs the stage's" in why and "not re-graded in process" in why
+
+
+def test_a_refused_replay_is_said_on_its_row_and_the_others_go_on(image):
+    from tasks.audit.rescore import rescore
+    from tasks.harbor import keep
+
+    class Refusing:
+        def submit(self, instance):
+            raise RuntimeError("409 task_quarantined: hello")
+
+    harbor = {"data_source": "harbor", "task_dir": "/t/hello"}
+    instance, state, result = _echo_job()
+    store = _Store({"h": _record(harbor, {}, {"reward": 1.0, "harbor": {"steps": [{}]}}, job_id="h"),
+                    "a1": _record(instance, state, result)})
+    keep.keep(store.redis, "h", 0, _final_tree(), str(image), ["/app"], Settings())
+    refused, answered = rescore(Refusing(), store, ["h", "a1"])
+    assert refused.note == "the replay was refused: 409 task_quarantined: hello" and refused.today is None
+    assert answered.today == 1.0

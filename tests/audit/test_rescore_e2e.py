@@ -29,7 +29,7 @@ def service(tmp_path_factory):
     script = tmp_path_factory.mktemp("script") / "turns.json"
     script.write_text(json.dumps([{"content": "Sure: 48213."}]))
     with own_stack(tmp_path_factory.mktemp("rescore-stack"), concurrency={"init": 2, "run": 4, "eval": 2, "maint": 1},
-                   env={"PRORL_RESCORE_RETENTION_S": "3600"}) as stack:
+                   env={"PRORL_RESCORE_RETENTION_S": "3600", "PRORL_HARBOR_SHARED_VERIFIER": "1"}) as stack:
         url = stack.start_fake_llm(name="fake-rescore", extra_args=["--policy", f"scripted:{script}"])
         client = ProrlClient(stack.api_url, token=stack.api_token)
         client.add_llm_server(url, protocol="generate", dialect="fake")
@@ -72,6 +72,41 @@ def test_a_harbor_result_is_replayed_from_its_kept_workspace_after_its_test_chan
     replay = client.get(again["replay_job"])["result"]
     assert replay["reward"] == 0.0 and replay["harbor"]["steps"][0]["mode"] == "separate"  # the verifier as usual
     assert _stored(r, job_id) == before  # the stored original: the same bytes
+
+
+def test_each_step_of_a_multi_step_task_is_restored_in_turn_and_a_shared_verifier_s_workspace_kept(service, tmp_path):
+    """examples/harbor/stages (two steps, a healthcheck between them that needs step 1's executable,
+    a setup.sh of step 2): each step's workspace restored by the replay on its own step; once step
+    2's test wants another count, the mean drops to 0.5. hello graded in the agent's own sandbox
+    (the operator allows the shared mode here) keeps its workspace too."""
+    from tasks.audit.rescore import rescore
+
+    stack, client = service
+    r = redis.Redis.from_url(stack.redis_url)
+    store = JobStore(r)
+    stages = tmp_path / "stages"
+    shutil.copytree(ROOT / "examples" / "harbor" / "stages", stages)
+    both = ("if [ -f items.txt ]; then printf '#!/bin/sh\\nwc -l < /srv/tool/items.txt\\n' > count.sh; "
+            "else printf '#!/bin/sh\\necho 0\\n' > count.sh; fi; chmod +x count.sh")
+    shared = tmp_path / "hello-shared"
+    shutil.copytree(ROOT / "examples" / "harbor" / "hello", shared)
+    (shared / "task.toml").write_text((shared / "task.toml").read_text().replace(
+        "[verifier]\n", "[verifier]\nenvironment_mode = \"shared\"\n"))
+    ids = [client.submit({"data_source": "harbor", "task_dir": str(stages), "agent": {"harness": "command", "command": both}}),
+           client.submit({"data_source": "harbor", "task_dir": str(shared),
+                          "agent": {"harness": "command", "command": "echo 'good morning' > /app/greeting.txt"}})]
+    done = [client.wait(j, timeout=WAIT) for j in ids]
+    assert [d["result"]["reward"] for d in done] == [1.0, 1.0], [d["result"].get("harbor") for d in done]
+    assert [s["kept"]["workspace"] for s in done[0]["result"]["harbor"]["steps"]] == [True, True]
+    assert done[1]["result"]["harbor"]["steps"][0]["mode"] == "shared"
+    before = [_stored(r, j) for j in ids]
+    again = rescore(client, store, ids, timeout=WAIT)
+    assert [(x.today, x.changed) for x in again] == [(1.0, False), (1.0, False)], again
+    test = stages / "steps" / "extend" / "tests" / "test.sh"
+    test.write_text(test.read_text().replace('= "$WANT"', '= "4"'))
+    [row] = rescore(client, store, ids[:1], timeout=WAIT)
+    assert (row.original, row.today, row.changed) == (1.0, 0.5, True), row
+    assert [_stored(r, j) for j in ids] == before
 
 
 def test_an_answer_is_regraded_by_a_changed_handler_and_the_change_reported(service, monkeypatch):
