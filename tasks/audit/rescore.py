@@ -11,7 +11,8 @@ What a result keeps decides how it is replayed, per domain:
   step, then the task's verifier runs as usual.
 - **Answer domains** (math, stem, echo, lookup, ...: graded on the final answer): the stored answer
   (the job's state) re-graded by today's handler in this process (:mod:`tasks.audit.regrade`), no
-  job, sandbox or LLM call; a grader that needs a sandbox (``code``) is reported, not replayed.
+  job, sandbox or LLM call; where the grader needs a sandbox (``code``), a new job whose ``replay``
+  agent holds the stored answer, graded by the workers.
 
 All of it for ``rescore_retention_s`` after the job finished (default: the job's TTL; 0: none)."""
 from __future__ import annotations
@@ -95,11 +96,31 @@ def _compare(row: Rescored, today: float) -> None:
     row.changed = abs(today - (row.original or 0.0)) > EPS
 
 
+HOW = {"patch": "swe diff, new job", "workspaces": "harbor workspace, new job", "final_text": "answer, new job"}
+
+
+def _plan(row: Rescored, record: Any, redis: Any) -> dict[str, Any] | None:
+    """Fill ``row`` for a result re-graded in process (or not at all); the instance of the new
+    job that replays it otherwise."""
+    from tasks.audit.regrade import NeedsStage, answer_instance, regrade
+
+    instance, row.note = replay_instance(record, redis)
+    if instance != "answer":
+        return instance if isinstance(instance, dict) else None
+    try:
+        today, row.note = regrade(record)
+    except NeedsStage:  # its grader runs tests in a sandbox: the answer replayed as a job
+        instance, row.note = answer_instance(record)
+        return instance
+    row.how = "answer, in process"
+    if today is not None:
+        _compare(row, today)
+    return None
+
+
 def rescore(client: Any, store: Any, job_ids: list[str], timeout: float | None = None) -> list[Rescored]:
     """Replay each job from its record (``store``: the job store; its Redis holds the kept
     workspaces) through the service (``client``: the API) or in process, and compare rewards."""
-    from tasks.audit.regrade import regrade
-
     out: dict[str, Rescored] = {}
     replays: dict[str, str] = {}
     for job_id in job_ids:
@@ -110,22 +131,16 @@ def rescore(client: Any, store: Any, job_ids: list[str], timeout: float | None =
         original = (record.result or {}).get("reward")
         row = out[job_id] = Rescored(job_id=job_id, data_source=record.data_source,
                                      original=None if original is None else float(original))
-        instance, why = replay_instance(record, store.redis)
+        instance = _plan(row, record, store.redis)
         if instance is None:
-            row.note = why
-        elif instance == "answer":
-            row.how = "answer, in process"
-            today, row.note = regrade(record)
-            if today is not None:
-                _compare(row, today)
-        else:
-            row.how = "harbor workspace, new job" if "workspaces" in instance["agent"] else "swe diff, new job"
-            try:
-                row.replay_job = client.submit(instance)
-            except Exception as exc:  # noqa: BLE001 - e.g. a task quarantined since (409): said on its row
-                row.note = f"the replay was refused: {exc}"[:300]
-                continue
-            replays[row.replay_job] = job_id
+            continue
+        row.how = next(how for key, how in HOW.items() if key in instance["agent"])
+        try:
+            row.replay_job = client.submit(instance)
+        except Exception as exc:  # noqa: BLE001 - e.g. a task quarantined since (409): said on its row
+            row.note = f"the replay was refused: {exc}"[:300]
+            continue
+        replays[row.replay_job] = job_id
     for job in client.as_completed(list(replays), timeout=timeout) if replays else []:
         row = out[replays[job["job_id"]]]
         result = job.get("result") or {}

@@ -2,11 +2,13 @@
 what an earlier rollout left (``prorl-celery rescore``). It makes no LLM call; what it restores goes
 in as files, not on the command line.
 
-Two forms: ``"patch"``, a git diff of the working tree (a SWE result's ``git_patch``), applied in
+Three forms: ``"patch"``, a git diff of the working tree (a SWE result's ``git_patch``), applied in
 the task's working directory; ``"workspaces"``, a Harbor result's kept steps
 (:mod:`tasks.harbor.keep`): on its n-th launch in a sandbox (the n-th step) it deletes the files
 and symlinks under the step's directories that the kept tree did not hold, then unpacks the
-step's diff at ``/``, with the sandbox's ``python3`` (which every harness's forwarder needs)."""
+step's diff at ``/``, with the sandbox's ``python3`` (which every harness's forwarder needs);
+``"final_text"`` (and ``"answer"``), an answer domain's stored answer, which the run then holds
+as its harness's last message (and submit answer) for a grader that needs a sandbox (``code``)."""
 from __future__ import annotations
 
 import base64
@@ -62,11 +64,16 @@ class ReplayConfig(BaseModel):
                                                                       "the task's working directory.")
     workspaces: list[ReplayWorkspace] | None = Field(None, description="A Harbor result's kept workspace per step, "
                                                                        "restored one per launch.")
+    final_text: str | None = Field(None, max_length=MAX_BYTES, description="An answer domain's stored last "
+                                   "message, the rollout's final text (its grader needs a sandbox: code).")
+    answer: str | None = Field(None, max_length=MAX_BYTES, description="With final_text: the stored submit answer.")
 
     @model_validator(mode="after")
     def _one(self) -> "ReplayConfig":
-        if (self.patch is None) == (self.workspaces is None):
-            raise ValueError("replay takes either patch or workspaces")
+        if sum(x is not None for x in (self.patch, self.workspaces, self.final_text)) != 1:
+            raise ValueError("replay takes one of patch, workspaces or final_text")
+        if self.answer is not None and self.final_text is None:
+            raise ValueError("replay's answer goes with final_text")
         return self
 
 
@@ -80,7 +87,13 @@ class Replay:
     name = "replay"
     config_class = ReplayConfig
 
+    def stored_answer(self, config: ReplayConfig) -> tuple[str | None, str] | None:
+        """(the submit answer, the final text) this replay stands for; None: not an answer replay."""
+        return None if config.final_text is None else (config.answer, config.final_text)
+
     def launch(self, task: HarnessTask, config: ReplayConfig) -> Launch:
+        if config.final_text is not None:  # the answer is the rollout's: nothing runs in the sandbox
+            return Launch(command="true")
         if config.workspaces is not None:
             files = {"restore.py": RESTORE}
             for i, ws in enumerate(config.workspaces):

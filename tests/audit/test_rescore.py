@@ -225,13 +225,45 @@ def test_an_answer_is_regraded_by_todays_handler_in_process_and_the_original_is_
     assert store.raw == before  # re-grading wrote nothing back
 
 
-def test_a_grader_that_needs_a_sandbox_is_reported_not_regraded():
-    from tasks.audit.regrade import regrade
+def test_an_answer_whose_grader_needs_a_sandbox_is_replayed_as_a_job_holding_the_stored_answer():
+    """code runs its tests in a sandbox: not in process; a new job whose replay agent holds the
+    stored answer, which the run then holds as its harness's (the handler reads it back the same)."""
+    from tasks.audit.regrade import NeedsStage, regrade
+    from tasks.audit.rescore import rescore
+    from tasks.harnesses import check_agent
+    from tasks.harnesses.replay import Replay, ReplayConfig
+    from tasks.harnesses.runner import HARNESS
 
-    instance = {"data_source": "code", "prompt": "add", "tests": [{"input": "1 2\n", "output": "3\n"}]}
-    state = {"agent": {"answer": "print(sum(map(int, input().split())))", "final_text": ""}}
-    today, why = regrade(_record(instance, state, {"reward": 1.0}))
-    assert today is None and "needs the stage's" in why and "not re-graded in process" in why
+    instance = {"data_source": "code", "prompt": "add", "tests": [{"input": "1 2\n", "output": "3\n"}],
+                "agent": {"harness": "command", "command": "true"}}
+    code = "print(sum(map(int, input().split())))"
+    state = {"agent": {"answer": code, "final_text": "done"}}
+    with pytest.raises(NeedsStage):
+        regrade(_record(instance, state, {"reward": 1.0}))
+
+    class Client:
+        submitted: list[dict] = []
+
+        def submit(self, instance):
+            self.submitted.append(instance)
+            return "r1"
+
+        def as_completed(self, ids, timeout=None):
+            return [{"job_id": "r1", "status": "completed", "result": {"reward": 0.0}}]
+
+    client = Client()
+    [row] = rescore(client, _Store({"a1": _record(instance, state, {"reward": 1.0})}), ["a1"])
+    assert (row.how, row.replay_job, row.today, row.changed) == ("answer, new job", "r1", 0.0, True)
+    [replay] = client.submitted
+    assert replay["agent"] == {"harness": "replay", "final_text": "done", "answer": code}
+    assert replay["tests"] == instance["tests"]
+    check_agent(replay["agent"])
+    config = ReplayConfig.model_validate({k: v for k, v in replay["agent"].items() if k != "harness"})
+    assert Replay().launch(None, config).command == "true"  # type: ignore[arg-type]
+    said = Replay().stored_answer(config)
+    assert HARNESS.final_answer({"harness": {"answer": said[0], "final_text": said[1]}}) == (code, "done")
+    with pytest.raises(ValueError, match="one of patch, workspaces or final_text"):
+        ReplayConfig.model_validate({"patch": "x", "final_text": "y"})
 
 
 def test_a_refused_replay_is_said_on_its_row_and_the_others_go_on(image):

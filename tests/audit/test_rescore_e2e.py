@@ -126,3 +126,25 @@ def test_an_answer_is_regraded_by_a_changed_handler_and_the_change_reported(serv
     [row] = rescore(client, store, [done["job_id"]])
     assert (row.original, row.today, row.changed) == (1.0, 0.0, True)
     assert _stored(r, done["job_id"]) == before
+
+
+def test_a_code_answer_is_replayed_as_a_job_because_its_grader_runs_tests(service):
+    """code's grader runs the tests in a sandbox: the stored answer goes to a new job whose replay
+    agent holds it. The stored reward an older grader got wrong is simulated (set to 0, as the SWE
+    e2e does); today's 1 is reported, the record's bytes the same before and after."""
+    from tasks.audit.rescore import rescore
+
+    stack, client = service
+    r = redis.Redis.from_url(stack.redis_url)
+    answer = "def add(a, b):\n    return a + b\n"
+    instance = {"data_source": "code", "prompt": "Write add(a, b).", "tests": "assert add(1, 2) == 3",
+                "agent": {"harness": "replay", "final_text": "Here it is.", "answer": answer}}
+    done = client.wait(client.submit(instance), timeout=300)
+    assert done["status"] == "completed" and done["result"]["reward"] == 1.0, done["result"]
+    store = JobStore(r)
+    record = store.get(done["job_id"])
+    r.hset(job_key(done["job_id"]), "result", json.dumps({**record.result, "reward": 0.0}))
+    before = _stored(r, done["job_id"])
+    [row] = rescore(client, store, [done["job_id"]], timeout=300)
+    assert (row.original, row.today, row.changed, row.how) == (0.0, 1.0, True, "answer, new job"), row
+    assert _stored(r, done["job_id"]) == before
