@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     harbor_fork_ttl_s: float = Field(21600.0, gt=0, description="Longest a group's prepared layer is kept (the beat sweep removes it earlier, once every job of its group ended; never while a sandbox runs on it).")
     sandbox_layer_dir: str | None = Field(None, description="Where sandbox hosts keep frozen layers (a prepared sandbox's changes, read-only, that other sandboxes of the same image start from: sandboxes/runtimes/layers.py); shared like image_build_dir by the nodes that share it. Default: image_build_dir's path with -layers appended.")
     audit_policy: Literal["refuse", "warn", "allow"] = Field("refuse", description="What a submission of a task the hack audit found hackable gets (prorl-celery audit; verdicts by the task's content hash, lifted when the task or its grader changes): refuse (409 task_quarantined naming the task and the policies), warn (accepted; the submission's answer carries a warning), allow.")
+    rescore_retention_s: int | None = Field(None, ge=0, description="How long a result keeps what `prorl-celery rescore` re-grades it from, seconds: a Harbor result's final workspace diff (its own Redis key, expiring then) and the right to re-grade a SWE diff or an answer domain's stored answer (both live in the job record, job_ttl_s). None: job_ttl_s; 0: nothing is kept for re-grading and nothing is re-scored.")
+    rescore_max_mb: int = Field(16, ge=0, description="Largest workspace diff (gzip-compressed tar of the files changed, plus the list of files present) a Harbor result keeps for re-grading, per step, MiB; past it none is kept and the result's harbor.steps[i].kept.workspace says why.")
     harbor_carry_max_mb: int = Field(256, description="Largest tar of the agent's changed files carried to a Harbor verifier, MiB; past it the job fails as a verifier fault.")
     harbor_compose_env: str = Field("", description="Comma-separated names of this worker's environment variables a Harbor task's docker-compose.yaml may interpolate (e.g. ANTHROPIC_API_KEY,SIM_USER_MODEL for a simulated user's sidecar); any other ${NAME} in the file reads as unset (its default, or empty).")
     harbor_sidecar_network: bool = Field(True, description="Give a Harbor task's sidecar services (docker-compose.yaml) the sandbox network, as a build's RUN gets it (an MCP server that fetches its packages at start needs the registries). The agent reaches a sidecar only through a forward of its ports into the agent's own namespace, never through the sidecar's interface. Off: sidecars run offline.")
@@ -191,6 +193,11 @@ class Settings(BaseSettings):
     @property
     def largest_budget_s(self) -> float:
         return max(self.init_budget_s, self.run_budget_s, self.eval_budget_s)
+
+
+def rescore_retention_s(settings: Settings) -> int:
+    """:attr:`Settings.rescore_retention_s` with its default (the job's own TTL) filled in."""
+    return settings.job_ttl_s if settings.rescore_retention_s is None else settings.rescore_retention_s
 
 
 @functools.cache

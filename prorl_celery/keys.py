@@ -197,6 +197,12 @@ def audit_verdict(content_hash: str) -> str:
     return f"{PREFIX}:audit:verdict:{content_hash}"
 
 
+def regrade_workspace(job_id: str) -> str:
+    """Hash with a TTL: a Harbor job's final workspace per step, kept for re-grading
+    (``<step>.tar.gz``, ``<step>.json.gz``: :mod:`tasks.harbor.keep`)."""
+    return f"{PREFIX}:regrade:{job_id}"
+
+
 def audit_verdicts() -> str:
     """Set: the content hashes that have an audit verdict."""
     return f"{PREFIX}:audit:verdicts"

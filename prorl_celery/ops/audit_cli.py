@@ -7,9 +7,10 @@ their evidence; ``--json`` for everything), and stores each verdict by the task'
 the service's Redis, where submissions of a hackable task meet the quarantine
 (``PRORL_AUDIT_POLICY``). Exit status 1 when a task is hackable.
 
-``rescore JOB_ID... | --group G`` replays each kept result's workspace diff through today's
-graders (new jobs; the stored originals are untouched) and prints every reward, the changed ones
-marked (``tasks/audit/rescore.py``). Exit status 1 when a reward changed.
+``rescore JOB_ID... | --group G`` replays each kept result through today's graders (a SWE diff or a
+Harbor workspace in a new job, an answer domain's answer in process; the stored originals are
+untouched) and prints every reward, the changed ones marked (``tasks/audit/rescore.py``). Exit
+status 1 when a reward changed.
 """
 from __future__ import annotations
 
@@ -109,10 +110,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def rescore_table(rows: list[dict[str, Any]]) -> str:
-    head = ["job", "data source", "stored", "today", "changed", "note"]
+    head = ["job", "data source", "stored", "today", "changed", "replayed as", "note"]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     body = [[r["job_id"], r["data_source"], fmt(r["original"]), fmt(r["today"]), "CHANGED" if r["changed"] else "",
-             r.get("note") or ""] for r in rows]
+             r.get("how") or "-", r.get("note") or ""] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])

@@ -24,7 +24,7 @@ import time
 from functools import lru_cache
 from typing import Any
 
-from config.settings import get_settings
+from config.settings import get_settings, rescore_retention_s
 from prorl_celery.errors import InvalidRequest
 from sandboxes.base import SandboxSpec
 from sandboxes.dirs import split_dirs
@@ -32,7 +32,7 @@ from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
 from tasks.handlers.instances import check_harbor
-from tasks.harbor import boxes, files, fork, sidecars
+from tasks.harbor import boxes, files, fork, keep, sidecars
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
 from tasks.harbor import tools, verifier
@@ -219,11 +219,15 @@ class HarborHandler(AgentTaskHandler):
         artifacts = boxes.artifacts(agent_box, step)
         shared = task.config.verifier.environment_mode == "shared" and settings.harbor_shared_verifier
         timeout = max(1.0, min(step.verifier_timeout_s, ctx.remaining() - 5))
+        carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
+        cap = settings.harbor_carry_max_mb * 1024 * 1024
+        tar = agent_box.export_tree(carried, cap) if carried and not shared else b""
+        # for prorl-celery rescore, before grading touches it (a shared verifier's workspace is the agent's)
+        kept = self._keep(ctx, tar, carried, image,
+                          export=(lambda: agent_box.export_tree(carried, cap)) if shared else None)
         if shared:
             box = agent_box
         else:
-            carried = [p for p in [workdir, *split_dirs(settings.harbor_carry_paths)] if p != "/"]
-            tar = agent_box.export_tree(carried, settings.harbor_carry_max_mb * 1024 * 1024) if carried else b""
             network = wants_internet(task.config, task.config.verifier) and settings.harbor_verifier_network
             spec = self._spec(ctx, task, image, network, env=boxes.tools_env(image))
             box = ctx.open_aux_sandbox(spec)
@@ -239,10 +243,24 @@ class HarborHandler(AgentTaskHandler):
             if not shared:
                 ctx.close_aux_sandbox(box)
         graded.update(name=step.name, mode="shared" if shared else "separate", artifacts=artifacts,
-                      grade_s=round(time.monotonic() - started, 3))
+                      grade_s=round(time.monotonic() - started, 3), kept=kept)
         why = verifier.min_reward_failure(graded["rewards"], step.min_reward)
         if why and not last:
             graded["stopped"] = why
         if task.config.verifier.environment_mode == "shared" and not shared:
             graded["mode_note"] = "the task asked for shared; graded separately (harbor_shared_verifier is off)"
         return graded
+
+    def _keep(self, ctx: StageContext, tar: bytes, carried: list[str], image: dict[str, Any],
+              export: Any = None) -> dict[str, Any]:
+        """The step's workspace kept for re-grading (:mod:`tasks.harbor.keep`); what was kept.
+        ``export``: how to take the tar when the verifier got none (shared mode)."""
+        if not carried:
+            return {"workspace": "no: the task's working directory is /"}
+        try:
+            if export is not None and rescore_retention_s(get_settings()) > 0:
+                tar = export()
+            return keep.keep(ctx.store.redis, ctx.job_id, self._block(ctx).get("step", 0), tar,
+                             image.get("rootfs"), carried, get_settings())
+        except Exception as exc:  # noqa: BLE001 - re-grading's copy never fails the job
+            return {"workspace": f"no: {type(exc).__name__}: {exc}"[:300]}

@@ -185,6 +185,10 @@ def run_harness(ctx: StageContext, instruction: str, pool: LLMPool | None = None
         raise JobCancelled(f"job {ctx.job_id} was cancelled while its harness ran")
     reason = _finish_reason(harness, session, result)
     state = _keep(ctx, spec, session, result, reason, started, strict)
+    stored = getattr(harness, "stored_answer", None)
+    said = stored(config) if stored is not None else None
+    if said is not None:  # the replay harness: a kept answer re-graded (prorl-celery rescore)
+        state = ctx.state.harness = {**state, "answer": said[0], "final_text": said[1]}
     log.flush()  # the last calls, with the state that says how it ended
     return state
 

@@ -44,8 +44,10 @@ class HarnessRunner:
         return harness_result_fields(state)
 
     def final_answer(self, state: JobState | Mapping[str, Any]) -> tuple[str | None, str]:
-        """A harness has no submit: its model's last message."""
-        return None, (JobState.of(state).harness or {}).get("final_text") or ""
+        """A harness has no submit: its model's last message (a replay of a kept answer: that
+        answer's, :mod:`tasks.harnesses.replay`)."""
+        harness = JobState.of(state).harness or {}
+        return harness.get("answer"), harness.get("final_text") or ""
 
 
 HARNESS = HarnessRunner()
