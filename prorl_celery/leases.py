@@ -16,6 +16,7 @@ calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()  # sent by its digest: not the script each stage
 
 
 class Lease:
@@ -64,7 +66,10 @@ class Lease:
     def release(self) -> None:
         keeper().drop(self)
         try:
-            self.redis.eval(_RELEASE, 1, self.key, self.token)
+            try:
+                self.redis.evalsha(_RELEASE_SHA, 1, self.key, self.token)
+            except redis.exceptions.NoScriptError:  # a Redis that never ran it (or restarted)
+                self.redis.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             log.warning("could not release lease %s; it will lapse", self.key)
 
