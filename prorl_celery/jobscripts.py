@@ -95,7 +95,7 @@ local function push(key, first, last)
   return len or redis.call('LLEN', key)
 end
 local function extend(key, base, first, last)
-  if push(key, first, last) ~= base + last - first + 1 then  -- a stray write lay past the saved count
+  if push(key, first, last) > base + last - first + 1 then  -- a stray write lay past the saved count
     if base == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, base - 1) end
     push(key, first, last)
   end
