@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import redis
 from pydantic import BaseModel, Field
@@ -226,14 +226,30 @@ class JobStore:
     # -- changing -------------------------------------------------------------------------
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
                    require_state: StageState | None = None, expect: dict[str, Any] | None = None,
+                   lease_token: str | None = None, before: Callable[[Any], None] | None = None,
                    **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
         not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
         given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
         ``require_state``, and each field of ``expect`` holds that value (e.g. ``{"attempt": 2}``:
-        no write of an earlier attempt lands in a later one). Returns (changed, status after)."""
-        args = self._transition_args(target, sources, require_state, expect or {}, fields)
-        return _changed(self._transition(keys=[keys.job(job_id), keys.job_watchers(job_id)], args=args))
+        no write of an earlier attempt lands in a later one). Returns (changed, status after).
+        ``lease_token``: a change that happens also releases the job's stage lease if it still
+        holds that token, in the same step. ``before``: queues commands of the caller's on a
+        pipeline that is sent with this change in one round trip, ahead of it (a stage's
+        histogram); they run once whatever the change's outcome."""
+        args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token)
+        job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
+        if before is None:
+            return _changed(self._transition(keys=job_keys, args=args))
+        pipe = self.redis.pipeline(transaction=False)
+        before(pipe)
+        pipe.evalsha(self._transition.sha, len(job_keys), *job_keys, *args)
+        reply = pipe.execute(raise_on_error=False)[-1]
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: the change alone
+            reply = self._transition(keys=job_keys, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
+        return _changed(reply)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]
                         ) -> list[tuple[bool, JobStatus | None]]:
@@ -241,18 +257,18 @@ class JobStore:
         but the table's, in one round trip (a bulk cancel)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id, target, fields in changes:
-            self._transition(keys=[keys.job(job_id), keys.job_watchers(job_id)],
+            self._transition(keys=[keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)],
                              args=self._transition_args(target, None, None, {}, fields), client=pipe)
         return [_changed(reply) for reply in pipe.execute()]
 
     def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus] | None,
                          require_state: StageState | None, expect: dict[str, Any],
-                         fields: dict[str, Any]) -> list[Any]:
+                         fields: dict[str, Any], lease_token: str | None = None) -> list[Any]:
         state = StageState(require_state).value if require_state is not None else ""
         args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages(""),
-                keys.job_counts_of("")]
+                keys.job_counts_of(""), lease_token or ""]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():

@@ -53,6 +53,7 @@ class Lease:
         self.token = f"{owner}:{uuid.uuid4().hex}"
         self.due = 0.0
         """When the keeper renews it next (monotonic seconds)."""
+        self.released = False
 
     def acquire(self) -> bool:
         if not self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
@@ -63,7 +64,16 @@ class Lease:
     def renew(self) -> bool:
         return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
 
+    def released_elsewhere(self) -> None:
+        """The lease's key was released by another script in Redis (the job store's transition
+        that ended the stage, ``JobStore.transition(lease_token=...)``): stop renewing it."""
+        self.released = True
+        keeper().drop(self)
+
     def release(self) -> None:
+        if self.released:  # released already (by the job's change that ended its stage)
+            return
+        self.released = True
         keeper().drop(self)
         try:
             try:
