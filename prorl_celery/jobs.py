@@ -226,18 +226,20 @@ class JobStore:
     # -- changing -------------------------------------------------------------------------
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
                    require_state: StageState | None = None, expect: dict[str, Any] | None = None,
-                   lease_token: str | None = None, before: Callable[[Any], None] | None = None,
-                   **fields: Any) -> tuple[bool, JobStatus | None]:
+                   lease_token: str | None = None, take_lease_ms: int = 0,
+                   before: Callable[[Any], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
         not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
         given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
         ``require_state``, and each field of ``expect`` holds that value (e.g. ``{"attempt": 2}``:
         no write of an earlier attempt lands in a later one). Returns (changed, status after).
         ``lease_token``: a change that happens also releases the job's stage lease if it still
-        holds that token, in the same step. ``before``: queues commands of the caller's on a
+        holds that token, in the same step; with ``take_lease_ms``, the change takes the lease
+        for that token instead (once its checks pass) and happens only if it got it. ``before``: queues commands of the caller's on a
         pipeline that is sent with this change in one round trip, ahead of it (a stage's
         histogram); they run once whatever the change's outcome."""
-        args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token)
+        args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
+                                     take_lease_ms)
         job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
         if before is None:
             return _changed(self._transition(keys=job_keys, args=args))
@@ -263,12 +265,13 @@ class JobStore:
 
     def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus] | None,
                          require_state: StageState | None, expect: dict[str, Any],
-                         fields: dict[str, Any], lease_token: str | None = None) -> list[Any]:
+                         fields: dict[str, Any], lease_token: str | None = None,
+                         take_lease_ms: int = 0) -> list[Any]:
         state = StageState(require_state).value if require_state is not None else ""
         args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages(""),
-                keys.job_counts_of(""), lease_token or ""]
+                keys.job_counts_of(""), lease_token or "", int(take_lease_ms) if lease_token else 0]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
@@ -313,7 +316,7 @@ def _sources_csv(target: JobStatus | None, sources: Iterable[JobStatus] | None) 
 
 
 def _changed(reply: list) -> tuple[bool, JobStatus | None]:
-    ok, status = reply
+    ok, status = reply[0], reply[1]  # a third element: why not (the stage lease was held)
     status = _text(status)
     return bool(ok), JobStatus(status) if status else None
 

@@ -25,9 +25,10 @@ return 1
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
 #       8 group completion stream prefix, 9 number k of expected field/values pairs, 10 and 11
 #       the key prefixes of a rollout's lists (a terminal job's expire with it), 12 the prefix of
-#       the per-project counts hashes, 13 a stage lease token ('' = none: the lease is left alone;
-#       else a change that happens also releases the lease if it still holds that token),
-#       then those k pairs (each field must hold one of the csv values; a missing field counts as
+#       the per-project counts hashes, 13 a stage lease token ('' = none: the lease is left alone),
+#       14 that lease's ttl in ms: > 0, the change takes the lease (SET NX) once its checks pass
+#       and happens only if it got it ({0, status, 'leased'} if another holds it); 0, a change
+#       that happens releases the lease if it still holds the token; then those k pairs (each field must hold one of the csv values; a missing field counts as
 #       ''), then the field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
 # the same again per project for a project's job. Completion entries name the job's project.
@@ -41,10 +42,12 @@ local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. 
 if member('%(terminal)s', cur) then return {0, cur} end
 if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 14 + 2 * tonumber(ARGV[9])
-for i = 14, first - 1, 2 do
+local first = 15 + 2 * tonumber(ARGV[9])
+for i = 15, first - 1, 2 do
   if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
 end
+local lease_ms = tonumber(ARGV[14])
+if lease_ms > 0 and not redis.call('SET', KEYS[3], ARGV[13], 'NX', 'PX', lease_ms) then return {0, cur, 'leased'} end
 local target = ARGV[2]
 if target == '' then target = cur end
 for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -78,7 +81,7 @@ if target ~= cur then
     redis.call('SADD', ARGV[4] .. target, id)
   end
 end
-if ARGV[13] ~= '' and redis.call('GET', KEYS[3]) == ARGV[13] then redis.call('DEL', KEYS[3]) end
+if lease_ms == 0 and ARGV[13] ~= '' and redis.call('GET', KEYS[3]) == ARGV[13] then redis.call('DEL', KEYS[3]) end
 return {1, target}
 """
 

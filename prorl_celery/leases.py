@@ -64,6 +64,11 @@ class Lease:
     def renew(self) -> bool:
         return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
 
+    def taken_elsewhere(self) -> None:
+        """The lease's key was set for this token by another script in Redis (the job store's
+        transition that starts the stage, ``JobStore.transition(take_lease_ms=...)``): renew it."""
+        keeper().hold(self)
+
     def released_elsewhere(self) -> None:
         """The lease's key was released by another script in Redis (the job store's transition
         that ended the stage, ``JobStore.transition(lease_token=...)``): stop renewing it."""

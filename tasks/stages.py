@@ -81,23 +81,24 @@ def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> 
     settings = get_settings()
     lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
                   owner=f"{stage.value}@{task.request.hostname}")
-    if not lease.acquire():
-        raise _skip(record, stage, f"another delivery holds the lease ({store.redis.get(lease.key)!r})")
-    try:
+    try:  # the lease taken by the change itself: one step, one round trip
         resumed = record.status is stage
         attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
         now = time.time()
         wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
         ok, _ = store.transition(record.job_id, stage, expect={"attempt": record.attempt},
+                                 lease_token=lease.token, take_lease_ms=lease.ttl_ms,
                                  stage_state=StageState.RUNNING, attempts=attempts,
                                  workers={**record.workers, stage.value: task.request.hostname or "?"},
                                  queue_s=record.queue_s + wait, t_stage_start=now)
     except BaseException:
-        lease.release()  # e.g. Redis went away: never keep renewing a lease nobody uses
+        lease.release()  # e.g. Redis went away: if the change took the lease, it goes (or lapses)
         raise
     if not ok:
-        lease.release()
-        raise _skip(record, stage, "the job changed meanwhile")
+        holder = store.redis.get(lease.key)
+        raise _skip(record, stage, f"another delivery holds the lease ({holder!r})" if holder
+                    else "the job changed meanwhile")
+    lease.taken_elsewhere()
     record.attempts, record.queue_s = attempts, record.queue_s + wait
     return lease, resumed
 

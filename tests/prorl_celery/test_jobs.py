@@ -243,3 +243,22 @@ def test_a_change_releases_the_stage_lease_it_names_with_the_callers_commands_fi
     assert store.transition(job_id, None, sources=[JobStatus.INIT], lease_token="mine", before=bump,
                             stage_state=StageState.DONE)[0]
     assert redis_client.get(lease) is None and redis_client.get(counter) == b"3"
+
+
+def test_a_change_that_takes_the_stage_lease_happens_only_with_it(store, redis_client):
+    """``take_lease_ms``: the change takes the stage lease once its checks pass, and does not
+    happen (nothing written) when another delivery holds it."""
+    from prorl_celery import keys
+
+    job_id = _new(store)
+    lease = keys.stage_lease(job_id)
+    redis_client.set(lease, "theirs")
+    assert store.transition(job_id, JobStatus.INIT, lease_token="mine", take_lease_ms=60000,
+                            stage_state=StageState.RUNNING) == (False, JobStatus.QUEUED)
+    assert store.status(job_id) is JobStatus.QUEUED and redis_client.get(lease) == b"theirs"
+    redis_client.delete(lease)
+    assert store.transition(job_id, JobStatus.RUN, lease_token="mine", take_lease_ms=60000)[0] is False
+    assert redis_client.get(lease) is None  # refused by its checks: no lease taken
+    assert store.transition(job_id, JobStatus.INIT, lease_token="mine", take_lease_ms=60000,
+                            stage_state=StageState.RUNNING) == (True, JobStatus.INIT)
+    assert redis_client.get(lease) == b"mine" and 0 < redis_client.pttl(lease) <= 60000
