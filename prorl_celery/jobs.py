@@ -197,9 +197,9 @@ class JobStore:
         added job and of each member whose status changed since the last reading (every status
         change names its job in its watchers' changed-sets). A size other than the caller's count
         of members says the set lapsed (no reading for ``WATCH_TTL_S``): add them all again."""
+        suffix = keys.job_watchers("").removeprefix(keys.job(""))  # the job's key, then this
         raw = self._watched(keys=[watch_key, keys.status_watch_changed(watch_key)],
-                            args=[keys.job(""), keys.job_watchers("").removeprefix(keys.job("")), WATCH_TTL_S, self.job_ttl_s, len(add),
-                                  *add, *remove])
+                            args=[keys.job(""), suffix, WATCH_TTL_S, self.job_ttl_s, len(add), *add, *remove])
         return int(raw[0]), {_text(raw[i]): JobStatus(_text(raw[i + 1])) if raw[i + 1] else None
                              for i in range(1, len(raw), 2)}
 
@@ -235,9 +235,10 @@ class JobStore:
         no write of an earlier attempt lands in a later one). Returns (changed, status after).
         ``lease_token``: a change that happens also releases the job's stage lease if it still
         holds that token, in the same step; with ``take_lease_ms``, the change takes the lease
-        for that token instead (once its checks pass) and happens only if it got it. ``before``: queues commands of the caller's on a
-        pipeline that is sent with this change in one round trip, ahead of it (a stage's
-        histogram); they run once whatever the change's outcome."""
+        for that token instead (once its checks pass) and happens only if it got it.
+        ``before``: queues commands of the caller's on a pipeline that is sent with this change
+        in one round trip, ahead of it (a stage's histogram); they run once whatever the
+        change's outcome."""
         args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
                                      take_lease_ms)
         job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
@@ -247,7 +248,7 @@ class JobStore:
         before(pipe)
         pipe.evalsha(self._transition.sha, len(job_keys), *job_keys, *args)
         reply = pipe.execute(raise_on_error=False)[-1]
-        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: the change alone
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: once more
             reply = self._transition(keys=job_keys, args=args)
         elif isinstance(reply, Exception):
             raise reply
