@@ -28,8 +28,9 @@ return 1
 #       the per-project counts hashes, 13 a stage lease token ('' = none: the lease is left alone),
 #       14 that lease's ttl in ms: > 0, the change takes the lease (SET NX) once its checks pass
 #       and happens only if it got it ({0, status, 'leased'} if another holds it); 0, a change
-#       that happens releases the lease if it still holds the token; then those k pairs (each field must hold one of the csv values; a missing field counts as
-#       ''), then the field/value pairs to set.
+#       that happens releases the lease if it still holds the token; then those k pairs (each
+#       field must hold one of the csv values; a missing field counts as ''), then the
+#       field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
 # the same again per project for a project's job. Completion entries name the job's project.
 # A job reaching a terminal status is appended to the completion streams in the same step. A
