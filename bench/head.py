@@ -195,6 +195,7 @@ class Reading:
                          for k, v in redis.info("commandstats").items()}
         info = redis.info()
         self.cpu_us = (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1e6
+        self.sys_us = float(info["used_cpu_sys"]) * 1e6  # system calls: the AOF's fsync, the sockets
         self.bytes_in, self.bytes_out = int(info["total_net_input_bytes"]), int(info["total_net_output_bytes"])
         self.memory = int(info["used_memory"])
         self.wall = time.perf_counter()
@@ -210,6 +211,7 @@ class Phase:
                          for k, (c, u) in after.commands.items()}
         self.commands = {k: v for k, v in self.commands.items() if v[0] > 0 and k not in ("info",)}
         self.redis_cpu_us = after.cpu_us - before.cpu_us
+        self.redis_sys_us = after.sys_us - before.sys_us
         self.bytes_in, self.bytes_out = after.bytes_in - before.bytes_in, after.bytes_out - before.bytes_out
         self.memory = after.memory - before.memory
         self.client_cpu_us = client_cpu_s * 1e6
@@ -220,7 +222,8 @@ class Phase:
     def row(self) -> str:
         cmd_us = sum(u for _, u in self.commands.values())
         return (f"| {self.name} | per {self.unit} | {self.per(sum(c for c, _ in self.commands.values())):.1f} "
-                f"| {self.per(cmd_us):.0f} | {self.per(self.redis_cpu_us):.0f} | {self.per(self.bytes_in) / 1e3:.2f} "
+                f"| {self.per(cmd_us):.0f} | {self.per(self.redis_cpu_us):.0f} | {self.per(self.redis_sys_us):.0f} "
+                f"| {self.per(self.bytes_in) / 1e3:.2f} "
                 f"| {self.per(self.bytes_out) / 1e3:.2f} | {self.per(self.memory) / 1e3:.2f} "
                 f"| {self.per(self.client_cpu_us):.0f} | {self.units / self.wall:.0f} |")
 
@@ -231,8 +234,8 @@ class Phase:
 
 
 HEADER = ("| phase | unit | Redis calls (scripts' own inside) | Redis command µs (scripts include their calls) "
-          "| Redis CPU µs (server, all) | kB in | kB out | memory kB held | driver CPU µs | units/s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          "| Redis CPU µs (server, all) | of which system µs | kB in | kB out | memory kB held | driver CPU µs | units/s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def measure(redis, name: str, unit: str, pool, func, parts: list, units: int) -> tuple[Phase, list]:
@@ -298,10 +301,10 @@ def parts_alone(redis, shape: dict, watch_jobs: int, n: int) -> list[Phase]:
     return out
 
 
-def start_redis(state: Path):
+def start_redis(state: Path, persist: bool = True):
     from prorl_celery.ops.launcher import Stack, StackOptions
 
-    stack = Stack(StackOptions(state_dir=state, redis_password=REDIS_PASSWORD))
+    stack = Stack(StackOptions(state_dir=state, redis_password=REDIS_PASSWORD, persist=persist))
     stack.start_redis(REDIS_PORT)
     return stack
 
@@ -315,6 +318,8 @@ def main() -> None:
     parser.add_argument("--watch-jobs", type=int, default=1000, help="jobs one watch reads per reading")
     parser.add_argument("--turn-s", type=float, default=16.0, help="turn time for the ceiling's watch term")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--no-aof", action="store_true",
+                        help="Redis without its AOF (the service fsyncs every write: this shows what that costs)")
     args = parser.parse_args()
     if args.quick:
         args.procs, args.rollouts, args.turns, args.watch_jobs = 2, 8, 4, 20
@@ -323,7 +328,7 @@ def main() -> None:
     os.environ[SHAPE_ENV] = json.dumps(shape)
     print(f"load average at the start: {os.getloadavg()}; procs {args.procs}; rollouts {args.rollouts}; "
           f"shape {shape}", flush=True)
-    stack = start_redis(Path(tempfile.mkdtemp(prefix="bench-head-")))
+    stack = start_redis(Path(tempfile.mkdtemp(prefix="bench-head-")), persist=not args.no_aof)
     try:  # only its Redis: not ``with stack``, which starts the whole stack
         from prorl_celery.connections import get_redis
         from prorl_celery.llm.models import BackendSpec
@@ -331,8 +336,8 @@ def main() -> None:
 
         redis = get_redis()
         server = redis.info("server")
-        print(f"redis {server['redis_version']}, appendfsync {redis.info('persistence').get('aof_enabled')} "
-              "(the launcher's: AOF, fsync always)", flush=True)
+        print(f"redis {server['redis_version']}, aof_enabled {redis.info('persistence').get('aof_enabled')} "
+              "(the launcher's: AOF, fsync always; --no-aof: none)", flush=True)
         BackendRegistry(redis).add(BackendSpec(address="http://bench.invalid:1", capacity=100000, probe=False))
         phases = run_phases(redis, args)
         detail = parts_alone(redis, shape, args.watch_jobs, 20 if args.quick else 400)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import redis
 from pydantic import BaseModel, Field
@@ -34,6 +34,8 @@ from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
                 "faults", "error")
+WATCH_TTL_S = 60
+"""A status watch's sets lapse this long after its last reading (a watcher that died leaves nothing)."""
 _TERMINAL_CSV = ",".join(s.value for s in TERMINAL)
 _LIGHT_FIELDS = ("job_id", "status", "stage_state", "data_source", "group_id", "project", "sampling_params", "sandbox",
                  "workers", "attempts", "attempt", "t_created", "t_enqueued", "t_finished", "t_stage_start",
@@ -123,7 +125,8 @@ class JobStore:
         self.redis = client
         self.job_ttl_s = job_ttl_s
         self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
-        self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV})
+        self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV,
+                                                                "watch_ttl": WATCH_TTL_S})
         self._statuses = client.register_script(STATUSES)
         self._watched = client.register_script(WATCHED_STATUSES)
         self._save = client.register_script(SAVE)
@@ -187,13 +190,18 @@ class JobStore:
         raw = self._statuses(keys=[keys.job(job_id) for job_id in job_ids])
         return [JobStatus(_text(value)) if value else None for value in raw]
 
-    def watched_statuses(self, watch_key: str, add: list[str], remove: list[str],
-                         ttl_s: int = 60) -> dict[str, JobStatus | None]:
-        """The status of every job in the watcher's set ``watch_key`` (None: gone), after adding
-        ``add`` and removing ``remove``, in one round trip; the set lapses ``ttl_s`` after the
-        last reading (a watcher that died leaves nothing behind)."""
-        raw = self._watched(keys=[watch_key], args=[keys.job(""), ttl_s, len(add), *add, *remove])
-        return {_text(raw[i]): JobStatus(_text(raw[i + 1])) if raw[i + 1] else None for i in range(0, len(raw), 2)}
+    def watched_statuses(self, watch_key: str, add: list[str], remove: list[str]
+                         ) -> tuple[int, dict[str, JobStatus | None]]:
+        """One reading of the watcher's set ``watch_key``, in one round trip: ``add`` joins it and
+        ``remove`` leaves it; returns the set's size after that and the status (None: gone) of each
+        added job and of each member whose status changed since the last reading (every status
+        change names its job in its watchers' changed-sets). A size other than the caller's count
+        of members says the set lapsed (no reading for ``WATCH_TTL_S``): add them all again."""
+        suffix = keys.job_watchers("").removeprefix(keys.job(""))  # the job's key, then this
+        raw = self._watched(keys=[watch_key, keys.status_watch_changed(watch_key)],
+                            args=[keys.job(""), suffix, WATCH_TTL_S, self.job_ttl_s, len(add), *add, *remove])
+        return int(raw[0]), {_text(raw[i]): JobStatus(_text(raw[i + 1])) if raw[i + 1] else None
+                             for i in range(1, len(raw), 2)}
 
     def ids_in(self, status: JobStatus) -> list[str]:
         return sorted(_text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))
@@ -218,14 +226,33 @@ class JobStore:
     # -- changing -------------------------------------------------------------------------
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
                    require_state: StageState | None = None, expect: dict[str, Any] | None = None,
-                   **fields: Any) -> tuple[bool, JobStatus | None]:
+                   lease_token: str | None = None, take_lease_ms: int = 0,
+                   before: Callable[[Any], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
         not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
         given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
         ``require_state``, and each field of ``expect`` holds that value (e.g. ``{"attempt": 2}``:
-        no write of an earlier attempt lands in a later one). Returns (changed, status after)."""
-        args = self._transition_args(target, sources, require_state, expect or {}, fields)
-        return _changed(self._transition(keys=[keys.job(job_id)], args=args))
+        no write of an earlier attempt lands in a later one). Returns (changed, status after).
+        ``lease_token``: a change that happens also releases the job's stage lease if it still
+        holds that token, in the same step; with ``take_lease_ms``, the change takes the lease
+        for that token instead (once its checks pass) and happens only if it got it.
+        ``before``: queues commands of the caller's on a pipeline that is sent with this change
+        in one round trip, ahead of it (a stage's histogram); they run once whatever the
+        change's outcome."""
+        args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
+                                     take_lease_ms)
+        job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
+        if before is None:
+            return _changed(self._transition(keys=job_keys, args=args))
+        pipe = self.redis.pipeline(transaction=False)
+        before(pipe)
+        pipe.evalsha(self._transition.sha, len(job_keys), *job_keys, *args)
+        reply = pipe.execute(raise_on_error=False)[-1]
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: once more
+            reply = self._transition(keys=job_keys, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
+        return _changed(reply)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]
                         ) -> list[tuple[bool, JobStatus | None]]:
@@ -233,18 +260,19 @@ class JobStore:
         but the table's, in one round trip (a bulk cancel)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id, target, fields in changes:
-            self._transition(keys=[keys.job(job_id)], args=self._transition_args(target, None, None, {}, fields),
-                             client=pipe)
+            self._transition(keys=[keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)],
+                             args=self._transition_args(target, None, None, {}, fields), client=pipe)
         return [_changed(reply) for reply in pipe.execute()]
 
     def _transition_args(self, target: JobStatus | None, sources: Iterable[JobStatus] | None,
                          require_state: StageState | None, expect: dict[str, Any],
-                         fields: dict[str, Any]) -> list[Any]:
+                         fields: dict[str, Any], lease_token: str | None = None,
+                         take_lease_ms: int = 0) -> list[Any]:
         state = StageState(require_state).value if require_state is not None else ""
         args = [_sources_csv(target, sources), target.value if target else "", state,
                 keys.jobs_by_status(""), keys.job_counts(), self.job_ttl_s, keys.completions(),
                 keys.group_completions(""), len(expect), keys.rollout_calls(""), keys.rollout_messages(""),
-                keys.job_counts_of("")]
+                keys.job_counts_of(""), lease_token or "", int(take_lease_ms) if lease_token else 0]
         for name, value in expect.items():  # a record from before attempts were counted has none
             args += [name, f"{value}," if name == "attempt" and str(value) == "1" else str(value)]
         for name, value in fields.items():
@@ -289,7 +317,7 @@ def _sources_csv(target: JobStatus | None, sources: Iterable[JobStatus] | None) 
 
 
 def _changed(reply: list) -> tuple[bool, JobStatus | None]:
-    ok, status = reply
+    ok, status = reply[0], reply[1]  # a third element: why not (the stage lease was held)
     status = _text(status)
     return bool(ok), JobStatus(status) if status else None
 

@@ -20,16 +20,22 @@ end
 return 1
 """
 
+# KEYS: the job, its watchers (keys.job_watchers), its stage lease.
 # ARGV: 1 allowed sources (csv, '' = any), 2 target ('' = keep), 3 required stage_state ('' = any),
 #       4 status-set prefix, 5 counts hash, 6 ttl of terminal records, 7 completion stream,
 #       8 group completion stream prefix, 9 number k of expected field/values pairs, 10 and 11
 #       the key prefixes of a rollout's lists (a terminal job's expire with it), 12 the prefix of
-#       the per-project counts hashes,
-#       then those k pairs (each field must hold one of the csv values; a missing field counts as ''), then
-#       the field/value pairs to set.
+#       the per-project counts hashes, 13 a stage lease token ('' = none: the lease is left alone),
+#       14 that lease's ttl in ms: > 0, the change takes the lease (SET NX) once its checks pass
+#       and happens only if it got it ({0, status, 'leased'} if another holds it); 0, a change
+#       that happens releases the lease if it still holds the token; then those k pairs (each
+#       field must hold one of the csv values; a missing field counts as ''), then the
+#       field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
 # the same again per project for a project's job. Completion entries name the job's project.
-# A job reaching a terminal status is appended to the completion streams in the same step.
+# A job reaching a terminal status is appended to the completion streams in the same step. A
+# status change adds the job to the changed-set of every watch that reads it (prorl_celery/watch.py:
+# a reading returns only those); a terminal status is final, so its watchers are forgotten.
 TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
@@ -37,10 +43,12 @@ local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. 
 if member('%(terminal)s', cur) then return {0, cur} end
 if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 13 + 2 * tonumber(ARGV[9])
-for i = 13, first - 1, 2 do
+local first = 15 + 2 * tonumber(ARGV[9])
+for i = 15, first - 1, 2 do
   if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
 end
+local lease_ms = tonumber(ARGV[14])
+if lease_ms > 0 and not redis.call('SET', KEYS[3], ARGV[13], 'NX', 'PX', lease_ms) then return {0, cur, 'leased'} end
 local target = ARGV[2]
 if target == '' then target = cur end
 for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -48,6 +56,10 @@ if target ~= cur then
   local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id', 'project')
   local id, ds, group, project = meta[1], meta[2], meta[3], meta[4] or ''
   redis.call('HSET', KEYS[1], 'status', target)
+  for _, w in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    redis.call('SADD', w, id)
+    redis.call('EXPIRE', w, %(watch_ttl)d)
+  end
   redis.call('SREM', ARGV[4] .. cur, id)
   redis.call('HINCRBY', ARGV[5], cur .. '|' .. ds, -1)
   redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
@@ -56,6 +68,7 @@ if target ~= cur then
     redis.call('HINCRBY', ARGV[12] .. project, target .. '|' .. ds, 1)
   end
   if member('%(terminal)s', target) then
+    redis.call('DEL', KEYS[2])
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
     redis.call('EXPIRE', ARGV[10] .. id, tonumber(ARGV[6]))
     redis.call('EXPIRE', ARGV[11] .. id, tonumber(ARGV[6]))
@@ -69,6 +82,7 @@ if target ~= cur then
     redis.call('SADD', ARGV[4] .. target, id)
   end
 end
+if lease_ms == 0 and ARGV[13] ~= '' and redis.call('GET', KEYS[3]) == ARGV[13] then redis.call('DEL', KEYS[3]) end
 return {1, target}
 """
 
@@ -76,16 +90,22 @@ return {1, target}
 # have, running), 2 accepted values of ``attempt`` (csv; a missing field counts as ''), 3 and 4
 # the calls and messages saved so far, 5 number n of new calls, 6 the state (JSON), then the n
 # packed calls, then the new messages. Whatever lies past the saved counts (a write of a delivery
-# that lost the job) is trimmed before the append, so a list holds exactly what the state counts.
+# that lost the job) is trimmed, so a list holds exactly what the state counts: the append's reply
+# (the list's length) tells, so a save is one HMGET, an RPUSH per list and the state's HSET.
 SAVE = """
-if redis.call('HGET', KEYS[1], 'status') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'stage_state') ~= 'running' then return 0 end
-local attempt = redis.call('HGET', KEYS[1], 'attempt') or ''
-if not string.find(',' .. ARGV[2] .. ',', ',' .. attempt .. ',', 1, true) then return 0 end
+local f = redis.call('HMGET', KEYS[1], 'status', 'stage_state', 'attempt')
+if f[1] ~= ARGV[1] or f[2] ~= 'running' then return 0 end
+if not string.find(',' .. ARGV[2] .. ',', ',' .. (f[3] or '') .. ',', 1, true) then return 0 end
+local function push(key, first, last)
+  local len = nil
+  for i = first, last, 4000 do len = redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 3999, last))) end
+  return len or redis.call('LLEN', key)
+end
 local function extend(key, base, first, last)
-  if base == 0 then redis.call('DEL', key)
-  elseif redis.call('LLEN', key) > base then redis.call('LTRIM', key, 0, base - 1) end
-  for i = first, last, 4000 do redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 3999, last))) end
+  if push(key, first, last) > base + last - first + 1 then  -- a stray write lay past the saved count
+    if base == 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, base - 1) end
+    push(key, first, last)
+  end
 end
 local n = tonumber(ARGV[5])
 extend(KEYS[2], tonumber(ARGV[3]), 7, 6 + n)
@@ -94,21 +114,38 @@ redis.call('HSET', KEYS[1], 'state', ARGV[6])
 return 1
 """
 
-# KEYS[1]: a watcher's set of job ids; ARGV: the job key prefix, the set's ttl, how many ids
-# follow to add, those ids, then ids to remove. Returns id, status, id, status ... of every member
-# ('' for a job that is gone). The job hashes are named from the members (one Redis, not a
-# cluster): a reading sends only what changed in the set, not every watched job's key.
+# KEYS: a watch's set of job ids, its changed-set. ARGV: the job key prefix, the suffix of a
+# job's watchers key, the set's ttl, the job records' ttl, how many ids follow to add, those ids,
+# then ids to remove. Returns the set's size after the change, then id, status ... of each added job and of
+# each watched job whose status changed since the last reading ('' for a job that is gone):
+# O(changes), not O(watched jobs). A size other than the caller's count says the set lapsed.
 WATCHED_STATUSES = """
-local set, prefix, ttl, n_add = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = 4, 3 + n_add do redis.call('SADD', set, ARGV[i]) end
-for i = 4 + n_add, #ARGV do redis.call('SREM', set, ARGV[i]) end
-local ids = redis.call('SMEMBERS', set)
-redis.call('EXPIRE', set, ttl)
-local out = {}
-for i, id in ipairs(ids) do
-  out[2 * i - 1] = id
-  out[2 * i] = redis.call('HGET', prefix .. id, 'status') or ''
+local set, changed, prefix, wsuffix = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local ttl, job_ttl, n_add = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local out = {0}
+local function read(id)
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', prefix .. id, 'status') or ''
 end
+for i = 6, 5 + n_add do
+  redis.call('SADD', set, ARGV[i])
+  redis.call('SADD', prefix .. ARGV[i] .. wsuffix, changed)
+  redis.call('EXPIRE', prefix .. ARGV[i] .. wsuffix, job_ttl)
+  read(ARGV[i])
+end
+for i = 6 + n_add, #ARGV do
+  redis.call('SREM', set, ARGV[i])
+  redis.call('SREM', prefix .. ARGV[i] .. wsuffix, changed)
+end
+local ids = redis.call('SMEMBERS', changed)
+if #ids > 0 then
+  redis.call('DEL', changed)
+  for _, id in ipairs(ids) do
+    if redis.call('SISMEMBER', set, id) == 1 then read(id) end
+  end
+end
+out[1] = redis.call('SCARD', set)
+if out[1] > 0 then redis.call('EXPIRE', set, ttl) end
 return out
 """
 

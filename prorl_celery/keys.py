@@ -13,6 +13,17 @@ def status_watch(watcher: str) -> str:
     return f"{PREFIX}:watch:{watcher}"
 
 
+def status_watch_changed(watcher_key: str) -> str:
+    """Set: the watched jobs whose status changed since the watch's last reading (each status
+    change adds its job to every watch that names it in :func:`job_watchers`)."""
+    return f"{watcher_key}:changed"
+
+
+def job_watchers(job_id: str) -> str:
+    """Set: the changed-sets (:func:`status_watch_changed`) of the watches that read the job."""
+    return f"{PREFIX}:job:{job_id}:watchers"
+
+
 def job(job_id: str) -> str:
     """Hash: the job record (status, stage, instance, timings, result ...)."""
     return f"{PREFIX}:job:{job_id}"

@@ -16,6 +16,7 @@ calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()  # sent by its digest: not the script each stage
 
 
 class Lease:
@@ -51,6 +53,7 @@ class Lease:
         self.token = f"{owner}:{uuid.uuid4().hex}"
         self.due = 0.0
         """When the keeper renews it next (monotonic seconds)."""
+        self.released = False
 
     def acquire(self) -> bool:
         if not self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
@@ -61,10 +64,27 @@ class Lease:
     def renew(self) -> bool:
         return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
 
+    def taken_elsewhere(self) -> None:
+        """The lease's key was set for this token by another script in Redis (the job store's
+        transition that starts the stage, ``JobStore.transition(take_lease_ms=...)``): renew it."""
+        keeper().hold(self)
+
+    def released_elsewhere(self) -> None:
+        """The lease's key was released by another script in Redis (the job store's transition
+        that ended the stage, ``JobStore.transition(lease_token=...)``): stop renewing it."""
+        self.released = True
+        keeper().drop(self)
+
     def release(self) -> None:
+        if self.released:  # released already (by the job's change that ended its stage)
+            return
+        self.released = True
         keeper().drop(self)
         try:
-            self.redis.eval(_RELEASE, 1, self.key, self.token)
+            try:
+                self.redis.evalsha(_RELEASE_SHA, 1, self.key, self.token)
+            except redis.exceptions.NoScriptError:  # a Redis that never ran it (or restarted)
+                self.redis.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError:
             log.warning("could not release lease %s; it will lapse", self.key)
 

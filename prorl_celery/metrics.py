@@ -23,13 +23,18 @@ BUCKETS = (0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 def observe_stage(client: redis.Redis, stage: str, seconds: float) -> None:
     """Count one finished stage of ``seconds`` into the stage's histogram."""
     pipe = client.pipeline(transaction=False)
+    queue_stage_observation(pipe, stage, seconds)
+    pipe.execute()
+
+
+def queue_stage_observation(pipe, stage: str, seconds: float) -> None:
+    """:func:`observe_stage`'s commands queued on ``pipe`` (sent with the caller's own)."""
     key = keys.stage_histogram(stage)
     bound = next((b for b in BUCKETS if seconds <= b), None)
     if bound is not None:  # one bucket per observation; the collector makes them cumulative
         pipe.hincrby(key, f"b:{bound}", 1)
     pipe.hincrby(key, "count", 1)
     pipe.hincrbyfloat(key, "sum", seconds)
-    pipe.execute()
 
 
 def count_sweep(client: redis.Redis, counts: dict[str, int]) -> None:

@@ -24,7 +24,7 @@ from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
 from prorl_celery.llm.pool import end_rollout
-from prorl_celery.metrics import observe_stage
+from prorl_celery.metrics import observe_stage, queue_stage_observation
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
 from sandboxes.client import close_handle
@@ -81,23 +81,24 @@ def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> 
     settings = get_settings()
     lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
                   owner=f"{stage.value}@{task.request.hostname}")
-    if not lease.acquire():
-        raise _skip(record, stage, f"another delivery holds the lease ({store.redis.get(lease.key)!r})")
-    try:
+    try:  # the lease taken by the change itself: one step, one round trip
         resumed = record.status is stage
         attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
         now = time.time()
         wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
         ok, _ = store.transition(record.job_id, stage, expect={"attempt": record.attempt},
+                                 lease_token=lease.token, take_lease_ms=lease.ttl_ms,
                                  stage_state=StageState.RUNNING, attempts=attempts,
                                  workers={**record.workers, stage.value: task.request.hostname or "?"},
                                  queue_s=record.queue_s + wait, t_stage_start=now)
     except BaseException:
-        lease.release()  # e.g. Redis went away: never keep renewing a lease nobody uses
+        lease.release()  # e.g. Redis went away: if the change took the lease, it goes (or lapses)
         raise
     if not ok:
-        lease.release()
-        raise _skip(record, stage, "the job changed meanwhile")
+        holder = store.redis.get(lease.key)
+        raise _skip(record, stage, f"another delivery holds the lease ({holder!r})" if holder
+                    else "the job changed meanwhile")
+    lease.taken_elsewhere()
     record.attempts, record.queue_s = attempts, record.queue_s + wait
     return lease, resumed
 
@@ -121,7 +122,7 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
             out = retry_from_init(store, record, WORKER_LOST,
                                   f"{stage} was started {limit} times and never finished", stage.value)
         else:
-            out = _execute(store, record, stage, resumed)
+            out = _execute(store, record, stage, resumed, lease)
     except _JobEnded as ended:
         return _ended(task, record, stage, str(ended))
     finally:
@@ -147,8 +148,10 @@ def _fair_share(store: JobStore, job_id: str, started: bool) -> None:
         log.warning("fair share after %s of job %s: %s", "start" if started else "end", job_id, exc)
 
 
-def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
-             resumed: bool) -> dict[str, Any] | Requeued | None:
+def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool,
+             lease: Lease | None = None) -> dict[str, Any] | Requeued | None:
+    """The handler's stage and what it left. ``lease``: the delivery's stage lease, released by
+    the change that ends a stage (still released by :func:`run_stage` on every other way out)."""
     ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
     handler = FALLBACK  # until the job's own is loaded: its failure is recorded by the base hooks
     try:
@@ -162,16 +165,21 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus,
         if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
             end_rollout(store.redis, record.job_id)
     elapsed = record.add_stage_time(stage, time.monotonic() - ctx.started)
-    observe_stage(store.redis, stage.value, time.monotonic() - ctx.started)
+    seconds = time.monotonic() - ctx.started
     if stage is JobStatus.EVAL:
+        observe_stage(store.redis, stage.value, seconds)
         handler.finish(ctx)
         result = finish(store, record, JobStatus.COMPLETED, handler=handler, state=ctx.state,
                         fields=outcome or {}, expect_attempt=record.attempt)
         return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
-    # Narrowed to this stage: the status stays, and only while it is still this stage.
+    # Narrowed to this stage: the status stays, and only while it is still this stage. One round
+    # trip: the histogram, the change, and the stage lease released by the change itself.
     ok, status = store.transition(record.job_id, None, sources=[stage], stage_state=StageState.DONE,
-                                  expect={"attempt": record.attempt},
+                                  expect={"attempt": record.attempt}, lease_token=lease and lease.token,
+                                  before=lambda pipe: queue_stage_observation(pipe, stage.value, seconds),
                                   state=ctx.state.dump(), t_enqueued=time.time(), **elapsed)
+    if ok and lease is not None:
+        lease.released_elsewhere()
     if not ok:
         ctx.close_sandbox()
         return _current_result(store, record.job_id)

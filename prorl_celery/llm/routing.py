@@ -162,13 +162,12 @@ if KEYS[3] ~= '' then  -- the project's: its request leaves its count, its token
     redis.call('EXPIRE', KEYS[4], 3700)
   end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s')
+if f[1] then  -- the backend is still registered
   if ARGV[2] == 'ok' then
     redis.call('HINCRBY', KEYS[2], 'served', 1)
-    redis.call('HSET', KEYS[2], 'consecutive_failures', 0)
-    local sample, old = tonumber(ARGV[3]), tonumber(redis.call('HGET', KEYS[2], 'turn_s'))
-    local w = tonumber(ARGV[4])
-    redis.call('HSET', KEYS[2], 'turn_s', old and old + w * (sample - old) or sample)
+    local sample, old, w = tonumber(ARGV[3]), tonumber(f[2]), tonumber(ARGV[4])
+    redis.call('HSET', KEYS[2], 'consecutive_failures', 0, 'turn_s', old and old + w * (sample - old) or sample)
   elseif ARGV[2] == 'failed' then
     redis.call('HINCRBY', KEYS[2], 'failures', 1)
     redis.call('HINCRBY', KEYS[2], 'consecutive_failures', 1)

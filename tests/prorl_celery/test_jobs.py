@@ -217,3 +217,48 @@ def test_light_records_carry_status_stage_and_sandbox_but_not_the_conversation(s
     assert light.sampling_params == {"run_budget_s": 5} and light.data_source == "shell"
     assert full.state["agent"]["messages"] == ["x" * 1000] and full.instance["data_source"] == "shell"
     assert light.state == {} and light.instance == {} and light.result is None
+
+
+def test_a_change_releases_the_stage_lease_it_names_with_the_callers_commands_first(store, redis_client):
+    """``lease_token``: the change that ends a stage releases the stage lease in the same step,
+    only if it happened and the lease still holds that token; ``before``: the caller's commands
+    go in the same round trip, once, whatever the change's outcome."""
+    from prorl_celery import keys
+
+    job_id = _at(store, JobStatus.INIT)
+    lease, counter = keys.stage_lease(job_id), f"test:before:{uuid.uuid4().hex}"
+    redis_client.set(lease, "mine")
+    bump = lambda pipe: pipe.incr(counter)  # noqa: E731
+    assert store.transition(job_id, None, sources=[JobStatus.RUN], lease_token="mine", before=bump) == \
+        (False, JobStatus.INIT)
+    assert redis_client.get(lease) == b"mine" and redis_client.get(counter) == b"1"  # refused: kept
+    assert store.transition(job_id, None, sources=[JobStatus.INIT], lease_token="theirs",
+                            stage_state=StageState.DONE)[0]
+    assert redis_client.get(lease) == b"mine"  # another holder's token: kept
+    assert store.transition(job_id, None, sources=[JobStatus.INIT], lease_token="mine", before=bump,
+                            stage_state=StageState.DONE) == (True, JobStatus.INIT)
+    assert redis_client.get(lease) is None and redis_client.get(counter) == b"2"
+    redis_client.script_flush()  # a Redis that lost its scripts: the change still happens, once
+    redis_client.set(lease, "mine")
+    assert store.transition(job_id, None, sources=[JobStatus.INIT], lease_token="mine", before=bump,
+                            stage_state=StageState.DONE)[0]
+    assert redis_client.get(lease) is None and redis_client.get(counter) == b"3"
+
+
+def test_a_change_that_takes_the_stage_lease_happens_only_with_it(store, redis_client):
+    """``take_lease_ms``: the change takes the stage lease once its checks pass, and does not
+    happen (nothing written) when another delivery holds it."""
+    from prorl_celery import keys
+
+    job_id = _new(store)
+    lease = keys.stage_lease(job_id)
+    redis_client.set(lease, "theirs")
+    assert store.transition(job_id, JobStatus.INIT, lease_token="mine", take_lease_ms=60000,
+                            stage_state=StageState.RUNNING) == (False, JobStatus.QUEUED)
+    assert store.status(job_id) is JobStatus.QUEUED and redis_client.get(lease) == b"theirs"
+    redis_client.delete(lease)
+    assert store.transition(job_id, JobStatus.RUN, lease_token="mine", take_lease_ms=60000)[0] is False
+    assert redis_client.get(lease) is None  # refused by its checks: no lease taken
+    assert store.transition(job_id, JobStatus.INIT, lease_token="mine", take_lease_ms=60000,
+                            stage_state=StageState.RUNNING) == (True, JobStatus.INIT)
+    assert redis_client.get(lease) == b"mine" and 0 < redis_client.pttl(lease) <= 60000

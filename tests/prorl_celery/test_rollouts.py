@@ -193,3 +193,18 @@ def test_bytes_stored_grow_with_the_trajectory_not_its_square(jobs, redis_client
     assert final > 15000 and whole > 15 * final
     assert written < 8 * final  # 4 bytes an id, 12 a generated one (id and logprob), some metadata
     assert redis_client.memory_usage(keys.rollout_calls(job_id)) < 10 * final
+
+
+def test_a_save_onto_a_shorter_list_appends_once(jobs, redis_client):
+    """A list shorter than its saved count (its entries lost) is appended to, once: the save tells
+    a stray write from the append's reply, and only a longer list is trimmed."""
+    job_id = _running(jobs)
+    turns = _exact_turns(3)
+    transcript = Transcript()
+    transcript.add(turns[0])
+    assert _save(jobs, job_id, transcript)
+    redis_client.delete(keys.rollout_calls(job_id))
+    for turn in turns[1:]:
+        transcript.add(turn)
+    assert _save(jobs, job_id, transcript)
+    assert redis_client.llen(keys.rollout_calls(job_id)) == 2

@@ -76,3 +76,25 @@ def test_readings_send_only_the_ids_that_joined_or_left(redis_client):
     store.transition(ids[0], JobStatus.CANCELLED)
     assert watch.status(ids[0]) is JobStatus.CANCELLED
     assert {m.decode() for m in redis_client.smembers(watch.key)} == {ids[0]}
+
+
+def test_a_reading_returns_only_what_changed(redis_client):
+    """A reading is O(changes): every status change names its job in the changed-set of each watch
+    that reads it; a job that ends leaves no watchers behind."""
+    store = JobStore(redis_client)
+    ids = _jobs(store, 6)
+    watch = StatusWatch(store, max_age_s=0.0, forget_s=10.0)
+    for j in ids:
+        watch.status(j)
+    watch.status(ids[0])  # the reading that adds them all
+    assert store.watched_statuses(watch.key, [], []) == (6, {})  # nothing changed: nothing read
+    store.transition(ids[3], JobStatus.CANCELLED)
+    assert store.watched_statuses(watch.key, [], []) == (6, {ids[3]: JobStatus.CANCELLED})
+    assert store.watched_statuses(watch.key, [], []) == (6, {})
+    assert not redis_client.exists(f"prorl:job:{ids[3]}:watchers")  # terminal: its watchers forgotten
+    store.transition(ids[4], JobStatus.CANCELLED)
+    assert watch.status(ids[4]) is JobStatus.CANCELLED and watch.status(ids[5]) is JobStatus.QUEUED
+    other = StatusWatch(store, max_age_s=0.0, forget_s=10.0)  # two watches of one job: both told
+    other.status(ids[5]), other.status(ids[5])
+    store.transition(ids[5], JobStatus.CANCELLED)
+    assert other.status(ids[5]) is JobStatus.CANCELLED and watch.status(ids[5]) is JobStatus.CANCELLED
