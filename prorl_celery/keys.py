@@ -161,6 +161,11 @@ def rollout_messages(rollout_id: str) -> str:
     return f"{PREFIX}:rollout:messages:{rollout_id}"
 
 
+def rollout_fence(rollout_id: str) -> str:
+    """String: the highest attempt that saved into a rollout on a store shard (:mod:`prorl_celery.shards`)."""
+    return f"{PREFIX}:rollout:fence:{rollout_id}"
+
+
 def job_counts_of(project: str) -> str:
     """Hash: as :func:`job_counts`, of one project's jobs only."""
     return f"{job_counts()}:project:{project}"
