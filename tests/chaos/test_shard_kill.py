@@ -58,5 +58,7 @@ def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory)
         completions = Counter(fields[b"job_id"].decode() for _, fields in head.xrange(keys.completions()))
         assert set(completions) == set(ids) and max(completions.values()) == 1  # none lost, none twice
         assert statuses["completed"] >= JOBS * 0.9, statuses
-        print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; "
-              f"restarts: {stack.restarts}")
+        logs = "".join(p.read_text() for p in stack.log_dir.glob("worker-run*.log"))
+        cut = logs.count("lost the job store")
+        assert cut >= 1, "no stage was cut by the kill: it did not land mid-batch"
+        print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; stages cut {cut}")
