@@ -1,5 +1,5 @@
 """A store shard SIGKILLed mid-batch (``pytest -m chaos tests/chaos/test_shard_kill.py``): a stack
-with two shards of its own (prorl_celery/shards.py) runs rollouts of many saved turns; one shard
+with two shards of its own (prorl_celery/shards.py) and two API processes on one port runs rollouts of many saved turns; one shard
 is killed while they run, left down a few seconds, and started again on its data. Every job ends
 completed or with a typed failed result, none twice in the completion stream, and each completed
 rollout holds its turns exactly once, in order (the stage resumed from what its shard kept).
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
 
 def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory):
-    with own_stack(tmp_path_factory.mktemp("shards"), persist=True, store_shards=2,
+    with own_stack(tmp_path_factory.mktemp("shards"), persist=True, store_shards=2, api_processes=2,
                    concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}) as stack:
         api, head = stack.api_url, redis.Redis.from_url(stack.redis_url)
         shards = Shards(head, [redis.Redis.from_url(u) for u in stack.shard_urls])
@@ -61,4 +61,5 @@ def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory)
         logs = "".join(p.read_text() for p in stack.log_dir.glob("worker-run*.log"))
         cut = logs.count("lost the job store")
         assert cut >= 1, "no stage was cut by the kill: it did not land mid-batch"
+        assert stack.children["api"].alive() and stack.children["api-2"].alive()
         print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; stages cut {cut}")
