@@ -132,12 +132,22 @@ class Stack:
         # fsync on every write: a job the API accepted survives even a kill -9 of Redis
         argv = [sys.executable, "-m", "prorl_celery.ops.redis_server", "--port", str(port),
                 "--bind", self.options.redis_bind, "--dir", str(self.state_dir / name),
-                "--appendfsync", "always" if self.options.persist else "no"]
+                "--appendfsync", "always" if self.options.persist else "no", *self._memory_share()]
         child = self._child(name, argv, {**self.env(), PASSWORD_ENV: self.redis_password})
         url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
         wait_for(lambda: _pings(client), 20, name, child=child)
         return url
+
+    def _memory_share(self) -> list[str]:
+        """With store shards on this node and no ``redis_maxmemory_mb`` set, the head's Redis and
+        each shard cap at an equal share of the default (half the node's memory), not each at all of it."""
+        from prorl_celery.ops.redis_server import default_maxmemory_mb
+
+        n = 1 + max(self.options.store_shards, len(self.shard_urls))
+        if n == 1 or sizing.settings_with(self.options.env).redis_maxmemory_mb:
+            return []
+        return ["--maxmemory-mb", str(max(64, default_maxmemory_mb() // n))]
 
     def restart_redis(self, sig: int = signal.SIGKILL, name: str = "redis", down_s: float = 0.0) -> None:
         """Kill the private Redis ``name`` (the head's, or a store shard: redis-shard-1 ...), by
