@@ -62,4 +62,5 @@ def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory)
         cut = logs.count("lost the job store")
         assert cut >= 1, "no stage was cut by the kill: it did not land mid-batch"
         assert stack.children["api"].alive() and stack.children["api-2"].alive()
+        assert requests.get(f"{api}/healthz", timeout=10).json()["store_shards"] == ["ok", "ok"]
         print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; stages cut {cut}")
