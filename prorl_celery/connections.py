@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import redis
 from celery.signals import worker_init
@@ -14,6 +15,7 @@ from prorl_celery.shards import Shards, parse_urls
 # before 7 takes them as lib_version.
 _IDENTITY = ({"driver_info": redis.DriverInfo(lib_version=redis.__version__)} if hasattr(redis, "DriverInfo")
              else {"lib_version": redis.__version__})
+log = logging.getLogger(__name__)
 _cap: int | None = None  # a stage worker's smaller pool (worker_redis_connections), set at its start
 
 
@@ -62,3 +64,14 @@ def _worker_pool(**_: object) -> None:
     get_store.cache_clear()
     get_shards.cache_clear()
     get_redis.cache_clear()
+    check_store_layout()
+
+
+def check_store_layout() -> None:
+    """Refuse to start with store shards other than the store's (:meth:`Shards.check_layout`,
+    raises :class:`~prorl_celery.errors.StoreLayoutMismatch`); a Redis that does not answer yet
+    is not a mismatch (the process's own reconnects deal with it)."""
+    try:
+        get_shards().check_layout()
+    except redis.RedisError as exc:
+        log.warning("the store's layout was not checked: %s", exc)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 import redis
 
 from prorl_celery import keys
+from prorl_celery.errors import StoreLayoutMismatch
 
 # KEYS: the rollout's calls list, messages list, its fence. ARGV: 1 the writer's attempt, 2 and 3
 # the calls and messages saved so far (its state's counts), 4 number n of new calls, 5 ttl (s),
@@ -92,6 +93,22 @@ class Shards:
             groups.setdefault(self.index(job_id), []).append(i)
         return [(self.stores[k] if self.stores else self.head, positions) for k, positions in sorted(groups.items())]
 
+    def check_layout(self) -> None:
+        """Refuse a layout other than the store's: the head records how many shards it has and
+        each shard its place, the first time a process looks; a later process with another
+        count or order raises :class:`StoreLayoutMismatch` (its writes would land where no reader
+        looks). Once the store holds no job, ``DEL prorl:store:layout`` on the head (and
+        ``prorl:store:shard`` on each shard) lets a new layout be taken."""
+        stored = _claim(self.head, keys.store_layout(), len(self.stores))
+        if stored != len(self.stores):
+            raise StoreLayoutMismatch(f"PRORL_STORE_SHARDS names {len(self.stores)} store shards; this head's "
+                                      f"rollouts are spread over {stored} (see prorl_celery/shards.py)")
+        for i, store in enumerate(self.stores):
+            place = _claim(store, keys.store_shard_index(), i)
+            if place != i:
+                raise StoreLayoutMismatch(f"PRORL_STORE_SHARDS lists as shard {i + 1} the one started as "
+                                          f"shard {place + 1}: keep the list's order")
+
     def append_fenced(self, job_id: str, attempt: int, saved: dict[str, int], calls: list[bytes],
                       messages: list[str], ttl_s: int) -> bool:
         """The shard's half of a fenced save (see the module); False: a later attempt wrote there."""
@@ -100,6 +117,12 @@ class Shards:
                 *calls, *messages]
         return bool(self._append[k](keys=[keys.rollout_calls(job_id), keys.rollout_messages(job_id),
                                           keys.rollout_fence(job_id)], args=args))
+
+
+def _claim(client: redis.Redis, key: str, value: int) -> int:
+    """``key``'s value, set to ``value`` if it had none."""
+    client.set(key, value, nx=True)
+    return int(client.get(key))
 
 
 def parse_urls(value: str | None) -> list[str]:

@@ -50,6 +50,14 @@ def _cmd_api(args: argparse.Namespace) -> int:
     if not get_settings().api_token:
         print(_NO_TOKEN, file=sys.stderr)
         return 2
+    from prorl_celery.connections import check_store_layout
+    from prorl_celery.errors import StoreLayoutMismatch
+
+    try:
+        check_store_layout()
+    except StoreLayoutMismatch as exc:
+        print(f"refusing to serve: {exc}", file=sys.stderr)
+        return 2
     _raise_open_files_limit()  # before the options: the connection limit fits what it allows
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = make_server(create_app(), host=args.host, port=args.port, reuse_port=args.reuse_port,

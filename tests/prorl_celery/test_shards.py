@@ -107,3 +107,19 @@ def test_unsharded_is_the_head_alone_and_the_setting_parses(scratch_redis):
     assert JobStore(scratch_redis).shards.store_for("x") is scratch_redis
     assert parse_urls(" redis://a:1/0, ,redis://b:2/0 ") == ["redis://a:1/0", "redis://b:2/0"]
     assert parse_urls("") == [] and parse_urls(None) == []
+
+
+def test_a_process_with_another_layout_is_refused(scratch_redis, shard_clients):
+    from prorl_celery.errors import StoreLayoutMismatch
+
+    scratch_redis.delete(keys.store_layout())
+    for client in shard_clients:
+        client.flushdb()
+    Shards(scratch_redis, shard_clients).check_layout()  # the first one sets it
+    Shards(scratch_redis, shard_clients).check_layout()  # the same: fine
+    with pytest.raises(StoreLayoutMismatch, match="keep the list's order"):
+        Shards(scratch_redis, shard_clients[::-1]).check_layout()
+    with pytest.raises(StoreLayoutMismatch, match="names 0 store shards"):
+        Shards(scratch_redis).check_layout()  # a worker started without PRORL_STORE_SHARDS
+    with pytest.raises(StoreLayoutMismatch, match="names 1 store shards"):
+        Shards(scratch_redis, shard_clients[:1]).check_layout()
