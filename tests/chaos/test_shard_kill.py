@@ -1,8 +1,9 @@
 """A store shard SIGKILLed mid-batch (``pytest -m chaos tests/chaos/test_shard_kill.py``): a stack
-with two shards of its own (prorl_celery/shards.py) and two API processes on one port runs rollouts of many saved turns; one shard
-is killed while they run, left down a few seconds, and started again on its data. Every job ends
-completed or with a typed failed result, none twice in the completion stream, and each completed
-rollout holds its turns exactly once, in order (the stage resumed from what its shard kept).
+with two shards of its own (prorl_celery/shards.py) and two API processes on one port runs
+rollouts of many saved turns; one shard is killed while they run, left down a few seconds, and
+started again on its data. Every job ends completed or with a typed failed result, none twice in
+the completion stream, and each completed rollout holds its turns exactly once, in order (the
+stage resumed from what its shard kept).
 
 Size by environment: ``PRORL_SHARD_KILL_JOBS`` (40), ``PRORL_SHARD_KILL_TURNS`` (12)."""
 from __future__ import annotations
