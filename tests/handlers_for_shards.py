@@ -10,6 +10,19 @@ from prorl_celery.rollout.results import agent_result_fields
 SHAPE = {"response": 8, "observation": 16}
 
 
+def _turn(k: int):
+    """Turn k as the built-in agent records it (ids and logprobs included), no LLM called."""
+    from prorl_celery.llm.models import Protocol, Turn
+
+    response = [(k * 7 + i) % 50000 for i in range(SHAPE["response"])]
+    call = {"id": f"call_{k}", "name": "bash", "arguments": "{}"}
+    return Turn(backend_id="shards", address="http://shards.invalid", weight_version="v0", protocol=Protocol.CHAT,
+                model="shards", content=f"Step {k}: look at the tools available.", tool_calls=[call],
+                finish_reason="tool_calls", prompt_ids=_prompt(k), response_ids=response,
+                logprobs=[-0.25] * len(response), token_source="server", message_count=2 + 2 * k,
+                started_at=time.time(), latency_s=0.0)
+
+
 def _prompt(k: int) -> list[int]:
     """Turn k's prompt: the first prompt, then each earlier turn's response and observation."""
     prompt = list(range(32))
@@ -25,15 +38,13 @@ class TurnsHandler:
         pass
 
     def run(self, ctx) -> None:
-        from bench.head import make_turn
-
         transcript = ctx.transcript
         if not transcript.messages:
             transcript.messages.append({"role": "user", "content": ctx.job_id})
         for k in range(len(transcript.turns()), int(ctx.instance["turns"])):
             ctx.check()
             time.sleep(float(ctx.instance.get("turn_s", 0.1)))
-            transcript.answer(make_turn(k, _prompt(k), SHAPE))
+            transcript.answer(_turn(k))
             transcript.messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": f"o{k}"})
             ctx.state.setdefault("agent", {}).update(turn_count=k + 1)
             ctx.save()
