@@ -25,6 +25,11 @@ turn it is ``readings/s x turn_s`` job-reads: the ceiling table states it at 16 
 
     python3 bench/head.py [--procs 4] [--rollouts 400] [--turns 40] [--context 16k]
     python3 bench/head.py --quick        # seconds: a smoke run
+    python3 bench/head.py --shards 2     # the rollouts' lists on 2 store Redis (prorl_celery/shards.py)
+
+With ``--shards N`` the launcher starts N store Redis beside the head's; every reading is taken
+of each instance, and the report adds each one's CPU per unit and the ceiling of the sharded head:
+``min(head core, N shard cores)`` in turns/s (bench/RESULTS.md, "The ceiling").
 
 Redis's CPU per command is the server's own (robust to a shared machine); throughput and the
 processes' CPU are not. Last line: ``head turns_per_s= rollouts_per_s= redis_us_per_turn=
@@ -201,6 +206,37 @@ class Reading:
         self.wall = time.perf_counter()
 
 
+INSTANCES: dict[str, object] = {}  # name -> client of every Redis measured: "head", "shard-1" ...
+
+
+def readings() -> dict[str, Reading]:
+    return {name: Reading(client) for name, client in INSTANCES.items()}
+
+
+IDLE_US_PER_S: dict[str, float] = {}  # each store shard's own CPU with nothing asked (serverCron, AOF)
+
+
+def idle_rates(seconds: float = 2.0) -> None:
+    """Each store shard's CPU at rest, taken off its phases (a shard a phase does not touch
+    would otherwise be charged its timers; the head's figures stay as item 1 measured them)."""
+    before = readings()
+    time.sleep(seconds)
+    after = readings()
+    IDLE_US_PER_S.update({k: max(0.0, (after[k].cpu_us - before[k].cpu_us) / (after[k].wall - before[k].wall))
+                          for k in before if k != "head"})
+
+
+def phases_of(name: str, unit: str, before: dict, after: dict, units: int, client_cpu_s: float) -> Phase:
+    """The head's phase, with each store shard's beside it (``.shards``, its idle CPU taken off)."""
+    head = Phase(name, unit, before["head"], after["head"], units, client_cpu_s)
+    head.shards = []
+    for k in (k for k in before if k != "head"):
+        shard = Phase(name, unit, before[k], after[k], units, 0.0)
+        shard.redis_cpu_us = max(0.0, shard.redis_cpu_us - IDLE_US_PER_S.get(k, 0.0) * shard.wall)
+        head.shards.append(shard)
+    return head
+
+
 class Phase:
     """What Redis and the driving processes spent on ``units`` of something."""
 
@@ -239,10 +275,10 @@ HEADER = ("| phase | unit | Redis calls (scripts' own inside) | Redis command µ
 
 
 def measure(redis, name: str, unit: str, pool, func, parts: list, units: int) -> tuple[Phase, list]:
-    before = Reading(redis)
+    before = readings()
     out = pool.map(func, parts)
-    after = Reading(redis)
-    return Phase(name, unit, before, after, units, sum(o[0] for o in out)), out
+    after = readings()
+    return phases_of(name, unit, before, after, units, sum(o[0] for o in out)), out
 
 
 def split(items: list, n: int) -> list[list]:
@@ -251,10 +287,10 @@ def split(items: list, n: int) -> list[list]:
 
 def alone(redis, name: str, unit: str, n: int, func) -> Phase:
     """``func`` run ``n`` times in this process, measured alone."""
-    before, started = Reading(redis), time.process_time()
+    before, started = readings(), time.process_time()
     for _ in range(n):
         func()
-    return Phase(name, unit, before, Reading(redis), n, time.process_time() - started)
+    return phases_of(name, unit, before, readings(), n, time.process_time() - started)
 
 
 def parts_alone(redis, shape: dict, watch_jobs: int, n: int) -> list[Phase]:
@@ -320,6 +356,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--no-aof", action="store_true",
                         help="Redis without its AOF (the service fsyncs every write: this shows what that costs)")
+    parser.add_argument("--shards", type=int, default=0, help="store Redis for the rollouts' lists (0: the head's)")
     args = parser.parse_args()
     if args.quick:
         args.procs, args.rollouts, args.turns, args.watch_jobs = 2, 8, 4, 20
@@ -330,11 +367,18 @@ def main() -> None:
           f"shape {shape}", flush=True)
     stack = start_redis(Path(tempfile.mkdtemp(prefix="bench-head-")), persist=not args.no_aof)
     try:  # only its Redis: not ``with stack``, which starts the whole stack
-        from prorl_celery.connections import get_redis
+        from config.settings import get_settings
+        from prorl_celery.connections import get_redis, get_shards
         from prorl_celery.llm.models import BackendSpec
         from prorl_celery.llm.registry import BackendRegistry
 
+        if args.shards:  # before any process reads its settings: the forked drivers inherit them
+            os.environ["PRORL_STORE_SHARDS"] = ",".join(stack.start_store_shards(args.shards))
+            get_settings.cache_clear()
         redis = get_redis()
+        INSTANCES.update(head=redis, **{f"shard-{i + 1}": c for i, c in enumerate(get_shards().stores)})
+        if args.shards:
+            idle_rates()
         server = redis.info("server")
         print(f"redis {server['redis_version']}, aof_enabled {redis.info('persistence').get('aof_enabled')} "
               "(the launcher's: AOF, fsync always; --no-aof: none)", flush=True)
@@ -394,7 +438,31 @@ def report(phases: list[Phase], detail: list[Phase], args) -> None:
     wall_turns = run.units / run.wall
     print(f"head turns_per_s={wall_turns:.0f} rollouts_per_s={phases[3].units / phases[3].wall:.0f} "
           f"redis_us_per_turn={per_turn + watch_per_turn:.0f} ceiling_turns_per_s_per_core={ceiling:.0f}")
+    if run.shards:
+        shard_report(phases, detail, run, watch_per_turn, args)
     print(json.dumps({"load_average_end": os.getloadavg()}))
+
+
+def shard_report(phases: list[Phase], detail: list[Phase], run: Phase, watch_per_turn: float, args) -> None:
+    """Each instance's CPU per unit, and the sharded head's ceiling: the head's Redis holds a
+    turn's routing, check, watch and state write; the shards share its append."""
+    names = ["head", *(f"shard-{i + 1}" for i in range(len(run.shards)))]
+    print("\n| phase | unit | " + " | ".join(f"{n} CPU µs" for n in names) + " | all |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    for phase in [*phases, *detail]:
+        cpus = [phase.per(p.redis_cpu_us) for p in (phase, *phase.shards)]
+        print(f"| {phase.name} | per {phase.unit} | " + " | ".join(f"{c:.0f}" for c in cpus) + f" | {sum(cpus):.0f} |")
+    head_turn = run.per(run.redis_cpu_us) + watch_per_turn
+    shard_turn = sum(run.per(p.redis_cpu_us) for p in run.shards)  # all shards together, per turn
+    n = len(run.shards)
+    head_cap, shard_cap = 1e6 / head_turn, n * 1e6 / max(shard_turn, 1e-9)
+    ceiling = min(head_cap, shard_cap)
+    print(f"\nsharded: head {head_turn:.0f} us per turn (with the watch), the shards {shard_turn:.0f} us per turn "
+          f"in all ({shard_turn / n:.0f} each); head core full at {head_cap:.0f} turns/s, {n} shard cores at "
+          f"{shard_cap:.0f}; ceiling {ceiling:.0f} turns/s = {ceiling * args.turn_s:.0f} rollouts in flight at "
+          f"{args.turn_s:g} s turns")
+    print(f"head_sharded shards={n} head_us_per_turn={head_turn:.0f} shard_us_per_turn={shard_turn:.0f} "
+          f"ceiling_turns_per_s={ceiling:.0f}")
 
 
 if __name__ == "__main__":

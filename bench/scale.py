@@ -183,6 +183,8 @@ def main() -> None:
     parser.add_argument("--run-threads", type=int, default=1050, help="threads of the run worker (-c)")
     parser.add_argument("--turns", type=int, default=0, help="the realistic profile: turns per rollout")
     parser.add_argument("--context", default="16k", help="with --turns: prompt tokens by the last turn (16k, 64k)")
+    parser.add_argument("--store-shards", type=int, default=0,
+                        help="the rollouts' lists on N Redis of their own (prorl_celery/shards.py); 0: the head's")
     args = parser.parse_args()
     context = int(args.context.lower().removesuffix("k")) * (1000 if args.context.lower().endswith("k") else 1)
     turns = realistic_turns(args.turns, context) if args.turns else TURNS
@@ -190,6 +192,7 @@ def main() -> None:
     capacity = max(args.n, args.run_threads) + 64
     options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-scale-")), redis_password=REDIS_PASSWORD,
                            concurrency={"init": 64, "run": args.run_threads, "eval": 32, "maint": 2},
+                           store_shards=args.store_shards,
                            env={"PRORL_SANDBOX_CAPACITY": str(capacity), "PRORL_LLM_DEFAULT_CAPACITY": str(capacity)})
     stack = Stack(options)
     os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
@@ -213,6 +216,7 @@ def main() -> None:
                     for k, (c, u) in redis_commands(sampler.store.redis).items()}
         sampler.stop.set()
         sampler.join()
+        shards_mb = [int(c.info("memory")["used_memory"]) / 1e6 for c in store_clients(stack)]
     statuses: dict[str, int] = {}
     for view in views:
         statuses[view["status"]] = statuses.get(view["status"], 0) + 1
@@ -233,6 +237,9 @@ def main() -> None:
     print(f"CPU ms per rollout (total {sum(cpu.values()):.0f}): "
           + ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
     print_redis(commands, args.n)
+    if shards_mb:
+        print(f"store shards' memory after the batch: {', '.join(f'{m:.1f}' for m in shards_mb)} MB "
+              "(the head's above holds no rollout's lists)")
     print("memory MiB idle -> at peak: " + ", ".join(
         f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
     tail = ""
@@ -240,6 +247,12 @@ def main() -> None:
         tail = print_redis_bytes(redis_before, redis_after, sampler, views, alone_view, args.n)
     print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "
           f"rollouts_per_s={completed / wall:.2f} mb_per_rollout={per:.2f}{tail}")
+
+
+def store_clients(stack: Stack) -> list:
+    import redis
+
+    return [redis.Redis.from_url(url) for url in stack.shard_urls]
 
 
 def print_redis_bytes(before: dict, after: dict, sampler: Sampler, views: list[dict], alone: dict,

@@ -140,7 +140,7 @@ def process():
             pass
     state.untrack(job_id, body.job_id)
     if record is not None:
-        return jsonify(reference_result(record.result or {}, record, RolloutStore(store.redis)))
+        return jsonify(reference_result(record.result or {}, record, RolloutStore(store.shards)))
     return error_response(504, "timeout", f"job {job_id} did not finish in time and was cancelled",
                           job_id=job_id)
 
@@ -193,7 +193,7 @@ def reference_result(result: dict[str, Any], record: JobRecord | None = None,
     counted = sum(timing.get(k, 0.0) for k in ("init", "run", "eval"))
     agent = _agent_turns(result, rollouts)
     turns, history = agent if agent is not None else (None, None)
-    out = dict(expand_result(rollouts.redis, result) if rollouts is not None else result)
+    out = dict(expand_result(rollouts.shards, result) if rollouts is not None else result)
     out["messages"] = reference_messages(history if history else result.get("messages") or [], turns)
     out["tools"] = result.get("tools") or (agent_tools.ALL if turns is not None else [])
     out["git_patch"] = result.get("git_patch") or ""

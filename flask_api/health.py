@@ -105,8 +105,9 @@ def healthz():
     hosts: list[dict] = []
     if broker_error is None:
         broker_error = _ping(lambda: hosts.extend(sandbox_hosts(store.redis)))
-    ok = broker_error is None and backend_error is None
-    body = {"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
+    shards = [_ping(client.ping) or "ok" for client in store.shards.stores]
+    ok = broker_error is None and backend_error is None and all(state == "ok" for state in shards)
+    body = {"store_shards": shards,"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
             "workers": {queue: len(names) for queue, names in workers.items()},
             "worker_names": workers, "worker_threads": threads,
             "threads": {queue: sum(held.values()) for queue, held in threads.items()},

@@ -26,7 +26,7 @@ def _store() -> JobStore:
 
 def _view(job_id: str) -> dict:
     record = owned_record(_store(), job_id)
-    return job_views(_store().redis, [record])[0].model_dump(mode="json")
+    return job_views(_store().shards, [record])[0].model_dump(mode="json")
 
 
 def check_handlers(requests: list[JobRequest], batch: bool = False) -> list[dict]:
@@ -111,4 +111,4 @@ def wait_job(job_id: str):
 def cancel_job(job_id: str):
     check_job(_store(), job_id)
     record = cancel(_store(), job_id)
-    return jsonify(job_views(_store().redis, [record])[0].model_dump(mode="json"))
+    return jsonify(job_views(_store().shards, [record])[0].model_dump(mode="json"))

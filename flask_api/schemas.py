@@ -36,6 +36,7 @@ class HealthResponse(BaseModel):
     worker_threads: dict[str, dict[str, int]] = Field(default_factory=dict, description="Queue -> worker -> threads its pool holds (rollouts it can run at once).")
     threads: dict[str, int] = Field(default_factory=dict, description="Queue -> threads of all its workers together.")
     sandbox_hosts: list[SandboxHostHealth] = Field(default_factory=list, description="Live sandbox hosts.")
+    store_shards: list[str] = Field(default_factory=list, description="Each store shard (PRORL_STORE_SHARDS, in order): \"ok\" or why it does not answer; empty without shards. One that does not answer makes ok false.")
 
 
 class GroupSubmitResponse(BaseModel):

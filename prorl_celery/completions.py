@@ -55,7 +55,7 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
             break
     if not entries:
         return [], cursor
-    views = job_views(store.redis, store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
+    views = job_views(store.shards, store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
     out = []
     for (entry_id, fields), view in zip(entries, views):
         item = {_text(k): _text(v) for k, v in fields.items()}

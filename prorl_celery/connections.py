@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import redis
 from celery.signals import worker_init
 
 from config.settings import get_settings
 from prorl_celery.jobs import JobStore
+from prorl_celery.shards import Shards, parse_urls
 
 # The client's name and version as given, not looked up per connection (see get_redis); redis-py
 # before 7 takes them as lib_version.
 _IDENTITY = ({"driver_info": redis.DriverInfo(lib_version=redis.__version__)} if hasattr(redis, "DriverInfo")
              else {"lib_version": redis.__version__})
+log = logging.getLogger(__name__)
 _cap: int | None = None  # a stage worker's smaller pool (worker_redis_connections), set at its start
 
 
@@ -27,10 +30,20 @@ def get_redis() -> redis.Redis:
     is given: redis-py otherwise reads its package metadata from disk for every connection it
     makes (``importlib.metadata``), which a burst of a thousand stage threads made by the
     hundred."""
+    return _client(get_settings().redis_url)
+
+
+@functools.cache
+def get_shards() -> Shards:
+    """The head's Redis and the store shards of ``store_shards`` (:mod:`prorl_celery.shards`)."""
+    return Shards(get_redis(), [_client(url) for url in parse_urls(get_settings().store_shards)])
+
+
+def _client(url: str) -> redis.Redis:
     settings = get_settings()
     size = _cap or max(settings.redis_max_connections, settings.api_threads + settings.api_max_streams + 16)
     pool = redis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=size, timeout=30,
+        url, max_connections=size, timeout=30,
         health_check_interval=25, socket_keepalive=True, socket_timeout=30, socket_connect_timeout=10,
         **_IDENTITY)
     return redis.Redis(connection_pool=pool)
@@ -38,7 +51,7 @@ def get_redis() -> redis.Redis:
 
 @functools.cache
 def get_store() -> JobStore:
-    return JobStore(get_redis(), job_ttl_s=get_settings().job_ttl_s)
+    return JobStore(get_redis(), job_ttl_s=get_settings().job_ttl_s, shards=get_shards())
 
 
 @worker_init.connect
@@ -49,4 +62,16 @@ def _worker_pool(**_: object) -> None:
     global _cap
     _cap = get_settings().worker_redis_connections
     get_store.cache_clear()
+    get_shards.cache_clear()
     get_redis.cache_clear()
+    check_store_layout()
+
+
+def check_store_layout() -> None:
+    """Refuse to start with store shards other than the store's (:meth:`Shards.check_layout`,
+    raises :class:`~prorl_celery.errors.StoreLayoutMismatch`); a Redis that does not answer yet
+    is not a mismatch (the process's own reconnects deal with it)."""
+    try:
+        get_shards().check_layout()
+    except redis.RedisError as exc:
+        log.warning("the store's layout was not checked: %s", exc)

@@ -37,6 +37,7 @@ exceptions. What follows is for infrastructure faults and bad input; each class 
     │   ├── RateLimited                            a gateway session's operations past its rate or concurrency
     │   └── OverQuota                              over_quota 429       a project at a quota whose over is 429
     ├── StoreUnavailable                           store_unavailable 503  the job store is down
+    ├── StoreLayoutMismatch                        store_layout_mismatch 500  PRORL_STORE_SHARDS differs from the store's
     ├── RolloutFailed                              rollout_failed       no trajectory a trainer can train on
     └── LLMError                                   llm                  a backend or the LLM pool failed
         ├── BackendFailed                          one call failed (connection, 5xx, timeout); retried
@@ -429,6 +430,14 @@ class StoreUnavailable(ProrlError):
 
     type = "store_unavailable"
     http_status = 503
+
+
+class StoreLayoutMismatch(ProrlError):
+    """A process's ``store_shards`` names other shards, or another order, than the store was
+    started with (prorl_celery/shards.py): it would write rollouts where no reader looks. Raised
+    when a worker or the API starts, before it serves anything."""
+
+    type = "store_layout_mismatch"
 
 
 class RolloutFailed(ProrlError):

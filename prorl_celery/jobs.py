@@ -30,6 +30,7 @@ from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
+from prorl_celery.shards import Shards
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
@@ -121,8 +122,9 @@ class JobRecord(BaseModel):
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, job_ttl_s: int = 7 * 86400):
-        self.redis = client
+    def __init__(self, client: redis.Redis, job_ttl_s: int = 7 * 86400, shards: Shards | None = None):
+        self.redis = client  # the head's: job records, statuses, counts, completions
+        self.shards = shards or Shards(client)  # where each job's rollout lives (prorl_celery/shards.py)
         self.job_ttl_s = job_ttl_s
         self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
         self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV,
@@ -289,6 +291,10 @@ class JobStore:
         ``saved`` counts of calls and messages: a stray write of a delivery that lost the job
         is trimmed first), in one step, only while the job is in ``stage``, running, and in
         ``attempt``. False when it is not (cancelled, ended, moved on)."""
+        if self.shards.sharded:  # the rollout on its shard first, then the state here (see shards.py)
+            return (self.shards.append_fenced(job_id, attempt, saved, calls, messages, self.job_ttl_s)
+                    and self.transition(job_id, None, sources=[stage], require_state=StageState.RUNNING,
+                                        expect={"attempt": attempt}, state=state)[0])
         accepted = f"{attempt}," if attempt == 1 else str(attempt)  # a record from before attempts were counted
         args = [stage.value, accepted, saved.get("calls", 0), saved.get("messages", 0), len(calls), _dump(state),
                 *calls, *messages]

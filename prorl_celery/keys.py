@@ -172,6 +172,21 @@ def rollout_messages(rollout_id: str) -> str:
     return f"{PREFIX}:rollout:messages:{rollout_id}"
 
 
+def store_layout() -> str:
+    """String, on the head's Redis: how many store shards its rollouts are spread over (0: none)."""
+    return f"{PREFIX}:store:layout"
+
+
+def store_shard_index() -> str:
+    """String, on a store shard: its place in ``store_shards`` (from 0)."""
+    return f"{PREFIX}:store:shard"
+
+
+def rollout_fence(rollout_id: str) -> str:
+    """String: the highest attempt that saved into a rollout on a store shard (:mod:`prorl_celery.shards`)."""
+    return f"{PREFIX}:rollout:fence:{rollout_id}"
+
+
 def job_counts_of(project: str) -> str:
     """Hash: as :func:`job_counts`, of one project's jobs only."""
     return f"{job_counts()}:project:{project}"

@@ -68,6 +68,7 @@ fi
 # shellcheck disable=SC1090
 source "$HEAD_FILE" || prorl_die "cannot read $HEAD_FILE"
 export PRORL_REDIS_URL PYTHONUNBUFFERED=1
+if [[ -n ${PRORL_STORE_SHARDS:-} ]]; then export PRORL_STORE_SHARDS; fi  # the head's store shards
 unset PRORL_RESULT_URL
 prorl_log "head job ${PRORL_HEAD_JOB_ID:-?} at ${PRORL_HEAD_HOST:-?}"
 

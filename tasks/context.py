@@ -134,7 +134,7 @@ class StageContext:
         """The job's conversation and turns as saved (read from its rollout once), plus what
         this delivery added since."""
         if self._transcript is None:
-            self._transcript = Transcript.load(RolloutStore(self.store.redis), self.job_id, self.state.rollout)
+            self._transcript = Transcript.load(RolloutStore(self.store.shards), self.job_id, self.state.rollout)
         return self._transcript
 
     # -- staleness (prorl_celery.staleness) -----------------------------------------------

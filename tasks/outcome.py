@@ -84,7 +84,7 @@ def _with_cost(store: JobStore, jobs: list[tuple[JobRecord, Any]], results: list
     Never in the way of ending the job: a cost that cannot be read is left out (and logged)."""
     try:
         counts = [_saved_calls(state if state is not None else record.state) for record, state in jobs]
-        blobs = read_heads(store.redis, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
+        blobs = read_heads(store.shards, [(record.job_id, n) for (record, _), n in zip(jobs, counts)])
         costs = [cost_of(calls, result.timing, _usage(state if state is not None else record.state))
                  for calls, result, (record, state) in zip(blobs, results, jobs)]
     except Exception:  # noqa: BLE001 - a job's end must not depend on its bill

@@ -50,9 +50,18 @@ def _cmd_api(args: argparse.Namespace) -> int:
     if not get_settings().api_token:
         print(_NO_TOKEN, file=sys.stderr)
         return 2
+    from prorl_celery.connections import check_store_layout
+    from prorl_celery.errors import StoreLayoutMismatch
+
+    try:
+        check_store_layout()
+    except StoreLayoutMismatch as exc:
+        print(f"refusing to serve: {exc}", file=sys.stderr)
+        return 2
     _raise_open_files_limit()  # before the options: the connection limit fits what it allows
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = make_server(create_app(), host=args.host, port=args.port, **_serve_options(args.threads))
+    server = make_server(create_app(), host=args.host, port=args.port, reuse_port=args.reuse_port,
+                         **_serve_options(args.threads))
     print(f"api listening on http://{args.host}:{args.port}", flush=True)
     server.run()
     return 0
@@ -117,7 +126,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
                                    port=args.port, env=_up_env(args, state_dir / "demo"),
                                    redis_bind=args.redis_bind,
                                    api_token=os.environ.get("PRORL_API_TOKEN") or None,
-                                   concurrency_overrides=overrides))
+                                   concurrency_overrides=overrides, store_shards=args.store_shards,
+                                   api_processes=args.api_processes))
     except UnsafeStateDir as exc:
         print(f"refusing the state directory: {exc}", file=sys.stderr)
         return 2
@@ -133,6 +143,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
             print(f"prorl-celery up: could not start: {exc}", file=sys.stderr, flush=True)
             return 1
         print(f"redis   {masked(stack.redis_url)}", flush=True)
+        for url in stack.shard_urls:
+            print(f"shard   {masked(url)}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
         print(f"secrets {stack.secrets_path}   (0600: PRORL_API_TOKEN, PRORL_REDIS_URL with the "
               f"password; clients read it with PRORL_STATE_DIR={state_dir})", flush=True)
@@ -255,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--concurrency", action="append", metavar="QUEUE=N[,QUEUE=N]",
                     help="threads of each queue's worker, e.g. run=1050,init=64 (repeatable); "
                          "unnamed queues follow the settings (see `prorl-celery settings`)")
+    up.add_argument("--store-shards", type=int, default=0, metavar="N",
+                    help="start N Redis of their own for the rollouts' records (0: the head's Redis holds them); "
+                         "README 'Running the parts yourself' says how many for how many rollouts")
+    up.add_argument("--api-processes", type=int, default=1, metavar="K",
+                    help="API processes on the one port (SO_REUSEPORT)")
     up.set_defaults(func=_cmd_up)
 
     api = sub.add_parser("api", help="serve the HTTP API (needs PRORL_REDIS_URL)")
@@ -262,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--threads", type=int, default=None,
                      help="concurrent requests (a long poll or /process holds one); default: settings.api_threads")
+    api.add_argument("--reuse-port", action="store_true",
+                     help="listen with SO_REUSEPORT: several `api` processes on one port share its connections")
     api.set_defaults(func=_cmd_api)
 
     status = sub.add_parser("status", help="queues, workers, sandbox hosts, LLM backends, jobs by status")

@@ -14,6 +14,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,8 @@ class StackOptions:
     env: dict[str, str] = field(default_factory=dict)
     beat: bool = True
     persist: bool = True
+    store_shards: int = 0  # Redis instances of their own for the rollouts (prorl_celery/shards.py); 0: the head's
+    api_processes: int = 1  # API processes on one port (SO_REUSEPORT: the kernel spreads connections)
 
 
 class Stack:
@@ -71,6 +74,7 @@ class Stack:
         self.log_dir = make_private_dir(self.state_dir / "logs")
         self.children: dict[str, Child] = {}
         self.redis_url = options.redis_url or ""
+        self.shard_urls: list[str] = []
         self.redis_password = options.redis_password or secrets.token_urlsafe(24)
         self.api_token = options.api_token or secrets.token_urlsafe(24)
         self.api_url = ""
@@ -84,6 +88,8 @@ class Stack:
         env = dict(os.environ)
         env.update(self.options.env)
         env["PRORL_REDIS_URL"] = self.redis_url
+        if self.shard_urls:
+            env["PRORL_STORE_SHARDS"] = ",".join(self.shard_urls)
         env["PRORL_API_TOKEN"] = self.api_token
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -95,6 +101,8 @@ class Stack:
     def write_secrets(self) -> Path:
         """``<state dir>/secrets.env`` (0600): what a client or ``prorl-celery status`` needs."""
         values = {"PRORL_API_TOKEN": self.api_token, "PRORL_REDIS_URL": self.redis_url}
+        if self.shard_urls:
+            values["PRORL_STORE_SHARDS"] = ",".join(self.shard_urls)
         if self.api_url:
             values["PRORL_API_URL"] = self.api_url
         return write_secrets(self.state_dir, values)
@@ -108,30 +116,55 @@ class Stack:
     def start_redis(self, port: int | None = None) -> None:
         """The hardened private Redis (see :mod:`prorl_celery.ops.redis_server`): password from the
         environment, dangerous commands off, run as an unprivileged user when this is root."""
+        self.redis_url = self._start_redis_server("redis", port)
+        self.write_secrets()
+
+    def start_store_shards(self, n: int) -> list[str]:
+        """``n`` Redis of their own for the rollouts (redis-shard-1 ...), hardened and persisted as
+        the head's; every process started after this gets them in ``PRORL_STORE_SHARDS``."""
+        self.shard_urls = [self._start_redis_server(f"redis-shard-{i + 1}") for i in range(n)]
+        if self.redis_url:
+            self.write_secrets()
+        return self.shard_urls
+
+    def _start_redis_server(self, name: str, port: int | None = None) -> str:
         port = port or free_port()
         # fsync on every write: a job the API accepted survives even a kill -9 of Redis
         argv = [sys.executable, "-m", "prorl_celery.ops.redis_server", "--port", str(port),
-                "--bind", self.options.redis_bind, "--dir", str(self.state_dir / "redis"),
-                "--appendfsync", "always" if self.options.persist else "no"]
-        child = self._child("redis", argv, {**self.env(), PASSWORD_ENV: self.redis_password})
-        self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(self.redis_url)
-        wait_for(lambda: _pings(client), 20, "redis", child=child)
-        self.write_secrets()
+                "--bind", self.options.redis_bind, "--dir", str(self.state_dir / name),
+                "--appendfsync", "always" if self.options.persist else "no", *self._memory_share()]
+        child = self._child(name, argv, {**self.env(), PASSWORD_ENV: self.redis_password})
+        url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        wait_for(lambda: _pings(client), 20, name, child=child)
+        return url
 
-    def restart_redis(self, sig: int = signal.SIGKILL) -> None:
-        """Kill the private Redis (by default without letting it save) and start it again on the
-        same port and data directory."""
-        self._paused.add("redis")
+    def _memory_share(self) -> list[str]:
+        """With store shards on this node and no ``redis_maxmemory_mb`` set, the head's Redis and
+        each shard cap at an equal share of the default (half the node's memory), not each at all of it."""
+        from prorl_celery.ops.redis_server import default_maxmemory_mb
+
+        n = 1 + max(self.options.store_shards, len(self.shard_urls))
+        if n == 1 or sizing.settings_with(self.options.env).redis_maxmemory_mb:
+            return []
+        return ["--maxmemory-mb", str(max(64, default_maxmemory_mb() // n))]
+
+    def restart_redis(self, sig: int = signal.SIGKILL, name: str = "redis", down_s: float = 0.0) -> None:
+        """Kill the private Redis ``name`` (the head's, or a store shard: redis-shard-1 ...), by
+        default without letting it save, leave it down ``down_s`` and start it again on the same
+        port and data directory."""
+        self._paused.add(name)
         try:
-            old = self.children["redis"]
+            old = self.children[name]
             old.signal(sig)
             old.popen.wait()
-            child = self._child("redis", old.argv, old.env)
-            client = redis.Redis.from_url(self.redis_url)
-            wait_for(lambda: _pings(client), 20, "redis to restart", child=child)
+            time.sleep(down_s)
+            child = self._child(name, old.argv, old.env)
+            port = old.argv[old.argv.index("--port") + 1]
+            client = redis.Redis(port=int(port), password=self.redis_password)
+            wait_for(lambda: _pings(client), 20, f"{name} to restart", child=child)
         finally:
-            self._paused.discard("redis")
+            self._paused.discard(name)
 
     # -- supervision ----------------------------------------------------------------------
     def supervise(self, period_s: float = 1.0) -> None:
@@ -224,13 +257,19 @@ class Stack:
                                     "-s", str(schedule), "--loglevel", "INFO"])
 
     def start_api(self) -> Child:
+        """The API: one process, or ``api_processes`` of them (api, api-2 ...) listening on one
+        port with SO_REUSEPORT (each its own threads and Redis pools; the kernel spreads the
+        connections; every request is served whole by the one that accepted it)."""
         port = self.options.port or free_port(self.options.host)
-        child = self._child("api", [sys.executable, "-m", "prorl_celery.ops.cli", "api",
-                                    "--host", self.options.host, "--port", str(port)])
+        n = max(1, self.options.api_processes)
+        argv = [sys.executable, "-m", "prorl_celery.ops.cli", "api", "--host", self.options.host,
+                "--port", str(port), *(["--reuse-port"] if n > 1 else [])]
+        children = [self._child("api" if i == 0 else f"api-{i + 1}", argv) for i in range(n)]
         shown = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host
         self.api_url = f"http://{shown}:{port}"
-        wait_for(lambda: _get_ok(f"{self.api_url}/healthz"), 30, "the API", child=child)
-        return child
+        for child in children:
+            wait_for(lambda: _get_ok(f"{self.api_url}/healthz") and child.alive(), 30, child.name, child=child)
+        return children[0]
 
     def wait_for_workers(self, queues, timeout: float = 60) -> None:
         def ready():
@@ -243,6 +282,8 @@ class Stack:
         try:
             if not self.redis_url:
                 self.start_redis()
+            if self.options.store_shards and not self.shard_urls:
+                self.start_store_shards(self.options.store_shards)
             self.start_sandbox_host()
             for queue in self.concurrency:
                 self.start_workers(queue)
@@ -260,13 +301,14 @@ class Stack:
     def stop(self) -> None:
         """Stop everything this stack started, at once, then Redis last."""
         self._stopping.set()
-        others = [child for name, child in reversed(self.children.items()) if name != "redis"]
+        stores = [name for name in self.children if name == "redis" or name.startswith("redis-shard-")]
+        others = [child for name, child in reversed(self.children.items()) if name not in stores]
         for child in others:
             child.signal(signal.SIGTERM)
         for child in others:
             child.stop(grace_s=5.0)
-        if "redis" in self.children:
-            self.children["redis"].stop(grace_s=10.0)
+        for name in stores:
+            self.children[name].stop(grace_s=10.0)
         from tasks.worker_memory import sweep_left
 
         sweep_left()  # the memory cgroups of run workers that were killed (a worker removes its own)

@@ -23,6 +23,7 @@ configuration, passed through.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -119,9 +120,17 @@ class GuardedServer(TcpWSGIServer):
 
     channel_class = GuardedChannel
 
-    def __init__(self, application, *, caps: ClientCaps, header_timeout_s: float, **kw: Any):
-        self.caps, self.header_timeout_s = caps, header_timeout_s
+    def __init__(self, application, *, caps: ClientCaps, header_timeout_s: float, reuse_port: bool = False,
+                 **kw: Any):
+        self.caps, self.header_timeout_s, self.reuse_port = caps, header_timeout_s, reuse_port
         super().__init__(application, **kw)
+
+    def set_reuse_addr(self) -> None:
+        """SO_REUSEADDR as waitress sets it, and with ``reuse_port`` SO_REUSEPORT: several API
+        processes listen on one port and the kernel spreads new connections between them."""
+        super().set_reuse_addr()
+        if self.reuse_port:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 
     def handle_accept(self) -> None:
         """Accept what waits, a batch per turn of the loop (waitress takes one, and a turn looks
@@ -169,7 +178,8 @@ class GuardedServer(TcpWSGIServer):
                 channel.will_close = True
 
 
-def make_server(app, *, max_per_client: int, header_timeout_s: float, **options: Any) -> GuardedServer:
+def make_server(app, *, max_per_client: int, header_timeout_s: float, reuse_port: bool = False,
+                **options: Any) -> GuardedServer:
     """The API's server on every address ``options`` (waitress's adjustments: host, port, threads
     ...) name, one event loop and one thread pool for all; ``run()`` serves until interrupted.
     ``cleanup_interval`` (how often idle connections are looked at) defaults to 1 s here, so that
@@ -178,6 +188,7 @@ def make_server(app, *, max_per_client: int, header_timeout_s: float, **options:
     dispatcher = ThreadedTaskDispatcher()
     dispatcher.set_thread_count(adj.threads)
     caps, shared = ClientCaps(max_per_client), {}
-    servers = [GuardedServer(app, caps=caps, header_timeout_s=header_timeout_s, map=shared, dispatcher=dispatcher,
+    servers = [GuardedServer(app, caps=caps, header_timeout_s=header_timeout_s, reuse_port=reuse_port, map=shared,
+                             dispatcher=dispatcher,
                              adj=adj, sockinfo=sockinfo) for sockinfo in adj.listen]
     return servers[0]  # its loop serves the shared map, so every listening socket

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.models import Timings
+from prorl_celery.shards import Shards
 
 _STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
 OPERATOR = "_operator"  # the totals of the operator's jobs (no project name starts with '_')
@@ -135,16 +136,18 @@ def price_of(cost: Cost, prices: dict[str, float]) -> float | None:
     return round(total, 9)
 
 
-def read_heads(client: redis.Redis, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
+def read_heads(client: redis.Redis | Shards, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
     """The metadata heads of each job's call records, the first ``n`` (its saved count; None:
     all), in one round trip."""
-    script = client.register_script(_HEADS)
-    pipe = client.pipeline(transaction=False)
     wanted = [i for i, (_, n) in enumerate(jobs) if n != 0]
-    for i in wanted:
-        job_id, n = jobs[i]
-        script(keys=[keys.rollout_calls(job_id)], args=[-1 if n is None else n - 1], client=pipe)
-    found = dict(zip(wanted, pipe.execute() if wanted else []))
+    found: dict[int, list[bytes]] = {}
+    for store, positions in Shards.of(client).by_store(jobs[i][0] for i in wanted):  # a round trip per shard
+        script = store.register_script(_HEADS)
+        pipe = store.pipeline(transaction=False)
+        for k in positions:
+            job_id, n = jobs[wanted[k]]
+            script(keys=[keys.rollout_calls(job_id)], args=[-1 if n is None else n - 1], client=pipe)
+        found.update(zip((wanted[k] for k in positions), pipe.execute()))
     return [found.get(i, []) for i in range(len(jobs))]
 
 

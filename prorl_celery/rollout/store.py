@@ -36,6 +36,7 @@ import redis
 
 from prorl_celery import jsonfast, keys
 from prorl_celery.errors import QuotaExceeded
+from prorl_celery.shards import Shards
 
 _LEN = struct.Struct("<I")
 _SWAP = sys.byteorder == "big"  # records are little-endian on every node
@@ -194,15 +195,16 @@ class RolloutStore:
     fenced: a caller that may race another writer of the same rollout appends through
     :meth:`prorl_celery.jobs.JobStore.save_state` instead."""
 
-    def __init__(self, client: redis.Redis, ttl_s: int | None = None):
-        self.redis = client
+    def __init__(self, where: redis.Redis | Shards, ttl_s: int | None = None):
+        self.shards = Shards.of(where)  # each rollout on its shard (prorl_celery/shards.py)
+        self.redis = self.shards.head
         self.ttl_s = ttl_s
 
     def append(self, rollout_id: str, calls: Sequence[Call | bytes],
                messages: Sequence[dict[str, Any] | str | bytes] = ()) -> int:
         """Append calls (and conversation messages), each as a :class:`Call` or already packed
         (bytes; a message: its JSON, text or bytes); returns the number of calls stored now."""
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = self.shards.store_for(rollout_id).pipeline(transaction=True)
         if calls:
             pipe.rpush(keys.rollout_calls(rollout_id), *(c if isinstance(c, bytes) else c.pack() for c in calls))
         if messages:
@@ -216,10 +218,10 @@ class RolloutStore:
 
     def read(self, rollout_id: str, count: int | None = None) -> list[Call]:
         """The first ``count`` calls (all if None), in order."""
-        return [Call.unpack(blob) for blob in self._range(keys.rollout_calls(rollout_id), count)]
+        return [Call.unpack(blob) for blob in self._range(rollout_id, keys.rollout_calls(rollout_id), count)]
 
     def last(self, rollout_id: str) -> Call | None:
-        blob = self.redis.lindex(keys.rollout_calls(rollout_id), -1)
+        blob = self.shards.store_for(rollout_id).lindex(keys.rollout_calls(rollout_id), -1)
         return None if blob is None else Call.unpack(blob)
 
     def prompt(self, rollout_id: str, k: int) -> list[int] | None:
@@ -231,27 +233,28 @@ class RolloutStore:
 
     def messages(self, rollout_id: str, count: int | None = None) -> list[dict[str, Any]]:
         """The first ``count`` conversation messages (all if None)."""
-        return [json.loads(raw) for raw in self._range(keys.rollout_messages(rollout_id), count)]
+        return [json.loads(raw) for raw in self._range(rollout_id, keys.rollout_messages(rollout_id), count)]
 
     def snapshot(self, rollout_id: str, calls: int | None, messages: int | None
                  ) -> tuple[list[bytes], list[dict[str, Any]]]:
         """The first ``calls`` packed records and ``messages`` messages (None: all), in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.shards.store_for(rollout_id).pipeline(transaction=False)
         self.snapshot_into(pipe, rollout_id, calls, messages)
         raw_calls, raw_messages = pipe.execute()
         return raw_calls, [json.loads(m) for m in raw_messages]
 
     @staticmethod
     def snapshot_into(pipe: redis.client.Pipeline, rollout_id: str, calls: int | None, messages: int | None) -> None:
-        """Queue :meth:`snapshot`'s two reads on ``pipe`` (many rollouts in one round trip)."""
+        """Queue :meth:`snapshot`'s two reads on ``pipe`` (many rollouts in one round trip), a
+        pipeline of the rollout's shard (:meth:`prorl_celery.shards.Shards.by_store`)."""
         pipe.lrange(keys.rollout_calls(rollout_id), *_span(calls))
         pipe.lrange(keys.rollout_messages(rollout_id), *_span(messages))
 
     def delete(self, rollout_id: str) -> None:
-        self.redis.delete(keys.rollout_calls(rollout_id), keys.rollout_messages(rollout_id))
+        self.shards.store_for(rollout_id).delete(keys.rollout_calls(rollout_id), keys.rollout_messages(rollout_id))
 
-    def _range(self, key: str, count: int | None) -> list[bytes]:
-        return self.redis.lrange(key, *_span(count))
+    def _range(self, rollout_id: str, key: str, count: int | None) -> list[bytes]:
+        return self.shards.store_for(rollout_id).lrange(key, *_span(count))
 
 
 def _span(count: int | None) -> tuple[int, int]:

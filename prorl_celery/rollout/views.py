@@ -28,35 +28,39 @@ from prorl_celery.rollout.segments import harness_fields
 from prorl_celery.rollout.store import Call, RolloutStore
 from prorl_celery.rollout.trajectory import assistant_messages, flatten_calls, mask_turns, token_versions
 from prorl_celery.rollout.transcript import generated_by, turns_of
+from prorl_celery.shards import Shards
 
 
-def job_views(client: redis.Redis, records: Sequence[JobRecord | None]) -> list[JobView | None]:
+def job_views(client: redis.Redis | Shards, records: Sequence[JobRecord | None]) -> list[JobView | None]:
     """Each record as the API shows it, its result's trajectory built from the job's rollout
     (all of them in one more round trip)."""
     results = expand_results(client, [r.result if r else None for r in records])
     return [r.view(result) if r else None for r, result in zip(records, results)]
 
 
-def expand_results(client: redis.Redis, results: Sequence[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+def expand_results(client: redis.Redis | Shards, results: Sequence[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
     """Stored results as the trainer reads them, their rollouts read in one round trip (see the
     module). A result without a reference is returned as it is."""
     refs = [(i, r) for i, r in enumerate(results) if r and isinstance(r.get(TRAJECTORY_KEY), dict)]
     if not refs:
         return list(results)
-    store = RolloutStore(client)
-    pipe = client.pipeline(transaction=False)
-    for _, result in refs:
-        ref = result[TRAJECTORY_KEY]
-        store.snapshot_into(pipe, result["job_id"], int(ref.get("calls", 0)), int(ref.get("messages", 0)))
-    replies = pipe.execute()
+    shards = Shards.of(client)
     out = list(results)
-    for k, (i, result) in enumerate(refs):
-        messages = [json.loads(m) for m in replies[2 * k + 1]]
-        out[i] = _expanded(result, [Call.unpack(blob) for blob in replies[2 * k]], messages)
+    for store, positions in shards.by_store(r["job_id"] for _, r in refs):  # one round trip per shard
+        pipe = store.pipeline(transaction=False)
+        for k in positions:
+            result = refs[k][1]
+            ref = result[TRAJECTORY_KEY]
+            RolloutStore.snapshot_into(pipe, result["job_id"], int(ref.get("calls", 0)), int(ref.get("messages", 0)))
+        replies = pipe.execute()
+        for n, k in enumerate(positions):
+            i, result = refs[k]
+            messages = [json.loads(m) for m in replies[2 * n + 1]]
+            out[i] = _expanded(result, [Call.unpack(blob) for blob in replies[2 * n]], messages)
     return out
 
 
-def expand_result(client: redis.Redis, result: dict[str, Any]) -> dict[str, Any]:
+def expand_result(client: redis.Redis | Shards, result: dict[str, Any]) -> dict[str, Any]:
     """:func:`expand_results` of one result."""
     return expand_results(client, [result])[0]
 

@@ -34,6 +34,7 @@ WIRE = {
     "file_not_found": 404, "permission_denied": 403, "file_too_large": 413, "sandbox": 500,
     "no_sandbox_capacity": 503, "sandbox_gone": 404, "env_build_failed": 500, "image_build_failed": 500,
     "unsafe_directory": 500, "too_many_requests": 429, "over_quota": 429, "store_unavailable": 503,
+    "store_layout_mismatch": 500,
     "rollout_failed": 500,
     "llm": 500,
     "backend_failed": 500, "logprob_mismatch": 500, "backend_aborted": 500, "partial_aborted": 500,

@@ -1,0 +1,130 @@
+"""Where a rollout's records live: the head's Redis, or one of N store shards chosen by job id.
+
+Everything that grows with turns — a rollout's call records and conversation (the two lists of
+:mod:`prorl_celery.rollout.store`) — is the head's first load past a thousand rollouts: 4.7 kB
+received and 3.6 kB held per turn (bench/RESULTS.md). Those lists can live on N Redis instances
+of their own, ``PRORL_STORE_SHARDS=redis://a,redis://b``; the job records, the broker, the result
+backend, fair share and LLM routing stay on the head's Redis. Unset: the head holds the lists too,
+exactly as before (one Redis, the fenced save in one script).
+
+A job's shard is ``crc32(job id) mod N``: stable across processes and restarts, so every writer
+and reader of one rollout meets on the same instance. The shard list's order is its identity:
+an operator adds shards only with an empty store (a rollout never moves).
+
+One seam: :meth:`Shards.store_for` is how every reader and writer of the lists finds them
+(:class:`~prorl_celery.rollout.store.RolloutStore`, the fenced save of
+:meth:`~prorl_celery.jobs.JobStore.save_state`, the views, the cost reader). Reads of many rollouts
+are grouped per shard (:meth:`Shards.by_store`): one round trip per shard, not per rollout.
+
+The fenced save across two instances (a Redis script touches the keys of one): the shard's
+script below appends, fenced by the highest attempt that wrote there; then the head's
+compare-and-set writes the state with the new counts, fenced as before (stage, running, attempt).
+The shard goes first: a save the head then refuses leaves records past the counts the state
+holds, which every reader ignores and the next fenced save trims (the store's rule for a write
+that lost a race); the other order would leave counts past what the lists hold.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+
+import redis
+
+from prorl_celery import keys
+from prorl_celery.errors import StoreLayoutMismatch
+
+# KEYS: the rollout's calls list, messages list, its fence. ARGV: 1 the writer's attempt, 2 and 3
+# the calls and messages saved so far (its state's counts), 4 number n of new calls, 5 ttl (s),
+# then the n packed calls, then the new messages. A writer of an earlier attempt than the fence
+# is refused (0): it could otherwise trim what the later attempt appended. A later one moves the
+# fence. What lies past the saved counts (a stray write) is trimmed before the append.
+SHARD_APPEND = """
+local attempt = tonumber(ARGV[1])
+local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
+if attempt < fence then return 0 end
+if attempt > fence then redis.call('SET', KEYS[3], ARGV[1]) end
+local function extend(key, base, first, last)
+  if base == 0 then redis.call('DEL', key)
+  elseif redis.call('LLEN', key) > base then redis.call('LTRIM', key, 0, base - 1) end
+  for i = first, last, 4000 do redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 3999, last))) end
+end
+local n = tonumber(ARGV[4])
+extend(KEYS[1], tonumber(ARGV[2]), 6, 5 + n)
+extend(KEYS[2], tonumber(ARGV[3]), 6 + n, #ARGV)
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
+return 1
+"""
+
+# A shard's lists lapse this long after their last save beyond the job record's own ttl (which
+# starts at the job's end, on the head): a job's end comes within its stage budgets of its last
+# save, so its records outlive neither the other.
+TTL_MARGIN_S = 86400
+
+
+class Shards:
+    """The head's Redis and the store shards (none: the head holds the rollouts)."""
+
+    def __init__(self, head: redis.Redis, stores: Sequence[redis.Redis] = ()):
+        self.head = head
+        self.stores = list(stores)
+        self._append = [s.register_script(SHARD_APPEND) for s in self.stores]
+
+    @classmethod
+    def of(cls, where: Shards | redis.Redis) -> Shards:
+        """``where`` as shards: a bare Redis holds everything (one instance, as in tests)."""
+        return where if isinstance(where, Shards) else cls(where)
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.stores)
+
+    def index(self, job_id: str) -> int:
+        """The shard of ``job_id`` (0 when unsharded)."""
+        return zlib.crc32(job_id.encode()) % len(self.stores) if self.stores else 0
+
+    def store_for(self, job_id: str) -> redis.Redis:
+        """The Redis that holds ``job_id``'s rollout."""
+        return self.stores[self.index(job_id)] if self.stores else self.head
+
+    def by_store(self, job_ids: Iterable[str]) -> list[tuple[redis.Redis, list[int]]]:
+        """The positions of ``job_ids`` grouped by the Redis holding them (for one pipeline each)."""
+        groups: dict[int, list[int]] = {}
+        for i, job_id in enumerate(job_ids):
+            groups.setdefault(self.index(job_id), []).append(i)
+        return [(self.stores[k] if self.stores else self.head, positions) for k, positions in sorted(groups.items())]
+
+    def check_layout(self) -> None:
+        """Refuse a layout other than the store's: the head records how many shards it has and
+        each shard its place, the first time a process looks; a later process with another
+        count or order raises :class:`StoreLayoutMismatch` (its writes would land where no reader
+        looks). Once the store holds no job, ``DEL prorl:store:layout`` on the head (and
+        ``prorl:store:shard`` on each shard) lets a new layout be taken."""
+        stored = _claim(self.head, keys.store_layout(), len(self.stores))
+        if stored != len(self.stores):
+            raise StoreLayoutMismatch(f"PRORL_STORE_SHARDS names {len(self.stores)} store shards; this head's "
+                                      f"rollouts are spread over {stored} (see prorl_celery/shards.py)")
+        for i, store in enumerate(self.stores):
+            place = _claim(store, keys.store_shard_index(), i)
+            if place != i:
+                raise StoreLayoutMismatch(f"PRORL_STORE_SHARDS lists as shard {i + 1} the one started as "
+                                          f"shard {place + 1}: keep the list's order")
+
+    def append_fenced(self, job_id: str, attempt: int, saved: dict[str, int], calls: list[bytes],
+                      messages: list[str], ttl_s: int) -> bool:
+        """The shard's half of a fenced save (see the module); False: a later attempt wrote there."""
+        k = self.index(job_id)
+        args = [attempt, saved.get("calls", 0), saved.get("messages", 0), len(calls), ttl_s + TTL_MARGIN_S,
+                *calls, *messages]
+        return bool(self._append[k](keys=[keys.rollout_calls(job_id), keys.rollout_messages(job_id),
+                                          keys.rollout_fence(job_id)], args=args))
+
+
+def _claim(client: redis.Redis, key: str, value: int) -> int:
+    """``key``'s value, set to ``value`` if it had none."""
+    client.set(key, value, nx=True)
+    return int(client.get(key))
+
+
+def parse_urls(value: str | None) -> list[str]:
+    """``PRORL_STORE_SHARDS``: comma-separated Redis URLs ('' or None: no shards)."""
+    return [u.strip() for u in (value or "").split(",") if u.strip()]

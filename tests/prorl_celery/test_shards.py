@@ -1,0 +1,125 @@
+"""The rollout store on two Redis of its own (prorl_celery/shards.py), in process: jobs land on
+both shards, never on the head; the fenced save holds across the two instances; every reader
+(the transcript, the result's views, the cost reader) finds each rollout on its shard."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from prorl_celery import keys
+from prorl_celery.jobs import JobStore
+from prorl_celery.jobstate import ROLLOUT_KEY
+from prorl_celery.models import JobRequest
+from prorl_celery.ops.launcher import Stack, StackOptions
+from prorl_celery.rollout.cost import read_heads
+from prorl_celery.rollout.store import RolloutStore
+from prorl_celery.rollout.trajectory import flatten
+from prorl_celery.rollout.views import expand_results
+from prorl_celery.shards import Shards, parse_urls
+from prorl_celery.status import JobStatus, StageState
+from tasks.context import StageContext
+from tasks.handlers.math import MathHandler
+from tests.prorl_celery.test_rollouts import _exact_turns
+
+# Not the unit tier: it starts two Redis of its own (the unit tier allows only the session's).
+
+
+@pytest.fixture(scope="module")
+def shard_clients(tmp_path_factory):
+    stack = Stack(StackOptions(state_dir=tmp_path_factory.mktemp("shards"), persist=False))
+    try:
+        urls = stack.start_store_shards(2)
+        yield [redis.Redis.from_url(url) for url in urls]
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def store(scratch_redis, shard_clients):
+    for client in shard_clients:
+        client.flushdb()
+    return JobStore(scratch_redis, job_ttl_s=60, shards=Shards(scratch_redis, shard_clients))
+
+
+def _in_run(store: JobStore) -> str:
+    job_id = uuid.uuid4().hex
+    store.create_many([(job_id, JobRequest(instance={"data_source": "math"}))])
+    for step in (JobStatus.INIT, JobStatus.RUN):
+        assert store.transition(job_id, step, stage_state=StageState.RUNNING)[0]
+    return job_id
+
+
+def _run_two_turns(store: JobStore, job_id: str) -> None:
+    ctx = StageContext(store, store.get(job_id), JobStatus.RUN, budget_s=60.0)
+    ctx.transcript.messages.append({"role": "user", "content": f"go {job_id}"})
+    for turn in _exact_turns(2):
+        ctx.transcript.add(turn)
+        ctx.transcript.messages.append(turn.message)
+        ctx.save()
+
+
+def test_rollouts_land_on_both_shards_and_every_reader_finds_them(store, scratch_redis, shard_clients):
+    jobs = [_in_run(store) for _ in range(12)]
+    for job_id in jobs:
+        _run_two_turns(store, job_id)
+    held = [{j for j in jobs if client.exists(keys.rollout_calls(j))} for client in shard_clients]
+    assert held[0] and held[1] and not held[0] & held[1] and held[0] | held[1] == set(jobs)
+    assert all(store.shards.store_for(j) is shard_clients[store.shards.index(j)] for j in jobs)
+    assert not any(scratch_redis.exists(keys.rollout_calls(j), keys.rollout_messages(j)) for j in jobs)
+    assert all(store.get(j).state[ROLLOUT_KEY] == {"calls": 2, "messages": 3} for j in jobs)  # the state on the head
+
+    rollouts = RolloutStore(store.shards)
+    assert all(len(rollouts.read(j)) == 2 and rollouts.messages(j)[0]["content"] == f"go {j}" for j in jobs)
+    results = [{"job_id": j, **MathHandler().result_fields(store.get(j).state)} for j in jobs]
+    for j, out in zip(jobs, expand_results(store.shards, results)):  # one pipeline per shard
+        assert out["turns"] == 2 and out["messages"][0]["content"] == f"go {j}"
+        assert (out["tokens"], out["token_mode"]) == flatten(_exact_turns(2))
+    assert [len(h) for h in read_heads(store.shards, [(j, 2) for j in jobs])] == [2] * len(jobs)
+    again = StageContext(store, store.get(jobs[0]), JobStatus.RUN, budget_s=60.0)  # a redelivery resumes
+    assert len(again.transcript.turns()) == 2
+
+
+def test_the_fence_holds_across_the_two_instances(store, scratch_redis):
+    job_id = _in_run(store)
+    shard = store.shards.store_for(job_id)
+    # attempt 2 saves on the shard: a late write of attempt 1 is refused there, before any trim
+    assert store.shards.append_fenced(job_id, 2, {}, [b"a2"], [], 60)
+    assert not store.save_state(job_id, JobStatus.RUN, 1, {"x": 1}, {}, [b"a1"], [])
+    assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"a2"]
+    # the head refuses a save of a job that ended: its records stay past the counts, and the next
+    # fenced save of the job's attempt trims them (the store's rule for a write that lost a race)
+    scratch_redis.hset(keys.job(job_id), "attempt", 2)
+    assert store.save_state(job_id, JobStatus.RUN, 2, {"n": 1}, {}, [b"c1"], ["{}"])
+    assert store.transition(job_id, None, stage_state=StageState.DONE)[0]
+    assert not store.save_state(job_id, JobStatus.RUN, 2, {"n": 2}, {"calls": 1, "messages": 1}, [b"stray"], [])
+    assert shard.llen(keys.rollout_calls(job_id)) == 2 and store.get(job_id).state == {"n": 1}
+    assert store.transition(job_id, None, stage_state=StageState.RUNNING)[0]
+    assert store.save_state(job_id, JobStatus.RUN, 2, {"n": 2}, {"calls": 1, "messages": 1}, [b"c2"], [])
+    assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"c1", b"c2"]
+    assert 0 < shard.ttl(keys.rollout_calls(job_id)) and 0 < shard.ttl(keys.rollout_fence(job_id))
+
+
+def test_unsharded_is_the_head_alone_and_the_setting_parses(scratch_redis):
+    shards = Shards.of(scratch_redis)
+    assert not shards.sharded and shards.store_for("any") is scratch_redis
+    assert JobStore(scratch_redis).shards.store_for("x") is scratch_redis
+    assert parse_urls(" redis://a:1/0, ,redis://b:2/0 ") == ["redis://a:1/0", "redis://b:2/0"]
+    assert parse_urls("") == [] and parse_urls(None) == []
+
+
+def test_a_process_with_another_layout_is_refused(scratch_redis, shard_clients):
+    from prorl_celery.errors import StoreLayoutMismatch
+
+    scratch_redis.delete(keys.store_layout())
+    for client in shard_clients:
+        client.flushdb()
+    Shards(scratch_redis, shard_clients).check_layout()  # the first one sets it
+    Shards(scratch_redis, shard_clients).check_layout()  # the same: fine
+    with pytest.raises(StoreLayoutMismatch, match="keep the list's order"):
+        Shards(scratch_redis, shard_clients[::-1]).check_layout()
+    with pytest.raises(StoreLayoutMismatch, match="names 0 store shards"):
+        Shards(scratch_redis).check_layout()  # a worker started without PRORL_STORE_SHARDS
+    with pytest.raises(StoreLayoutMismatch, match="names 1 store shards"):
+        Shards(scratch_redis, shard_clients[:1]).check_layout()
