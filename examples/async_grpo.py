@@ -292,9 +292,9 @@ def plot(run: Run, path: Path) -> None:
 
     steps = [r["step"] for r in run.steps]
     fig, (a, b, d, c) = plt.subplots(4, 1, figsize=(8, 11.5), sharex=True)
-    a.plot(steps, [r["reward"] for r in run.steps], label="batch mean reward (8 x 4 samples)")
+    a.plot(steps, [r["reward"] for r in run.steps], label=f"batch mean reward ({run.settings.groups} x {run.settings.n} samples)")
     hs = sorted(run.heldout)
-    a.plot(hs, [run.heldout[h]["accuracy"] for h in hs], "o-", label="held-out sampled accuracy (64 prompts)")
+    a.plot(hs, [run.heldout[h]["accuracy"] for h in hs], "o-", label=f"held-out sampled accuracy ({run.settings.heldout} prompts)")
     a.set_ylim(0, 1.05)
     a.set_ylabel("reward / accuracy")
     a.legend(loc="lower right", fontsize=8)
@@ -360,9 +360,9 @@ def _stack():
     return stack
 
 
-def main(task: Task = ECHO, doc: str | None = None) -> None:
+def main(task: Task = ECHO, doc: str | None = None, defaults: Settings | None = None) -> None:
     parser = argparse.ArgumentParser(description=(doc or __doc__).splitlines()[0])
-    defaults = Settings()
+    defaults = defaults or Settings()
     for name, value in vars(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--model", type=Path, default=MODEL_DIR, help="a Hugging Face model folder")

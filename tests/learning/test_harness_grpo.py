@@ -1,7 +1,7 @@
 """A model learns as an agent through a black-box harness (``pytest -m learning``, up to 40
 minutes of both cores): examples/harness_grpo.py, asynchronous TRL GRPO on SmolLM2-135M on the
 two-turn ``lookup`` task, each episode examples/lookup_agent.py (an ordinary OpenAI client) in a
-sandbox behind the service's gateway, for 40 steps.
+sandbox behind the service's gateway, for 24 steps.
 
 What it asserts is the goal of the run — batch reward of the last 5 steps at least 0.3 above the
 first 5, held-out sampled accuracy up by at least 0.2, in 40 minutes at most, at least two
@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import ROOT, TEST_ENV
 
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
-STEPS = int(os.environ.get("PRORL_LEARNING_STEPS", "40"))
+STEPS = int(os.environ.get("PRORL_LEARNING_STEPS", "24"))  # the example's default
 SEED = int(os.environ.get("PRORL_LEARNING_SEED", "1"))  # the two recorded runs: seeds 1 and 2
 HARNESS = Path("/opt/prorl-harnesses/openai-client")
 
