@@ -5,6 +5,7 @@ It talks to the API only (``prorl_celery.client.ProrlClient`` or anything with i
 ``as_completed`` and ``cancel``): every run is an ordinary job, graded as a training job would be."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,57 +17,108 @@ from tasks.audit.verdict import TaskVerdict, evidence, judge
 Progress = Callable[[int, int], None]  # (jobs done, jobs in all)
 
 
-def jobs_for(tasks: list[AuditTask], policies: list[Policy]) -> list[tuple[int, str, dict[str, Any]]]:
-    """(task index, policy name, job request) for the no-op and each policy on each task."""
+# The eval budget of a policy's run, for a task whose grader waits out its stage budget on code that
+# never returns (SWE, code: a hung test run is a timeout, a fault, never a reward): the no-op's own
+# eval time times this, at least the floor, at most the service's budget. Harbor tasks keep theirs
+# (their verifier's timeout bounds each step; a task's test.sh may count its own timeout a pass).
+EVAL_FACTOR = 4.0
+EVAL_FLOOR_S = 120.0
+UNCAPPED = ("harbor",)
+
+
+def eval_budget(data_source: str, noop_job: dict[str, Any] | None) -> float | None:
+    """The ``eval_budget_s`` for the policies' runs on a task, from its no-op's eval time (None:
+    the service's own)."""
+    if data_source in UNCAPPED or not noop_job:
+        return None
+    noop_eval = float((noop_job.get("timings") or {}).get("eval") or 0.0)
+    return max(EVAL_FLOOR_S, EVAL_FACTOR * noop_eval)
+
+
+def jobs_for(tasks: list[AuditTask], policies: list[Policy], budget: float | None = None,
+             noop: bool = True) -> list[tuple[int, str, dict[str, Any]]]:
+    """(task index, policy name, job request) for the no-op (``noop``) and each policy on each task."""
     out = []
     for i, task in enumerate(tasks):
-        for policy in [NOOP, *policies]:
+        for policy in [NOOP, *policies] if noop else policies:
+            sampling = {"eval_budget_s": budget} if budget and policy is not NOOP else {}
             out.append((i, policy.name, {"instance": {**task.instance, "agent": policy.agent()},
-                                         "sampling_params": {}}))
+                                         "sampling_params": sampling}))
     return out
+
+
+class _Runs:
+    """The submitted runs: their owners, the finished jobs, the progress."""
+
+    def __init__(self, client: Any, total: int, progress: Progress | None, timeout: float | None):
+        self.client, self.total, self.progress, self.timeout = client, total, progress, timeout
+        self.owner: dict[str, tuple[int, str]] = {}
+        self.finished: dict[tuple[int, str], dict[str, Any]] = {}
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def submit(self, chunk: list[tuple[int, str, dict[str, Any]]]) -> None:
+        ids = self.client.submit_many([job for _, _, job in chunk])
+        self.owner.update({job_id: (i, name) for job_id, (i, name, _) in zip(ids, chunk)})
+
+    def wait(self, ids: list[str]) -> None:
+        left = None if self.deadline is None else max(1.0, self.deadline - time.monotonic())
+        try:
+            for job in self.client.as_completed(ids, timeout=left):
+                self.finished[self.owner[job["job_id"]]] = job
+                if self.progress:
+                    self.progress(len(self.finished), self.total)
+        except BaseException:
+            done = {j["job_id"] for j in self.finished.values()}
+            for job_id in set(self.owner) - done:
+                try:
+                    self.client.cancel(job_id)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            raise
 
 
 def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progress: Progress | None = None,
               timeout: float | None = None) -> list[TaskVerdict]:
-    """Submit every run, wait for all, and judge each task (its content hash and grader version
-    recorded, for the quarantine)."""
+    """The no-op on every task first, then every policy (a task whose grader would wait out its
+    stage budget gets the policies' eval budget from its no-op's: :func:`eval_budget`), all waited
+    for, and a verdict per task (its content hash and grader version recorded, for the quarantine)."""
     from prorl_celery.client import ProrlClientError
     from prorl_celery.errors import ProrlError
 
-    owner: dict[str, tuple[int, str]] = {}
     refused: dict[int, str] = {}
+    runs = _Runs(client, len(tasks) * (1 + len(policies)), progress, timeout)
     for i, task in enumerate(tasks):  # a task at a time: one the service refuses is said so, not fatal
-        chunk = jobs_for([task], policies)
         try:
-            ids = client.submit_many([job for _, _, job in chunk])
+            runs.submit([(i, NOOP.name, job) for _, _, job in jobs_for([task], [])])
+        except (ProrlError, ProrlClientError) as exc:
+            refused[i] = f"refused at submission: {exc}"
+    runs.total = (len(tasks) - len(refused)) * (1 + len(policies))
+    if progress:
+        progress(0, runs.total)
+    runs.wait(list(runs.owner))
+    policy_ids: list[str] = []
+    for i, task in enumerate(tasks):
+        if i in refused or not policies:
+            continue
+        budget = eval_budget(task.instance["data_source"], runs.finished.get((i, NOOP.name)))
+        chunk = [(i, name, job) for _, name, job in jobs_for([task], policies, budget, noop=False)]
+        before = set(runs.owner)
+        try:
+            runs.submit(chunk)
         except (ProrlError, ProrlClientError) as exc:
             refused[i] = f"refused at submission: {exc}"
             continue
-        owner.update({job_id: (i, name) for job_id, (_, name, _) in zip(ids, chunk)})
-    finished: dict[tuple[int, str], dict[str, Any]] = {}
-    if progress:
-        progress(0, len(owner))
-    try:
-        for job in client.as_completed(list(owner), timeout=timeout):
-            finished[owner[job["job_id"]]] = job
-            if progress:
-                progress(len(finished), len(owner))
-    except BaseException:
-        for job_id in set(owner) - {j["job_id"] for j in finished.values()}:
-            try:
-                client.cancel(job_id)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-        raise
+        policy_ids += sorted(set(runs.owner) - before)
+    runs.wait(policy_ids)
     verdicts = []
     for i, task in enumerate(tasks):
         if i in refused:
             verdicts.append(TaskVerdict(task=task.name, data_source=task.instance["data_source"], hackable=False,
                                         note=refused[i]))
             continue
-        noop = evidence(NOOP.name, finished[(i, NOOP.name)])
-        runs = [evidence(p.name, finished[(i, p.name)]) for p in policies]
-        verdict = judge(task.name, task.instance["data_source"], noop, runs)
+        noop = evidence(NOOP.name, runs.finished[(i, NOOP.name)])
+        evs = [evidence(p.name, runs.finished[(i, p.name)]) for p in policies]
+        verdict = judge(task.name, task.instance["data_source"], noop, evs)
         verdict.content_hash = quarantine.content_hash(task.instance)
         verdict.grader_version = quarantine.grader_version(task.instance["data_source"])
         verdicts.append(verdict)

@@ -168,3 +168,31 @@ def test_the_runner_judges_each_task_and_says_which_it_could_not_run():
     assert not bad.hackable and "refused at submission" in bad.note and bad.content_hash is None
     assert good.hackable and good.policies == ["reward_file"] and good.evidence[1].wrote == ["did it"]
     assert good.content_hash and good.grader_version == "1" and seen[-1] == (2, 2)
+
+
+@unit
+def test_a_domain_that_runs_its_own_agent_is_not_audited_and_echo_refuses_a_harness():
+    """issue 34 item 4: echo ran the built-in agent whatever the agent block said, so the audit
+    'ran' policies that never ran (and the fake LLM's answer earned the no-op 1.0)."""
+    from tasks.handlers.instances import check_echo
+
+    own = {"status": "completed", "result": {"reward": 1.0}}  # no harness block: the domain's own agent
+    verdict = judge("t", "echo", evidence("noop", own), [evidence("reward_file", own)])
+    assert not verdict.hackable and verdict.note.startswith("not audited")
+    with pytest.raises(InvalidRequest) as err:
+        check_echo({"data_source": "echo", "text": "12345", "agent": policies.NOOP.agent()})
+    assert err.value.field == "instance.agent"
+    check_echo({"data_source": "echo", "text": "12345"})
+
+
+@unit
+def test_the_policies_eval_budget_follows_the_noop_where_the_grader_waits_out_its_stage():
+    """resource_exhaust held a SWE eval slot for the service's whole eval budget (1200 s)."""
+    from tasks.audit.runner import EVAL_FLOOR_S, eval_budget, jobs_for
+    from tasks.audit.taskset import AuditTask
+
+    assert eval_budget("swe", {"timings": {"eval": 2.0}}) == EVAL_FLOOR_S
+    assert eval_budget("swebench", {"timings": {"eval": 100.0}}) == 400.0
+    assert eval_budget("harbor", {"timings": {"eval": 2.0}}) is None  # its verifier timeout bounds it
+    (noop, run) = jobs_for([AuditTask("t", {"data_source": "swe"})], policies.select(["exit_code"]), 150.0)
+    assert noop[2]["sampling_params"] == {} and run[2]["sampling_params"] == {"eval_budget_s": 150.0}
