@@ -196,3 +196,22 @@ def test_the_policies_eval_budget_follows_the_noop_where_the_grader_waits_out_it
     assert eval_budget("harbor", {"timings": {"eval": 2.0}}) is None  # its verifier timeout bounds it
     (noop, run) = jobs_for([AuditTask("t", {"data_source": "swe"})], policies.select(["exit_code"]), 150.0)
     assert noop[2]["sampling_params"] == {} and run[2]["sampling_params"] == {"eval_budget_s": 150.0}
+
+
+@unit
+def test_lookup_gives_nothing_to_an_answer_that_lists_every_file_s_code():
+    """Found by the audit of what we ship (issue 34 item 4): the code said among the decoys' earned 1."""
+    from types import SimpleNamespace
+
+    from tasks.audit.quarantine import grader_version
+    from tasks.handlers.lookup import LookupHandler
+
+    inst = {"files": {"a.txt": "the code is 41872\n", "b.txt": "the code is 90315\n"}, "target": "b.txt",
+            "code": "90315"}
+
+    def reward(text):
+        return LookupHandler().score(SimpleNamespace(state={"harness": {"final_text": text}}, instance=inst))["reward"]
+
+    assert reward("The code is 90315.") == 1.0
+    assert reward("41872 or 90315") == 0.0 and reward("41872") == 0.0
+    assert grader_version("lookup") == "2"
