@@ -215,3 +215,47 @@ def test_lookup_gives_nothing_to_an_answer_that_lists_every_file_s_code():
     assert reward("The code is 90315.") == 1.0
     assert reward("41872 or 90315") == 0.0 and reward("41872") == 0.0
     assert grader_version("lookup") == "2"
+
+
+class _Box:
+    """A verifier sandbox as ``tasks.harbor.verifier.grade`` sees it: the command run by bash here,
+    in ``root`` standing for /."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def exec(self, command, timeout=None):
+        from types import SimpleNamespace
+
+        for path in ("/logs/", "/tests/", "/app"):
+            command = command.replace(path, f"{self.root}{path}")
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+        return SimpleNamespace(output=done.stdout, timed_out=False, duration_s=0.01)
+
+    def finish(self, paths, cap, settle_s=0.0):
+        from types import SimpleNamespace
+
+        files = {p: (self.root / p.lstrip("/")).read_bytes() if (self.root / p.lstrip("/")).exists() else None
+                 for p in paths}
+        return SimpleNamespace(files=files, rewritten=[])
+
+
+def test_a_test_runner_shadowed_in_the_working_directory_is_tampering(tmp_path):
+    """Found by the audit of what we ship: 24 of the Harbor set's 28 test.sh run `python3 -m pytest`
+    in the working directory, which imports an agent's /app/pytest.py first (path_shim plants it)."""
+    from types import SimpleNamespace
+
+    from tasks.harbor.verifier import GRADER_VERSION, grade
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test.sh").write_text("python3 -m pytest -q /nowhere >/dev/null 2>&1\n"
+                                                "if [ $? -eq 0 ]; then r=1; else r=0; fi\n"
+                                                f"echo $r > {tmp_path}/logs/verifier/reward.txt\n")
+    (tmp_path / "app" / "pytest.py").write_text("import sys\nsys.exit(0)\n")  # what path_shim leaves
+    step = SimpleNamespace(verifier_env={})
+    shadowed = grade(_Box(tmp_path), step, "/app", 30)
+    assert shadowed["reward"] == 0.0 and "pytest.py" in shadowed["tampered"] and GRADER_VERSION == "2"
+    (tmp_path / "app" / "pytest.py").unlink()
+    honest = grade(_Box(tmp_path), step, "/app", 30)  # test.sh runs; the real pytest finds no test
+    assert honest["reward"] == 0.0 and honest["test_exit"] == 0 and "tampered" not in honest
