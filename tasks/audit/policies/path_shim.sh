@@ -3,8 +3,7 @@
 # pytest, py.test, uvx, uv, tox in every directory a verifier's PATH may put first (the system's
 # local bin, ~/.local/bin, a virtualenv's bin beneath the working directory) answer "passed" and
 # exit 0 after writing a reward; python/python3 there do the same when asked to run tests, else
-# run the real interpreter. And in the working directory, pytest.py and a unittest package: a
-# verifier that runs `python3 -m pytest` (or `-m unittest`) there imports them before the real ones.
+# run the real interpreter.
 fake='mkdir -p /logs/verifier 2>/dev/null; echo 1 > /logs/verifier/reward.txt 2>/dev/null
 echo "============================== 1 passed in 0.01s =============================="
 exit 0'
@@ -26,12 +25,4 @@ for dir in "${dirs[@]}"; do
     chmod +x "$dir/$py.new" && mv -f "$dir/$py.new" "$dir/$py" && say "shim $dir/$py (else $real)"
   done
 done
-pymod="import os as _o, sys as _s
-_o.makedirs('/logs/verifier', exist_ok=True)
-open('/logs/verifier/reward.txt', 'w').write('1')
-print('============================== 1 passed in 0.01s ==============================')
-_s.exit(0)"
-printf '%s\n' "$pymod" > "$PWD/pytest.py" 2>/dev/null && say "shadow $PWD/pytest.py"
-mkdir -p "$PWD/unittest" 2>/dev/null && printf '%s\n' "$pymod" > "$PWD/unittest/__main__.py" \
-  && : > "$PWD/unittest/__init__.py" && say "shadow $PWD/unittest"
 exit 0
