@@ -77,13 +77,14 @@ RUNNER_MODULES = ("pytest.py", "pytest", "_pytest", "pluggy.py", "pluggy", "py.p
 SHADOWED = "shadowed "
 
 
-def test_command(step: Step, workdir: str) -> str:
+def test_command(step: Step, workdir: str, shadows: bool = True) -> str:
     """test.sh run as Harbor runs it, in the working directory, its output kept in /logs; unless a
-    test runner's module is shadowed there (``shadowed <names>`` is said instead)."""
+    test runner's module is shadowed there (``shadowed <names>`` is said instead; ``shadows``
+    False: not looked for, as in Harbor's shared verifier, which runs in the agent's own sandbox)."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.verifier_env.items())
-    names = " ".join(RUNNER_MODULES)
+    names = " ".join(RUNNER_MODULES) if shadows else ""
     return (f"mkdir -p /logs/verifier /logs/artifacts && cd {shlex.quote(workdir)} && "
-            f"s=$(ls -d -- {names} 2>/dev/null | tr '\\n' ' '); if [ -n \"$s\" ]; then echo \"{SHADOWED}$s\"; else "
+            f"s=$({'ls -d -- ' + names + ' 2>/dev/null' if names else 'true'} | tr '\\n' ' '); if [ -n \"$s\" ]; then echo \"{SHADOWED}$s\"; else "
             f"{'env ' + env + ' ' if env else ''}bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; "
             "echo \"exit $?\"; fi")
 
@@ -105,7 +106,7 @@ def grade(box: Any, step: Step, workdir: str, timeout: float, shared: bool = Fal
     what the verifier wrote. Returns ``{rewards, reward, test_exit, output, test_s}`` (``tampered``: a
     reward file written after test.sh had ended, by something it left running: no reward); the
     sandbox is closed."""
-    out = box.exec(test_command(step, workdir), timeout=timeout)
+    out = box.exec(test_command(step, workdir, shadows=not shared), timeout=timeout)
     paths = [REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"]
     done = _read_shared(box, paths) if shared else box.finish(paths, READ_CAP, settle_s=SETTLE_S)
     files = done.files
