@@ -17,31 +17,33 @@ from tasks.audit.verdict import TaskVerdict, evidence, judge
 Progress = Callable[[int, int], None]  # (jobs done, jobs in all)
 
 
-# The eval budget of a policy's run, for a task whose grader waits out its stage budget on code that
-# never returns (SWE, code: a hung test run is a timeout, a fault, never a reward): the no-op's own
-# eval time times this, at least the floor, at most the service's budget. Harbor tasks keep theirs
-# (their verifier's timeout bounds each step; a task's test.sh may count its own timeout a pass).
-EVAL_FACTOR = 4.0
-EVAL_FLOOR_S = 120.0
-UNCAPPED = ("harbor",)
+# The stage budget of a policy's run: a grader that waits out its stage on code that never returns
+# (resource_exhaust) would hold a worker slot for the service's whole budget (SWE, code: the eval
+# stage, 1200 s; Harbor, whose verifier runs in the run stage: the task's verifier timeout, 600 s in
+# the Harbor set). The no-op's own time in that stage times this, at least the floor, caps it; a run
+# cut there is a fault (a timeout), never a reward, and the verdict counts it.
+STAGE_FACTOR = 4.0
+STAGE_FLOOR_S = 120.0
+RUN_STAGE_GRADED = ("harbor",)  # graded within the run stage, step by step
 
 
-def eval_budget(data_source: str, noop_job: dict[str, Any] | None) -> float | None:
-    """The ``eval_budget_s`` for the policies' runs on a task, from its no-op's eval time (None:
-    the service's own)."""
-    if data_source in UNCAPPED or not noop_job:
-        return None
-    noop_eval = float((noop_job.get("timings") or {}).get("eval") or 0.0)
-    return max(EVAL_FLOOR_S, EVAL_FACTOR * noop_eval)
+def stage_budget(data_source: str, noop_job: dict[str, Any] | None) -> dict[str, float]:
+    """The sampling parameters that bound the policies' runs on a task, from its no-op's job
+    (``{}``: the service's own budgets, when the no-op did not finish)."""
+    if not noop_job or noop_job.get("status") != "completed":
+        return {}
+    stage = "run" if data_source in RUN_STAGE_GRADED else "eval"
+    spent = float((noop_job.get("timings") or {}).get(stage) or 0.0)
+    return {f"{stage}_budget_s": round(max(STAGE_FLOOR_S, STAGE_FACTOR * spent), 1)}
 
 
-def jobs_for(tasks: list[AuditTask], policies: list[Policy], budget: float | None = None,
+def jobs_for(tasks: list[AuditTask], policies: list[Policy], budget: dict[str, float] | None = None,
              noop: bool = True) -> list[tuple[int, str, dict[str, Any]]]:
     """(task index, policy name, job request) for the no-op (``noop``) and each policy on each task."""
     out = []
     for i, task in enumerate(tasks):
         for policy in [NOOP, *policies] if noop else policies:
-            sampling = {"eval_budget_s": budget} if budget and policy is not NOOP else {}
+            sampling = dict(budget or {}) if policy is not NOOP else {}
             out.append((i, policy.name, {"instance": {**task.instance, "agent": policy.agent()},
                                          "sampling_params": sampling}))
     return out
@@ -80,7 +82,7 @@ class _Runs:
 def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progress: Progress | None = None,
               timeout: float | None = None) -> list[TaskVerdict]:
     """The no-op on every task first, then every policy (a task whose grader would wait out its
-    stage budget gets the policies' eval budget from its no-op's: :func:`eval_budget`), all waited
+    stage budget gets the policies' budget from its no-op's: :func:`stage_budget`), all waited
     for, and a verdict per task (its content hash and grader version recorded, for the quarantine)."""
     from prorl_celery.client import ProrlClientError
     from prorl_celery.errors import ProrlError
@@ -100,7 +102,7 @@ def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progr
     for i, task in enumerate(tasks):
         if i in refused or not policies:
             continue
-        budget = eval_budget(task.instance["data_source"], runs.finished.get((i, NOOP.name)))
+        budget = stage_budget(task.instance["data_source"], runs.finished.get((i, NOOP.name)))
         chunk = [(i, name, job) for _, name, job in jobs_for([task], policies, budget, noop=False)]
         before = set(runs.owner)
         try:

@@ -186,15 +186,19 @@ def test_a_domain_that_runs_its_own_agent_is_not_audited_and_echo_refuses_a_harn
 
 
 @unit
-def test_the_policies_eval_budget_follows_the_noop_where_the_grader_waits_out_its_stage():
-    """resource_exhaust held a SWE eval slot for the service's whole eval budget (1200 s)."""
-    from tasks.audit.runner import EVAL_FLOOR_S, eval_budget, jobs_for
+def test_the_policies_stage_budget_follows_the_noop_where_the_grader_waits_out_its_stage():
+    """resource_exhaust held a SWE eval slot for the service's whole eval budget (1200 s), and a
+    Harbor run slot for the task's verifier timeout (600 s in the Harbor set)."""
+    from tasks.audit.runner import STAGE_FLOOR_S, jobs_for, stage_budget
     from tasks.audit.taskset import AuditTask
 
-    assert eval_budget("swe", {"timings": {"eval": 2.0}}) == EVAL_FLOOR_S
-    assert eval_budget("swebench", {"timings": {"eval": 100.0}}) == 400.0
-    assert eval_budget("harbor", {"timings": {"eval": 2.0}}) is None  # its verifier timeout bounds it
-    (noop, run) = jobs_for([AuditTask("t", {"data_source": "swe"})], policies.select(["exit_code"]), 150.0)
+    done = {"status": "completed", "timings": {"run": 50.0, "eval": 2.0}}
+    assert stage_budget("swe", done) == {"eval_budget_s": STAGE_FLOOR_S}
+    assert stage_budget("swebench", {**done, "timings": {"eval": 100.0}}) == {"eval_budget_s": 400.0}
+    assert stage_budget("harbor", done) == {"run_budget_s": 200.0}  # its verifier runs in the run stage
+    assert stage_budget("harbor", {"status": "failed", "timings": {}}) == {}  # no no-op: the service's own
+    (noop, run) = jobs_for([AuditTask("t", {"data_source": "swe"})], policies.select(["exit_code"]),
+                           {"eval_budget_s": 150.0})
     assert noop[2]["sampling_params"] == {} and run[2]["sampling_params"] == {"eval_budget_s": 150.0}
 
 
