@@ -5,8 +5,9 @@ the host's sandbox capacity.
     PYTHONPATH=. python3 bench/audit.py --state-dir ~/prorl examples/harbor/hello rows.jsonl ...
 
 On a running stack (``prorl-celery up``, the task folders allowed), for each task, one at a time:
-1. the task's own grading time: an oracle's job alone (:func:`grader_agent`), its eval stage (``timings.eval``), the
-   median of ``--grades`` runs;
+1. the task's own grading time: an oracle's job alone (:func:`grader_agent`), its eval stage
+   (``timings.eval``; a Harbor task is graded within the run stage: its steps' ``grade_s``),
+   the median of ``--grades`` runs;
 2. the library on it: ``tasks.audit.runner.run_audit`` (the no-op, then every policy at once),
    its wall time, and each run's stage times.
 It prints a table per task (the grading time, the library's wall, the goal's bound and the ratio
@@ -35,10 +36,12 @@ class Recording:
     """The client as the runner sees it, keeping every finished job's view."""
 
     def __init__(self, client: ProrlClient):
-        self.client, self.jobs = client, {}
+        self.client, self.jobs, self.command_of = client, {}, {}
 
     def submit_many(self, jobs):
-        return self.client.submit_many(jobs)
+        ids = self.client.submit_many(jobs)
+        self.command_of.update({i: j["instance"]["agent"]["command"] for i, j in zip(ids, jobs)})
+        return ids
 
     def cancel(self, job_id):
         return self.client.cancel(job_id)
@@ -66,9 +69,13 @@ def grading_time(client: ProrlClient, task: taskset.AuditTask, runs: int, timeou
     seen = []
     for _ in range(runs):
         job = client.wait(client.submit({**task.instance, "agent": grader_agent(task.instance)}), timeout=timeout)
+        result = job.get("result") or {}
+        steps = (result.get("harbor") or {}).get("steps") or []
+        graded = sum(float(st.get("grade_s") or st.get("test_s") or 0.0) for st in steps)  # within the run stage
         seen.append({**{k: round(float((job.get("timings") or {}).get(k) or 0.0), 3) for k in STAGES},
-                     "reward": (job.get("result") or {}).get("reward")})
-    return {"eval_s": statistics.median(t["eval"] for t in seen), "runs": seen}
+                     "grade": round(graded if steps else float((job.get("timings") or {}).get("eval") or 0.0), 3),
+                     "reward": result.get("reward")})
+    return {"eval_s": statistics.median(t["grade"] for t in seen), "runs": seen}
 
 
 def library_on(client: ProrlClient, task: taskset.AuditTask, chosen: list[policies.Policy],
@@ -79,15 +86,12 @@ def library_on(client: ProrlClient, task: taskset.AuditTask, chosen: list[polici
     wall = time.monotonic() - started
     per_policy = {}
     by_script = {p.agent()["command"]: p.name for p in [policies.NOOP, *chosen]}
-    for job in rec.jobs.values():
-        name = by_script.get(((job.get("instance") or {}).get("agent") or {}).get("command"))
+    for job_id, job in rec.jobs.items():
+        name = by_script.get(rec.command_of.get(job_id))
         ev = next((e for e in verdict.evidence if e.policy == name), None)
         per_policy[name or job["job_id"]] = {
             **{k: round(float((job.get("timings") or {}).get(k) or 0.0), 3) for k in STAGES},
             "status": job.get("status"), "reward": ev.reward if ev else None}
-    if len(per_policy) < 1 + len(chosen):  # the views carry no instance: match by completion order
-        per_policy = {f"job{i}": {**{k: round(float((j.get("timings") or {}).get(k) or 0.0), 3) for k in STAGES},
-                                  "status": j.get("status")} for i, j in enumerate(rec.jobs.values())}
     return {"wall_s": round(wall, 2), "hackable": verdict.hackable, "policies_earned": verdict.policies,
             "per_policy": per_policy, "note": verdict.note}
 
