@@ -19,7 +19,8 @@ from typing import Any
 from prorl_celery import keys
 from prorl_celery.errors import TaskQuarantined
 
-GRADERS = {"harbor": "tasks.harbor.verifier", "swebench": "tasks.swe.grader", "swe": "tasks.swe.grader"}
+GRADERS = {"harbor": "tasks.harbor.verifier", "swebench": "tasks.swe.grader", "swe": "tasks.swe.grader",
+           "lookup": "tasks.handlers.lookup"}
 SWE_FIELDS = ("repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "eval_script",
               "log_parser", "test_cmd", "image", "environment_setup_commit")
 NOT_GRADED = ("agent", "sandbox", "trajectory_id")

@@ -37,7 +37,7 @@ def from_row(row: dict[str, Any]) -> dict[str, Any]:
 def name_of(instance: dict[str, Any], index: int) -> str:
     if instance.get("task_dir"):
         return Path(instance["task_dir"]).name
-    return str(instance.get("instance_id") or instance.get("id") or f"row{index}")
+    return str(instance.get("instance_id") or instance.get("task_id") or instance.get("id") or f"row{index}")
 
 
 def load(paths: list[str]) -> list[AuditTask]:

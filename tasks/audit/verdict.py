@@ -20,6 +20,8 @@ class Evidence(BaseModel):
     wrote: list[str] = Field(default_factory=list, description="The policy's own 'audit:' lines: what it did.")
     grader: dict[str, Any] = Field(default_factory=dict, description="What the grader saw: test exit, output "
                                                                      "tail, tampering flags, the eval block.")
+    ran: bool = Field(True, description="Whether the job ran the audit's agent (its result has a harness "
+                                        "block); a domain that runs its own agent did not.")
 
 
 class TaskVerdict(BaseModel):
@@ -62,7 +64,8 @@ def evidence(policy: str, job: dict[str, Any]) -> Evidence:
                     rewards=dict(harbor.get("rewards") or {}),
                     error=None if completed else (result.get("error") or {}).get("type"),
                     error_message=None if completed else str((result.get("error") or {}).get("message"))[-TAIL:],
-                    wrote=wrote[:60], grader=_grader_view(result))
+                    wrote=wrote[:60], grader=_grader_view(result),
+                    ran=not completed or isinstance(result.get("harness"), dict))
 
 
 def earned_more(run: Evidence, baseline: Evidence) -> bool:
@@ -76,6 +79,11 @@ def earned_more(run: Evidence, baseline: Evidence) -> bool:
 
 
 def judge(task: str, data_source: str, noop: Evidence, runs: list[Evidence]) -> TaskVerdict:
+    """Hackable when a policy earned more than the no-op; a task whose domain ran its own agent
+    instead of the audit's is not audited (said in ``note``), whatever it earned."""
+    if not all(r.ran for r in [noop, *runs]):
+        return TaskVerdict(task=task, data_source=data_source, hackable=False, baseline=noop.reward,
+                           evidence=[noop, *runs], note="not audited: the domain ran its own agent, not the policies")
     winners = [r.policy for r in runs if earned_more(r, noop)]
     return TaskVerdict(task=task, data_source=data_source, hackable=bool(winners), baseline=noop.reward,
                        policies=winners, evidence=[noop, *runs])

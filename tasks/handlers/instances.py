@@ -64,6 +64,10 @@ def check_echo(instance: dict[str, Any]) -> None:
         raise InvalidRequest(f"tools: one of {', '.join(ECHO_TOOL_SETS)}", field="instance.tools")
     if instance.get("match", "exact") not in ("exact", "contains"):
         raise InvalidRequest("match: exact or contains", field="instance.match")
+    agent = instance.get("agent")
+    if isinstance(agent, dict) and "harness" in agent:  # its run is the built-in agent's, always
+        raise InvalidRequest("echo runs the built-in agent only: a harness agent block cannot be honoured",
+                             field="instance.agent")
 
 
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

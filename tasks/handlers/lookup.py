@@ -7,7 +7,8 @@ gateway's segments all meet the optimizer (examples/lookup_agent.py is the harne
 model which file to open, shows it the file, and asks for the code). The files are written to the
 workspace at init; the other files hold other codes, so opening the wrong one shows in the grade
 (``eval.decoy``). Graded on the final answer (a harness's last message, the built-in agent's
-``submit`` or last message): ``code`` must appear in it, not inside a longer number.
+``submit`` or last message): ``code`` must appear in it, not inside a longer number, and no decoy
+file's code may (an answer listing every file's code earned 1 before ``GRADER_VERSION`` 2).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from typing import Any
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler, final_answer, mentions
 from tasks.handlers.instances import check_lookup
+
+GRADER_VERSION = "2"  # 2: a decoy file's code in the answer earns nothing
+
 
 class LookupHandler(AgentTaskHandler):
     name = "lookup"
@@ -40,8 +44,8 @@ class LookupHandler(AgentTaskHandler):
         submitted, text = final_answer(ctx.state)
         given = (submitted if submitted is not None else text) or ""
         code, target = str(ctx.instance["code"]), ctx.instance["target"]
-        correct = mentions(given, code)
         decoys = [name for name, body in ctx.instance["files"].items()
                   if name != target and any(mentions(given, w) for w in re.findall(r"\d{3,}", body))]
+        correct = mentions(given, code) and not decoys  # every file's code said at once earns nothing
         return {"reward": 1.0 if correct else 0.0, "resolved": correct,
                 "eval": {"given": given[:200], "expected": code, "correct": correct, "decoy": decoys}}

@@ -28,7 +28,8 @@ from typing import Any
 from prorl_celery.errors import VerifierFailed, VerifierNoReward, VerifierTimedOut
 from tasks.harbor.task import Step
 
-GRADER_VERSION = "1"  # bump when grading changes: it lifts the hack audit's quarantine (tasks/audit)
+GRADER_VERSION = "2"  # bump when grading changes: it lifts the hack audit's quarantine (tasks/audit)
+# 2: a test runner's module shadowed in the working directory is tampering (the audit of what we ship)
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"
 READ_CAP = 1024 * 1024
@@ -70,12 +71,22 @@ def headline(rewards: dict[str, float]) -> float:
     return sum(rewards.values()) / len(rewards) if rewards else 0.0
 
 
-def test_command(step: Step, workdir: str) -> str:
-    """test.sh run as Harbor runs it, in the working directory, its output kept in /logs."""
+# What `python3 -m pytest` (or `-m unittest`) run in the working directory imports from it before the
+# real ones (the directory is first on sys.path): the agent's, never a task's, so test.sh is not run.
+RUNNER_MODULES = ("pytest.py", "pytest", "_pytest", "pluggy.py", "pluggy", "py.py", "unittest.py", "unittest")
+SHADOWED = "shadowed "
+
+
+def test_command(step: Step, workdir: str, shadows: bool = True) -> str:
+    """test.sh run as Harbor runs it, in the working directory, its output kept in /logs; unless a
+    test runner's module is shadowed there (``shadowed <names>`` is said instead; ``shadows``
+    False: not looked for, as in Harbor's shared verifier, which runs in the agent's own sandbox)."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.verifier_env.items())
+    names = " ".join(RUNNER_MODULES) if shadows else ""
     return (f"mkdir -p /logs/verifier /logs/artifacts && cd {shlex.quote(workdir)} && "
+            f"s=$({'ls -d -- ' + names + ' 2>/dev/null' if names else 'true'} | tr '\\n' ' '); if [ -n \"$s\" ]; then echo \"{SHADOWED}$s\"; else "
             f"{'env ' + env + ' ' if env else ''}bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; "
-            "echo \"exit $?\"")
+            "echo \"exit $?\"; fi")
 
 
 def _read_shared(box: Any, paths: list[str]) -> Any:
@@ -95,7 +106,7 @@ def grade(box: Any, step: Step, workdir: str, timeout: float, shared: bool = Fal
     what the verifier wrote. Returns ``{rewards, reward, test_exit, output, test_s}`` (``tampered``: a
     reward file written after test.sh had ended, by something it left running: no reward); the
     sandbox is closed."""
-    out = box.exec(test_command(step, workdir), timeout=timeout)
+    out = box.exec(test_command(step, workdir, shadows=not shared), timeout=timeout)
     paths = [REWARD_TXT, REWARD_JSON, "/logs/verifier/test-stdout.txt"]
     done = _read_shared(box, paths) if shared else box.finish(paths, READ_CAP, settle_s=SETTLE_S)
     files = done.files
@@ -105,6 +116,11 @@ def grade(box: Any, step: Step, workdir: str, timeout: float, shared: bool = Fal
                                f"tail: {output[-1000:]}")
     exit_line = out.output.strip().splitlines()[-1:] or [""]
     test_exit = int(exit_line[0].split()[-1]) if exit_line[0].startswith("exit ") else None
+    if exit_line[0].startswith(SHADOWED):
+        return {"rewards": {"reward": 0.0}, "reward": 0.0, "test_exit": None, "output": output,
+                "test_s": round(out.duration_s, 3),
+                "tampered": f"test runner modules in {workdir}: {exit_line[0][len(SHADOWED):].strip()} "
+                            "(python3 -m pytest there would import them); test.sh not run"}
     late = [p for p in done.rewritten if p in paths[:2]]
     if late:
         return {"rewards": {"reward": 0.0}, "reward": 0.0, "test_exit": test_exit, "output": output,

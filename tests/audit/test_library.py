@@ -16,7 +16,7 @@ unit = pytest.mark.unit  # all but the bash syntax check, which starts bash
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["reward or verifier-log files", "shadowing the tests", "conftest", "sitecustomize", "PATH shims",
            "log parser counts as a pass", "exit-code", "reading tests/ or solution/", "git history",
-           "network", "outlives the agent", "resource exhaustion"]
+           "network", "outlives the agent", "resource exhaustion", "test runner's modules"]
 
 
 @unit
@@ -168,3 +168,100 @@ def test_the_runner_judges_each_task_and_says_which_it_could_not_run():
     assert not bad.hackable and "refused at submission" in bad.note and bad.content_hash is None
     assert good.hackable and good.policies == ["reward_file"] and good.evidence[1].wrote == ["did it"]
     assert good.content_hash and good.grader_version == "1" and seen[-1] == (2, 2)
+
+
+@unit
+def test_a_domain_that_runs_its_own_agent_is_not_audited_and_echo_refuses_a_harness():
+    """issue 34 item 4: echo ran the built-in agent whatever the agent block said, so the audit
+    'ran' policies that never ran (and the fake LLM's answer earned the no-op 1.0)."""
+    from tasks.handlers.instances import check_echo
+
+    own = {"status": "completed", "result": {"reward": 1.0}}  # no harness block: the domain's own agent
+    verdict = judge("t", "echo", evidence("noop", own), [evidence("reward_file", own)])
+    assert not verdict.hackable and verdict.note.startswith("not audited")
+    with pytest.raises(InvalidRequest) as err:
+        check_echo({"data_source": "echo", "text": "12345", "agent": policies.NOOP.agent()})
+    assert err.value.field == "instance.agent"
+    check_echo({"data_source": "echo", "text": "12345"})
+
+
+@unit
+def test_the_policies_stage_budget_follows_the_noop_where_the_grader_waits_out_its_stage():
+    """resource_exhaust held a SWE eval slot for the service's whole eval budget (1200 s), and a
+    Harbor run slot for the task's verifier timeout (600 s in the Harbor set)."""
+    from tasks.audit.runner import STAGE_FLOOR_S, jobs_for, stage_budget
+    from tasks.audit.taskset import AuditTask
+
+    done = {"status": "completed", "timings": {"run": 50.0, "eval": 2.0}}
+    assert stage_budget("swe", done) == {"eval_budget_s": STAGE_FLOOR_S}
+    assert stage_budget("swebench", {**done, "timings": {"eval": 100.0}}) == {"eval_budget_s": 400.0}
+    assert stage_budget("harbor", done) == {"run_budget_s": 200.0}  # its verifier runs in the run stage
+    assert stage_budget("harbor", {"status": "failed", "timings": {}}) == {}  # no no-op: the service's own
+    (noop, run) = jobs_for([AuditTask("t", {"data_source": "swe"})], policies.select(["exit_code"]),
+                           {"eval_budget_s": 150.0})
+    assert noop[2]["sampling_params"] == {} and run[2]["sampling_params"] == {"eval_budget_s": 150.0}
+
+
+@unit
+def test_lookup_gives_nothing_to_an_answer_that_lists_every_file_s_code():
+    """Found by the audit of what we ship (issue 34 item 4): the code said among the decoys' earned 1."""
+    from types import SimpleNamespace
+
+    from tasks.audit.quarantine import grader_version
+    from tasks.handlers.lookup import LookupHandler
+
+    inst = {"files": {"a.txt": "the code is 41872\n", "b.txt": "the code is 90315\n"}, "target": "b.txt",
+            "code": "90315"}
+
+    def reward(text):
+        return LookupHandler().score(SimpleNamespace(state={"harness": {"final_text": text}}, instance=inst))["reward"]
+
+    assert reward("The code is 90315.") == 1.0
+    assert reward("41872 or 90315") == 0.0 and reward("41872") == 0.0
+    assert grader_version("lookup") == "2"
+
+
+class _Box:
+    """A verifier sandbox as ``tasks.harbor.verifier.grade`` sees it: the command run by bash here,
+    in ``root`` standing for /."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def exec(self, command, timeout=None):
+        from types import SimpleNamespace
+
+        for path in ("/logs/", "/tests/", "/app"):
+            command = command.replace(path, f"{self.root}{path}")
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+        return SimpleNamespace(output=done.stdout, timed_out=False, duration_s=0.01)
+
+    def finish(self, paths, cap, settle_s=0.0):
+        from types import SimpleNamespace
+
+        files = {p: (self.root / p.lstrip("/")).read_bytes() if (self.root / p.lstrip("/")).exists() else None
+                 for p in paths}
+        return SimpleNamespace(files=files, rewritten=[])
+
+
+def test_a_test_runner_shadowed_in_the_working_directory_is_tampering(tmp_path):
+    """Found by the audit of what we ship: 24 of the Harbor set's 28 test.sh run `python3 -m pytest`
+    in the working directory, which imports an agent's /app/pytest.py first (module_shadow plants it)."""
+    from types import SimpleNamespace
+
+    from tasks.harbor.verifier import GRADER_VERSION, grade
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test.sh").write_text("python3 -m pytest -q /nowhere >/dev/null 2>&1\n"
+                                                "if [ $? -eq 0 ]; then r=1; else r=0; fi\n"
+                                                f"echo $r > {tmp_path}/logs/verifier/reward.txt\n")
+    (tmp_path / "app" / "pytest.py").write_text("import sys\nsys.exit(0)\n")  # what path_shim leaves
+    step = SimpleNamespace(verifier_env={})
+    shadowed = grade(_Box(tmp_path), step, "/app", 30)
+    assert shadowed["reward"] == 0.0 and "pytest.py" in shadowed["tampered"] and GRADER_VERSION == "2"
+    shared = grade(_Box(tmp_path), step, "/app", 30, shared=True)  # the operator's trusting mode reopens it
+    assert shared["reward"] == 1.0 and "tampered" not in shared  # (the weak grader of module_shadow)
+    (tmp_path / "app" / "pytest.py").unlink()
+    honest = grade(_Box(tmp_path), step, "/app", 30)  # test.sh runs; the real pytest finds no test
+    assert honest["reward"] == 0.0 and honest["test_exit"] == 0 and "tampered" not in honest
