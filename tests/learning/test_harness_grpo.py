@@ -12,47 +12,22 @@ between the two calls, the harness's own prompt text, never), while the observat
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TEST_ENV
+from tests.learning.conftest import run_example
 
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
 STEPS = int(os.environ.get("PRORL_LEARNING_STEPS", "24"))  # the example's default
-SEED = int(os.environ.get("PRORL_LEARNING_SEED", "1"))  # the two recorded runs: seeds 1 and 2
 HARNESS = Path("/opt/prorl-harnesses/openai-client")
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    subprocess.run(["bash", str(ROOT / "scripts" / "install-trainers.sh"), "trl"], check=False, timeout=1800)
-    subprocess.run(["bash", str(ROOT / "scripts" / "install-harnesses.sh"), "openai-client"], check=False,
-                   timeout=900)
-    missing = [m for m in ("torch", "trl", "datasets", "matplotlib") if importlib.util.find_spec(m) is None]
-    model = os.environ.get("PRORL_SMOL_MODEL", os.path.expanduser("~/.cache/prorl-celery/smollm2-135m-f32"))
-    if missing or not os.path.isfile(os.path.join(model, "config.json")):
-        pytest.skip(f"scripts/install-trainers.sh could not install {missing or model}")
-    if not (HARNESS / "lookup_agent.py").is_file():
-        pytest.skip("scripts/install-harnesses.sh openai-client could not install the harness")
-    out = Path(os.environ.get("PRORL_LEARNING_OUT") or tmp_path_factory.mktemp("learning"))
-    out.mkdir(parents=True, exist_ok=True)
-    # the example starts its own stack with the operator's defaults (see test_async_grpo.py)
-    dropped = (set(TEST_ENV) - {"PYTHONPATH"}) | {"PRORL_REDIS_URL", "PRORL_API_TOKEN"}
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "harness_grpo.py"), "--steps", str(STEPS),
-                           "--seed", str(SEED), "--out", str(out)], env=env, cwd=ROOT, timeout=3300,
-                          capture_output=True, text=True)
-    (out / f"harness_grpo_seed{SEED}.log").write_text(done.stdout)
-    assert done.returncode == 0, done.stderr[-4000:]
-    data = json.loads((out / f"harness_grpo_seed{SEED}.json").read_text())
-    assert (out / f"harness_grpo_seed{SEED}.png").stat().st_size > 10_000
-    return data
+    return run_example("harness_grpo.py", "harness_grpo", STEPS, tmp_path_factory, harnesses=("openai-client",),
+                       needs=(HARNESS / "lookup_agent.py",))
 
 
 def test_the_agent_learned_within_the_budget(result):

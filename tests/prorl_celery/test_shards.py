@@ -3,15 +3,12 @@ both shards, never on the head; the fenced save holds across the two instances; 
 (the transcript, the result's views, the cost reader) finds each rollout on its shard."""
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import redis
 
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.jobstate import ROLLOUT_KEY
-from prorl_celery.models import JobRequest
 from prorl_celery.ops.launcher import Stack, StackOptions
 from prorl_celery.rollout.cost import read_heads
 from prorl_celery.rollout.store import RolloutStore
@@ -22,6 +19,7 @@ from prorl_celery.status import JobStatus, StageState
 from tasks.context import StageContext
 from tasks.handlers.math import MathHandler
 from tests.prorl_celery.test_rollouts import _exact_turns
+from tests.tasks.test_context_rollout import _in_run
 
 # Not the unit tier: it starts two Redis of its own (the unit tier allows only the session's).
 
@@ -41,14 +39,6 @@ def store(scratch_redis, shard_clients):
     for client in shard_clients:
         client.flushdb()
     return JobStore(scratch_redis, job_ttl_s=60, shards=Shards(scratch_redis, shard_clients))
-
-
-def _in_run(store: JobStore) -> str:
-    job_id = uuid.uuid4().hex
-    store.create_many([(job_id, JobRequest(instance={"data_source": "math"}))])
-    for step in (JobStatus.INIT, JobStatus.RUN):
-        assert store.transition(job_id, step, stage_state=StageState.RUNNING)[0]
-    return job_id
 
 
 def _run_two_turns(store: JobStore, job_id: str) -> None:
