@@ -50,11 +50,15 @@ log = logging.getLogger(__name__)
 
 STICKY_TTL_S = 6 * 3600
 TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
+# Share of acquires that also remove the lapsed leases and idle sessions they pass (every count
+# reads only the live ones: ZCOUNT by expiry; the removal only bounds the sets' memory).
+SWEEP_P = 1 / 16
 
 _ACQUIRE = """
 local now, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local want, reprefill, r, sticky_ttl = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local bprefix, iprefix, sprefix, job, idle_ms = ARGV[8], ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
+local sweep = ARGV[15] == '1'  -- lapsed leases and idle sessions are removed now and then, not per call
 local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
 local mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or ''
@@ -63,9 +67,9 @@ if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, th
   local raw = redis.call('HGET', KEYS[4], mine)
   local q = (raw and cjson.decode(raw).quotas) or {}
   pin = ARGV[13] .. mine
-  if q.max_llm_in_flight then
-    redis.call('ZREMRANGEBYSCORE', pin, '-inf', now)
-    if redis.call('ZCARD', pin) >= q.max_llm_in_flight then return {'quota'} end
+  if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
+  if q.max_llm_in_flight and redis.call('ZCOUNT', pin, '(' .. now, '+inf') >= q.max_llm_in_flight then
+    return {'quota'}
   end
   if q.tokens_per_hour then
     local used, minute, flat = 0, math.floor(now / 60000), redis.call('HGETALL', ARGV[14] .. mine)
@@ -75,19 +79,33 @@ if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, th
     if used >= q.tokens_per_hour then return {'quota'} end
   end
 end
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
+local members, whole = redis.call('SMEMBERS', KEYS[1]), nil
+for _, id in ipairs(members) do
+  local f
+  if #members == 1 then  -- one backend: its whole record now is the one the reply carries
+    whole = redis.call('HGETALL', bprefix .. id)
+    local h = {}
+    for i = 1, #whole, 2 do h[whole[i]] = whole[i + 1] end
+    f = {h.status, h.capacity, h.protocol, h.turn_s, h.project}
+  else
+    f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
+  end
   local owner = f[5] or ''
   if f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine) then
     if f[1] == 'active' then
       local ik, sk = iprefix .. id, sprefix .. id
-      redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
-      redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - idle_ms)
-      local sessions = redis.call('ZCARD', sk)
-      if job ~= '' and redis.call('ZSCORE', sk, job) then sessions = sessions - 1 end
+      if sweep then
+        redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
+        redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - idle_ms)
+      end
+      local sessions = redis.call('ZCOUNT', sk, '(' .. (now - idle_ms), '+inf')
+      if job ~= '' then
+        local own = redis.call('ZSCORE', sk, job)
+        if own and tonumber(own) > now - idle_ms then sessions = sessions - 1 end
+      end
       local c = math.max(tonumber(f[2]) or 1, 1)
       table.insert(ids, id)
-      cap[id], inflight[id] = c, redis.call('ZCARD', ik)
+      cap[id], inflight[id] = c, redis.call('ZCOUNT', ik, '(' .. now, '+inf')
       load[id] = math.max(sessions, inflight[id])
       turn[id] = tonumber(f[4])
       if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
@@ -121,7 +139,7 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     for _, id in ipairs(ids) do total = total + cap[id] end
     local flat = redis.call('HGETALL', KEYS[4])
     for i = 1, #flat, 2 do
-      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], now, '+inf')
+      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], '(' .. now, '+inf')
       if flat[i] == mine or n > 0 then
         local w = tonumber(cjson.decode(flat[i + 1]).weight) or 1
         wsum = wsum + w
@@ -149,7 +167,7 @@ if job ~= '' then
   redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
 end
 return {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1),
-        redis.call('HGETALL', bprefix .. chosen), mine}
+        whole or redis.call('HGETALL', bprefix .. chosen), mine}
 """
 
 _RELEASE = """
@@ -162,15 +180,16 @@ if KEYS[3] ~= '' then  -- the project's: its request leaves its count, its token
     redis.call('EXPIRE', KEYS[4], 3700)
   end
 end
-local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s')
-if f[1] then  -- the backend is still registered
+if ARGV[2] ~= 'ok' and ARGV[2] ~= 'failed' then return removed end
+local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s', 'served', 'failures', 'consecutive_failures')
+if f[1] then  -- the backend is still registered: its counters and speed in one write
   if ARGV[2] == 'ok' then
-    redis.call('HINCRBY', KEYS[2], 'served', 1)
     local sample, old, w = tonumber(ARGV[3]), tonumber(f[2]), tonumber(ARGV[4])
-    redis.call('HSET', KEYS[2], 'consecutive_failures', 0, 'turn_s', old and old + w * (sample - old) or sample)
-  elseif ARGV[2] == 'failed' then
-    redis.call('HINCRBY', KEYS[2], 'failures', 1)
-    redis.call('HINCRBY', KEYS[2], 'consecutive_failures', 1)
+    redis.call('HSET', KEYS[2], 'served', (tonumber(f[3]) or 0) + 1, 'consecutive_failures', 0,
+               'turn_s', old and old + w * (sample - old) or sample)
+  else
+    redis.call('HSET', KEYS[2], 'failures', (tonumber(f[4]) or 0) + 1,
+               'consecutive_failures', (tonumber(f[5]) or 0) + 1)
   end
 end
 return removed
@@ -227,7 +246,8 @@ class Router:
         args = [int(time.time() * 1000), int(lease_s * 1000), token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
                 keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000),
-                keys.llm_project_inflight(""), keys.llm_project_tokens("")]
+                keys.llm_project_inflight(""), keys.llm_project_tokens(""),
+                "1" if random.random() < SWEEP_P else "0"]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":
