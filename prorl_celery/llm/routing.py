@@ -6,7 +6,8 @@ in-flight leases, the live sessions (``keys.llm_sessions``; dropped when the rol
 ``llm_session_idle_s``) and a measured speed: the EWMA of a turn's latency divided by the load it
 met (``turn_s``, seconds per turn per session), updated on every successful release.
 
-One Lua script per acquire:
+One Lua script per acquire (leases and sessions counted by expiry with ``ZCOUNT``; the lapsed ones
+removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
 
 - a new rollout goes where its turn is predicted to finish first, ``(load + 1) x turn_s`` with
   load = max(sessions, in flight), among backends with a free batch slot (a new backend, with no
