@@ -157,7 +157,8 @@ local chosen = #best == 1 and best[1] or best[math.min(math.floor(tonumber(ARGV[
 local sticky = job ~= '' and redis.call('GET', KEYS[2])
 if sticky and cap[sticky] and sticky ~= chosen then
   local queued = inflight[sticky] + 1 - cap[sticky]
-  local pays = queued > 0 and inflight[chosen] < cap[chosen] and queued * turn[sticky] > tonumber(ARGV[5]) * turn[chosen]
+  local pays = queued > 0 and inflight[chosen] < cap[chosen]
+    and queued * turn[sticky] > tonumber(ARGV[5]) * turn[chosen]
   if not pays then chosen = sticky end
 end
 if sticky and sticky ~= chosen then redis.call('ZREM', sprefix .. sticky, job) end
@@ -194,7 +195,8 @@ if ARGV[2] == 'ok' then  -- while the backend is still registered: its counters 
 elseif ARGV[2] == 'failed' then
   local f = redis.call('HMGET', KEYS[2], 'id', 'failures', 'consecutive_failures')
   if f[1] then
-    redis.call('HSET', KEYS[2], 'failures', (tonumber(f[2]) or 0) + 1, 'consecutive_failures', (tonumber(f[3]) or 0) + 1)
+    redis.call('HSET', KEYS[2], 'failures', (tonumber(f[2]) or 0) + 1,
+               'consecutive_failures', (tonumber(f[3]) or 0) + 1)
   end
 end
 return removed
