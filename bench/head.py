@@ -381,7 +381,7 @@ def main() -> None:
             idle_rates()
         server = redis.info("server")
         print(f"redis {server['redis_version']}, aof_enabled {redis.info('persistence').get('aof_enabled')} "
-              "(the launcher's: AOF, fsync always; --no-aof: none)", flush=True)
+              "(the launcher's: AOF, fsync always on the head, everysec on store shards; --no-aof: none)", flush=True)
         BackendRegistry(redis).add(BackendSpec(address="http://bench.invalid:1", capacity=100000, probe=False))
         phases = run_phases(redis, args)
         detail = parts_alone(redis, shape, args.watch_jobs, 20 if args.quick else 400)

@@ -30,7 +30,7 @@ from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
-from prorl_celery.shards import Shards
+from prorl_celery.shards import Shards, Since
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
@@ -286,13 +286,14 @@ class JobStore:
         return args
 
     def save_state(self, job_id: str, stage: JobStatus, attempt: int, state: dict[str, Any],
-                   saved: dict[str, int], calls: list[bytes], messages: list[str]) -> bool:
+                   saved: dict[str, int], calls: list[bytes], messages: list[str],
+                   since: Since | None = None) -> bool:
         """Save a running stage's ``state`` and append to the job's rollout (its lists past the
         ``saved`` counts of calls and messages: a stray write of a delivery that lost the job
         is trimmed first), in one step, only while the job is in ``stage``, running, and in
         ``attempt``. False when it is not (cancelled, ended, moved on)."""
         if self.shards.sharded:  # the rollout on its shard first, then the state here (see shards.py)
-            return (self.shards.append_fenced(job_id, attempt, saved, calls, messages, self.job_ttl_s)
+            return (self.shards.append_fenced(job_id, attempt, saved, calls, messages, self.job_ttl_s, since)
                     and self.transition(job_id, None, sources=[stage], require_state=StageState.RUNNING,
                                         expect={"attempt": attempt}, state=state)[0])
         accepted = f"{attempt}," if attempt == 1 else str(attempt)  # a record from before attempts were counted

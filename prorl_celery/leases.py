@@ -204,6 +204,7 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
     for call in calls:
         by_key.setdefault(call.lease.key, []).append(call)
     pipe = client.pipeline(transaction=False)
+    now_ms = time.time() * 1000
     for lease in stages:
         pipe.eval(_RENEW, 1, lease.key, lease.token, lease.ttl_ms)
     for key, group in by_key.items():
@@ -219,7 +220,7 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
             log.warning("lease %s was lost before renewal", lease.key)
     for group, scores in zip(by_key.values(), replies[len(stages):]):
         for call, score in zip(group, scores):
-            if score is None:
+            if score is None or score <= now_ms:  # gone, or lapsed (the router sweeps lazily)
                 call.lost()
     for lease in renewed:
         lease.due = now + lease.ttl_ms / 3000

@@ -26,31 +26,45 @@ that lost a race); the other order would leave counts past what the lists hold.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 
 import redis
 
 from prorl_celery import keys
 from prorl_celery.errors import StoreLayoutMismatch
 
+log = logging.getLogger(__name__)
+
+# The writer's records and messages from given positions on (the transcript's, in memory).
+Since = Callable[[int, int], tuple[list[bytes], list[str | bytes]]]
+
 # KEYS: the rollout's calls list, messages list, its fence. ARGV: 1 the writer's attempt, 2 and 3
 # the calls and messages saved so far (its state's counts), 4 number n of new calls, 5 ttl (s),
 # then the n packed calls, then the new messages. A writer of an earlier attempt than the fence
 # is refused (0): it could otherwise trim what the later attempt appended. A later one moves the
-# fence. What lies past the saved counts (a stray write) is trimmed before the append.
+# fence. What lies past the saved counts (a stray write) is trimmed before the append. A list
+# SHORTER than its saved count (a shard runs with ``appendfsync everysec``: a crash may lose the
+# last second of appends) is not appended to: the reply is {-1, calls' length, messages' length},
+# nothing written, and the writer sends again from there (:meth:`Shards.append_fenced`).
 SHARD_APPEND = """
 local attempt = tonumber(ARGV[1])
 local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
 if attempt < fence then return 0 end
+local base, have = {tonumber(ARGV[2]), tonumber(ARGV[3])}, {0, 0}
+for i = 1, 2 do
+  if base[i] > 0 then have[i] = redis.call('LLEN', KEYS[i]) end
+end
+if have[1] < base[1] or have[2] < base[2] then return {-1, have[1], have[2]} end
 if attempt > fence then redis.call('SET', KEYS[3], ARGV[1]) end
-local function extend(key, base, first, last)
-  if base == 0 then redis.call('DEL', key)
-  elseif redis.call('LLEN', key) > base then redis.call('LTRIM', key, 0, base - 1) end
-  for i = first, last, 4000 do redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 3999, last))) end
+local function extend(i, first, last)
+  if base[i] == 0 then redis.call('DEL', KEYS[i])
+  elseif have[i] > base[i] then redis.call('LTRIM', KEYS[i], 0, base[i] - 1) end
+  for j = first, last, 4000 do redis.call('RPUSH', KEYS[i], unpack(ARGV, j, math.min(j + 3999, last))) end
 end
 local n = tonumber(ARGV[4])
-extend(KEYS[1], tonumber(ARGV[2]), 6, 5 + n)
-extend(KEYS[2], tonumber(ARGV[3]), 6 + n, #ARGV)
+extend(1, 6, 5 + n)
+extend(2, 6 + n, #ARGV)
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
 return 1
 """
@@ -59,6 +73,11 @@ return 1
 # starts at the job's end, on the head): a job's end comes within its stage budgets of its last
 # save, so its records outlive neither the other.
 TTL_MARGIN_S = 86400
+
+
+class ShardLostWrites(redis.exceptions.RedisError):
+    """A shard holds fewer of a rollout's records than were saved and the writer cannot send them
+    again: as any loss of the store, the stage stops and the sweep resumes it from what is stored."""
 
 
 class Shards:
@@ -110,13 +129,31 @@ class Shards:
                                           f"shard {place + 1}: keep the list's order")
 
     def append_fenced(self, job_id: str, attempt: int, saved: dict[str, int], calls: list[bytes],
-                      messages: list[str], ttl_s: int) -> bool:
-        """The shard's half of a fenced save (see the module); False: a later attempt wrote there."""
+                      messages: list[str | bytes], ttl_s: int, since: Since | None = None) -> bool:
+        """The shard's half of a fenced save (see the module); False: a later attempt wrote there.
+
+        A list shorter than its saved count lost its tail in a crash of the shard (``appendfsync
+        everysec``): ``since(calls, messages)`` gives the writer's records and messages from those
+        positions on (it holds the whole rollout in memory), and the save sends them again from
+        what the shard holds, so the lists end complete and in order. Without ``since`` it raises
+        :class:`ShardLostWrites`: a Redis error, so the stage is resumed from what is stored."""
         k = self.index(job_id)
-        args = [attempt, saved.get("calls", 0), saved.get("messages", 0), len(calls), ttl_s + TTL_MARGIN_S,
-                *calls, *messages]
-        return bool(self._append[k](keys=[keys.rollout_calls(job_id), keys.rollout_messages(job_id),
-                                          keys.rollout_fence(job_id)], args=args))
+        names = [keys.rollout_calls(job_id), keys.rollout_messages(job_id), keys.rollout_fence(job_id)]
+        base = [saved.get("calls", 0), saved.get("messages", 0)]
+        for _ in range(2):
+            reply = self._append[k](keys=names, args=[attempt, *base, len(calls), ttl_s + TTL_MARGIN_S,
+                                                      *calls, *messages])
+            if not isinstance(reply, list):
+                return bool(reply)
+            have = [int(reply[1]), int(reply[2])]
+            if since is None:
+                raise ShardLostWrites(f"store shard {k + 1} holds {have} of job {job_id}'s calls and messages, "
+                                       f"fewer than the {base} saved: it lost writes")
+            log.warning("job %s: store shard %d held %s of the %s calls and messages saved (a crash lost "
+                        "writes); sending them again", job_id, k + 1, have, base)
+            base = [min(b, h) for b, h in zip(base, have)]
+            calls, messages = since(*base)
+        raise ShardLostWrites(f"store shard {k + 1} kept losing job {job_id}'s writes")
 
 
 def _claim(client: redis.Redis, key: str, value: int) -> int:

@@ -105,7 +105,7 @@ class StageContext:
             counts = self._transcript.counts()
             state = {**self.state.dump(), ROLLOUT_KEY: counts}  # kept in self.state only once stored
             ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state,
-                                       self._transcript.saved_counts(), calls, messages)
+                                       self._transcript.saved_counts(), calls, messages, self._transcript.since)
             if ok:
                 self.state.rollout = RolloutCounts(**counts)
         else:

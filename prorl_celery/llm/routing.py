@@ -6,7 +6,8 @@ in-flight leases, the live sessions (``keys.llm_sessions``; dropped when the rol
 ``llm_session_idle_s``) and a measured speed: the EWMA of a turn's latency divided by the load it
 met (``turn_s``, seconds per turn per session), updated on every successful release.
 
-One Lua script per acquire:
+One Lua script per acquire (leases and sessions counted by expiry with ``ZCOUNT``; the lapsed ones
+removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
 
 - a new rollout goes where its turn is predicted to finish first, ``(load + 1) x turn_s`` with
   load = max(sessions, in flight), among backends with a free batch slot (a new backend, with no
@@ -50,11 +51,16 @@ log = logging.getLogger(__name__)
 
 STICKY_TTL_S = 6 * 3600
 TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
+# Share of acquires that also remove the lapsed leases and idle sessions they pass (every count
+# reads only the live ones: ZCOUNT by expiry; the removal only bounds the sets' memory).
+SWEEP_P = 1 / 16
 
 _ACQUIRE = """
-local now, lease_ms, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local want, reprefill, r, sticky_ttl = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local bprefix, iprefix, sprefix, job, idle_ms = ARGV[8], ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
+-- the times come as the strings Redis is given (a Lua number passed to a command is formatted again)
+local now, lease_until, token, after_now = ARGV[1], ARGV[2], ARGV[3], ARGV[16]
+local want, sticky_ttl, idle_cut, after_cut = ARGV[4], ARGV[7], ARGV[12], ARGV[17]
+local bprefix, iprefix, sprefix, job = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local sweep = ARGV[15] == '1'  -- lapsed leases and idle sessions are removed now and then, not per call
 local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
 local mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or ''
@@ -63,31 +69,47 @@ if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, th
   local raw = redis.call('HGET', KEYS[4], mine)
   local q = (raw and cjson.decode(raw).quotas) or {}
   pin = ARGV[13] .. mine
-  if q.max_llm_in_flight then
-    redis.call('ZREMRANGEBYSCORE', pin, '-inf', now)
-    if redis.call('ZCARD', pin) >= q.max_llm_in_flight then return {'quota'} end
+  if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
+  if q.max_llm_in_flight and redis.call('ZCOUNT', pin, after_now, '+inf') >= q.max_llm_in_flight then
+    return {'quota'}
   end
   if q.tokens_per_hour then
-    local used, minute, flat = 0, math.floor(now / 60000), redis.call('HGETALL', ARGV[14] .. mine)
+    local used, minute, flat = 0, math.floor(tonumber(now) / 60000), redis.call('HGETALL', ARGV[14] .. mine)
     for i = 1, #flat, 2 do
       if tonumber(flat[i]) > minute - 60 then used = used + tonumber(flat[i + 1]) end
     end
     if used >= q.tokens_per_hour then return {'quota'} end
   end
 end
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
+local members, whole = redis.call('SMEMBERS', KEYS[1]), nil
+for _, id in ipairs(members) do
+  local f
+  if #members == 1 then  -- one backend: its whole record now is the one the reply carries
+    whole, f = redis.call('HGETALL', bprefix .. id), {}
+    local at = {status = 1, capacity = 2, protocol = 3, turn_s = 4, project = 5}
+    for i = 1, #whole, 2 do
+      local k = at[whole[i]]
+      if k then f[k] = whole[i + 1] end
+    end
+  else
+    f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
+  end
   local owner = f[5] or ''
   if f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine) then
     if f[1] == 'active' then
       local ik, sk = iprefix .. id, sprefix .. id
-      redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
-      redis.call('ZREMRANGEBYSCORE', sk, '-inf', now - idle_ms)
-      local sessions = redis.call('ZCARD', sk)
-      if job ~= '' and redis.call('ZSCORE', sk, job) then sessions = sessions - 1 end
+      if sweep then
+        redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
+        redis.call('ZREMRANGEBYSCORE', sk, '-inf', idle_cut)
+      end
+      local sessions = redis.call('ZCOUNT', sk, after_cut, '+inf')
+      if job ~= '' then
+        local own = redis.call('ZSCORE', sk, job)
+        if own and tonumber(own) > tonumber(idle_cut) then sessions = sessions - 1 end
+      end
       local c = math.max(tonumber(f[2]) or 1, 1)
       table.insert(ids, id)
-      cap[id], inflight[id] = c, redis.call('ZCARD', ik)
+      cap[id], inflight[id] = c, redis.call('ZCOUNT', ik, after_now, '+inf')
       load[id] = math.max(sessions, inflight[id])
       turn[id] = tonumber(f[4])
       if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
@@ -121,7 +143,7 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     for _, id in ipairs(ids) do total = total + cap[id] end
     local flat = redis.call('HGETALL', KEYS[4])
     for i = 1, #flat, 2 do
-      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], now, '+inf')
+      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], after_now, '+inf')
       if flat[i] == mine or n > 0 then
         local w = tonumber(cjson.decode(flat[i + 1]).weight) or 1
         wsum = wsum + w
@@ -131,25 +153,26 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
   end
 end
-local chosen = best[math.min(math.floor(r * #best) + 1, #best)]
+local chosen = #best == 1 and best[1] or best[math.min(math.floor(tonumber(ARGV[6]) * #best) + 1, #best)]
 local sticky = job ~= '' and redis.call('GET', KEYS[2])
 if sticky and cap[sticky] and sticky ~= chosen then
   local queued = inflight[sticky] + 1 - cap[sticky]
-  local pays = queued > 0 and inflight[chosen] < cap[chosen] and queued * turn[sticky] > reprefill * turn[chosen]
+  local pays = queued > 0 and inflight[chosen] < cap[chosen]
+    and queued * turn[sticky] > tonumber(ARGV[5]) * turn[chosen]
   if not pays then chosen = sticky end
 end
 if sticky and sticky ~= chosen then redis.call('ZREM', sprefix .. sticky, job) end
-redis.call('ZADD', iprefix .. chosen, now + lease_ms, token)
+redis.call('ZADD', iprefix .. chosen, lease_until, token)
 if pin ~= '' then
-  redis.call('ZADD', pin, now + lease_ms, token)
-  redis.call('PEXPIRE', pin, lease_ms + 60000)
+  redis.call('ZADD', pin, lease_until, token)
+  redis.call('PEXPIRE', pin, ARGV[18])
 end
 if job ~= '' then
   redis.call('ZADD', sprefix .. chosen, now, job)
   redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
 end
 return {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1),
-        redis.call('HGETALL', bprefix .. chosen), mine}
+        whole or redis.call('HGETALL', bprefix .. chosen), mine}
 """
 
 _RELEASE = """
@@ -162,15 +185,18 @@ if KEYS[3] ~= '' then  -- the project's: its request leaves its count, its token
     redis.call('EXPIRE', KEYS[4], 3700)
   end
 end
-local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s')
-if f[1] then  -- the backend is still registered
-  if ARGV[2] == 'ok' then
-    redis.call('HINCRBY', KEYS[2], 'served', 1)
+if ARGV[2] == 'ok' then  -- while the backend is still registered: its counters and speed in one write
+  local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s', 'served')
+  if f[1] then
     local sample, old, w = tonumber(ARGV[3]), tonumber(f[2]), tonumber(ARGV[4])
-    redis.call('HSET', KEYS[2], 'consecutive_failures', 0, 'turn_s', old and old + w * (sample - old) or sample)
-  elseif ARGV[2] == 'failed' then
-    redis.call('HINCRBY', KEYS[2], 'failures', 1)
-    redis.call('HINCRBY', KEYS[2], 'consecutive_failures', 1)
+    redis.call('HSET', KEYS[2], 'served', (tonumber(f[3]) or 0) + 1, 'consecutive_failures', '0',
+               'turn_s', old and old + w * (sample - old) or sample)
+  end
+elseif ARGV[2] == 'failed' then
+  local f = redis.call('HMGET', KEYS[2], 'id', 'failures', 'consecutive_failures')
+  if f[1] then
+    redis.call('HSET', KEYS[2], 'failures', (tonumber(f[2]) or 0) + 1,
+               'consecutive_failures', (tonumber(f[3]) or 0) + 1)
   end
 end
 return removed
@@ -224,10 +250,13 @@ class Router:
         settings = get_settings()
         lease_s = lease_s or settings.llm_lease_s
         token = uuid.uuid4().hex
-        args = [int(time.time() * 1000), int(lease_s * 1000), token, protocol.value if protocol else "",
+        now_ms, lease_ms = int(time.time() * 1000), int(lease_s * 1000)
+        idle_cut = now_ms - int(settings.llm_session_idle_s * 1000)
+        args = [now_ms, now_ms + lease_ms, token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
-                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", int(settings.llm_session_idle_s * 1000),
-                keys.llm_project_inflight(""), keys.llm_project_tokens("")]
+                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", idle_cut,
+                keys.llm_project_inflight(""), keys.llm_project_tokens(""),
+                "1" if random.random() < SWEEP_P else "0", f"({now_ms}", f"({idle_cut}", lease_ms + 60000]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":

@@ -120,19 +120,21 @@ class Stack:
         self.write_secrets()
 
     def start_store_shards(self, n: int) -> list[str]:
-        """``n`` Redis of their own for the rollouts (redis-shard-1 ...), hardened and persisted as
-        the head's; every process started after this gets them in ``PRORL_STORE_SHARDS``."""
-        self.shard_urls = [self._start_redis_server(f"redis-shard-{i + 1}") for i in range(n)]
+        """``n`` Redis of their own for the rollouts (redis-shard-1 ...), hardened as the head's and
+        persisted with ``appendfsync everysec`` (a turn's append is not fsynced alone: a crash may
+        lose its last second, which the next save sends again, prorl_celery/shards.py); every
+        process started after this gets them in ``PRORL_STORE_SHARDS``."""
+        self.shard_urls = [self._start_redis_server(f"redis-shard-{i + 1}", fsync="everysec") for i in range(n)]
         if self.redis_url:
             self.write_secrets()
         return self.shard_urls
 
-    def _start_redis_server(self, name: str, port: int | None = None) -> str:
+    def _start_redis_server(self, name: str, port: int | None = None, fsync: str = "always") -> str:
         port = port or free_port()
-        # fsync on every write: a job the API accepted survives even a kill -9 of Redis
+        # the head's: fsync on every write: a job the API accepted survives even a kill -9 of Redis
         argv = [sys.executable, "-m", "prorl_celery.ops.redis_server", "--port", str(port),
                 "--bind", self.options.redis_bind, "--dir", str(self.state_dir / name),
-                "--appendfsync", "always" if self.options.persist else "no", *self._memory_share()]
+                "--appendfsync", fsync if self.options.persist else "no", *self._memory_share()]
         child = self._child(name, argv, {**self.env(), PASSWORD_ENV: self.redis_password})
         url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)

@@ -95,6 +95,7 @@ class Transcript:
         self.last = last
         self._saved = (len(self.records), len(self.messages))
         self._answers: dict[int, int] = {}  # index of a dict message -> the call that generated it
+        self._loaded: Sequence[dict[str, Any]] = ()  # the messages read from the store, as stored
         self.size = sum(map(len, self.records)) + sum(len(m) for m in self.messages if isinstance(m, bytes))
 
     @classmethod
@@ -110,6 +111,7 @@ class Transcript:
             *_, prompt = prompts(calls)
             last = turn_of(calls[-1], prompt)
         out = cls([{k: v for k, v in m.items() if k not in TAGS} for m in messages], records, last)
+        out._loaded = messages  # as stored, tags and all: what :meth:`since` sends again
         out.size += sum(len(json.dumps(m, separators=(",", ":"))) for m in messages)
         return out  # the tags stay in the store; an agent sends its messages on without them
 
@@ -146,6 +148,13 @@ class Transcript:
         """What was added since the last save: packed calls and JSON messages."""
         calls, messages = self._saved
         return self.records[calls:], [self._stored(i) for i in range(messages, len(self.messages))]
+
+    def since(self, calls: int, messages: int) -> tuple[list[bytes], list[str | bytes]]:
+        """The packed calls and stored messages from positions ``calls`` and ``messages`` on, saved
+        or not: a store that lost its last writes is sent them again (prorl_celery/shards.py)."""
+        loaded = self._loaded
+        return self.records[calls:], [json.dumps(loaded[i], separators=(",", ":")) if i < len(loaded)
+                                      else self._stored(i) for i in range(messages, len(self.messages))]
 
     def _stored(self, i: int) -> str | bytes:
         message = self.messages[i]

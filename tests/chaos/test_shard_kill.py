@@ -64,4 +64,6 @@ def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory)
         assert cut >= 1, "no stage was cut by the kill: it did not land mid-batch"
         assert stack.children["api"].alive() and stack.children["api-2"].alive()
         assert requests.get(f"{api}/healthz", timeout=10).json()["store_shards"] == ["ok", "ok"]
-        print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; stages cut {cut}")
+        resent = logs.count("sending them again")  # a live writer's save after the shard lost its last second
+        print(f"shard kill: {dict(statuses)}; shard 1 held {len(on_first)} of {JOBS}; stages cut {cut}; "
+              f"saves that sent lost writes again {resent}")

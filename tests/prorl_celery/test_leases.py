@@ -85,3 +85,21 @@ def test_an_unwatched_call_lease_is_left_to_lapse(redis_client):
     score = redis_client.zscore(call.lease.key, call.lease.token)
     time.sleep(0.6)
     assert redis_client.zscore(call.lease.key, call.lease.token) == score
+
+
+def test_a_call_lease_that_lapsed_but_was_not_swept_is_lost(redis_client):
+    """The router removes lapsed leases only now and then (routing.SWEEP_P) and counts by expiry:
+    a lease whose expiry passed (its holder stalled past it) is lost to the keeper although still
+    in the set, as if it had been removed; a live one beside it is not."""
+    lapsed, live = (_Watched(_call_lease(redis_client, 5.0)) for _ in range(2))
+    redis_client.zadd(lapsed.lease.key, {lapsed.lease.token: int(time.time() * 1000) - 1})
+    for call in (lapsed, live):
+        keeper().watch(call)
+    try:
+        deadline = time.monotonic() + 3
+        while lapsed.reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (lapsed.reason, live.reason) == ("lost", None)
+    finally:
+        for call in (lapsed, live):
+            keeper().unwatch(call)

@@ -3,6 +3,8 @@ both shards, never on the head; the fenced save holds across the two instances; 
 (the transcript, the result's views, the cost reader) finds each rollout on its shard."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -14,7 +16,7 @@ from prorl_celery.rollout.cost import read_heads
 from prorl_celery.rollout.store import RolloutStore
 from prorl_celery.rollout.trajectory import flatten
 from prorl_celery.rollout.views import expand_results
-from prorl_celery.shards import Shards, parse_urls
+from prorl_celery.shards import ShardLostWrites, Shards, parse_urls
 from prorl_celery.status import JobStatus, StageState
 from tasks.context import StageContext
 from tasks.handlers.math import MathHandler
@@ -113,3 +115,50 @@ def test_a_process_with_another_layout_is_refused(scratch_redis, shard_clients):
         Shards(scratch_redis).check_layout()  # a worker started without PRORL_STORE_SHARDS
     with pytest.raises(StoreLayoutMismatch, match="names 1 store shards"):
         Shards(scratch_redis, shard_clients[:1]).check_layout()
+
+
+
+def _lists(shard, job_id: str) -> tuple[list[bytes], list]:
+    return (shard.lrange(keys.rollout_calls(job_id), 0, -1),
+            [json.loads(m) for m in shard.lrange(keys.rollout_messages(job_id), 0, -1)])
+
+
+def test_a_save_sends_again_what_a_shard_lost(store):
+    """A shard runs with appendfsync everysec: a crash may lose its last appends. The next save
+    finds a list shorter than its saved count and sends the missing tail from the writer's
+    transcript (which holds every turn, those it loaded tags and all), so the lists end complete
+    and in order; a writer with nothing to send it from stops as on any loss of the store (a Redis
+    error: the stage is resumed)."""
+    job_id = _in_run(store)
+    shard = store.shards.store_for(job_id)
+    turns = _exact_turns(4)
+    writer = StageContext(store, store.get(job_id), JobStatus.RUN, budget_s=60.0)
+    writer.transcript.messages.append({"role": "user", "content": "go"})
+    for turn in turns[:2]:
+        writer.transcript.answer(turn)
+        writer.save()
+    calls, messages = _lists(shard, job_id)
+    assert len(calls) == 2 and len(messages) == 3 and messages[2]["call"] == 1  # the answers tagged
+
+    # the second turn's appends lost behind the writer's back (the head's state still counts them)
+    shard.rpop(keys.rollout_calls(job_id))
+    shard.rpop(keys.rollout_messages(job_id))
+    with pytest.raises(ShardLostWrites):  # nothing to send them from: refused, nothing written
+        store.save_state(job_id, JobStatus.RUN, 1, {}, {"calls": 2, "messages": 3}, [b"x"], ["{}"])
+    assert _lists(shard, job_id) == (calls[:1], messages[:2])
+    writer.transcript.answer(turns[2])
+    writer.save()  # the lost turn is sent again, then the new one
+    third = _lists(shard, job_id)
+    assert third[0][:2] == calls and third[1][:3] == messages and len(third[0]) == 3 and len(third[1]) == 4
+    assert store.get(job_id).state[ROLLOUT_KEY] == {"calls": 3, "messages": 4}
+
+    # a redelivery's transcript (loaded from the shard) after the shard lost both lists whole
+    again = StageContext(store, store.get(job_id), JobStatus.RUN, budget_s=60.0)
+    assert len(again.transcript.turns()) == 3
+    shard.delete(keys.rollout_calls(job_id), keys.rollout_messages(job_id))
+    again.transcript.answer(turns[3])
+    again.save()
+    fourth = _lists(shard, job_id)
+    assert fourth[0][:3] == third[0] and fourth[1][:4] == third[1] and len(fourth[0]) == 4
+    assert len(RolloutStore(store.shards).read(job_id)) == 4
+    assert [t.response_ids for t in again.transcript.turns()] == [t.response_ids for t in turns]

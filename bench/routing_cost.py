@@ -1,0 +1,83 @@
+"""The LLM routing scripts' own cost on the Redis server, counted in instructions (valgrind's
+callgrind): robust where the machine is shared, as CPU time is not.
+
+A private redis-server (no AOF) runs under callgrind; this process registers ``--backends``
+backends and one job (of ``--project``, with an in-flight and a tokens-per-hour quota, or the
+operator's) and calls ``Router.acquire`` + ``release`` on it, warm, ``n`` times. The server's
+instructions of two runs (``--small`` and ``--small + 500`` turns) differ by 500 turns' worth: the
+start and stop cancel out. Needs ``valgrind`` and the redis-server the service runs.
+
+    python3 bench/routing_cost.py [--backends 1] [--project p]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.private import REDIS_PORT  # noqa: E402  (sets the environment)
+
+os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"  # this private one: no password
+
+
+def instructions(turns: int, backends: int, project: str) -> int:
+    """The server's instructions for a run of ``turns`` acquire + release (warm, after 20)."""
+    import redis
+
+    from prorl_celery import keys
+    from prorl_celery.llm.models import BackendSpec, Protocol
+    from prorl_celery.llm.registry import BackendRegistry
+    from prorl_celery.llm.routing import Router
+    from prorl_celery.ops.redis_server import redis_server_binary
+
+    work = tempfile.mkdtemp(prefix="routing-cost-")
+    out = os.path.join(work, "callgrind.out")
+    server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", redis_server_binary(),
+                               "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no", "--dir", work],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=REDIS_PORT)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    registry = BackendRegistry(client)
+    for i in range(backends):
+        registry.add(BackendSpec(address=f"http://10.0.0.{i + 1}:1", capacity=64, model="m", weight_version="v0",
+                                 probe=False))
+    job = "routing-cost-job"
+    client.hset(keys.job(job), mapping={"status": "run", "project": project})
+    if project:
+        client.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
+            "max_llm_in_flight": 1000, "tokens_per_hour": 10 ** 12}}))
+    router = Router(client)
+    for _ in range(20 + turns):
+        router.release(router.acquire(job, Protocol.CHAT), "ok", tokens=100)
+    server.terminate()
+    server.wait()
+    return int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backends", type=int, default=1)
+    parser.add_argument("--project", default="", help="the job's project (quotas checked); default: the operator's")
+    parser.add_argument("--small", type=int, default=100)
+    args = parser.parse_args()
+    low = instructions(args.small, args.backends, args.project)
+    high = instructions(args.small + 500, args.backends, args.project)
+    print(f"routing backends={args.backends} project={args.project or '-'} "
+          f"instructions_per_turn={(high - low) // 500}")
+
+
+if __name__ == "__main__":
+    main()
