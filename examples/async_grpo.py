@@ -235,6 +235,14 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
                                        / max(1, sum(len(t.loss_mask) for t in trajs))),
                       "dropped": batch.get("dropped") or {},
                       "observation_mask_ones": sum(observation_mask_ones(t) for t in trajs),
+                      # what to look at where the check finds any: the job, its calls' messages
+                      "mask_suspects": [{"job_id": t.job_id, "ones": observation_mask_ones(t),
+                                         "assistant": [{"ids": len(m.get("token_ids") or []),
+                                                        "resent": bool(m.get("resent")),
+                                                        "content": str(m.get("content"))[:80]}
+                                                       for m in t.messages if m.get("role") == "assistant"],
+                                         "mask_ones": sum(t.loss_mask), "response": len(t.response_ids)}
+                                        for t in trajs if observation_mask_ones(t)],
                       "elapsed_s": end - run.started, "modes": sorted(set((pause["modes"] or {}).values()))}
             run.steps.append(record)
             log(f"step {record['step']:3d}: reward {record['reward']:.3f} | wait {record['wait_s']:5.1f}s "
