@@ -18,7 +18,7 @@ from prorl_celery.gateway import Gateway, GatewaySession
 from prorl_celery.gateway.serving import Limits
 from tests.conftest import wait_until
 
-SEED, BUDGET_S = 3200, 3.0
+SEED, BUDGET_S, MIN_CASES = 3200, 3.0, 25
 ALLOWED = {200, 400, 401, 404, 413, 431, 503}
 TOKEN = "fuzz-" + secrets.token_hex(8)
 
@@ -121,10 +121,9 @@ def test_the_framing_holds_under_a_fuzz(caplog):
     try:
         address = gateway.address[:2]
         deadline, cases = time.monotonic() + BUDGET_S, 0
-        while time.monotonic() < deadline:
+        while cases < MIN_CASES or time.monotonic() < deadline:  # a loaded machine runs the minimum
             _case(rng, address)
             cases += 1
-        assert cases > 20, cases
         calls = [t for t in threading.enumerate() if t.name.startswith(f"gateway-{gateway.session.session_id}")]
         assert len(calls) <= gateway.serving.limits.call_threads
         wait_until(lambda: not gateway.serving.conns, 10, "the fuzz's connections to be closed")
