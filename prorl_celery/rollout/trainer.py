@@ -151,3 +151,29 @@ def _fit_to_train(view: dict[str, Any], require_exact: bool) -> dict[str, Any]:
     if require_exact and mode != "exact":
         raise RolloutFailed(f"job {job_id}: token_mode {mode}, not exact")
     return result
+
+
+def untrained_by_record(t: Trajectory) -> int:
+    """How many ids at loss mask 1 are not a span the gateway recorded the model generating: the
+    mask's runs of 1, in order, each must be one assistant message's ``token_ids`` (a message the
+    staleness fence masked has no run; a harness's re-sent copy has no ids). A run matched to no
+    message — an observation or a template's ids trained on — counts whole. 0 is the only right
+    answer. Matched by position in the mask, never by searching for the ids: a model that repeats
+    its observation word for word has the same ids inside the observation."""
+    spans = [m.get("token_ids") for m in t.messages
+             if m.get("role") == "assistant" and not m.get("resent") and m.get("token_ids")]
+    runs, start = [], None
+    for i, bit in enumerate([*t.loss_mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            runs.append(t.response_ids[start:i])
+            start = None
+    unmatched, k = 0, 0
+    for run in runs:
+        at = next((j for j in range(k, len(spans)) if spans[j] == run), None)
+        if at is None:
+            unmatched += len(run)
+        else:
+            k = at + 1
+    return unmatched

@@ -5,9 +5,10 @@ sandbox behind the service's gateway, for 24 steps.
 
 What it asserts is the goal of the run — batch reward of the last 5 steps at least 0.3 above the
 first 5, held-out sampled accuracy up by at least 0.2, in 40 minutes at most, at least two
-generated turns per episode on median — and the mask: in every batch TRL trained on, no id at
-loss mask 1 is anything but an id the gateway recorded the model generating (the observation
-between the two calls, the harness's own prompt text, never), while the observations are there
+generated turns per episode on median — and the mask: in every batch TRL trained on, every run
+of ids at loss mask 1 is an answer the gateway recorded the model generating
+(``untrained_by_record``; the observation between the two calls, the harness's own prompt text,
+never), while the observations are there
 (a share of the ids is masked) and no row was dropped.
 """
 from __future__ import annotations

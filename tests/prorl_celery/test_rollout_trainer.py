@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prorl_celery.errors import RolloutFailed
-from prorl_celery.rollout.trainer import trajectory
+from prorl_celery.rollout.trainer import Trajectory, trajectory, untrained_by_record
 
 pytestmark = pytest.mark.unit
 
@@ -99,3 +99,23 @@ def test_a_trainer_with_one_row_per_prompt_drops_a_segmented_result_visibly_or_f
     assert batch["env_mask"][0] == [1, 0, 1]
     with pytest.raises(ValueError):
         RolloutFunc(Client(), lambda p: {}, segmented="split")
+
+
+def _two_calls(mask: list[int], second: list[int]) -> Trajectory:
+    """An answer [7, 8], an observation [5, 6, 9, 2] that says what the second answer repeats
+    ([6, 9]), then the second answer."""
+    return Trajectory(job_id="j", prompt_ids=[1], response_ids=[7, 8, 5, 6, 9, 2, *second], loss_mask=mask,
+                      logprobs=[0.0] * len(mask), reward=1.0, token_mode="exact",
+                      messages=[{"role": "user"}, {"role": "assistant", "token_ids": [7, 8]},
+                                {"role": "assistant", "content": "re-sent", "resent": True},
+                                {"role": "user"}, {"role": "assistant", "token_ids": second}])
+
+
+def test_only_the_recorded_answers_may_be_trained_on():
+    # the model repeats its observation word for word: still only its own span is at mask 1
+    assert untrained_by_record(_two_calls([1, 1, 0, 0, 0, 0, 1, 1], [6, 9])) == 0
+    # an observation's ids at mask 1 are counted, even ones equal to an answer's
+    assert untrained_by_record(_two_calls([1, 1, 0, 1, 1, 0, 1, 1], [6, 9])) == 2
+    assert untrained_by_record(_two_calls([1, 1, 1, 1, 1, 1, 1, 1], [6, 9])) == 8
+    # a turn the staleness fence masked has no run: the others still match
+    assert untrained_by_record(_two_calls([0, 0, 0, 0, 0, 0, 1, 1], [6, 9])) == 0
