@@ -80,15 +80,16 @@ def heldout_numbers(k: int) -> list[str]:
 
 
 class Numbers:
-    """The training prompts: fresh 5-digit numbers from the run's seed, never a held-out one."""
+    """The training prompts: fresh numbers in [lo, hi] (5 digits unless told) from the run's seed,
+    never a held-out one."""
 
-    def __init__(self, seed: int, exclude: set[str]):
-        self.rng, self.exclude = random.Random(seed), exclude
+    def __init__(self, seed: int, exclude: set[str], lo: int = 10000, hi: int = 99999):
+        self.rng, self.exclude, self.lo, self.hi = random.Random(seed), exclude, lo, hi
 
     def __call__(self, k: int) -> list[str]:
         out: list[str] = []
         while len(out) < k:
-            x = str(self.rng.randint(10000, 99999))
+            x = str(self.rng.randint(self.lo, self.hi))
             if x not in self.exclude:
                 out.append(x)
         return out
@@ -200,6 +201,7 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
             batch = run.rollout.history[-1]
             pause = run.sync.pauses[-1]
             trajs = batch["trajectories"]
+            unmatched = [untrained_by_record(t) for t in trajs]  # 0 for each, or the check failed
             llm = [float(t.job_timings.get("llm") or t.timing.get("llm") or 0.0) for t in trajs]
             service = [max(0.0, float(t.job_timings.get("total", 0.0)) - m) for t, m in zip(trajs, llm)]
             gen_s, rows = _engine_s(run.server, self.t0, end)
@@ -216,15 +218,15 @@ def train(run: Run, model_dir: Path = MODEL_DIR, log=print) -> Run:
                       "masked_share": (sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs)
                                        / max(1, sum(len(t.loss_mask) for t in trajs))),
                       "dropped": batch.get("dropped") or {},
-                      "observation_mask_ones": sum(untrained_by_record(t) for t in trajs),
+                      "observation_mask_ones": sum(unmatched),
                       # what to look at where the check finds any: the job, its calls' messages
-                      "mask_suspects": [{"job_id": t.job_id, "ones": untrained_by_record(t),
+                      "mask_suspects": [{"job_id": t.job_id, "ones": ones,
                                          "assistant": [{"ids": len(m.get("token_ids") or []),
                                                         "resent": bool(m.get("resent")),
                                                         "content": str(m.get("content"))[:80]}
                                                        for m in t.messages if m.get("role") == "assistant"],
                                          "mask_ones": sum(t.loss_mask), "response": len(t.response_ids)}
-                                        for t in trajs if untrained_by_record(t)],
+                                        for t, ones in zip(trajs, unmatched) if ones],
                       "elapsed_s": end - run.started, "modes": sorted(set((pause["modes"] or {}).values()))}
             run.steps.append(record)
             log(f"step {record['step']:3d}: reward {record['reward']:.3f} | wait {record['wait_s']:5.1f}s "

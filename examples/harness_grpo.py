@@ -51,22 +51,12 @@ def heldout(k: int) -> list[str]:
     return [str(rng.randint(10**8, 10**9 - 1)) for _ in range(k)]
 
 
-class Draw:
-    """The run's fresh tasks, never a held-out one."""
-
-    def __init__(self, seed: int, exclude: set[str]):
-        self.rng, self.exclude = random.Random(seed), exclude
-
-    def __call__(self, k: int) -> list[str]:
-        out: list[str] = []
-        while len(out) < k:
-            x = str(self.rng.randint(10**8, 10**9 - 1))
-            if x not in self.exclude:
-                out.append(x)
-        return out
+def draw(seed: int, exclude: set[str]) -> async_grpo.Numbers:
+    """The run's fresh tasks (9-digit seeds of :func:`instance`), never a held-out one."""
+    return async_grpo.Numbers(seed, exclude, 10**8, 10**9 - 1)
 
 
-LOOKUP = async_grpo.Task("lookup", instance, sampling, heldout, Draw, lambda x: f"lookup task {x}")
+LOOKUP = async_grpo.Task("lookup", instance, sampling, heldout, draw, lambda x: f"lookup task {x}")
 async_grpo.NAMES["lookup"] = "harness_grpo"
 
 # 4 tasks x 8 samples a step: at a base near 0.1 a group of 8 has unequal rewards twice as often
