@@ -63,7 +63,9 @@ def _call(client, messages: list) -> dict:
 
 
 def _result(gw: Gateway) -> dict:
-    """The job's result as the run stage and the API build it from the session (as run_harness)."""
+    """The job's result as the run stage and the API build it from the session (as run_harness,
+    which saves the log's last calls first: the writer thread may not have yet)."""
+    gw.session.log.flush()
     block = {"name": "command", "session": gw.session.session_id, "staleness": gw.session.fence_all()}
     calls = gw.session.log.transcript.counts()
     result = harness_result_fields({"harness": block, ROLLOUT_KEY: calls})

@@ -213,17 +213,24 @@ def test_drain_waits_and_resume_sets_new_weight_version(pool, fake_llms):
 
 
 def test_drain_with_abort_retries_after_resume(pool, fake_llms):
+    # 3 s of tokens: the keeper notices the withdrawn lease within CALL_CHECK_S (0.5 s) on an idle
+    # machine; the margin is for a loaded one, where a 1 s request could finish first
     (proc,) = fake_llms(1, latency="step_s=0.05,capacity=8")
     bid = add(pool, proc, weight_version="v1")
-    box = {}
-    worker = threading.Thread(target=lambda: box.setdefault("turn", pool.generate("a", ask(tokens=20))))
+    box, stop = {}, threading.Event()
+    worker = threading.Thread(target=lambda: box.setdefault(
+        "turn", pool.generate("a", ask(tokens=60), should_stop=stop.is_set)))
     worker.start()
-    eventually(lambda: pool.registry.get(bid).in_flight == 1, 5, "the request in flight")
-    outcome = drain(pool.registry, [bid], wait_s=5, abort=True)
-    assert outcome == {"drained": True, "in_flight": {bid: 0}, "aborted": {bid: 1}}
-    eventually(lambda: proc.stats()["aborted"] == 1, 5, "the server to see the abort")
-    resume(pool.registry, [bid], weight_version="v2")
-    worker.join(30)
+    try:
+        eventually(lambda: pool.registry.get(bid).in_flight == 1, 5, "the request in flight")
+        outcome = drain(pool.registry, [bid], wait_s=5, abort=True)
+        assert outcome == {"drained": True, "in_flight": {bid: 0}, "aborted": {bid: 1}}
+        eventually(lambda: proc.stats()["aborted"] == 1, 5, "the server to see the abort")
+        resume(pool.registry, [bid], weight_version="v2")
+        worker.join(30)
+    finally:  # a failed assertion must not leave the call running into the next test's backends
+        stop.set()
+        worker.join(10)
     turn = box["turn"]
     assert turn.weight_version == "v2" and turn.attempts == 2
     assert [r["status"] for r in proc.received()] == ["aborted", "ok"]
