@@ -5,7 +5,9 @@
 # foreground of the batch step (or of an srun task): `scancel` reaches all of them, and nothing is
 # left behind when the step ends. Components are started with `prorl_start NAME CMD...`, their
 # pids recorded in "$PRORL_PID_FILE" ("NAME PID" lines); `prorl_supervise` waits until a signal
-# arrives or a component exits, then the caller stops everything in order.
+# arrives or a component exits, then the caller stops everything in order. A component given a
+# restart command (`PRORL_RESTART[NAME]`, e.g. a store shard) is started again instead, at most
+# PRORL_RESTART_MAX times (default 10); a restart command that fails stops everything.
 
 PRORL_PYTHON=${PRORL_PYTHON:-python3}
 PRORL_SUBMIT_DIR=${SLURM_SUBMIT_DIR:-$PWD}
@@ -16,6 +18,8 @@ PRORL_HELPER="$PRORL_SLURM_DIR/prorl_slurm.py"
 export PRORL_PYTHON PRORL_STATE_DIR PRORL_LOG_DIR PRORL_SLURM_DIR
 
 declare -A PRORL_PIDS=()
+declare -A PRORL_RESTART=() PRORL_RESTARTS=()
+PRORL_RESTART_MAX=${PRORL_RESTART_MAX:-10}
 PRORL_STOPPING=0
 PRORL_EXIT=0
 
@@ -89,15 +93,33 @@ prorl_check_children() {
     local name
     for name in "${!PRORL_PIDS[@]}"; do
         if ! prorl_alive "${PRORL_PIDS[$name]}"; then
-            local status=
-            wait "${PRORL_PIDS[$name]}" 2>/dev/null && status=0 || status=$?
+            local status= pid=${PRORL_PIDS[$name]}
+            wait "$pid" 2>/dev/null && status=0 || status=$?
             ((status == 127)) && status="unknown"  # already reaped by `wait -n`
-            prorl_log "$name (pid ${PRORL_PIDS[$name]}) exited (status $status): stopping"
-            unset "PRORL_PIDS[$name]"
+            prorl_restart "$name" "$status" && continue
+            prorl_log "$name (pid $pid) exited (status $status): stopping"
+            # (a restart that failed leaves its new pid recorded, for stop_all to stop)
+            [[ ${PRORL_PIDS[$name]} == "$pid" ]] && unset "PRORL_PIDS[$name]"
             PRORL_STOPPING=1
             PRORL_EXIT=1
         fi
     done
+}
+
+prorl_restart() {
+    # prorl_restart NAME STATUS: start NAME again with its PRORL_RESTART command; false when it has
+    # none, used up PRORL_RESTART_MAX, the stack is stopping, or the command failed.
+    local name=$1 count=$((${PRORL_RESTARTS[$1]:-0} + 1))
+    [[ -n ${PRORL_RESTART[$name]:-} ]] && ((PRORL_STOPPING == 0)) || return 1
+    if ((count > PRORL_RESTART_MAX)); then
+        prorl_log "$name exited (status $2) after $PRORL_RESTART_MAX restarts: no more"
+        return 1
+    fi
+    PRORL_RESTARTS[$name]=$count
+    prorl_log "$name exited (status $2): starting it again ($count of $PRORL_RESTART_MAX)"
+    eval "${PRORL_RESTART[$name]}" && return 0
+    prorl_log "$name did not start again"
+    return 1
 }
 
 prorl_supervise() {
