@@ -9,7 +9,6 @@ Size by environment: ``PRORL_SHARD_KILL_JOBS`` (40), ``PRORL_SHARD_KILL_TURNS`` 
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 import pytest
 import redis
@@ -18,6 +17,7 @@ import requests
 from prorl_celery import keys
 from prorl_celery.shards import Shards
 from tests.conftest import own_stack, wait_until
+from tests.shard_checks import check_completions, check_views, cut_stages, instance, mid_turns
 
 JOBS = int(os.environ.get("PRORL_SHARD_KILL_JOBS", "40"))
 TURNS = int(os.environ.get("PRORL_SHARD_KILL_TURNS", "12"))
@@ -29,38 +29,24 @@ def test_a_shard_killed_mid_batch_loses_and_duplicates_nothing(tmp_path_factory)
                    concurrency={"init": 4, "run": 8, "eval": 4, "maint": 1}) as stack:
         api, head = stack.api_url, redis.Redis.from_url(stack.redis_url)
         shards = Shards(head, [redis.Redis.from_url(u) for u in stack.shard_urls])
-        instance = {"data_source": "tests.handlers_for_shards:TurnsHandler", "turns": TURNS, "turn_s": 0.25}
-        ids = requests.post(f"{api}/jobs", json={"jobs": [{"instance": instance}] * JOBS}, timeout=60).json()["job_ids"]
+        jobs = [{"instance": instance(TURNS)}] * JOBS
+        ids = requests.post(f"{api}/jobs", json={"jobs": jobs}, timeout=60).json()["job_ids"]
         on_first = [j for j in ids if shards.index(j) == 0]
         assert on_first and len(on_first) < JOBS  # both shards serve the batch
 
-        def mid_turn_on_first() -> bool:  # some rollouts of shard 1 have turns saved, none finished
-            saved = [shards.stores[0].llen(keys.rollout_calls(j)) for j in on_first]
-            return sum(0 < n < TURNS for n in saved) >= 2
-        wait_until(mid_turn_on_first, 120, "rollouts mid-batch on shard 1")
+        wait_until(lambda: mid_turns(shards.stores[0], on_first, TURNS) >= 2, 120, "rollouts mid-batch on shard 1")
         stack.restart_redis(name="redis-shard-1", down_s=3.0)  # SIGKILL, 3 s down, back on its data
 
-        statuses, views = Counter(), {}
+        views = {}
         for job_id in ids:
             resp = requests.get(f"{api}/jobs/{job_id}/wait", params={"timeout": 300}, timeout=330)
             assert resp.status_code == 200, (job_id, resp.status_code, resp.text[:300])
-            views[job_id] = view = resp.json()
-            statuses[view["status"]] += 1
-            assert view["status"] in {"completed", "failed"}, view
-            assert view["result"]["job_id"] == job_id
-        for job_id, view in views.items():
-            result = view["result"]
-            if view["status"] == "failed":
-                assert result["error"]["type"], result  # a typed failure, never a silent one
-                continue
-            assert result["reward"] == 1.0 and result["turns"] == TURNS, (job_id, result.get("turns"))
-            said = [m["content"] for m in result["messages"] if m["role"] == "assistant"]
-            assert said == [f"Step {k}: look at the tools available." for k in range(TURNS)], job_id
-        completions = Counter(fields[b"job_id"].decode() for _, fields in head.xrange(keys.completions()))
-        assert set(completions) == set(ids) and max(completions.values()) == 1  # none lost, none twice
+            views[job_id] = resp.json()
+        statuses = check_views(views, TURNS)
+        check_completions(head.xrange(keys.completions()), ids)  # none lost, none twice
         assert statuses["completed"] >= JOBS * 0.9, statuses
         logs = "".join(p.read_text() for p in stack.log_dir.glob("worker-run*.log"))
-        cut = logs.count("lost the job store")
+        cut = len(cut_stages(logs))
         assert cut >= 1, "no stage was cut by the kill: it did not land mid-batch"
         assert stack.children["api"].alive() and stack.children["api-2"].alive()
         assert requests.get(f"{api}/healthz", timeout=10).json()["store_shards"] == ["ok", "ok"]

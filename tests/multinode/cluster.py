@@ -11,6 +11,10 @@
   depend on it).
 - ``client`` (10.77.0.10): where the test, as the trainer, talks to the API and Redis from.
 
+:func:`running` builds it; given ``PRORL_STORE_SHARDS_N``, the head also runs that many store shards
+(bound, as its Redis, to every interface, published at the head's address): node1 is given their
+URLs as the README says, node2 reads them from the address file.
+
 Every node has its own hostname, sandbox root (its "local disk" for workspaces) and gateway socket
 directory (its own /run: a harness session on another node is relayed); the file
 system is otherwise shared, as a cluster's shared file system is. The sandbox uid leases stay in
@@ -21,17 +25,19 @@ nodes' sandboxes (and any other test's on this machine).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import redis
 import requests
 
+from tests.multinode import netns
 from tests.multinode.netns import Fabric, Node
 from tests.helpers import read_env_file
 
@@ -45,6 +51,7 @@ SETTINGS = {
     "PRORL_SWEEP_INTERVAL_S": "1", "PRORL_STAGE_LEASE_S": "3", "PRORL_STAGE_REQUEUE_AFTER_S": "5",
     "PRORL_CONSUMER_WATCHDOG_S": "2", "PRORL_HOST_HEARTBEAT_S": "1", "PRORL_SANDBOX_WARM": "1",
     "PRORL_SANDBOX_RUNTIME": "bwrap", "PRORL_LLM_CALL_TIMEOUT_S": "20",
+    "PRORL_PLUGIN_PACKAGES": "tests",  # the test handlers (tests/handlers_for_shards.py), as TEST_ENV
 }
 CAPACITY = 6            # sandboxes per worker node
 QUEUE_THREADS = {"init": 4, "run": 8, "eval": 4, "maint": 1}
@@ -108,12 +115,43 @@ class Cluster:
     def redis_url(self) -> str:
         return self.head_env["PRORL_REDIS_URL"]
 
+    @property
+    def shard_urls(self) -> list[str]:
+        """The store shards the head started (``PRORL_STORE_SHARDS_N``), as its address file names them."""
+        from prorl_celery.shards import parse_urls
+
+        return parse_urls(self.head_env.get("PRORL_STORE_SHARDS"))
+
+    def head_pids(self) -> dict[str, int]:
+        """The head's components by name, as head.sbatch records them (a restarted one's latest pid)."""
+        pids = {}
+        for line in (self.logs / "head-local.pids").read_text().splitlines():
+            name, pid = line.split()
+            pids[name] = int(pid)
+        return pids
+
     def http(self, method: str, path: str, node: Node | None = None, **kwargs) -> requests.Response:
         """An API call made from ``node`` (default: the client namespace)."""
         headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
         kwargs.setdefault("timeout", 30)
         return (node or self.client).call(requests.request, method, f"{self.api}{path}",
                                           headers=headers, **kwargs)
+
+    def submit(self, instances: list[dict]) -> list[str]:
+        resp = self.http("POST", "/jobs", json={"jobs": [{"instance": i} for i in instances]})
+        assert resp.status_code == 202, resp.text
+        return resp.json()["job_ids"]
+
+    def wait_all(self, ids: list[str], timeout: float) -> dict[str, dict]:
+        """The views of the jobs of ``ids`` that ended within ``timeout`` seconds."""
+        views: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout
+        for job_id in ids:
+            while job_id not in views and time.monotonic() < deadline:
+                resp = self.http("GET", f"/jobs/{job_id}/wait", params={"timeout": 20}, timeout=40)
+                if resp.status_code == 200:
+                    views[job_id] = resp.json()
+        return views
 
     def redis(self) -> redis.Redis:
         """A client of the head's Redis. It connects lazily, in the namespace of the thread that
@@ -129,12 +167,13 @@ class Cluster:
         return "\n".join(tails)
 
     # -- starting the parts ----------------------------------------------------------------
-    def start_head(self) -> None:
+    def start_head(self, **extra: str) -> None:
+        """head.sbatch run by hand (``extra``: more of its environment, e.g. ``PRORL_STORE_SHARDS_N``)."""
         env = base_env(PRORL_STATE_DIR=str(self.work / "head-state"),
                        PRORL_LOG_DIR=str(self.logs), PRORL_HEAD_FILE=str(self.head_file),
                        PRORL_HEAD_ADDR=self.head.address, PRORL_REDIS_PORT=str(REDIS_PORT),
                        PRORL_API_PORT=str(API_PORT), PRORL_FLOWER="0", PRORL_API_THREADS="32",
-                       PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM))
+                       PRORL_PYTHON=sys.executable, PRORL_SLURM_DIR=str(SLURM), **extra)
         self.head.spawn("head-sbatch", ["bash", str(SLURM / "head.sbatch")], env, self.logs,
                         cwd=self.work)
         poll(self.head_file.exists, 180, "the head's address file", self.diagnose)
@@ -152,6 +191,8 @@ class Cluster:
 
     def node_env(self, node: Node, **extra: str) -> dict[str, str]:
         # a node's /run is its own: harness sessions' gateway sockets are not seen by the other nodes
+        if self.shard_urls:  # the README's nodes are given the head's shards as its Redis
+            extra.setdefault("PRORL_STORE_SHARDS", ",".join(self.shard_urls))
         return base_env(PRORL_REDIS_URL=self.redis_url, PRORL_API_TOKEN=self.token,
                         PRORL_SANDBOX_ROOT=str(node.scratch / "sandboxes"),
                         PRORL_GATEWAY_SOCKET_DIR=str(self.gateway_dir(node)), **extra)
@@ -211,3 +252,19 @@ class Cluster:
                 node.stop()
                 self.reap_cgroups(node)
             shutil.rmtree(self.gateway_dir(node), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(work: Path, **head_env: str) -> Iterator[Cluster]:
+    """The three nodes on a fabric of their own, the head started with ``head_env`` added, node1 as
+    the README's commands and node2 as worker_node.sh, ready; everything removed on the way out."""
+    with netns.fabric() as fabric:
+        built = Cluster(fabric, work)
+        try:
+            built.start_head(**head_env)
+            built.start_readme_node(built.node1)
+            built.start_slurm_node(built.node2)
+            built.wait_ready()
+            yield built
+        finally:
+            built.stop()

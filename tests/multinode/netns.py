@@ -6,6 +6,13 @@ namespace, so no address of the host is used or changed. Names carry the pid of 
 (``prorl-mn-<pid>-<node>``); :func:`remove_stale` deletes what a test process that no longer
 exists left behind (a SIGKILLed pytest never reaches its ``finally``).
 
+Each namespace is held by a process of its own (``unshare --net sleep``, marked with its name in
+its environment) and reached as ``/proc/<holder>/ns/net``, never through ``ip netns``'s
+``/run/netns`` mounts: slirp4netns ``--enable-sandbox`` (any network sandbox started on the
+machine) unmounts every mount beneath ``/run/netns`` on the host when ``/run`` is not a mount
+point of its own (it leaves a shared ``/run/netns`` shared in its sandbox, then detaches its old
+root), which took a running cluster's namespaces away mid-test (``setns``: EINVAL).
+
 Processes enter a node with ``nsenter --net`` rather than ``ip netns exec``: the latter remounts
 ``/sys`` in a mount namespace of its own, which hides ``/sys/fs/cgroup`` and would take the
 sandboxes' cgroup limits away on the "node". Each process also gets its own UTS namespace with the
@@ -30,7 +37,8 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
-NETNS_DIR = Path("/run/netns")
+NETNS_DIR = Path("/run/netns")  # where earlier versions of this module kept their namespaces
+HOLDER_ENV = "PRORL_MN_NETNS"     # a holder process's mark: the name of the namespace it holds
 FREEZER = Path("/sys/fs/cgroup/freezer")
 SCRATCH = Path("/tmp")  # each node's local disk for workspaces: /tmp/prorl-mn-<pid>/<node>
                         # (0755: the sandboxes' unprivileged uids traverse it, unlike pytest's tmp)
@@ -40,24 +48,40 @@ _ENTER = 'echo $$ > "$0" && exec "$@"'        # join the cgroup, then become the
 _NAME = 'hostname "$0" && exec "$@"'          # inside the new UTS namespace
 
 
-def ip(*args: str) -> str:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+def _run(argv: list[str]) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(argv)}: {out.stderr.strip()}")
     return out.stdout
+
+
+def ip(*args: str) -> str:
+    return _run(["ip", *args])
+
+
+def ip_in(path: str, *args: str) -> str:
+    """``ip ARGS`` inside the network namespace at ``path``."""
+    return _run(["nsenter", f"--net={path}", "ip", *args])
 
 
 def _alive(pid: int) -> bool:
     return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
+def _owner_gone(name: str) -> bool:
+    owner = name[len(PREFIX):].split("-", 1)[0]
+    return owner.isdigit() and not _alive(int(owner))
+
+
 def remove_stale() -> None:
     """Namespaces and cgroups of earlier test processes that are gone."""
     names = [p.name for p in NETNS_DIR.glob(f"{PREFIX}*")] if NETNS_DIR.exists() else []
     for name in names:
-        owner = name[len(PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if _owner_gone(name):
             _delete_netns(name)
+    for holder, name in _holders():
+        if _owner_gone(name):
+            _release(holder)
     for group in FREEZER.glob(f"{PREFIX}*") if FREEZER.exists() else []:
         owner = group.name[len(PREFIX):]
         if owner.isdigit() and not _alive(int(owner)):
@@ -98,6 +122,58 @@ def _netns_pids(name: str) -> list[int]:
         return [int(p) for p in ip("netns", "pids", name).split()]
     except RuntimeError:
         return []
+
+
+def _holders() -> list[tuple[int, str]]:
+    """Live holder processes of this module's namespaces: (pid, namespace name)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            mark = next((e for e in env if e.startswith(f"{HOLDER_ENV}=".encode())), None)
+            if mark is not None:
+                found.append((proc.pid, mark.split(b"=", 1)[1].decode()))
+    return found
+
+
+def _ns_inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _pids_in(inode: int | None, but: int | None = None) -> list[int]:
+    """Every process in the network namespace ``inode`` (``but`` left out)."""
+    if inode is None:
+        return []
+    return [proc.pid for proc in psutil.process_iter(["pid"])
+            if proc.pid != but and _ns_inode(f"/proc/{proc.pid}/ns/net") == inode]
+
+
+def _release(holder: int) -> None:
+    """Kill every process in ``holder``'s namespace, then the holder: the namespace goes with it
+    (and its veth ends)."""
+    inode = _ns_inode(f"/proc/{holder}/ns/net")
+    for pid in _pids_in(inode, but=holder) + [holder]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _hold(name: str) -> tuple[subprocess.Popen, str]:
+    """A new network namespace, held by a process of its own: (the holder, its namespace's path)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), HOLDER_ENV: name}
+    proc = subprocess.Popen(["unshare", "--net", "--", "sleep", "2147483647"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    path, ours = f"/proc/{proc.pid}/ns/net", _ns_inode("/proc/self/ns/net")
+    deadline = time.monotonic() + 30
+    while _ns_inode(path) in (None, ours):  # until unshare has entered the new namespace
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"cannot make network namespace {name}: {proc.stderr.read().decode()[-300:]}")
+        time.sleep(0.01)
+    return proc, path
 
 
 def _members(group: Path) -> list[int]:
@@ -141,17 +217,19 @@ class Node:
         self.scratch = fabric.scratch / name
         self.procs: list[subprocess.Popen] = []
         self._pool: ThreadPoolExecutor | None = None
+        self.holder: subprocess.Popen | None = None
+        self.path = ""  # /proc/<holder>/ns/net
 
     def create(self) -> "Node":
-        ip("netns", "add", self.netns)
+        self.holder, self.path = _hold(self.netns)
         self.fabric.nodes.append(self)
-        ns, fab = self.netns, self.fabric.netns
-        ip("-n", fab, "link", "add", f"v{self.index}", "type", "veth", "peer", "name", "eth0",
-           "netns", ns)
-        ip("-n", fab, "link", "set", f"v{self.index}", "master", "br0", "up")
-        ip("-n", ns, "addr", "add", f"{self.address}/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
+        fab = self.fabric.path
+        ip_in(fab, "link", "add", f"v{self.index}", "type", "veth", "peer", "name", "eth0",
+              "netns", str(self.holder.pid))
+        ip_in(fab, "link", "set", f"v{self.index}", "master", "br0", "up")
+        ip_in(self.path, "addr", "add", f"{self.address}/24", "dev", "eth0")
+        ip_in(self.path, "link", "set", "eth0", "up")
+        ip_in(self.path, "link", "set", "lo", "up")
         self.cgroup.mkdir()
         self.scratch.mkdir(mode=0o755)
         return self
@@ -159,7 +237,7 @@ class Node:
     def argv(self, command: list[str]) -> list[str]:
         """``command`` run on this node: in its cgroup, network namespace and hostname."""
         return ["sh", "-c", _ENTER, str(self.cgroup / "cgroup.procs"),
-                "nsenter", f"--net={NETNS_DIR / self.netns}", "unshare", "--uts", "--",
+                "nsenter", f"--net={self.path}", "unshare", "--uts", "--",
                 "sh", "-c", _NAME, self.name, *command]
 
     def spawn(self, label: str, command: list[str], env: dict[str, str], log_dir: Path,
@@ -186,7 +264,7 @@ class Node:
 
     def _enter(self) -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        fd = os.open(NETNS_DIR / self.netns, os.O_RDONLY)
+        fd = os.open(self.path, os.O_RDONLY)
         try:
             if libc.setns(fd, _CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"setns into {self.netns}")
@@ -198,7 +276,12 @@ class Node:
         return _members(self.cgroup)
 
     def netns_pids(self) -> list[int]:
-        return _netns_pids(self.netns)
+        """Every process in this node's network namespace but its holder."""
+        return _pids_in(_ns_inode(self.path), but=self.holder.pid if self.holder else None)
+
+    def exists(self) -> bool:
+        """Whether the namespace is still there (its holder alive)."""
+        return self.holder is not None and self.holder.poll() is None
 
     def kill_all(self) -> None:
         """Every process of the node dies at once, as if it lost power."""
@@ -223,8 +306,16 @@ class Node:
         self.kill_all()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        _delete_netns(self.netns)
+        _destroy_holder(self.holder)
         _rmdir(self.cgroup)
+
+
+def _destroy_holder(holder: subprocess.Popen | None) -> None:
+    if holder is None or holder.poll() is not None:
+        return
+    _release(holder.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        holder.wait(timeout=10)
 
 
 class Fabric:
@@ -238,12 +329,14 @@ class Fabric:
         self.scratch = SCRATCH / self.prefix
         self.nodes: list[Node] = []
         self._lock = threading.Lock()
+        self.holder: subprocess.Popen | None = None
+        self.path = ""
 
     def create(self) -> "Fabric":
         remove_stale()
-        ip("netns", "add", self.netns)
-        ip("-n", self.netns, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.netns, "link", "set", "br0", "up")
+        self.holder, self.path = _hold(self.netns)
+        ip_in(self.path, "link", "add", "br0", "type", "bridge")
+        ip_in(self.path, "link", "set", "br0", "up")
         self.cgroup.mkdir(exist_ok=True)
         self.scratch.mkdir(mode=0o755, exist_ok=True)
         self.scratch.chmod(0o755)
@@ -257,7 +350,7 @@ class Fabric:
             for node in self.nodes:
                 node.destroy()
             self.nodes.clear()
-            _delete_netns(self.netns)
+            _destroy_holder(self.holder)
             _rmdir(self.cgroup)
             remove_scratch(self.scratch)
 

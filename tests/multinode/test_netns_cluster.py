@@ -24,7 +24,7 @@ from prorl_celery.jobs import JobStore
 from sandboxes.client import live_hosts
 from prorl_celery.fakes.problems import MATH
 from tests.multinode import netns
-from tests.multinode.cluster import Cluster, poll
+from tests.multinode.cluster import Cluster, poll, running
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900),
               pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))]
@@ -34,19 +34,10 @@ TERMINAL = {"completed", "failed", "cancelled", "timeout"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    work = tmp_path_factory.mktemp("multinode")
-    with netns.fabric() as fabric:
-        built = Cluster(fabric, work)
-        try:
-            built.start_head()
-            built.start_readme_node(built.node1)
-            built.start_slurm_node(built.node2)
-            built.wait_ready()
-            resp = built.http("POST", "/llm_servers", json={"address": built.llm_url})
-            assert resp.status_code == 201, resp.text
-            yield built
-        finally:
-            built.stop()
+    with running(tmp_path_factory.mktemp("multinode")) as built:
+        resp = built.http("POST", "/llm_servers", json={"address": built.llm_url})
+        assert resp.status_code == 201, resp.text
+        yield built
 
 
 def _host_of(cluster: Cluster, node: netns.Node) -> str:
@@ -54,23 +45,6 @@ def _host_of(cluster: Cluster, node: netns.Node) -> str:
              if urllib.parse.urlsplit(rec["address"]).hostname == node.address]
     assert len(found) == 1, f"{node.name}: {cluster.hosts()}"
     return found[0]
-
-
-def _submit(cluster: Cluster, instances: list[dict]) -> list[str]:
-    resp = cluster.http("POST", "/jobs", json={"jobs": [{"instance": i} for i in instances]})
-    assert resp.status_code == 202, resp.text
-    return resp.json()["job_ids"]
-
-
-def _wait_all(cluster: Cluster, ids: list[str], timeout: float) -> dict[str, dict]:
-    views: dict[str, dict] = {}
-    deadline = time.monotonic() + timeout
-    for job_id in ids:
-        while job_id not in views and time.monotonic() < deadline:
-            resp = cluster.http("GET", f"/jobs/{job_id}/wait", params={"timeout": 20}, timeout=40)
-            if resp.status_code == 200:
-                views[job_id] = resp.json()
-    return views
 
 
 def _shell(*commands: str) -> dict:
@@ -119,8 +93,8 @@ def test_rollouts_spread_over_both_worker_nodes(cluster):
     hosts = {_host_of(cluster, cluster.node1), _host_of(cluster, cluster.node2)}
     instances = [_shell("echo one", "sleep 1", "true") for _ in range(12)]
     instances += [{"data_source": "math", **task} for task in MATH[:4]]
-    ids = _submit(cluster, instances)
-    views = _wait_all(cluster, ids, 240)
+    ids = cluster.submit(instances)
+    views = cluster.wait_all(ids, 240)
     assert len(views) == len(ids), f"{len(ids) - len(views)} jobs never ended\n{cluster.diagnose()}"
     statuses = Counter(v["status"] for v in views.values())
     assert statuses == {"completed": len(ids)}, {j: v["result"] for j, v in views.items()
@@ -146,8 +120,8 @@ def test_harness_sessions_reach_their_gateway_from_either_node(cluster):
     try:
         instances = [{"data_source": "math", **task, "agent": {"harness": "command", "command": agent_command(2),
                                                               "wall_s": 120}} for task in (MATH * 3)[:12]]
-        ids = _submit(cluster, instances)
-        views = _wait_all(cluster, ids, 300)
+        ids = cluster.submit(instances)
+        views = cluster.wait_all(ids, 300)
     finally:
         cluster.http("POST", "/clear_llm_server")
         for backend in backends:
@@ -174,7 +148,7 @@ def test_harness_sessions_reach_their_gateway_from_either_node(cluster):
 def test_killing_a_worker_node_mid_batch(cluster):
     survivor, doomed = cluster.node1, cluster.node2
     survivor_host, doomed_host = _host_of(cluster, survivor), _host_of(cluster, doomed)
-    ids = _submit(cluster, [_shell("sleep 6", "true") for _ in range(16)])
+    ids = cluster.submit([_shell("sleep 6", "true") for _ in range(16)])
     store = JobStore(cluster.redis())
 
     def on_doomed(status: str | None = "run") -> list[str]:
@@ -191,10 +165,10 @@ def test_killing_a_worker_node_mid_batch(cluster):
     doomed.destroy()
     cluster.fabric.nodes.remove(doomed)
     cluster.reap_cgroups(doomed)
-    assert doomed.netns not in netns.ip("netns", "list")
+    assert not doomed.exists()
     poll(lambda: set(cluster.hosts()) == {survivor_host}, 30, "the dead host to leave /healthz")
 
-    views = _wait_all(cluster, ids, 300)
+    views = cluster.wait_all(ids, 300)
     print(f"all {len(ids)} ended {time.monotonic() - killed_at:.1f}s after the kill; "
           f"{len(lost)} had their sandbox on the killed node")
     assert len(views) == len(ids), f"{len(ids) - len(views)} jobs never ended\n{cluster.diagnose()}"
