@@ -302,3 +302,29 @@ def test_through_the_service_a_network_job_cannot_reach_redis(api, redis_url, ou
     assert all(verdicts(probe)[t] == "BLOCKED" for t in targets), probe
     assert "NOAUTH" not in probe and "redis" not in probe.lower()
     assert listening_ports(tcp) == set()
+
+
+def test_slirp4netns_leaves_the_hosts_namespace_mounts_alone():
+    """A network sandbox's slirp4netns, started as root, took every ``ip netns`` mount of the host
+    away (/run/netns/NAME, where /run is no mount point of its own: its ``--enable-sandbox``
+    unmounted them through the shared /run/netns). Started in a private mount namespace, it
+    unmounts nothing of the host's."""
+    name = f"prorl-probe-{os.getpid()}"
+    _ip("netns", "add", name)
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "120"])
+    try:
+        path = f"/proc/{holder.pid}/ns/net"
+        assert wait_until(lambda: os.stat(path).st_ino != os.stat("/proc/self/ns/net").st_ino, 10)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            net = netns.start_slirp(fd, None)
+            net.close()
+        finally:
+            os.close(fd)
+        with open("/proc/self/mountinfo") as fh:
+            mounted = [line.split()[4] for line in fh]
+        assert f"/run/netns/{name}" in mounted
+    finally:
+        holder.kill()
+        holder.wait()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

@@ -32,7 +32,12 @@ slirp4netns spends for the sandbox's traffic (it is not in the sandbox's cgroup)
 
 slirp4netns runs as the host's user with ``--enable-sandbox`` (its own empty mount namespace, all
 capabilities dropped but ``CAP_NET_BIND_SERVICE``) and ``--enable-seccomp``. It is not run as the
-sandbox's uid because ``/dev/net/tun`` is root-only on some hosts (here: mode 0600).
+sandbox's uid because ``/dev/net/tun`` is root-only on some hosts (here: mode 0600). As root it
+starts in a private mount namespace (``unshare --mount``): its sandbox makes only ``/`` private and
+``/run`` a slave, so where ``/run`` is not a mount point of its own a shared mount beneath it
+(``/run/netns``, where ``ip netns`` keeps its namespaces) stayed shared, and detaching its old
+root unmounted every ``ip netns`` namespace's mount on the host (seen: each network sandbox's
+start took the names of the host's namespaces away).
 """
 from __future__ import annotations
 
@@ -80,7 +85,8 @@ def refusal() -> str | None:
     """Why this node cannot give a sandbox an isolated network, or None when it can."""
     if _settings().sandbox_network == "off":
         return NETWORK_OFF
-    missing = [name for name in ("slirp4netns", "nft", "nsenter") if not tool(name)]
+    needed = ("slirp4netns", "nft", "nsenter") + (("unshare",) if os.geteuid() == 0 else ())
+    missing = [name for name in needed if not tool(name)]
     if missing:
         return (f"a network sandbox needs {', '.join(missing)} on the sandbox host and they are "
                 "missing (scripts/install-system-deps.sh installs slirp4netns and nftables); "
@@ -219,12 +225,18 @@ def apply_rules(netns: int, userns: int | None, rules: str) -> None:
         raise OSError(f"could not set the sandbox's network policy: {done.stderr.decode()[-500:]}")
 
 
+def _private_mounts() -> list[str]:
+    """As root: a mount namespace of slirp4netns's own whose mounts propagate nowhere (see the
+    module). Not as another user: there its namespaces' mounts are slaves already."""
+    return [tool("unshare"), "--mount", "--propagation", "private", "--"] if os.geteuid() == 0 else []
+
+
 def start_slirp(netns: int, userns: int | None) -> UserNet:
     """slirp4netns on a tap device in ``netns``, returned once it says it is ready."""
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()  # non-inheritable: only slirp4netns gets exit_r, only we hold exit_w
     log = tempfile.TemporaryFile()
-    argv = [tool("slirp4netns"), "--configure", "--mtu=65520", "--disable-host-loopback",
+    argv = [*_private_mounts(), tool("slirp4netns"), "--configure", "--mtu=65520", "--disable-host-loopback",
             "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}",
             *_ns_args(netns, userns, nsenter=False), TAP]
     fds = (ready_w, exit_r, netns) + ((userns,) if userns else ())
