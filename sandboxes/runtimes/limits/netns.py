@@ -227,8 +227,10 @@ def apply_rules(netns: int, userns: int | None, rules: str) -> None:
 
 def _private_mounts() -> list[str]:
     """As root: a mount namespace of slirp4netns's own whose mounts propagate nowhere (see the
-    module). Not as another user: there its namespaces' mounts are slaves already."""
-    return [tool("unshare"), "--mount", "--propagation", "private", "--"] if os.geteuid() == 0 else []
+    module). Not as another user: there its namespaces' mounts are slaves already. (``refusal``
+    requires unshare as root; an image build's check does not, and runs without it.)"""
+    unshare = tool("unshare")
+    return [unshare, "--mount", "--propagation", "private", "--"] if os.geteuid() == 0 and unshare else []
 
 
 def start_slirp(netns: int, userns: int | None) -> UserNet:
