@@ -14,7 +14,9 @@ Every other key (volumes, privileged, network_mode, cap_add, devices ...) is ref
 Interpolation as compose does it (``$VAR``, ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``,
 ``${VAR:?error}``, ``${VAR:+alt}``, ``$$``), from the worker's environment but only for the names
 the operator lists in ``harbor_compose_env`` (``PRORL_HARBOR_COMPOSE_ENV``): any other name is
-unset (its default, or "").
+unset (its default, or ""). An ``environment`` or build ``args`` entry that names a variable with
+no value (``- DAYTONA_API_KEY``, ``KEY:``) takes the worker's, as compose takes the shell's, from
+those names alone; any other is left out (a list entry) or empty (a map's).
 """
 from __future__ import annotations
 
@@ -201,11 +203,14 @@ def _argv(value: str | list[str] | None) -> list[str] | None:
     return None if value is None else (shlex.split(value) if isinstance(value, str) else list(value))
 
 
-def _env(value: dict[str, Scalar] | list[str]) -> dict[str, str]:
+def _env(value: dict[str, Scalar] | list[str], scope: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` (or build ``args``) as a map; a name with no value takes ``scope``'s (the
+    operator's names: :func:`allowed_env`), else is left out (list) or empty (map)."""
     if isinstance(value, list):
         pairs = [item.split("=", 1) for item in value]
-        return {p[0]: p[1] for p in pairs if len(p) == 2}  # a bare NAME passes the host's: not here
-    return {k: ("" if v is None else str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+        return {p[0]: p[1] if len(p) == 2 else scope[p[0]] for p in pairs if len(p) == 2 or p[0] in scope}
+    return {k: (scope.get(k, "") if v is None else str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in value.items()}
 
 
 def _depends(value: list[str] | dict[str, Dependency]) -> dict[str, str]:
@@ -244,7 +249,7 @@ def _health(check: Healthcheck, where: str, fail) -> Health | None:
                   start_interval_s=d("start_interval", 5.0))
 
 
-def _sidecar(name: str, svc: Service, where: str, fail) -> Sidecar:
+def _sidecar(name: str, svc: Service, where: str, fail, scope: Mapping[str, str]) -> Sidecar:
     if svc.build is None and not svc.image:
         raise fail(where, "has neither build nor image")
     build = Build(context=svc.build) if isinstance(svc.build, str) else svc.build
@@ -253,11 +258,11 @@ def _sidecar(name: str, svc: Service, where: str, fail) -> Sidecar:
         context = os.path.normpath(build.context)
         if os.path.isabs(context) or context.split(os.sep)[0] == "..":
             raise fail(f"{where}.build.context", f"{build.context!r} is not a directory beneath environment/")
-    args = {} if build is None else (_env(build.args) if isinstance(build.args, dict) else _env(build.args))
+    args = {} if build is None else _env(build.args, scope)
     ports = [_port(p, f"{where}.expose", fail) for p in svc.expose] + [_port(p, f"{where}.ports", fail) for p in svc.ports]
     health = _health(svc.healthcheck, f"{where}.healthcheck", fail) if svc.healthcheck else None
     return Sidecar(name=name, context=context, dockerfile=build.dockerfile if build else None, args=args,
-                   image=svc.image if build is None else None, env=_env(svc.environment),
+                   image=svc.image if build is None else None, env=_env(svc.environment, scope),
                    command=_argv(svc.command), entrypoint=_argv(svc.entrypoint), workdir=svc.working_dir,
                    ports=list(dict.fromkeys(ports)), health=health,
                    health_disabled=bool(svc.healthcheck and svc.healthcheck.disable), depends_on=_depends(svc.depends_on))
@@ -311,8 +316,8 @@ def parse(text: str, task: str, file: str = "docker-compose.yaml", env: Mapping[
         raise InvalidRequest(f"task {task}: {origin} is not YAML: {exc}", field=origin) from None
     if not isinstance(raw, dict):
         raise InvalidRequest(f"task {task}: {origin} is not a mapping", field=origin)
-    raw = interpolate({k: v for k, v in raw.items() if not str(k).startswith("x-")},
-                      allowed_env() if env is None else env, "", fail)
+    scope = allowed_env() if env is None else env
+    raw = interpolate({k: v for k, v in raw.items() if not str(k).startswith("x-")}, scope, "", fail)
     top = _validate(ComposeFile, raw, "", fail, "only services (and version, name) are read here")
     sidecars: dict[str, Sidecar] = {}
     main = MainOverride()
@@ -327,7 +332,7 @@ def parse(text: str, task: str, file: str = "docker-compose.yaml", env: Mapping[
             raise fail(where, "is not a service name a host name can carry")
         svc = _validate(Service, body, where, fail, "not among the keys honoured here (build, image, environment, "
                         "command, entrypoint, working_dir, expose, ports, healthcheck, depends_on)")
-        sidecars[name] = _sidecar(name, svc, where, fail)
+        sidecars[name] = _sidecar(name, svc, where, fail, scope)
     if len(sidecars) > MAX_SERVICES:
         raise fail("services", f"has {len(sidecars)} services besides main; at most {MAX_SERVICES} run here")
     main_depends = _depends(main.depends_on)
@@ -344,7 +349,7 @@ def parse(text: str, task: str, file: str = "docker-compose.yaml", env: Mapping[
                 raise fail(f"services.{sidecar.name}.expose", f"port {port} is {seen[port]}'s too: every service "
                                                                "is reached on 127.0.0.1 here, so two cannot share a port")
             seen[port] = sidecar.name
-    return Compose(file=origin, sidecars=_order(sidecars, fail), main_env=_env(main.environment),
+    return Compose(file=origin, sidecars=_order(sidecars, fail), main_env=_env(main.environment, scope),
                    main_depends_on=main_depends)
 
 

@@ -136,7 +136,7 @@ def test_the_cli_stores_the_verdict_and_the_api_refuses_the_task_until_it_change
 def test_rescore_replays_a_kept_workspace_through_todays_grader(audit_stack, client, swe_row):
     """A rollout whose stored reward an older grader got wrong (simulated: its stored reward set to
     0) is replayed from its kept diff, and the change reported; the stored original stays as it was.
-    A Harbor result keeps no workspace: not replayable, said so."""
+    A Harbor result beside it is replayed from its kept workspace (a no-op's: 0 then and now)."""
     from prorl_celery.jobs import JobStore
     from tasks.audit.rescore import rescore
 
@@ -152,7 +152,8 @@ def test_rescore_replays_a_kept_workspace_through_todays_grader(audit_stack, cli
     swe, other = rescore(client, store, [gold["job_id"], harbor["job_id"]], timeout=WAIT)
     assert (swe.original, swe.today, swe.changed) == (0.0, 1.0, True), swe
     assert store.get(gold["job_id"]).result["reward"] == 0.0  # the stored original untouched
-    assert other.today is None and not other.changed and "git_patch" in other.note
+    assert (other.original, other.today, other.changed, other.how) == (0.0, 0.0, False, "harbor workspace, new job"), other
+    assert other.replay_job and other.replay_job != harbor["job_id"]
 
 
 def test_harbor_submit_audits_a_dataset_before_its_first_training_submission(audit_stack):

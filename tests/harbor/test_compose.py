@@ -102,6 +102,29 @@ def test_only_the_names_the_operator_passes_are_interpolated(monkeypatch):
         assert compose.interpolate(text, env, "k", None) == want
 
 
+def test_a_name_without_a_value_takes_the_operator_s_variable_and_no_other():
+    """computer-use-windows passes its Daytona key as ``- DAYTONA_API_KEY`` (compose: the shell's):
+    it reached the desktop server empty-handed whatever the operator passed."""
+    text = """
+services:
+  desktop:
+    image: python:3.12-slim
+    environment:
+      - DAYTONA_API_KEY
+      - DAYTONA_API_URL
+      - HOST_SECRET
+  main:
+    environment: {DAYTONA_API_KEY: null, OTHER: null}
+"""
+    scope = {"DAYTONA_API_KEY": "dtn-1", "PIP_INDEX_URL": "https://mirror"}
+    parsed = compose.parse(text, "win", env=scope)
+    assert parsed.sidecars[0].env == {"DAYTONA_API_KEY": "dtn-1"}  # HOST_SECRET, URL: not passed, left out
+    assert parsed.main_env == {"DAYTONA_API_KEY": "dtn-1", "OTHER": ""}
+    built = compose.parse(text.replace("    image: python:3.12-slim\n", "    build:\n      context: d\n"
+                                       "      args: [PIP_INDEX_URL, NOPE]\n"), "win", env=scope)
+    assert built.sidecars[0].args == {"PIP_INDEX_URL": "https://mirror"}
+
+
 def test_start_order_commands_and_healthchecks_follow_docker():
     text = ("services:\n  web:\n    image: w\n    depends_on: {db: {condition: service_healthy}}\n"
             "  db:\n    image: d\n    command: postgres -c 'max_connections=5'\n")
