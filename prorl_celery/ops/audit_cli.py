@@ -7,6 +7,9 @@ their evidence; ``--json`` for everything), and stores each verdict by the task'
 the service's Redis, where submissions of a hackable task meet the quarantine
 (``PRORL_AUDIT_POLICY``). Exit status 1 when a task is hackable.
 
+``quarantine PATH... --reason TEXT`` stores the operator's own verdict (policy ``operator``) for
+tasks a hack no policy finds makes hackable; ``--lift`` removes whatever verdict the tasks have.
+
 ``rescore JOB_ID... | --group G`` replays each kept result through today's graders (a SWE diff or a
 Harbor workspace in a new job, an answer domain's answer in process; the stored originals are
 untouched) and prints every reward, the changed ones marked (``tasks/audit/rescore.py``). Exit
@@ -72,18 +75,25 @@ def audit(client: Any, paths: list[str], policy_names: list[str] | None, timeout
     return [{**v.model_dump(mode="json"), "audited_at": now} for v in verdicts]
 
 
-def store(verdicts: list[dict[str, Any]]) -> int:
-    """Keep the verdicts in the service's Redis (PRORL_REDIS_URL); how many were stored."""
+def _redis(what: str) -> Any:
+    """The service's Redis (PRORL_REDIS_URL), or None with a word on stderr."""
     import redis
-
-    from tasks.audit import quarantine
 
     url = os.environ.get("PRORL_REDIS_URL")
     if not url:
-        print("audit: PRORL_REDIS_URL is not set (nor in --state-dir's secrets): verdicts not stored, "
+        print(f"{what}: PRORL_REDIS_URL is not set (nor in --state-dir's secrets): verdicts not stored, "
               "nothing is quarantined", file=sys.stderr)
+        return None
+    return redis.Redis.from_url(url)
+
+
+def store(verdicts: list[dict[str, Any]]) -> int:
+    """Keep the verdicts in the service's Redis (PRORL_REDIS_URL); how many were stored."""
+    from tasks.audit import quarantine
+
+    client = _redis("audit")
+    if client is None:
         return 0
-    client = redis.Redis.from_url(url)
     audited = [v for v in verdicts if v.get("content_hash")]  # not a task the service refused to run
     for verdict in audited:
         quarantine.store(client, verdict)
@@ -107,6 +117,26 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     hackable = sum(1 for v in verdicts if v["hackable"])
     print(f"audit: {len(verdicts)} tasks, {hackable} hackable; {stored} verdicts stored", file=sys.stderr)
     return 1 if hackable else 0
+
+
+def _cmd_quarantine(args: argparse.Namespace) -> int:
+    from prorl_celery.ops.cli import _load_secrets
+    from tasks.audit import quarantine, taskset
+
+    if bool(args.lift) == bool(args.reason):
+        raise SystemExit("quarantine: give --reason TEXT (the hack you found) or --lift")
+    _load_secrets(args.state_dir)
+    client = _redis("quarantine")
+    if client is None:
+        return 1
+    for task in taskset.load(args.paths):
+        if args.lift:
+            done = quarantine.lift(client, task.instance)
+            print(f"{task.name}: {'lifted' if done else 'no verdict stored'}")
+        else:
+            verdict = quarantine.mark(client, task.name, task.instance, args.reason)
+            print(f"{task.name}: quarantined by the operator ({verdict['content_hash']}): {verdict['reason']}")
+    return 0
 
 
 def rescore_table(rows: list[dict[str, Any]]) -> str:
@@ -161,3 +191,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--no-store", action="store_true", help="do not store the verdicts (no quarantine)")
     p.set_defaults(func=_cmd_audit)
+
+    q = sub.add_parser("quarantine", help="the operator's own verdict: quarantine tasks a hack found by hand "
+                                          "makes hackable (--reason), or lift any verdict they have (--lift)")
+    q.add_argument("paths", nargs="+", help="Harbor task folders (or folders of them), JSONL files of instances")
+    q.add_argument("--reason", default=None, help="the hack, in a sentence (shown in GET /audit and at refusal)")
+    q.add_argument("--lift", action="store_true", help="remove the verdict each task has (an audit's or the operator's)")
+    q.add_argument("--state-dir", default=os.environ.get("PRORL_STATE_DIR"),
+                   help="read PRORL_REDIS_URL from <state dir>/secrets.env unless set")
+    q.set_defaults(func=_cmd_quarantine)

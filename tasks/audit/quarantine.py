@@ -7,13 +7,18 @@ number). A verdict counts while its grader version is the grader's current one
 (``GRADER_VERSION`` beside each grader): a change of the task's files or of the grader lifts it.
 At submission a hackable task is refused (409 ``task_quarantined``, naming the task and the
 policies), accepted with a warning, or allowed, per the operator's ``audit_policy``; the audit's
-own agents (:func:`tasks.audit.policies.is_audit_agent`) always run."""
+own agents (:func:`tasks.audit.policies.is_audit_agent`) always run.
+
+A hack no scripted policy can find (a task-specific shortcut found by reading the task's tests)
+is quarantined by the operator's own verdict (:func:`mark`, ``prorl-celery quarantine``): the
+policy ``operator`` and the reason, lifted like any verdict (or by :func:`lift`)."""
 from __future__ import annotations
 
 import hashlib
 import importlib
 import json
 import os
+import time
 from typing import Any
 
 from prorl_celery import keys
@@ -66,11 +71,35 @@ def store(redis: Any, verdict: dict[str, Any]) -> None:
     """Keep one task's verdict (a :class:`~tasks.audit.verdict.TaskVerdict` as JSON) by its hash."""
     summary = {k: verdict.get(k) for k in ("task", "data_source", "hackable", "policies", "content_hash",
                                            "grader_version", "baseline")}
+    if verdict.get("reason"):  # the operator's verdict says why
+        summary["reason"] = verdict["reason"]
     summary["audited_at"] = verdict.get("audited_at")
     pipe = redis.pipeline()
     pipe.set(keys.audit_verdict(verdict["content_hash"]), json.dumps(summary))
     pipe.sadd(keys.audit_verdicts(), verdict["content_hash"])
     pipe.execute()
+
+
+def mark(redis: Any, task: str, instance: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The operator's verdict: ``instance`` is hackable for ``reason`` (policy ``operator``), by its
+    content hash and today's grader version; stored and returned."""
+    if not reason.strip():
+        raise ValueError("an operator's verdict needs a reason")
+    source = str(instance.get("data_source"))
+    verdict = {"task": task, "data_source": source, "hackable": True, "policies": ["operator"],
+               "content_hash": content_hash(instance), "grader_version": grader_version(source),
+               "baseline": None, "reason": reason.strip(), "audited_at": time.time()}
+    store(redis, verdict)
+    return verdict
+
+
+def lift(redis: Any, instance: dict[str, Any]) -> bool:
+    """Remove the verdict stored for ``instance``'s content (an audit's or the operator's)."""
+    digest = content_hash(instance)
+    pipe = redis.pipeline()
+    pipe.delete(keys.audit_verdict(digest))
+    pipe.srem(keys.audit_verdicts(), digest)
+    return bool(pipe.execute()[0])
 
 
 def verdicts(redis: Any) -> list[dict[str, Any]]:

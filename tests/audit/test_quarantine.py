@@ -127,3 +127,28 @@ def test_get_audit_lists_the_verdicts_behind_the_token(client, verdict):
     mine = [v for v in body["verdicts"] if v["content_hash"] == verdict["content_hash"]]
     assert mine and mine[0]["hackable"] and mine[0]["current"] and mine[0]["policies"] == ["reward_file"]
     assert body["policy"] in quarantine.POLICIES
+
+
+def test_the_operators_verdict_quarantines_with_its_reason_and_lifts(client, task, redis_client, redis_url,
+                                                                     audit_policy, monkeypatch, capsys):
+    """``prorl-celery quarantine``: a hack found by hand (no policy earns) refuses the task, GET
+    /audit says why, ``--lift`` lets it run again; a reason is required."""
+    from prorl_celery.ops import cli
+
+    audit_policy("refuse")
+    monkeypatch.setenv("PRORL_REDIS_URL", redis_url)
+    assert _post(client, task).status_code == 202
+    with pytest.raises(SystemExit):
+        cli.main(["quarantine", task["task_dir"]])
+    assert cli.main(["quarantine", task["task_dir"], "--reason", "items.json written by hand passes"]) == 0
+    try:
+        resp = _post(client, task)
+        assert resp.status_code == 409 and resp.json["error"]["policies"] == ["operator"]
+        listed = [v for v in client.get("/audit", headers=TOKEN).json["verdicts"]
+                  if v["content_hash"] == quarantine.content_hash(task)]
+        assert listed[0]["reason"] == "items.json written by hand passes" and listed[0]["current"]
+        assert cli.main(["quarantine", task["task_dir"], "--lift"]) == 0
+        assert _post(client, task).status_code == 202
+        assert "lifted" in capsys.readouterr().out
+    finally:
+        quarantine.lift(redis_client, task)
