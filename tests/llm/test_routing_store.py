@@ -205,3 +205,18 @@ def test_the_head_view_remembers_a_stored_jobs_project_and_rereads_projects(scra
     ProjectStore(scratch_redis).set_weight(other, 7)  # this process's write: read again at once
     assert '"weight": 7.0' in view.projects()[0][other]
     JobStore(scratch_redis).transition(job, JobStatus.CANCELLED)
+
+
+def test_healthz_names_the_routings_redis_and_the_registry_answers_from_it(routed, monkeypatch):
+    """``/healthz`` says whether the routing's Redis answers; ``GET /llm_servers`` lists what it holds."""
+    from flask_api import create_app
+
+    head, routing = routed
+    client = create_app({"TESTING": True}).test_client()
+    headers = {"Authorization": f"Bearer {get_settings().api_token}"}
+    assert client.get("/healthz").get_json()["routing"] == "ok"
+    backend, _ = LLMPool(head).registry.add(BackendSpec(address="http://10.0.8.5:1", capacity=2, probe=False))
+    listed = client.get("/llm_servers", headers=headers).get_json()
+    assert backend.id in str(listed)
+    monkeypatch.setattr(get_settings(), "routing_url", "")
+    assert client.get("/healthz").get_json()["routing"] is None
