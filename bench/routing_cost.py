@@ -32,8 +32,9 @@ from bench.private import REDIS_PORT  # noqa: E402  (sets the environment)
 os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"  # this private one: no password
 
 
-def instructions(turns: int, backends: int, project: str, apart: bool = False) -> int:
-    """The server's instructions for a run of ``turns`` acquire + release (warm, after 20)."""
+def instructions(turns: int, backends: int, project: str, apart: bool = False) -> tuple[int, int]:
+    """The server's instructions for a run of ``turns`` acquire + release (warm, after 20): in all,
+    and inside its commands."""
     import redis
 
     from prorl_celery import keys
@@ -68,7 +69,8 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
                 break
             except redis.ConnectionError:
                 time.sleep(0.1)
-    registry = BackendRegistry(head, routing=client)
+    apart_kw = {"routing": client} if apart else {}  # (a base without the setting runs this script too)
+    registry = BackendRegistry(head, **apart_kw)
     for i in range(backends):
         registry.add(BackendSpec(address=f"http://10.0.0.{i + 1}:1", capacity=64, model="m", weight_version="v0",
                                  probe=False))
@@ -77,7 +79,7 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
     if project:
         head.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
             "max_llm_in_flight": 1000, "tokens_per_hour": 10 ** 12}}))
-    router = Router(head, routing=client)
+    router = Router(head, **apart_kw)
     for _ in range(20 + turns):
         router.release(router.acquire(job, Protocol.CHAT), "ok", tokens=100)
     server.terminate()
@@ -85,7 +87,17 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
     if head_server:
         head_server.terminate()
         head_server.wait()
-    return int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
+    total = int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
+    return total, commands_only(out)
+
+
+def commands_only(out: str) -> int:
+    """The instructions inside ``processCommand`` (inclusive): the commands and scripts alone, without
+    the event loop's timers (serverCron runs 10 times a second, so a run slowed by a loaded
+    machine counts more of it) nor the sockets."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out], capture_output=True,
+                          text=True, check=True).stdout
+    return int(re.search(r"^\s*([\d,]+) .*:processCommand ", text, re.M).group(1).replace(",", ""))
 
 
 def main() -> None:
@@ -98,7 +110,7 @@ def main() -> None:
     low = instructions(args.small, args.backends, args.project, args.apart)
     high = instructions(args.small + 500, args.backends, args.project, args.apart)
     print(f"routing backends={args.backends} project={args.project or '-'} apart={int(args.apart)} "
-          f"instructions_per_turn={(high - low) // 500}")
+          f"instructions_per_turn={(high[0] - low[0]) // 500} in_commands={(high[1] - low[1]) // 500}")
 
 
 if __name__ == "__main__":
