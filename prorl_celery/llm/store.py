@@ -76,11 +76,13 @@ class HeadView:
     and the projects' quotas and weights, cached in this process."""
 
     _lock = threading.Lock()
-    _projects: dict[int, tuple[float, tuple[dict[str, str], str]]] = {}
+    _projects: dict[tuple, tuple[float, tuple[dict[str, str], str]]] = {}
     _jobs: OrderedDict[str, str] = OrderedDict()
 
     def __init__(self, head: redis.Redis):
         self.head = head
+        where = head.connection_pool.connection_kwargs
+        self._where = tuple(where.get(k) for k in ("host", "port", "path", "db"))  # the projects' copy is per Redis
 
     def project_of(self, job_id: str) -> str:
         """The job's project ('' for the operator's jobs or an unknown job)."""
@@ -100,15 +102,14 @@ class HeadView:
     def projects(self) -> tuple[dict[str, str], str]:
         """Every project's record (quotas, weight) as stored, and their weights as one JSON object;
         read again after ``PROJECTS_TTL_S``."""
-        key = id(self.head)
         with self._lock:
-            at, found = self._projects.get(key, (0.0, ({}, "{}")))
+            at, found = self._projects.get(self._where, (0.0, ({}, "{}")))
         if time.monotonic() - at < PROJECTS_TTL_S:
             return found
         raw = {name.decode(): record.decode() for name, record in self.head.hgetall(keys.projects()).items()}
         found = raw, json.dumps({name: json.loads(record).get("weight") for name, record in raw.items()})
         with self._lock:
-            self._projects[key] = (time.monotonic(), found)
+            self._projects[self._where] = (time.monotonic(), found)
         return found
 
     @classmethod
