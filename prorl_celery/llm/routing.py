@@ -150,7 +150,7 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     local weights = {}
     if given then weights = cjson.decode(ARGV[22]) else
       local flat = redis.call('HGETALL', KEYS[4])
-      for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight end
+      for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
     end
     for name, weight in pairs(weights) do
       local n = redis.call('ZCOUNT', ARGV[13] .. name, after_now, '+inf')
