@@ -252,9 +252,11 @@ class Stack:
         return drop_unanswering(*self._clients())
 
     def _clients(self) -> tuple[redis.Redis, redis.Redis]:
-        """The head's Redis and the routing's (the same without one of its own)."""
+        """The head's Redis and the routing's, as the stack's processes see them: the one this stack
+        started, else the operator's ``PRORL_ROUTING_URL``, else the head's."""
         head = redis.Redis.from_url(self.redis_url)
-        return head, redis.Redis.from_url(self.routing_url) if self.routing_url else head
+        url = self.routing_url or sizing.settings_with(self.options.env).routing_url
+        return head, redis.Redis.from_url(url) if url else head
 
     def start_worker(self, queue: str, name: str | None = None, threads: int | None = None) -> Child:
         name = name or f"worker-{queue}"
