@@ -26,10 +26,13 @@ turn it is ``readings/s x turn_s`` job-reads: the ceiling table states it at 16 
     python3 bench/head.py [--procs 4] [--rollouts 400] [--turns 40] [--context 16k]
     python3 bench/head.py --quick        # seconds: a smoke run
     python3 bench/head.py --shards 2     # the rollouts' lists on 2 store Redis (prorl_celery/shards.py)
+    python3 bench/head.py --routing-redis   # the LLM routing on a Redis of its own (prorl_celery/llm/store.py)
 
 With ``--shards N`` the launcher starts N store Redis beside the head's; every reading is taken
 of each instance, and the report adds each one's CPU per unit and the ceiling of the sharded head:
-``min(head core, N shard cores)`` in turns/s (bench/RESULTS.md, "The ceiling").
+``min(head core, N shard cores)`` in turns/s (bench/RESULTS.md, "The ceiling"). With
+``--routing-redis`` the routing's Redis (``appendfsync everysec``) is read alike: the report adds
+the head's and the routing's CPU per unit, user and system apart, and their commands.
 
 Redis's CPU per command is the server's own (robust to a shared machine); throughput and the
 processes' CPU are not. Last line: ``head turns_per_s= rollouts_per_s= redis_us_per_turn=
@@ -206,7 +209,7 @@ class Reading:
         self.wall = time.perf_counter()
 
 
-INSTANCES: dict[str, object] = {}  # name -> client of every Redis measured: "head", "shard-1" ...
+INSTANCES: dict[str, object] = {}  # name -> client of every Redis measured: "head", "shard-1" ..., "routing"
 
 
 def readings() -> dict[str, Reading]:
@@ -214,6 +217,7 @@ def readings() -> dict[str, Reading]:
 
 
 IDLE_US_PER_S: dict[str, float] = {}  # each store shard's own CPU with nothing asked (serverCron, AOF)
+IDLE_SYS_US_PER_S: dict[str, float] = {}  # of which system time
 
 
 def idle_rates(seconds: float = 2.0) -> None:
@@ -224,16 +228,23 @@ def idle_rates(seconds: float = 2.0) -> None:
     after = readings()
     IDLE_US_PER_S.update({k: max(0.0, (after[k].cpu_us - before[k].cpu_us) / (after[k].wall - before[k].wall))
                           for k in before if k != "head"})
+    IDLE_SYS_US_PER_S.update({k: max(0.0, (after[k].sys_us - before[k].sys_us) / (after[k].wall - before[k].wall))
+                              for k in before if k != "head"})
 
 
 def phases_of(name: str, unit: str, before: dict, after: dict, units: int, client_cpu_s: float) -> Phase:
     """The head's phase, with each store shard's beside it (``.shards``, its idle CPU taken off)."""
     head = Phase(name, unit, before["head"], after["head"], units, client_cpu_s)
-    head.shards = []
+    head.shards, head.routing = [], None
     for k in (k for k in before if k != "head"):
-        shard = Phase(name, unit, before[k], after[k], units, 0.0)
-        shard.redis_cpu_us = max(0.0, shard.redis_cpu_us - IDLE_US_PER_S.get(k, 0.0) * shard.wall)
-        head.shards.append(shard)
+        other = Phase(name, unit, before[k], after[k], units, 0.0)
+        other.redis_cpu_us = max(0.0, other.redis_cpu_us - IDLE_US_PER_S.get(k, 0.0) * other.wall)
+        other.redis_sys_us = min(other.redis_cpu_us,
+                                 max(0.0, other.redis_sys_us - IDLE_SYS_US_PER_S.get(k, 0.0) * other.wall))
+        if k == "routing":
+            head.routing = other
+        else:
+            head.shards.append(other)
     return head
 
 
@@ -357,6 +368,8 @@ def main() -> None:
     parser.add_argument("--no-aof", action="store_true",
                         help="Redis without its AOF (the service fsyncs every write: this shows what that costs)")
     parser.add_argument("--shards", type=int, default=0, help="store Redis for the rollouts' lists (0: the head's)")
+    parser.add_argument("--routing-redis", action="store_true",
+                        help="the LLM routing on a Redis of its own, appendfsync everysec (default: the head's)")
     args = parser.parse_args()
     if args.quick:
         args.procs, args.rollouts, args.turns, args.watch_jobs = 2, 8, 4, 20
@@ -375,9 +388,16 @@ def main() -> None:
         if args.shards:  # before any process reads its settings: the forked drivers inherit them
             os.environ["PRORL_STORE_SHARDS"] = ",".join(stack.start_store_shards(args.shards))
             get_settings.cache_clear()
+        if args.routing_redis:
+            os.environ["PRORL_ROUTING_URL"] = stack.start_routing_redis()
+            get_settings.cache_clear()
         redis = get_redis()
         INSTANCES.update(head=redis, **{f"shard-{i + 1}": c for i, c in enumerate(get_shards().stores)})
-        if args.shards:
+        if args.routing_redis:
+            from prorl_celery.llm.store import routing_redis
+
+            INSTANCES["routing"] = routing_redis(redis)
+        if args.shards or args.routing_redis:
             idle_rates()
         server = redis.info("server")
         print(f"redis {server['redis_version']}, aof_enabled {redis.info('persistence').get('aof_enabled')} "
@@ -440,6 +460,8 @@ def report(phases: list[Phase], detail: list[Phase], args) -> None:
           f"redis_us_per_turn={per_turn + watch_per_turn:.0f} ceiling_turns_per_s_per_core={ceiling:.0f}")
     if run.shards:
         shard_report(phases, detail, run, watch_per_turn, args)
+    if run.routing:
+        routing_report(phases, detail, run, watch_per_turn, args)
     print(json.dumps({"load_average_end": os.getloadavg()}))
 
 
@@ -463,6 +485,29 @@ def shard_report(phases: list[Phase], detail: list[Phase], run: Phase, watch_per
           f"{args.turn_s:g} s turns")
     print(f"head_sharded shards={n} head_us_per_turn={head_turn:.0f} shard_us_per_turn={shard_turn:.0f} "
           f"ceiling_turns_per_s={ceiling:.0f}")
+
+
+def routing_report(phases: list[Phase], detail: list[Phase], run: Phase, watch_per_turn: float, args) -> None:
+    """The head's and the routing's Redis side by side (CPU user and system, commands), and the
+    head's ceiling with the routing's writes elsewhere."""
+    print("\n| phase | unit | head calls | head CPU µs (user / sys) | routing calls | routing CPU µs (user / sys) |")
+    print("|---|---|---|---|---|---|")
+    for phase in [*phases, *detail]:
+        cells = []
+        for p in (phase, phase.routing):
+            calls = p.per(sum(c for c, _ in p.commands.values()))
+            cpu, sys_ = p.per(p.redis_cpu_us), p.per(p.redis_sys_us)
+            cells.append(f"{calls:.1f} | {cpu:.0f} ({cpu - sys_:.0f} / {sys_:.0f})")
+        print(f"| {phase.name} | per {phase.unit} | " + " | ".join(cells) + " |")
+    head_turn = run.per(run.redis_cpu_us) + watch_per_turn
+    routing_turn = run.per(run.routing.redis_cpu_us)
+    head_cap, routing_cap = 1e6 / head_turn, 1e6 / max(routing_turn, 1e-9)
+    print(f"\nrouting apart: head {head_turn:.0f} us per turn (with the watch), the routing's Redis "
+          f"{routing_turn:.0f}; head core full at {head_cap:.0f} turns/s, the routing's at {routing_cap:.0f}; "
+          f"ceiling {min(head_cap, routing_cap):.0f} turns/s = {min(head_cap, routing_cap) * args.turn_s:.0f} "
+          f"rollouts in flight at {args.turn_s:g} s turns")
+    print(f"head_routed head_us_per_turn={head_turn:.0f} routing_us_per_turn={routing_turn:.0f} "
+          f"ceiling_turns_per_s={min(head_cap, routing_cap):.0f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ operator's) and calls ``Router.acquire`` + ``release`` on it, warm, ``n`` times.
 instructions of two runs (``--small`` and ``--small + 500`` turns) differ by 500 turns' worth: the
 start and stop cancel out. Needs ``valgrind`` and the redis-server the service runs.
 
-    python3 bench/routing_cost.py [--backends 1] [--project p]
+    python3 bench/routing_cost.py [--backends 1] [--project p] [--apart]
+
+``--apart``: the routing on a Redis of its own (prorl_celery/llm/store.py): the callgrind server is the
+routing's, a plain second redis-server the head's (the job's record, the projects' records); the
+count is the routing's Redis alone.
 """
 from __future__ import annotations
 
@@ -28,8 +32,9 @@ from bench.private import REDIS_PORT  # noqa: E402  (sets the environment)
 os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"  # this private one: no password
 
 
-def instructions(turns: int, backends: int, project: str) -> int:
-    """The server's instructions for a run of ``turns`` acquire + release (warm, after 20)."""
+def instructions(turns: int, backends: int, project: str, apart: bool = False) -> tuple[int, int]:
+    """The server's instructions for a run of ``turns`` acquire + release (warm, after 20): in all,
+    and inside its commands."""
     import redis
 
     from prorl_celery import keys
@@ -50,21 +55,49 @@ def instructions(turns: int, backends: int, project: str) -> int:
             break
         except redis.ConnectionError:
             time.sleep(0.1)
-    registry = BackendRegistry(client)
+    head, head_server = client, None
+    if apart:  # the head's Redis elsewhere, not counted
+        from prorl_celery.ops.procs import free_port
+
+        port = free_port()
+        head_server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--save", "", "--appendonly", "no",
+                                        "--dir", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        head = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                head.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+    apart_kw = {"routing": client} if apart else {}  # (a base without the setting runs this script too)
+    registry = BackendRegistry(head, **apart_kw)
     for i in range(backends):
         registry.add(BackendSpec(address=f"http://10.0.0.{i + 1}:1", capacity=64, model="m", weight_version="v0",
                                  probe=False))
     job = "routing-cost-job"
-    client.hset(keys.job(job), mapping={"status": "run", "project": project})
+    head.hset(keys.job(job), mapping={"status": "run", "project": project})
     if project:
-        client.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
+        head.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
             "max_llm_in_flight": 1000, "tokens_per_hour": 10 ** 12}}))
-    router = Router(client)
+    router = Router(head, **apart_kw)
     for _ in range(20 + turns):
         router.release(router.acquire(job, Protocol.CHAT), "ok", tokens=100)
     server.terminate()
     server.wait()
-    return int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
+    if head_server:
+        head_server.terminate()
+        head_server.wait()
+    total = int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
+    return total, commands_only(out)
+
+
+def commands_only(out: str) -> int:
+    """The instructions inside ``processCommand`` (inclusive): the commands and scripts alone, without
+    the event loop's timers (serverCron runs 10 times a second, so a run slowed by a loaded
+    machine counts more of it) nor the sockets."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out], capture_output=True,
+                          text=True, check=True).stdout
+    return int(re.search(r"^\s*([\d,]+) .*:processCommand ", text, re.M).group(1).replace(",", ""))
 
 
 def main() -> None:
@@ -72,11 +105,12 @@ def main() -> None:
     parser.add_argument("--backends", type=int, default=1)
     parser.add_argument("--project", default="", help="the job's project (quotas checked); default: the operator's")
     parser.add_argument("--small", type=int, default=100)
+    parser.add_argument("--apart", action="store_true", help="the routing on a Redis of its own; the head's elsewhere")
     args = parser.parse_args()
-    low = instructions(args.small, args.backends, args.project)
-    high = instructions(args.small + 500, args.backends, args.project)
-    print(f"routing backends={args.backends} project={args.project or '-'} "
-          f"instructions_per_turn={(high - low) // 500}")
+    low = instructions(args.small, args.backends, args.project, args.apart)
+    high = instructions(args.small + 500, args.backends, args.project, args.apart)
+    print(f"routing backends={args.backends} project={args.project or '-'} apart={int(args.apart)} "
+          f"instructions_per_turn={(high[0] - low[0]) // 500} in_commands={(high[1] - low[1]) // 500}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
                            description="Broker and job store. The result backend uses the next db.")
     result_url: str | None = Field(None, description="Result backend URL; default: redis_url with db+1.")
     store_shards: str = Field("", description="Comma-separated Redis URLs that hold the rollouts' records (turns, transcripts: prorl_celery/shards.py), a job's by crc32 of its id; '' : the head's Redis (redis_url) holds them. Job records, the broker, results, fair share and routing stay on redis_url. Never reordered or grown while jobs are stored.")
+    routing_url: str = Field("", description="A Redis URL of the LLM routing's own (prorl_celery/llm/store.py): the backend registry, each backend's in-flight leases and sessions, the rollouts' stickiness and the projects' LLM requests in flight and tokens of the hour. They lapse by design, so it runs with appendfsync everysec and takes the routing's two writes per turn off the head's per-write fsync; '' : the head's Redis (redis_url) holds them.")
     redis_max_connections: int = Field(512, description="Connections one process keeps to Redis at most; past it a command waits (up to 30 s) for a free one.")
     worker_redis_connections: int = Field(64, description="Connections a stage worker keeps to the job store at most (its thread pool may be far larger): Redis serves one command at a time, so more buy nothing, and a burst of a thousand stage threads (a bulk cancel) made a new connection (0.6 ms of CPU) for each past the ones it had.")
 

@@ -13,6 +13,7 @@ from flask_api import schemas as s
 from flask_api.routes import route
 from flask_api.schemas import SandboxHostHealth
 from prorl_celery.celery_app import app as celery_app
+from prorl_celery.llm.store import routing_redis
 from prorl_celery.workers import worker_threads
 
 bp = Blueprint("health", __name__)
@@ -106,8 +107,11 @@ def healthz():
     if broker_error is None:
         broker_error = _ping(lambda: hosts.extend(sandbox_hosts(store.redis)))
     shards = [_ping(client.ping) or "ok" for client in store.shards.stores]
-    ok = broker_error is None and backend_error is None and all(state == "ok" for state in shards)
-    body = {"store_shards": shards,"ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
+    routing = routing_redis(store.redis)
+    routed = None if routing is store.redis else _ping(routing.ping) or "ok"
+    ok = (broker_error is None and backend_error is None and all(state == "ok" for state in shards)
+          and routed in (None, "ok"))
+    body = {"store_shards": shards, "routing": routed, "ok": ok, "broker": broker_error or "ok", "backend": backend_error or "ok",
             "workers": {queue: len(names) for queue, names in workers.items()},
             "worker_names": workers, "worker_threads": threads,
             "threads": {queue: sum(held.values()) for queue, held in threads.items()},

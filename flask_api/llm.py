@@ -117,7 +117,7 @@ def add_server():
     registry = _registry()
     backend, created = registry.add(spec, project=caller())
     if backend.weight_version:
-        WeightVersions(registry.redis, backend.project).know(backend.weight_version)
+        WeightVersions(registry.head, backend.project).know(backend.weight_version)
         if backend.pause_api not in (None, PauseApi.NONE) and spec.probe:
             try:  # its spans then say this name, not the last one it was told (or "default")
                 name_version(backend, backend.weight_version, registry.api_key(backend.id))

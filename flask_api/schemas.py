@@ -37,6 +37,7 @@ class HealthResponse(BaseModel):
     threads: dict[str, int] = Field(default_factory=dict, description="Queue -> threads of all its workers together.")
     sandbox_hosts: list[SandboxHostHealth] = Field(default_factory=list, description="Live sandbox hosts.")
     store_shards: list[str] = Field(default_factory=list, description="Each store shard (PRORL_STORE_SHARDS, in order): \"ok\" or why it does not answer; empty without shards. One that does not answer makes ok false.")
+    routing: str | None = Field(None, description="The LLM routing's own Redis (PRORL_ROUTING_URL): \"ok\" or why it does not answer; null when the head's Redis holds the routing. One that does not answer makes ok false.")
 
 
 class GroupSubmitResponse(BaseModel):

@@ -9,6 +9,7 @@ from celery.signals import worker_init
 
 from config.settings import get_settings
 from prorl_celery.jobs import JobStore
+from prorl_celery.llm.store import forget_clients
 from prorl_celery.shards import Shards, parse_urls
 
 # The client's name and version as given, not looked up per connection (see get_redis); redis-py
@@ -64,6 +65,7 @@ def _worker_pool(**_: object) -> None:
     get_store.cache_clear()
     get_shards.cache_clear()
     get_redis.cache_clear()
+    forget_clients()
     check_store_layout()
 
 

@@ -21,6 +21,7 @@ The operator's own jobs (no project) are sent at once, outside fair share.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 
@@ -29,6 +30,7 @@ import redis
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import OverQuota
+from prorl_celery.llm.store import routing_redis
 
 # Counting a project's use, shared by both scripts. proj(p): its record (quotas, weight).
 _COMMON = """
@@ -47,16 +49,20 @@ local function in_stages(p)
   end
   return n
 end
+-- routed: {requests in flight, the tokens hash flat} read by the caller from the routing's own
+-- Redis (prorl_celery/llm/store.py); nil: they are here
+local routed = nil
 local function llm_in_flight(p, now)
+  if routed then return routed[1] end
   return redis.call('ZCOUNT', ARGV[2] .. p, now, '+inf')
 end
 local function tokens_last_hour(p, now)
   local minute, used, oldest = math.floor(now / 60000), 0, {}
-  local flat = redis.call('HGETALL', ARGV[3] .. p)
+  local flat = routed and routed[2] or redis.call('HGETALL', ARGV[3] .. p)
   for i = 1, #flat, 2 do
     local m = tonumber(flat[i])
     if m > minute - 60 then used = used + tonumber(flat[i + 1]); table.insert(oldest, {m, tonumber(flat[i + 1])})
-    else redis.call('HDEL', ARGV[3] .. p, flat[i]) end
+    elseif not routed then redis.call('HDEL', ARGV[3] .. p, flat[i]) end
   end
   return used, oldest, minute
 end
@@ -64,10 +70,13 @@ end
 
 # KEYS: projects, active, vtime, pending(p), pending since(p), seq, waiting.
 # ARGV: counts prefix, llm in-flight prefix, tokens prefix, job prefix, project, now ms,
-#       retry-after s, n, then n (job id, priority) pairs. Returns {'ok', new} or
-#       {'refused', quota, limit, retry after s}.
+#       retry-after s, n, then n (job id, priority) pairs, then (when the routing has a Redis of
+#       its own) the project's LLM requests in flight and its tokens hash as a JSON array.
+#       Returns {'ok', new} or {'refused', quota, limit, retry after s}.
 _ENQUEUE = _COMMON + """
 local jprefix, p, now, retry = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local after = 9 + 2 * tonumber(ARGV[8])
+if ARGV[after] then routed = {tonumber(ARGV[after]), cjson.decode(ARGV[after + 1])} end
 local new = {}
 for i = 0, tonumber(ARGV[8]) - 1 do
   local id = ARGV[9 + 2 * i]
@@ -210,6 +219,7 @@ class FairShare:
 
     def __init__(self, client: redis.Redis):
         self.redis = client
+        self.routing = routing_redis(client)
         self._enqueue = client.register_script(_ENQUEUE)
         self._release = client.register_script(_RELEASE)
 
@@ -222,11 +232,24 @@ class FairShare:
             keys=[keys.projects(), keys.fair_active(), keys.fair_vtime(), keys.fair_pending(project),
                   keys.fair_pending_since(project), keys.fair_seq(), keys.fair_waiting()],
             args=[*_prefixes(), project, int(time.time() * 1000), get_settings().quota_retry_after_s,
-                  len(flat) // 2, *flat])
+                  len(flat) // 2, *flat, *self._routed(project)])
         if reply[0] == b"refused":
             quota, limit, after = (x.decode() for x in reply[1:])
             raise OverQuota(project, quota, int(limit), max(1, int(float(after))))
         return int(reply[1])
+
+    def _routed(self, project: str) -> list[str | int]:
+        """The project's LLM counters when the routing keeps them on a Redis of its own: read there
+        first, a moment before the script decides on them on the head (a refusal at ``over: 429`` is
+        an admission heuristic against counts that move every turn; the router's own check of the
+        same quotas, in its acquire, is the exact one)."""
+        if self.routing is self.redis:
+            return []
+        pipe = self.routing.pipeline(transaction=False)
+        pipe.zcount(keys.llm_project_inflight(project), int(time.time() * 1000), "+inf")
+        pipe.hgetall(keys.llm_project_tokens(project))
+        in_flight, tokens = pipe.execute()
+        return [in_flight, json.dumps([x.decode() for pair in tokens.items() for x in pair])]
 
     def release(self, started: str | None = None, cap: int | None = None) -> list[tuple[str, str]]:
         """Release pending jobs while the stage queues are shallow; returns ``(job id, data

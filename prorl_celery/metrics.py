@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from config.celeryconfig import QUEUES
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
+from prorl_celery.llm.store import llm_in_flight
 from prorl_celery.status import JobStatus
 
 BUCKETS = (0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -131,16 +132,15 @@ class ServiceCollector(Collector):
         llm = GaugeMetricFamily("prorl_project_llm_in_flight", "The project's LLM requests in flight",
                                 labels=["project"])
         pipe = self.store.redis.pipeline(transaction=False)
-        now_ms = int(time.time() * 1000)
         for name in names:
             pipe.zcard(keys.fair_pending(name))
-            pipe.zcount(keys.llm_project_inflight(name), now_ms, "+inf")
         pipe.hgetall(keys.fair_held())
         replies = pipe.execute()
+        in_flight = llm_in_flight(self.store.redis, names)
         holding = {_text(k): _text(v).split("|", 1)[1] for k, v in replies[-1].items()}
         for i, name in enumerate(names):
-            pending.add_metric([name], replies[2 * i])
-            llm.add_metric([name], replies[2 * i + 1])
+            pending.add_metric([name], replies[i])
+            llm.add_metric([name], in_flight[i])
             if name in holding:
                 held.add_metric([name, holding[name]], 1)
         yield from (pending, held, llm)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownProject
+from prorl_celery.llm.store import HeadView
 from prorl_celery.quotas import Quotas
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,62}$"
@@ -77,6 +78,7 @@ class ProjectStore:
         pipe.hset(keys.projects(), name, json.dumps(record))
         pipe.hset(keys.project_keys(), key_id, json.dumps(stored))
         pipe.execute()
+        HeadView.changed()
         return IssuedKey(project=name, key_id=key_id, key=f"{KEY_PREFIX}_{key_id}_{secret}")
 
     def set_weight(self, name: str, weight: float) -> None:
@@ -87,6 +89,7 @@ class ProjectStore:
         if raw is None:
             raise UnknownProject(name)
         self.redis.hset(keys.projects(), name, json.dumps({**json.loads(raw), "weight": float(weight)}))
+        HeadView.changed()
 
     def set_quotas(self, name: str, changes: dict) -> Quotas:
         """Change an existing project's quotas (:meth:`Quotas.merged`); returns them as now stored."""
@@ -100,6 +103,7 @@ class ProjectStore:
             raise InvalidRequest(str(exc), field="quotas") from None
         record["quotas"] = quotas.model_dump(exclude_none=True)
         self.redis.hset(keys.projects(), name, json.dumps(record))
+        HeadView.changed()  # the routing's copy in this process (prorl_celery/llm/store.py)
         return quotas
 
     def list(self) -> list[Project]:

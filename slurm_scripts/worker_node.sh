@@ -69,6 +69,7 @@ fi
 source "$HEAD_FILE" || prorl_die "cannot read $HEAD_FILE"
 export PRORL_REDIS_URL PYTHONUNBUFFERED=1
 if [[ -n ${PRORL_STORE_SHARDS:-} ]]; then export PRORL_STORE_SHARDS; fi  # the head's store shards
+if [[ -n ${PRORL_ROUTING_URL:-} ]]; then export PRORL_ROUTING_URL; fi  # the LLM routing's own Redis
 unset PRORL_RESULT_URL
 prorl_log "head job ${PRORL_HEAD_JOB_ID:-?} at ${PRORL_HEAD_HOST:-?}"
 

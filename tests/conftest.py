@@ -26,6 +26,13 @@ REDIS_PASSWORD = secrets.token_urlsafe(24)
 API_TOKEN = secrets.token_urlsafe(24)
 os.environ["PRORL_REDIS_URL"] = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{REDIS_PORT}/0"
 os.environ["PRORL_API_TOKEN"] = API_TOKEN
+# PRORL_TEST_ROUTING_REDIS=1: the LLM routing on a Redis of its own (prorl_celery/llm/store.py) for
+# the whole session, this process's and the stack's (e.g. tests/llm, the fair share tests).
+ROUTING_PORT = free_port() if os.environ.get("PRORL_TEST_ROUTING_REDIS") == "1" else None
+if ROUTING_PORT:
+    os.environ["PRORL_ROUTING_URL"] = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{ROUTING_PORT}/0"
+else:
+    os.environ.pop("PRORL_ROUTING_URL", None)
 TEST_ENV = {
     "PRORL_SWEEP_INTERVAL_S": "1",
     "PRORL_STAGE_LEASE_S": "3",
@@ -83,6 +90,8 @@ def redis_url(tmp_path_factory) -> str:
                                redis_password=REDIS_PASSWORD, api_token=API_TOKEN))
     stack.start_redis(REDIS_PORT)
     assert stack.redis_url == os.environ["PRORL_REDIS_URL"]
+    if ROUTING_PORT:
+        assert stack.start_routing_redis(ROUTING_PORT) == os.environ["PRORL_ROUTING_URL"]
     yield stack.redis_url
     stack.stop()
 

@@ -58,11 +58,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 + "\n  ".join(wrong))
 
 
-def _redis_address() -> tuple[str, int] | None:
+def _redis_addresses() -> set[tuple[str, int]]:
+    """The session's Redis, and the LLM routing's own when it has one (PRORL_TEST_ROUTING_REDIS)."""
     from urllib.parse import urlsplit
 
-    url = urlsplit(os.environ.get("PRORL_REDIS_URL", ""))
-    return (url.hostname, url.port) if url.hostname and url.port else None
+    urls = [urlsplit(os.environ.get(name, "")) for name in ("PRORL_REDIS_URL", "PRORL_ROUTING_URL")]
+    return {(url.hostname, url.port) for url in urls if url.hostname and url.port}
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +72,7 @@ def _unit_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.M
     if request.node.get_closest_marker("unit") is None:
         yield
         return
-    redis_at, test_thread = _redis_address(), threading.get_ident()
+    redis_at, test_thread = _redis_addresses(), threading.get_ident()
     popen_init, connect, connect_ex, fork = (subprocess.Popen.__init__, socket.socket.connect,
                                              socket.socket.connect_ex, os.fork)
 
@@ -84,7 +85,7 @@ def _unit_stays_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.M
 
     def check_address(sock: socket.socket, address) -> None:
         if (threading.get_ident() == test_thread and sock.family in (socket.AF_INET, socket.AF_INET6)
-                and tuple(address[:2]) != redis_at):
+                and tuple(address[:2]) not in redis_at):
             raise NotInProcess(f"a unit test connected to {address!r} (only the session's Redis, "
                                f"{redis_at}, is allowed)")
 

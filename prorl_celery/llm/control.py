@@ -123,7 +123,7 @@ def resume(registry: BackendRegistry, ids: list[str] | None, weight_version: str
     ids = registry.resolve(ids)
     sources = [BackendStatus.DRAINING, BackendStatus.QUARANTINED, BackendStatus.ACTIVE]
     if weight_version is not None:
-        WeightVersions(registry.redis, project).advance(weight_version)
+        WeightVersions(registry.head, project).advance(weight_version)
     for backend in registry.get_many(ids):
         registry.clear_fields(backend.id, "paused_until")  # no expiry after this: it is resumed
         _resume_one(registry, backend, weight_version, sources)

@@ -58,6 +58,7 @@ def probe_quarantined(client: redis.Redis, min_interval_s: float | None = None) 
     ``llm_probe_period_s``; 0 probes all); re-activate those that answer. Returns backend id ->
     healthy for the ones probed."""
     registry = BackendRegistry(client)
+    client = registry.redis  # the routing's Redis: the backends, their probe locks
     interval = get_settings().llm_probe_period_s if min_interval_s is None else min_interval_s
     now = time.time()
     results: dict[str, bool] = {}
@@ -93,12 +94,14 @@ def _probe_one(registry: BackendRegistry, backend: Backend) -> bool:
     return False
 
 
-def drop_unanswering(client: redis.Redis, timeout_s: float = PROBE_TIMEOUT_S) -> list[tuple[str, str, str]]:
+def drop_unanswering(client: redis.Redis, routing: redis.Redis | None = None,
+                     timeout_s: float = PROBE_TIMEOUT_S) -> list[tuple[str, str, str]]:
     """Probe every registered backend at once and remove those that do not answer; returns
     ``(id, address, error)`` of each removed. For a registry that outlived its servers (a
     backend kept would be routed to, fail, and be probed for ever), not for a live cluster's:
-    there a backend down for a moment is quarantined and comes back."""
-    registry = BackendRegistry(client)
+    there a backend down for a moment is quarantined and comes back. ``routing``: the routing's
+    own Redis (default: ``routing_url``'s, else ``client``)."""
+    registry = BackendRegistry(client, routing)
     backends = registry.list()
     if not backends:
         return []

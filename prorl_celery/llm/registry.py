@@ -4,7 +4,7 @@ Per backend: a hash (``keys.llm_backend``) with address, protocol, capacity, sta
 version, counters and measured seconds per turn (``turn_s``), a sorted set (``keys.llm_inflight``)
 of in-flight request leases whose scores are their expiry times (the live in-flight count is the
 number of unexpired members), and a sorted set of its rollouts' sessions (``keys.llm_sessions``, see
-``routing``).
+``routing``); all on the routing's Redis (:mod:`prorl_celery.llm.store`).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownBackend
 from prorl_celery.llm.models import Backend, BackendSpec, BackendStatus
+from prorl_celery.llm.store import routing_redis
 
 _ADD = """
 local created = redis.call('SADD', KEYS[1], ARGV[1])
@@ -73,8 +74,13 @@ def backend_id(address: str, project: str | None = None) -> str:
 
 
 class BackendRegistry:
-    def __init__(self, client: redis.Redis):
-        self.redis = client
+    """The registry on the routing's Redis (:mod:`prorl_celery.llm.store`): ``client`` is the
+    head's (``head``: weight versions, job records), ``routing`` the routing's own (default:
+    ``routing_url``'s, else the head's). ``redis`` is where the backends live."""
+
+    def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
+        self.head = client
+        self.redis = routing if routing is not None else routing_redis(client)
 
     # -- registration ---------------------------------------------------------------------
     def add(self, spec: BackendSpec, project: str | None = None) -> tuple[Backend, bool]:

@@ -45,6 +45,7 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
 from prorl_celery.llm.registry import parse_backend
+from prorl_celery.llm.store import HeadView, routing_redis
 from prorl_celery.llm.transport import HeldLease
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,15 @@ local bprefix, iprefix, sprefix, job = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local sweep = ARGV[15] == '1'  -- lapsed leases and idle sessions are removed now and then, not per call
 local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
-local mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or ''
+-- the job's project and its quotas: given by the caller when the head's Redis holds them and
+-- this one does not (prorl_celery/llm/store.py), else read here
+local given = ARGV[19] == '1'
+local mine
+if given then mine = ARGV[20] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
 local pin = ''
 if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, the call waits
-  local raw = redis.call('HGET', KEYS[4], mine)
+  local raw
+  if given then raw = ARGV[21] ~= '' and ARGV[21] else raw = redis.call('HGET', KEYS[4], mine) end
   local q = (raw and cjson.decode(raw).quotas) or {}
   pin = ARGV[13] .. mine
   if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
@@ -141,13 +147,17 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
   if pin ~= '' then  -- every slot taken: past its weighted share a project waits, the others queue
     local total, wsum, wmine, nmine = 0, 0, 1, 0
     for _, id in ipairs(ids) do total = total + cap[id] end
-    local flat = redis.call('HGETALL', KEYS[4])
-    for i = 1, #flat, 2 do
-      local n = redis.call('ZCOUNT', ARGV[13] .. flat[i], after_now, '+inf')
-      if flat[i] == mine or n > 0 then
-        local w = tonumber(cjson.decode(flat[i + 1]).weight) or 1
+    local weights = {}
+    if given then weights = cjson.decode(ARGV[22]) else
+      local flat = redis.call('HGETALL', KEYS[4])
+      for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
+    end
+    for name, weight in pairs(weights) do
+      local n = redis.call('ZCOUNT', ARGV[13] .. name, after_now, '+inf')
+      if name == mine or n > 0 then
+        local w = tonumber(weight) or 1
         wsum = wsum + w
-        if flat[i] == mine then wmine, nmine = w, n end
+        if name == mine then wmine, nmine = w, n end
       end
     end
     if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
@@ -239,8 +249,12 @@ class Router:
     wait for one of its calls to end, or for its hour to have room), ``share`` (every slot is
     taken and the project holds its weighted share of them: wait for a free slot)."""
 
-    def __init__(self, client: redis.Redis):
-        self.redis = client
+    def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
+        """``client``: the head's Redis; ``routing``: the routing's own (default: ``routing_url``'s,
+        else the head's: :mod:`prorl_celery.llm.store`)."""
+        self.head = client
+        self.redis = client = routing if routing is not None else routing_redis(client)
+        self.view = HeadView(self.head) if self.redis is not self.head else None
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
         self._end = client.register_script(_END)
@@ -256,7 +270,8 @@ class Router:
                 settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
                 keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", idle_cut,
                 keys.llm_project_inflight(""), keys.llm_project_tokens(""),
-                "1" if random.random() < SWEEP_P else "0", f"({now_ms}", f"({idle_cut}", lease_ms + 60000]
+                "1" if random.random() < SWEEP_P else "0", f"({now_ms}", f"({idle_cut}", lease_ms + 60000,
+                *self._head_facts(job_id)]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":
@@ -268,6 +283,17 @@ class Router:
         return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
                               also=keys.llm_project_inflight(project) if project else None), load, project=project)
+
+    def _head_facts(self, job_id: str | None) -> list[str]:
+        """The acquire's ARGV 19-22: read by the script itself on the head's Redis (``0``), else the
+        job's project, its record and every project's weight, from the head (cached in this process)."""
+        if self.view is None:
+            return ["0"]
+        mine = self.view.project_of(job_id) if job_id else ""
+        if not mine:
+            return ["1", "", "", "{}"]
+        records, weights = self.view.projects()
+        return ["1", mine, records.get(mine, ""), weights]
 
     def release(self, slot: Slot, outcome: str, wait: bool = True, tokens: int = 0) -> None:
         """``outcome``: ok (counts as served, and its latency per session of load updates the

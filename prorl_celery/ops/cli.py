@@ -127,7 +127,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
                                    redis_bind=args.redis_bind,
                                    api_token=os.environ.get("PRORL_API_TOKEN") or None,
                                    concurrency_overrides=overrides, store_shards=args.store_shards,
-                                   api_processes=args.api_processes))
+                                   routing_redis=args.routing_redis, api_processes=args.api_processes))
     except UnsafeStateDir as exc:
         print(f"refusing the state directory: {exc}", file=sys.stderr)
         return 2
@@ -145,6 +145,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"redis   {masked(stack.redis_url)}", flush=True)
         for url in stack.shard_urls:
             print(f"shard   {masked(url)}", flush=True)
+        if stack.routing_url:
+            print(f"routing {masked(stack.routing_url)}", flush=True)
         print(f"api     {stack.api_url}", flush=True)
         print(f"secrets {stack.secrets_path}   (0600: PRORL_API_TOKEN, PRORL_REDIS_URL with the "
               f"password; clients read it with PRORL_STATE_DIR={state_dir})", flush=True)
@@ -270,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--store-shards", type=int, default=0, metavar="N",
                     help="start N Redis of their own for the rollouts' records (0: the head's Redis holds them); "
                          "README 'Running the parts yourself' says how many for how many rollouts")
+    up.add_argument("--routing-redis", action="store_true",
+                    help="start a Redis of its own (appendfsync everysec) for the LLM routing's leases, sessions "
+                         "and registry: its two writes per turn leave the head's fsync (PRORL_ROUTING_URL)")
     up.add_argument("--api-processes", type=int, default=1, metavar="K",
                     help="API processes on the one port (SO_REUSEPORT)")
     up.set_defaults(func=_cmd_up)

@@ -58,6 +58,7 @@ class StackOptions:
     beat: bool = True
     persist: bool = True
     store_shards: int = 0  # Redis instances of their own for the rollouts (prorl_celery/shards.py); 0: the head's
+    routing_redis: bool = False  # a Redis of its own for the LLM routing (prorl_celery/llm/store.py)
     api_processes: int = 1  # API processes on one port (SO_REUSEPORT: the kernel spreads connections)
 
 
@@ -75,6 +76,7 @@ class Stack:
         self.children: dict[str, Child] = {}
         self.redis_url = options.redis_url or ""
         self.shard_urls: list[str] = []
+        self.routing_url = ""
         self.redis_password = options.redis_password or secrets.token_urlsafe(24)
         self.api_token = options.api_token or secrets.token_urlsafe(24)
         self.api_url = ""
@@ -90,6 +92,8 @@ class Stack:
         env["PRORL_REDIS_URL"] = self.redis_url
         if self.shard_urls:
             env["PRORL_STORE_SHARDS"] = ",".join(self.shard_urls)
+        if self.routing_url:
+            env["PRORL_ROUTING_URL"] = self.routing_url
         env["PRORL_API_TOKEN"] = self.api_token
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -103,6 +107,8 @@ class Stack:
         values = {"PRORL_API_TOKEN": self.api_token, "PRORL_REDIS_URL": self.redis_url}
         if self.shard_urls:
             values["PRORL_STORE_SHARDS"] = ",".join(self.shard_urls)
+        if self.routing_url:
+            values["PRORL_ROUTING_URL"] = self.routing_url
         if self.api_url:
             values["PRORL_API_URL"] = self.api_url
         return write_secrets(self.state_dir, values)
@@ -129,6 +135,16 @@ class Stack:
             self.write_secrets()
         return self.shard_urls
 
+    def start_routing_redis(self, port: int | None = None) -> str:
+        """A Redis of its own for the LLM routing (redis-routing), hardened as the head's and
+        persisted with ``appendfsync everysec``: its leases, sessions and stickiness lapse by
+        design, and the two writes of each turn's routing no longer wait for the head's fsync
+        (prorl_celery/llm/store.py); every process started after this gets ``PRORL_ROUTING_URL``."""
+        self.routing_url = self._start_redis_server("redis-routing", port, fsync="everysec")
+        if self.redis_url:
+            self.write_secrets()
+        return self.routing_url
+
     def _start_redis_server(self, name: str, port: int | None = None, fsync: str = "always") -> str:
         port = port or free_port()
         # the head's: fsync on every write: a job the API accepted survives even a kill -9 of Redis
@@ -146,7 +162,7 @@ class Stack:
         each shard cap at an equal share of the default (half the node's memory), not each at all of it."""
         from prorl_celery.ops.redis_server import default_maxmemory_mb
 
-        n = 1 + max(self.options.store_shards, len(self.shard_urls))
+        n = 1 + max(self.options.store_shards, len(self.shard_urls)) + bool(self.options.routing_redis or self.routing_url)
         if n == 1 or sizing.settings_with(self.options.env).redis_maxmemory_mb:
             return []
         return ["--maxmemory-mb", str(max(64, default_maxmemory_mb() // n))]
@@ -223,7 +239,7 @@ class Stack:
         from prorl_celery.llm.models import BackendSpec
         from prorl_celery.llm.registry import BackendRegistry
 
-        registry = BackendRegistry(redis.Redis.from_url(self.redis_url))
+        registry = BackendRegistry(*self._clients())
         backend, _ = registry.add(BackendSpec(address=address, **spec))
         return backend.id
 
@@ -233,7 +249,14 @@ class Stack:
         them); ``(id, address, error)`` of each (:func:`prorl_celery.llm.health.drop_unanswering`)."""
         from prorl_celery.llm.health import drop_unanswering
 
-        return drop_unanswering(redis.Redis.from_url(self.redis_url))
+        return drop_unanswering(*self._clients())
+
+    def _clients(self) -> tuple[redis.Redis, redis.Redis]:
+        """The head's Redis and the routing's, as the stack's processes see them: the one this stack
+        started, else the operator's ``PRORL_ROUTING_URL``, else the head's."""
+        head = redis.Redis.from_url(self.redis_url)
+        url = self.routing_url or sizing.settings_with(self.options.env).routing_url
+        return head, redis.Redis.from_url(url) if url else head
 
     def start_worker(self, queue: str, name: str | None = None, threads: int | None = None) -> Child:
         name = name or f"worker-{queue}"
@@ -286,6 +309,8 @@ class Stack:
                 self.start_redis()
             if self.options.store_shards and not self.shard_urls:
                 self.start_store_shards(self.options.store_shards)
+            if self.options.routing_redis and not self.routing_url:
+                self.start_routing_redis()
             self.start_sandbox_host()
             for queue in self.concurrency:
                 self.start_workers(queue)
@@ -303,7 +328,7 @@ class Stack:
     def stop(self) -> None:
         """Stop everything this stack started, at once, then Redis last."""
         self._stopping.set()
-        stores = [name for name in self.children if name == "redis" or name.startswith("redis-shard-")]
+        stores = [name for name in self.children if name == "redis" or name.startswith("redis-")]
         others = [child for name, child in reversed(self.children.items()) if name not in stores]
         for child in others:
             child.signal(signal.SIGTERM)

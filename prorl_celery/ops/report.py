@@ -10,6 +10,7 @@ from typing import Any
 from config.celeryconfig import QUEUES
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
+from prorl_celery.llm.store import routing_redis
 from prorl_celery.workers import workers_per_queue
 
 
@@ -29,11 +30,12 @@ def snapshot(store: JobStore) -> dict[str, Any]:
                       "live": int(record.get("live", 0)), "capacity": int(record.get("capacity", 0)),
                       "heartbeat_age_s": round(now - beat, 1)})
     backends = []
-    for backend_id in sorted(_text(x) for x in client.smembers(keys.llm_backends())):
-        record = {_text(k): _text(v) for k, v in client.hgetall(keys.llm_backend(backend_id)).items()}
+    routing = routing_redis(client)  # the backends and their leases (prorl_celery/llm/store.py)
+    for backend_id in sorted(_text(x) for x in routing.smembers(keys.llm_backends())):
+        record = {_text(k): _text(v) for k, v in routing.hgetall(keys.llm_backend(backend_id)).items()}
         backends.append({"id": backend_id, "address": record.get("address", "?"),
                          "status": record.get("status", "?"), "capacity": record.get("capacity", "?"),
-                         "in_flight": client.zcount(keys.llm_inflight(backend_id), now * 1000, "+inf"),
+                         "in_flight": routing.zcount(keys.llm_inflight(backend_id), now * 1000, "+inf"),
                          "weight_version": record.get("weight_version", "")})
     from prorl_celery.rollout.cost import totals
 

@@ -107,7 +107,7 @@ def test_faster_backend_holds_more_rollouts_and_none_moves(pool, fake_llms):
     assert all(len({t.backend_id for t in rollout_turns}) == 1 for rollout_turns in turns)  # never moved
     late = [rollout_turns[0].backend_id for rollout_turns in turns[6:]]  # once both are measured
     assert late.count(fast) >= 2 * late.count(slow), (late.count(fast), late.count(slow))
-    assert pool.redis.zcard(keys.llm_sessions(fast)) == pool.redis.zcard(keys.llm_sessions(slow)) == 0
+    assert pool.router.redis.zcard(keys.llm_sessions(fast)) == pool.router.redis.zcard(keys.llm_sessions(slow)) == 0
 
 
 def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):

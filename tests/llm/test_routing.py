@@ -99,11 +99,11 @@ def test_release_measures_seconds_per_turn_per_session(pool):
     assert slot.load == 3  # three other sessions on it when chosen
     time.sleep(0.4)
     pool.router.release(slot, "ok")
-    turn_s = float(pool.redis.hget(keys.llm_backend(bid), "turn_s"))
+    turn_s = float(pool.router.redis.hget(keys.llm_backend(bid), "turn_s"))
     assert 0.1 <= turn_s < 0.2, turn_s  # 0.4 s over 4 sessions
     for other in others:
         pool.router.release(other, "failed")  # a failure measures nothing
-    assert float(pool.redis.hget(keys.llm_backend(bid), "turn_s")) == turn_s
+    assert float(pool.router.redis.hget(keys.llm_backend(bid), "turn_s")) == turn_s
 
 
 @pytest.mark.unit
@@ -144,7 +144,7 @@ def test_sticky_per_job_until_its_queue_costs_more_than_a_reprefill(pool):
     held += load(1)
     moved = pool.router.acquire(job)  # one deeper: it moves, and leaves its session behind
     assert moved.backend.id == other
-    assert pool.redis.zscore(keys.llm_sessions(sticky), job) is None
+    assert pool.router.redis.zscore(keys.llm_sessions(sticky), job) is None
     pool.router.release(moved, "aborted")
     for slot in held:
         pool.router.release(slot, "aborted")
@@ -163,8 +163,8 @@ def test_ended_rollout_frees_its_session(pool):
     assert {first.backend.id, second.backend.id} == {a, b}
     pool.router.release(second, "aborted")
     pool.end_rollout(one)
-    assert pool.redis.zcard(keys.llm_sessions(first.backend.id)) == 0
-    assert pool.redis.get(keys.llm_sticky(one)) is None
+    assert pool.router.redis.zcard(keys.llm_sessions(first.backend.id)) == 0
+    assert pool.router.redis.get(keys.llm_sticky(one)) is None
     third = pool.router.acquire(three)  # the room "one" held is free again
     assert third.backend.id == first.backend.id
 

@@ -35,7 +35,7 @@ def test_a_call_longer_than_its_lease_keeps_it(pool, fake_llms):
     eventually(lambda: pool.registry.get(bid).in_flight == 1, 3, "the other lease to lapse")
     scores = []
     while thread.is_alive():
-        scores.append(pool.redis.zscore(slot.lease.key, slot.lease.token))
+        scores.append(pool.router.redis.zscore(slot.lease.key, slot.lease.token))
         time.sleep(0.2)
     thread.join()
     assert out == {"status": 200}
@@ -54,7 +54,7 @@ def test_a_withdrawn_lease_aborts_its_call_only(pool, fake_llms, calls):
     for t in threads:
         t.start()
     time.sleep(0.3)
-    pool.redis.zrem(slots[0].lease.key, slots[0].lease.token)  # as a drain with abort does
+    pool.router.redis.zrem(slots[0].lease.key, slots[0].lease.token)  # as a drain with abort does
     for t in threads:
         t.join(timeout=20)
     assert outs[0] == {"aborted": "lost"}

@@ -138,7 +138,7 @@ def test_tokens_per_hour_429_says_when(fair):
     project = _project(fair, tokens_per_hour=100, over={"tokens_per_hour": "429"})
     import time
 
-    fair.redis.hset(keys.llm_project_tokens(project), int(time.time() // 60), 150)
+    fair.routing.hset(keys.llm_project_tokens(project), int(time.time() // 60), 150)
     with pytest.raises(OverQuota) as refused:
         _submit(fair, project, 1)
     assert refused.value.quota == "tokens_per_hour" and 1 <= refused.value.retry_after <= 3600
