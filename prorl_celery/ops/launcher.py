@@ -32,6 +32,9 @@ from prorl_celery.ops.redis_server import PASSWORD_ENV, redis_server_binary  # n
 from prorl_celery.statedir import make_private_dir, write_secrets
 
 log = logging.getLogger(__name__)
+# how long a part of the stack (a Redis, the sandbox host, the API) may take to come up: seconds on
+# an idle node, tens of seconds at load 50+ (a test session saw 20 s run out); a dead child fails at once
+START_WAIT_S = 90
 
 
 def masked(url: str) -> str:
@@ -154,7 +157,7 @@ class Stack:
         child = self._child(name, argv, {**self.env(), PASSWORD_ENV: self.redis_password})
         url = f"redis://:{self.redis_password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
-        wait_for(lambda: _pings(client), 20, name, child=child)
+        wait_for(lambda: _pings(client), START_WAIT_S, name, child=child)
         return url
 
     def _memory_share(self) -> list[str]:
@@ -180,7 +183,7 @@ class Stack:
             child = self._child(name, old.argv, old.env)
             port = old.argv[old.argv.index("--port") + 1]
             client = redis.Redis(port=int(port), password=self.redis_password)
-            wait_for(lambda: _pings(client), 20, f"{name} to restart", child=child)
+            wait_for(lambda: _pings(client), START_WAIT_S, f"{name} to restart", child=child)
         finally:
             self._paused.discard(name)
 
@@ -220,7 +223,7 @@ class Stack:
         # the Redis URL (with its password) reaches the host through PRORL_REDIS_URL, not argv
         child = self._child(name, [sys.executable, "-m", "prorl_celery.ops.cli", "sandbox-host",
                                    "--host-id", host_id, "--port", str(free_port())])
-        wait_for(lambda: client.zcard(keys.hosts()) > before, 30, "sandbox host registration",
+        wait_for(lambda: client.zcard(keys.hosts()) > before, START_WAIT_S, "sandbox host registration",
                  child=child)
         return child
 
@@ -231,7 +234,7 @@ class Stack:
         child = self._child(name, [sys.executable, "-m", "prorl_celery.ops.cli", "fake-llm",
                                    "--port", str(port), *(extra_args or [])])
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _get_ok(f"{url}/health"), 30, f"{name} at {url}", child=child)
+        wait_for(lambda: _get_ok(f"{url}/health"), START_WAIT_S, f"{name} at {url}", child=child)
         return url
 
     def register_llm(self, address: str, **spec) -> str:
@@ -293,7 +296,8 @@ class Stack:
         shown = "127.0.0.1" if self.options.host in ("0.0.0.0", "::") else self.options.host
         self.api_url = f"http://{shown}:{port}"
         for child in children:
-            wait_for(lambda: _get_ok(f"{self.api_url}/healthz") and child.alive(), 30, child.name, child=child)
+            wait_for(lambda: _get_ok(f"{self.api_url}/healthz") and child.alive(), START_WAIT_S, child.name,
+                     child=child)
         return children[0]
 
     def wait_for_workers(self, queues, timeout: float = 60) -> None:
