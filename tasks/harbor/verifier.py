@@ -9,9 +9,14 @@ locally: :mod:`sandboxes.runtimes.images.verifier_tools`). ``test.sh`` runs with
 env and timeout; then the reward files are watched from the host's side for a moment (a file
 that changes then was written by something test.sh left running: ``tampered``, no reward), every
 process in the sandbox is killed, and only then are ``/logs/verifier/reward.txt`` /
-``reward.json`` read, from the host's side (``Sandbox.finish``). What is left: a process the
-agent's code started that rewrites the reward once, right after test.sh wrote it and before
-test.sh ended, is not told apart from test.sh (the race is test.sh's last instructions).
+``reward.json`` read, from the host's side (``Sandbox.finish``). Before test.sh, anything the
+agent left in the working directory that Python started there would import instead of the image's
+own (a runner's module, a dependency, a standard module, a pytest11 plugin's metadata) is
+``tampered``: test.sh is not run. What is left: a process the agent's code started that rewrites
+the reward once, right after test.sh wrote it and before test.sh ended, is not told apart from
+test.sh (the race is test.sh's last instructions); a module of a name the image lacks that a
+runner tries to import all the same (pytest 8.4 in the Harbor set's images tries only ``_wmi`` and
+``msvcrt``: standard names, so counted).
 
 A ``test.sh`` that times out, or ends with no reward file or an unreadable one, is an
 infrastructure fault (:class:`VerifierFailed`, the result's ``error.type``), never a reward of 0
