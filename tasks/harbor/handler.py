@@ -221,7 +221,8 @@ class HarborHandler(AgentTaskHandler):
         return {"reward": reward, "resolved": reward >= 1.0,
                 "harbor": {**{k: v for k, v in block.items() if k not in ("steps", "skills_appendix")},
                            "rewards": rewards,
-                           "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
+                           "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"],
+                           "grader_version": verifier.GRADER_VERSION}}  # the audit stamps its verdict with it
 
     # -- grading -------------------------------------------------------------------------------
     def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], last: bool) -> dict[str, Any]:

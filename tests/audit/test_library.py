@@ -321,3 +321,20 @@ def test_the_agent_s_own_modules_data_and_metadata_are_not_shadows(tmp_path):
     (tmp_path / "tests" / "test.sh").write_text(f"echo 1 > {tmp_path}/logs/verifier/reward.txt\n")
     graded = grade(_Box(tmp_path), SimpleNamespace(verifier_env={}), "/app", 60)
     assert graded["reward"] == 1.0 and "tampered" not in graded, graded
+
+
+@unit
+def test_a_verdict_carries_the_version_of_the_grader_that_graded_its_runs():
+    """Found by the Harbor set's audit (session 16): the CLI stamped each verdict with its own
+    GRADER_VERSION, read after the runs, so runs a version-2 stack graded were stored as version 3
+    (after the fix reached the files, before the stack restarted): the quarantine then took them
+    for today's grader. A Harbor result now says which version graded it."""
+    from tasks.audit.runner import graded_by
+    from tasks.harbor.verifier import GRADER_VERSION
+
+    def job(version):
+        return {"status": "completed", "result": {"reward": 0.0, "harbor": {"grader_version": version}}}
+
+    assert graded_by([job("2"), job("2"), {"status": "failed", "result": {}}], "harbor") == "2"
+    assert graded_by([job("2"), job("3")], "harbor") == "mixed 2,3"
+    assert graded_by([{"status": "completed", "result": {"reward": 1.0}}], "harbor") == GRADER_VERSION
