@@ -27,6 +27,19 @@ STAGE_FLOOR_S = 120.0
 RUN_STAGE_GRADED = ("harbor",)  # graded within the run stage, step by step
 
 
+def graded_by(jobs: list[dict[str, Any]], data_source: str) -> str:
+    """The version of the grader that graded the task's runs, as their results say (a Harbor
+    result's ``harbor.grader_version``: the workers' code, which may differ from this process's);
+    this process's own where none says. Runs graded by different versions: ``mixed <versions>``,
+    current for no grader, so the verdict quarantines nothing until the task is audited again."""
+    said = {str(v) for job in jobs
+            if isinstance(harbor := (job.get("result") or {}).get("harbor"), dict)
+            and (v := harbor.get("grader_version")) is not None}
+    if not said:
+        return quarantine.grader_version(data_source)
+    return said.pop() if len(said) == 1 else "mixed " + ",".join(sorted(said))
+
+
 def stage_budget(data_source: str, noop_job: dict[str, Any] | None) -> dict[str, float]:
     """The sampling parameters that bound the policies' runs on a task, from its no-op's job
     (``{}``: the service's own budgets, when the no-op did not finish)."""
@@ -122,6 +135,7 @@ def run_audit(client: Any, tasks: list[AuditTask], policies: list[Policy], progr
         evs = [evidence(p.name, runs.finished[(i, p.name)]) for p in policies]
         verdict = judge(task.name, task.instance["data_source"], noop, evs)
         verdict.content_hash = quarantine.content_hash(task.instance)
-        verdict.grader_version = quarantine.grader_version(task.instance["data_source"])
+        verdict.grader_version = graded_by([runs.finished[(i, NOOP.name)], *(runs.finished[(i, p.name)] for p in policies)],
+                                           task.instance["data_source"])
         verdicts.append(verdict)
     return verdicts

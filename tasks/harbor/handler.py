@@ -19,9 +19,11 @@ reward is read from what ``test.sh`` wrote there once every process in it is dea
 """
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from config.settings import get_settings, rescore_retention_s
@@ -112,6 +114,20 @@ class HarborHandler(AgentTaskHandler):
 
     def _workdir(self, task: HarborTask, image: dict[str, Any]) -> str:
         return task.config.environment.workdir or image.get("workdir") or "/"
+
+    @staticmethod
+    def _own(task: HarborTask, image: dict[str, Any], workdir: str) -> list[str]:
+        """What the task itself puts in its working directory (the image's, the steps' ``workdir/``):
+        the verifier never counts these as the agent's shadowing modules."""
+        dirs = [Path(image.get("rootfs") or "/nonexistent") / workdir.lstrip("/"),
+                *(s.workdir_files for s in task.steps if s.workdir_files is not None)]
+        names: set[str] = set()
+        for folder in dirs:
+            try:
+                names.update(os.listdir(folder))
+            except OSError:
+                continue
+        return sorted(names)
 
     def _spec(self, ctx: StageContext, task: HarborTask, image: dict[str, Any], network: bool,
               env: dict[str, str] | None = None) -> SandboxSpec:
@@ -205,7 +221,8 @@ class HarborHandler(AgentTaskHandler):
         return {"reward": reward, "resolved": reward >= 1.0,
                 "harbor": {**{k: v for k, v in block.items() if k not in ("steps", "skills_appendix")},
                            "rewards": rewards,
-                           "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"]}}
+                           "strategy": task.strategy(), "tampered": tampered, "steps": block["steps"],
+                           "grader_version": verifier.GRADER_VERSION}}  # the audit stamps its verdict with it
 
     # -- grading -------------------------------------------------------------------------------
     def _grade(self, ctx: StageContext, task: HarborTask, step: Step, image: dict[str, Any], last: bool) -> dict[str, Any]:
@@ -238,7 +255,7 @@ class HarborHandler(AgentTaskHandler):
             box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier", timeout=30)
             files.put_dirs(box, step.tests, "/tests", mount=files.mount_of(box))
             with boxes.kept(agent_box):  # idle while graded: its lease would lapse
-                graded = verifier.grade(box, step, workdir, timeout, shared=shared)
+                graded = verifier.grade(box, step, workdir, timeout, shared=shared, own=self._own(task, image, workdir))
         finally:
             if not shared:
                 ctx.close_aux_sandbox(box)

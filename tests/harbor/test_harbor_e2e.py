@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tasks.harbor.verifier import GRADER_VERSION
 from tests.conftest import ROOT, submit
 
 pytestmark = pytest.mark.harbor
@@ -56,6 +57,7 @@ def test_the_oracle_solves_and_a_noop_agent_does_not(api):
     assert harbor["steps"][0]["mode"] == "separate" and harbor["rewards"] == {"reward": 1.0}
     assert "debian" in harbor["image"]["base"] and "ubuntu:24.04" in harbor["image"]["base"]
     assert harbor["network"]["agent"] is False  # the operator has not allowed the internet
+    assert harbor["grader_version"] == GRADER_VERSION  # what the audit stamps its verdicts with
     assert result(run(api, "hello", NOOP))["reward"] == 0.0
 
 
