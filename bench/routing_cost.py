@@ -24,12 +24,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.private import REDIS_PORT  # noqa: E402  (sets the environment)
 
 os.environ["PRORL_REDIS_URL"] = f"redis://127.0.0.1:{REDIS_PORT}/0"  # this private one: no password
+
+
+def _answering(client: Any) -> Any:
+    """``client`` (a redis.Redis) once its server answers a ping (up to ~10 s: valgrind starts slowly)."""
+    import redis
+
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    return client
 
 
 def instructions(turns: int, backends: int, project: str, apart: bool = False) -> tuple[int, int]:
@@ -48,13 +62,7 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
     server = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", redis_server_binary(),
                                "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no", "--dir", work],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=REDIS_PORT)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
+    client = _answering(redis.Redis(port=REDIS_PORT))
     head, head_server = client, None
     if apart:  # the head's Redis elsewhere, not counted
         from prorl_celery.ops.procs import free_port
@@ -62,13 +70,7 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
         port = free_port()
         head_server = subprocess.Popen([redis_server_binary(), "--port", str(port), "--save", "", "--appendonly", "no",
                                         "--dir", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        head = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                head.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+        head = _answering(redis.Redis(port=port))
     apart_kw = {"routing": client} if apart else {}  # (a base without the setting runs this script too)
     registry = BackendRegistry(head, **apart_kw)
     for i in range(backends):
