@@ -162,13 +162,14 @@ class JobStore:
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.hgetall(keys.job(job_id))
-        return _decode(raw) if raw else None
+        return self._fresh_states([_decode(raw)])[0] if raw else None
 
     def get_many(self, job_ids: list[str], light: bool = False, view: bool = False) -> list[JobRecord | None]:
-        """The records of ``job_ids``, in one round trip. ``light``: without the fields that grow
-        with the job (``instance``, ``state``, ``result``, ``faults`` come back empty), for scans
-        over every active job that look only at status, stage, timings and sandbox; ``view``:
-        the light fields and the result (what :meth:`views` needs of a finished job)."""
+        """The records of ``job_ids``, in one round trip (and one per store shard for the states
+        of running stages). ``light``: without the fields that grow with the job (``instance``,
+        ``state``, ``result``, ``faults`` come back empty), for scans over every active job that
+        look only at status, stage, timings and sandbox; ``view``: the light fields and the result
+        (what :meth:`views` needs of a finished job)."""
         fields = _LIGHT_FIELDS if light else _VIEW_FIELDS if view else None
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
@@ -177,9 +178,23 @@ class JobStore:
             else:
                 pipe.hgetall(keys.job(job_id))
         if not fields:
-            return [_decode(raw) if raw else None for raw in pipe.execute()]
+            return self._fresh_states([_decode(raw) if raw else None for raw in pipe.execute()])
         return [_decode({k: v for k, v in zip(fields, values) if v is not None}) if values[1] else None
                 for values in pipe.execute()]
+
+    def _fresh_states(self, records: list[JobRecord | None]) -> list[JobRecord | None]:
+        """Sharded, a running stage saves its state on its rollout's shard, not here (see
+        :mod:`prorl_celery.shards`): each record whose stage still runs (or was sent again) takes
+        the state that stage saved there in its attempt, if it saved one."""
+        if not self.shards.sharded:
+            return records
+        live = [r for r in records if r is not None and r.status in STAGES and r.stage_state is not StageState.DONE]
+        if live:
+            found = self.shards.stage_states([(r.job_id, r.status.value, r.attempt) for r in live])
+            for record, state in zip(live, found):
+                if state is not None:
+                    record.state = json.loads(state)
+        return records
 
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
@@ -290,12 +305,14 @@ class JobStore:
                    since: Since | None = None) -> bool:
         """Save a running stage's ``state`` and append to the job's rollout (its lists past the
         ``saved`` counts of calls and messages: a stray write of a delivery that lost the job
-        is trimmed first), in one step, only while the job is in ``stage``, running, and in
-        ``attempt``. False when it is not (cancelled, ended, moved on)."""
-        if self.shards.sharded:  # the rollout on its shard first, then the state here (see shards.py)
-            return (self.shards.append_fenced(job_id, attempt, saved, calls, messages, self.job_ttl_s, since)
-                    and self.transition(job_id, None, sources=[stage], require_state=StageState.RUNNING,
-                                        expect={"attempt": attempt}, state=state)[0])
+        is trimmed first), in one step. Unsharded: only while the job is in ``stage``, running,
+        and in ``attempt`` (False when it is not: cancelled, ended, moved on). Sharded: on the
+        rollout's shard alone, fenced there by attempt and stage (False behind a later one); the
+        head is not written, and a cancel is noticed through the status watch
+        (:mod:`prorl_celery.shards`)."""
+        if self.shards.sharded:
+            return self.shards.save(job_id, stage.value, attempt, _dump(state), saved, calls, messages,
+                                    self.job_ttl_s, since)
         accepted = f"{attempt}," if attempt == 1 else str(attempt)  # a record from before attempts were counted
         args = [stage.value, accepted, saved.get("calls", 0), saved.get("messages", 0), len(calls), _dump(state),
                 *calls, *messages]

@@ -183,8 +183,14 @@ def store_shard_index() -> str:
 
 
 def rollout_fence(rollout_id: str) -> str:
-    """String: the highest attempt that saved into a rollout on a store shard (:mod:`prorl_celery.shards`)."""
+    """String: the highest (attempt, stage) that saved into a rollout on a store shard (:func:`prorl_celery.shards.fence_of`)."""
     return f"{PREFIX}:rollout:fence:{rollout_id}"
+
+
+def rollout_state(rollout_id: str) -> str:
+    """Hash, on a store shard: the state a running stage last saved (``stage``, ``attempt``,
+    ``state`` JSON) beside its rollout's lists (:mod:`prorl_celery.shards`)."""
+    return f"{PREFIX}:rollout:state:{rollout_id}"
 
 
 def job_counts_of(project: str) -> str:

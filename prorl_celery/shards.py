@@ -16,12 +16,16 @@ One seam: :meth:`Shards.store_for` is how every reader and writer of the lists f
 :meth:`~prorl_celery.jobs.JobStore.save_state`, the views, the cost reader). Reads of many rollouts
 are grouped per shard (:meth:`Shards.by_store`): one round trip per shard, not per rollout.
 
-The fenced save across two instances (a Redis script touches the keys of one): the shard's
-script below appends, fenced by the highest attempt that wrote there; then the head's
-compare-and-set writes the state with the new counts, fenced as before (stage, running, attempt).
-The shard goes first: a save the head then refuses leaves records past the counts the state
-holds, which every reader ignores and the next fenced save trims (the store's rule for a write
-that lost a race); the other order would leave counts past what the lists hold.
+The save, sharded, touches only the shard: one script appends the turn's records and writes the
+stage's state beside them (its counts of calls and messages, the handler's keys), fenced by the
+highest (attempt, stage) that saved there, so the counts a reader takes and the lists they count
+never part, even when a shard on ``appendfsync everysec`` loses its last second. The head's record
+is written when a stage begins and ends, not per turn: while a stage runs, the freshest state is
+the shard's (:meth:`Shards.stage_states`; :meth:`prorl_celery.jobs.JobStore.get` reads it when the
+head says the stage still runs in that attempt), and the stage's end, or the job's, writes the
+state it ended with to the head. A cancel is not seen by the save: the stage notices it through
+the status watch (:mod:`prorl_celery.watch`), and a save that lands after it stores records past
+the counts the cancelled result holds, which every reader ignores.
 """
 from __future__ import annotations
 
@@ -39,35 +43,45 @@ log = logging.getLogger(__name__)
 # The writer's records and messages from given positions on (the transcript's, in memory).
 Since = Callable[[int, int], tuple[list[bytes], list[str | bytes]]]
 
-# KEYS: the rollout's calls list, messages list, its fence. ARGV: 1 the writer's attempt, 2 and 3
-# the calls and messages saved so far (its state's counts), 4 number n of new calls, 5 ttl (s),
-# then the n packed calls, then the new messages. A writer of an earlier attempt than the fence
-# is refused (0): it could otherwise trim what the later attempt appended. A later one moves the
-# fence. What lies past the saved counts (a stray write) is trimmed before the append. A list
-# SHORTER than its saved count (a shard runs with ``appendfsync everysec``: a crash may lose the
-# last second of appends) is not appended to: the reply is {-1, calls' length, messages' length},
-# nothing written, and the writer sends again from there (:meth:`Shards.append_fenced`).
-SHARD_APPEND = """
-local attempt = tonumber(ARGV[1])
+# KEYS: the rollout's calls list, messages list, its fence, its stage state. ARGV: 1 the writer's
+# fence ((attempt, stage) as one number: :func:`fence_of`), 2 and 3 the calls and messages saved so
+# far (its state's counts), 4 number n of new calls, 5 ttl (s), 6 the stage, 7 the attempt, 8 the
+# state (JSON, with the new counts), then the n packed calls, then the new messages. A writer behind
+# the fence is refused (0): it could otherwise trim what a later attempt or stage appended. A later
+# one moves the fence. What lies past the saved counts (a stray write) is trimmed before the
+# append. A list SHORTER than its saved count (a shard runs with ``appendfsync everysec``: a crash
+# may lose the last second of saves) is not appended to: the reply is {-1, calls' length, messages'
+# length}, nothing written, and the writer sends again from there (:meth:`Shards.save`).
+SHARD_SAVE = """
+local mine = tonumber(ARGV[1])
 local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
-if attempt < fence then return 0 end
+if mine < fence then return 0 end
 local base, have = {tonumber(ARGV[2]), tonumber(ARGV[3])}, {0, 0}
 for i = 1, 2 do
   if base[i] > 0 then have[i] = redis.call('LLEN', KEYS[i]) end
 end
 if have[1] < base[1] or have[2] < base[2] then return {-1, have[1], have[2]} end
-if attempt > fence then redis.call('SET', KEYS[3], ARGV[1]) end
+if mine > fence then redis.call('SET', KEYS[3], ARGV[1]) end
 local function extend(i, first, last)
   if base[i] == 0 then redis.call('DEL', KEYS[i])
   elseif have[i] > base[i] then redis.call('LTRIM', KEYS[i], 0, base[i] - 1) end
   for j = first, last, 4000 do redis.call('RPUSH', KEYS[i], unpack(ARGV, j, math.min(j + 3999, last))) end
 end
 local n = tonumber(ARGV[4])
-extend(1, 6, 5 + n)
-extend(2, 6 + n, #ARGV)
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
+extend(1, 9, 8 + n)
+extend(2, 9 + n, #ARGV)
+redis.call('HSET', KEYS[4], 'stage', ARGV[6], 'attempt', ARGV[7], 'state', ARGV[8])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
 return 1
 """
+
+_STAGE_ORDER = {"init": 1, "run": 2, "eval": 3}
+
+
+def fence_of(attempt: int, stage: str) -> int:
+    """A save's place in the job's life: later attempts, then later stages of one attempt, higher."""
+    return 4 * attempt + _STAGE_ORDER.get(stage, 0)
+
 
 # A shard's lists lapse this long after their last save beyond the job record's own ttl (which
 # starts at the job's end, on the head): a job's end comes within its stage budgets of its last
@@ -86,7 +100,7 @@ class Shards:
     def __init__(self, head: redis.Redis, stores: Sequence[redis.Redis] = ()):
         self.head = head
         self.stores = list(stores)
-        self._append = [s.register_script(SHARD_APPEND) for s in self.stores]
+        self._save = [s.register_script(SHARD_SAVE) for s in self.stores]
 
     @classmethod
     def of(cls, where: Shards | redis.Redis) -> Shards:
@@ -128,9 +142,11 @@ class Shards:
                 raise StoreLayoutMismatch(f"PRORL_STORE_SHARDS lists as shard {i + 1} the one started as "
                                           f"shard {place + 1}: keep the list's order")
 
-    def append_fenced(self, job_id: str, attempt: int, saved: dict[str, int], calls: list[bytes],
-                      messages: list[str | bytes], ttl_s: int, since: Since | None = None) -> bool:
-        """The shard's half of a fenced save (see the module); False: a later attempt wrote there.
+    def save(self, job_id: str, stage: str, attempt: int, state: str, saved: dict[str, int], calls: list[bytes],
+             messages: list[str | bytes], ttl_s: int, since: Since | None = None) -> bool:
+        """A running stage's save, on the rollout's shard alone (see the module): append what the
+        transcript gained past the ``saved`` counts and keep ``state`` (JSON) as the stage's; False:
+        a later attempt or stage saved there.
 
         A list shorter than its saved count lost its tail in a crash of the shard (``appendfsync
         everysec``): ``since(calls, messages)`` gives the writer's records and messages from those
@@ -138,11 +154,12 @@ class Shards:
         what the shard holds, so the lists end complete and in order. Without ``since`` it raises
         :class:`ShardLostWrites`: a Redis error, so the stage is resumed from what is stored."""
         k = self.index(job_id)
-        names = [keys.rollout_calls(job_id), keys.rollout_messages(job_id), keys.rollout_fence(job_id)]
+        names = [keys.rollout_calls(job_id), keys.rollout_messages(job_id), keys.rollout_fence(job_id),
+                 keys.rollout_state(job_id)]
         base = [saved.get("calls", 0), saved.get("messages", 0)]
         for _ in range(2):
-            reply = self._append[k](keys=names, args=[attempt, *base, len(calls), ttl_s + TTL_MARGIN_S,
-                                                      *calls, *messages])
+            reply = self._save[k](keys=names, args=[fence_of(attempt, stage), *base, len(calls),
+                                                    ttl_s + TTL_MARGIN_S, stage, attempt, state, *calls, *messages])
             if not isinstance(reply, list):
                 return bool(reply)
             have = [int(reply[1]), int(reply[2])]
@@ -154,6 +171,24 @@ class Shards:
             base = [min(b, h) for b, h in zip(base, have)]
             calls, messages = since(*base)
         raise ShardLostWrites(f"store shard {k + 1} kept losing job {job_id}'s writes")
+
+    def stage_states(self, jobs: Sequence[tuple[str, str, int]]) -> list[str | None]:
+        """For each ``(job_id, stage, attempt)``: the state (JSON) the shard holds from that stage's
+        saves in that attempt, None if its last save was another's (or none), in one round trip
+        per shard."""
+        found: dict[int, str | None] = {}
+        for store, positions in self.by_store(job_id for job_id, _, _ in jobs):
+            pipe = store.pipeline(transaction=False)
+            for i in positions:
+                pipe.hmget(keys.rollout_state(jobs[i][0]), "stage", "attempt", "state")
+            for i, (stage, attempt, state) in zip(positions, pipe.execute()):
+                same = stage is not None and _text(stage) == jobs[i][1] and _text(attempt) == str(jobs[i][2])
+                found[i] = _text(state) if same and state is not None else None
+        return [found.get(i) for i in range(len(jobs))]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _claim(client: redis.Redis, key: str, value: int) -> int:

@@ -82,8 +82,13 @@ class StageContext:
         """Raise if the job was cancelled (or ended, or was sent back to init, elsewhere) or the
         stage ran out of budget. The status is read now (not the watch's reading), unless a
         :meth:`save` confirmed it within ``CONFIRMED_S`` (the agent loop checks right after each
-        turn's save: a second read then tells nothing the save's own check did not)."""
-        if time.monotonic() - self._confirmed > CONFIRMED_S:
+        turn's save: a second read then tells nothing the save's own check did not). With store
+        shards a save does not read the head (:mod:`prorl_celery.shards`): the status is the
+        watch's, at most ``watch.MAX_AGE_S`` old, so a turn costs the head nothing."""
+        if self.store.shards.sharded:
+            if self.stopped():
+                raise JobCancelled(f"job {self.job_id} left {self.stage} while this delivery ran it")
+        elif time.monotonic() - self._confirmed > CONFIRMED_S:
             status = self.store.status(self.job_id)
             if status is None or status is not self.stage:
                 raise JobCancelled(f"job {self.job_id} left {self.stage} ({status}) while this delivery ran it")
@@ -100,12 +105,17 @@ class StageContext:
     def save(self) -> None:
         """Persist ``state`` and what the transcript gained; raises :class:`JobCancelled` if the
         job ended (or left this stage or attempt) meanwhile: then nothing is written."""
-        calls, messages = self._transcript.pending() if self._transcript is not None else ([], [])
-        if calls or messages:
-            counts = self._transcript.counts()
+        transcript = self._transcript
+        calls, messages = transcript.pending() if transcript is not None else ([], [])
+        if calls or messages or self.store.shards.sharded:  # sharded: a state alone goes to the shard too
+            if transcript is not None:
+                counts, saved, since = transcript.counts(), transcript.saved_counts(), transcript.since
+            else:  # nothing of the rollout read or added in this delivery: its counts stay
+                counts = saved = (self.state.rollout or RolloutCounts()).model_dump()
+                since = None
             state = {**self.state.dump(), ROLLOUT_KEY: counts}  # kept in self.state only once stored
-            ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state,
-                                       self._transcript.saved_counts(), calls, messages, self._transcript.since)
+            ok = self.store.save_state(self.job_id, self.stage, self.record.attempt, state, saved,
+                                       calls, messages, since)
             if ok:
                 self.state.rollout = RolloutCounts(**counts)
         else:

@@ -54,7 +54,7 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
     (cost,) = _with_cost(store, [(record, kwargs.get("state"))], [result])
     expect = {"attempt": expect_attempt} if expect_attempt is not None else None
     ok, current = store.transition(record.job_id, status, sources=sources, expect=expect,
-                                   **_terminal_fields(record, result))
+                                   **_terminal_fields(store, record, result, kwargs.get("state")))
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
@@ -70,8 +70,8 @@ def finish_many(store: JobStore, ends: list[tuple[JobRecord, dict[str, Any]]],
     trip, each ``(record, build_result keyword arguments)``; None for a job that had ended."""
     results = [build_result(record, status, **kwargs) for record, kwargs in ends]
     costs = _with_cost(store, [(record, kwargs.get("state")) for record, kwargs in ends], results)
-    done = store.transition_many((record.job_id, status, _terminal_fields(record, result))
-                                 for (record, _), result in zip(ends, results))
+    done = store.transition_many((record.job_id, status, _terminal_fields(store, record, result, kwargs.get("state")))
+                                 for (record, kwargs), result in zip(ends, results))
     out = [result if ok else None for result, (ok, _) in zip(results, done)]
     _nothing_to_consume(store, [(record, r) for (record, _), r in zip(ends, out) if r is not None])
     add_totals(store.redis, [(record.project, cost) for (record, _), cost, r in zip(ends, costs, out)
@@ -119,8 +119,11 @@ def _nothing_to_consume(store: JobStore, ended: list[tuple[JobRecord, JobResult]
         WeightVersions(store.redis, project).consume(ids)
 
 
-def _terminal_fields(record: JobRecord, result: JobResult) -> dict[str, Any]:
-    return {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **record.stage_times()}
+def _terminal_fields(store: JobStore, record: JobRecord, result: JobResult, state: Any) -> dict[str, Any]:
+    fields = {"result": result.model_dump(mode="json"), "t_finished": record.t_finished, **record.stage_times()}
+    if store.shards.sharded:  # the last stage saved its state on the shard only: the head keeps the final one
+        fields["state"] = record.state if state is None else state.dump() if hasattr(state, "dump") else state
+    return fields
 
 
 def _handler_of(record: JobRecord) -> AgentHandler:

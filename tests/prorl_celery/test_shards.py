@@ -1,6 +1,7 @@
 """The rollout store on two Redis of its own (prorl_celery/shards.py), in process: jobs land on
-both shards, never on the head; the fenced save holds across the two instances; every reader
-(the transcript, the result's views, the cost reader) finds each rollout on its shard."""
+both shards, never on the head; a running stage's saves write the shard alone, fenced there by
+attempt and stage; every reader (the record, the transcript, the result's views, the cost reader)
+finds each rollout and its running stage's state on its shard."""
 from __future__ import annotations
 
 import json
@@ -60,7 +61,9 @@ def test_rollouts_land_on_both_shards_and_every_reader_finds_them(store, scratch
     assert held[0] and held[1] and not held[0] & held[1] and held[0] | held[1] == set(jobs)
     assert all(store.shards.store_for(j) is shard_clients[store.shards.index(j)] for j in jobs)
     assert not any(scratch_redis.exists(keys.rollout_calls(j), keys.rollout_messages(j)) for j in jobs)
-    assert all(store.get(j).state[ROLLOUT_KEY] == {"calls": 2, "messages": 3} for j in jobs)  # the state on the head
+    assert all(store.get(j).state[ROLLOUT_KEY] == {"calls": 2, "messages": 3} for j in jobs)  # the shard's state
+    assert not any(scratch_redis.hget(keys.job(j), "state") for j in jobs)  # the head was not written per turn
+    assert [r.state[ROLLOUT_KEY]["calls"] for r in store.get_many(jobs)] == [2] * len(jobs)
 
     rollouts = RolloutStore(store.shards)
     assert all(len(rollouts.read(j)) == 2 and rollouts.messages(j)[0]["content"] == f"go {j}" for j in jobs)
@@ -73,24 +76,60 @@ def test_rollouts_land_on_both_shards_and_every_reader_finds_them(store, scratch
     assert len(again.transcript.turns()) == 2
 
 
-def test_the_fence_holds_across_the_two_instances(store, scratch_redis):
+def test_the_fence_holds_on_the_shard(store, scratch_redis):
     job_id = _in_run(store)
     shard = store.shards.store_for(job_id)
     # attempt 2 saves on the shard: a late write of attempt 1 is refused there, before any trim
-    assert store.shards.append_fenced(job_id, 2, {}, [b"a2"], [], 60)
+    assert store.shards.save(job_id, "run", 2, "{}", {}, [b"a2"], [], 60)
     assert not store.save_state(job_id, JobStatus.RUN, 1, {"x": 1}, {}, [b"a1"], [])
     assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"a2"]
-    # the head refuses a save of a job that ended: its records stay past the counts, and the next
-    # fenced save of the job's attempt trims them (the store's rule for a write that lost a race)
     scratch_redis.hset(keys.job(job_id), "attempt", 2)
     assert store.save_state(job_id, JobStatus.RUN, 2, {"n": 1}, {}, [b"c1"], ["{}"])
-    assert store.transition(job_id, None, stage_state=StageState.DONE)[0]
-    assert not store.save_state(job_id, JobStatus.RUN, 2, {"n": 2}, {"calls": 1, "messages": 1}, [b"stray"], [])
-    assert shard.llen(keys.rollout_calls(job_id)) == 2 and store.get(job_id).state == {"n": 1}
-    assert store.transition(job_id, None, stage_state=StageState.RUNNING)[0]
-    assert store.save_state(job_id, JobStatus.RUN, 2, {"n": 2}, {"calls": 1, "messages": 1}, [b"c2"], [])
-    assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"c1", b"c2"]
-    assert 0 < shard.ttl(keys.rollout_calls(job_id)) and 0 < shard.ttl(keys.rollout_fence(job_id))
+    assert store.get(job_id).state == {"n": 1}  # the shard's, while run runs in attempt 2
+    # the stage ends: the head takes the state it ended with, and the next stage's reader sees it
+    assert store.transition(job_id, None, stage_state=StageState.DONE, state={"n": 1, "done": True})[0]
+    assert store.get(job_id).state == {"n": 1, "done": True}
+    assert store.transition(job_id, JobStatus.EVAL, stage_state=StageState.RUNNING)[0]
+    assert store.get(job_id).state == {"n": 1, "done": True}  # the shard's is run's, not eval's
+    assert store.save_state(job_id, JobStatus.EVAL, 2, {"n": 2}, {"calls": 1, "messages": 1}, [b"e1"], [])
+    # a late run delivery of the same attempt is behind eval now: refused, nothing trimmed
+    assert not store.save_state(job_id, JobStatus.RUN, 2, {"n": 9}, {"calls": 0, "messages": 0}, [b"late"], [])
+    assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"c1", b"e1"]
+    assert store.get(job_id).state == {"n": 2}
+    # a stray write past the counts (a delivery that lost the job) is trimmed by the next save
+    shard.rpush(keys.rollout_calls(job_id), b"stray")
+    assert store.save_state(job_id, JobStatus.EVAL, 2, {"n": 3}, {"calls": 2, "messages": 1}, [b"e2"], [])
+    assert shard.lrange(keys.rollout_calls(job_id), 0, -1) == [b"c1", b"e1", b"e2"]
+    assert all(0 < shard.ttl(k(job_id)) for k in (keys.rollout_calls, keys.rollout_fence, keys.rollout_state))
+    # a retry from init (attempt 3) does not read attempt 2's state
+    assert store.transition(job_id, JobStatus.QUEUED, stage_state=StageState.NONE, state={}, attempt=3)[0]
+    assert store.transition(job_id, JobStatus.INIT, stage_state=StageState.RUNNING)[0]
+    assert store.transition(job_id, JobStatus.RUN, stage_state=StageState.RUNNING)[0]
+    assert store.get(job_id).state == {}
+
+
+def test_a_cancel_mid_stage_keeps_the_turns_the_shard_holds_and_the_stage_notices(store, scratch_redis):
+    """The save does not read the head: a cancel's result takes the counts from the shard, the
+    head keeps the final state, and the stage learns of the cancel through the watch."""
+    from prorl_celery.errors import JobCancelled
+    from tasks.outcome import finish
+
+    job_id = _in_run(store)
+    ctx = StageContext(store, store.get(job_id), JobStatus.RUN, budget_s=60.0)
+    ctx.transcript.messages.append({"role": "user", "content": "go"})
+    for turn in _exact_turns(2):
+        ctx.transcript.answer(turn)
+        ctx.save()
+    ctx.check()  # still running
+    result = finish(store, store.get(job_id), JobStatus.CANCELLED)
+    assert result is not None and result.cost["llm_calls"] == 2
+    assert json.loads(scratch_redis.hget(keys.job(job_id), "state"))[ROLLOUT_KEY] == {"calls": 2, "messages": 3}
+    with pytest.raises(JobCancelled):
+        for _ in range(100):  # the watch's reading is at most MAX_AGE_S old
+            ctx.check()
+            import time
+            time.sleep(0.02)
+    assert store.get(job_id).state[ROLLOUT_KEY] == {"calls": 2, "messages": 3}  # the head's, now final
 
 
 def test_unsharded_is_the_head_alone_and_the_setting_parses(scratch_redis):
@@ -140,7 +179,7 @@ def test_a_save_sends_again_what_a_shard_lost(store):
     calls, messages = _lists(shard, job_id)
     assert len(calls) == 2 and len(messages) == 3 and messages[2]["call"] == 1  # the answers tagged
 
-    # the second turn's appends lost behind the writer's back (the head's state still counts them)
+    # the second turn's appends lost behind the writer's back (its transcript still counts them)
     shard.rpop(keys.rollout_calls(job_id))
     shard.rpop(keys.rollout_messages(job_id))
     with pytest.raises(ShardLostWrites):  # nothing to send them from: refused, nothing written
