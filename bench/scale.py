@@ -185,6 +185,8 @@ def main() -> None:
     parser.add_argument("--context", default="16k", help="with --turns: prompt tokens by the last turn (16k, 64k)")
     parser.add_argument("--store-shards", type=int, default=0,
                         help="the rollouts' lists on N Redis of their own (prorl_celery/shards.py); 0: the head's")
+    parser.add_argument("--routing-redis", action="store_true",
+                        help="the LLM routing on a Redis of its own (prorl_celery/llm/store.py)")
     args = parser.parse_args()
     context = int(args.context.lower().removesuffix("k")) * (1000 if args.context.lower().endswith("k") else 1)
     turns = realistic_turns(args.turns, context) if args.turns else TURNS
@@ -192,7 +194,7 @@ def main() -> None:
     capacity = max(args.n, args.run_threads) + 64
     options = StackOptions(state_dir=Path(tempfile.mkdtemp(prefix="bench-scale-")), redis_password=REDIS_PASSWORD,
                            concurrency={"init": 64, "run": args.run_threads, "eval": 32, "maint": 2},
-                           store_shards=args.store_shards,
+                           store_shards=args.store_shards, routing_redis=args.routing_redis,
                            env={"PRORL_SANDBOX_CAPACITY": str(capacity), "PRORL_LLM_DEFAULT_CAPACITY": str(capacity)})
     stack = Stack(options)
     os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
