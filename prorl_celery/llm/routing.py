@@ -267,7 +267,6 @@ class Router:
     wait for one of its calls to end, or for its hour to have room), ``share`` (every slot is
     taken and the project holds its weighted share of them: wait for a free slot)."""
 
-    _lock = threading.Lock()
     _copies: dict[tuple, _Copies] = {}  # per routing Redis (where), shared by the routers of this process
 
     def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
@@ -320,12 +319,11 @@ class Router:
             record.pop(name.encode(), None)
         raw_key = record.get(b"api_key")
         backend, api_key = parse_backend(record, 0), raw_key.decode() if raw_key else None
-        if rev:
-            with self._lock:
-                now = self._copies.get(self._where, _NO_COPIES).records
-                records = {**(now if len(now) < RECORDS_KEPT else {}), bid: (rev, backend, api_key)}
-                argv = ";" + "".join(f"{i}:{r};" for i, (r, _, _) in records.items())
-                self._copies[self._where] = _Copies(records, argv)
+        if rev:  # (two threads at once may each drop the other's copy: it is read again, never wrong)
+            now = self._copies.get(self._where, _NO_COPIES).records
+            records = {**(now if len(now) < RECORDS_KEPT else {}), bid: (rev, backend, api_key)}
+            argv = ";" + "".join(f"{i}:{r};" for i, (r, _, _) in records.items())
+            self._copies[self._where] = _Copies(records, argv)
         return backend, api_key
 
     def _head_facts(self, job_id: str | None) -> list[str]:
