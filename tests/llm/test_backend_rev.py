@@ -18,7 +18,8 @@ from prorl_celery.llm.registry import COUNTERS, REV
 from prorl_celery.llm.routing import Router
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["prorl_celery", "flask_api", "tasks", "sandboxes", "config", "bench", "examples", "scripts"]
+SOURCES = ["prorl_celery", "flask_api", "tasks", "sandboxes", "config", "bench", "examples", "scripts", "slurm_scripts"]
+SUFFIXES = {".py", ".sh", ".sbatch", ".lua"}
 
 # Every line of the code that names a backend's hash (keys.llm_backend), and what it does there: a
 # new line fails this test until it is added here, a writer only through the registry's scripts.
@@ -59,8 +60,10 @@ def _arguments(script: str, command: str, key: str) -> list[str]:
 def _named_lines() -> set[tuple[str, str]]:
     found = set()
     for top in SOURCES:
-        for path in (ROOT / top).rglob("*.py"):
-            for line in path.read_text().splitlines():
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix not in SUFFIXES or not path.is_file():
+                continue
+            for line in path.read_text(errors="replace").splitlines():
                 if "llm_backend(" in line or "llm:backend:" in line:
                     found.add((str(path.relative_to(ROOT)), line.strip()))
     return found
