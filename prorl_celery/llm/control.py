@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from config.settings import get_settings
 from prorl_celery import keys
-from prorl_celery.errors import BackendFailed
+from prorl_celery.errors import BackendFailed, UnknownBackend
 from prorl_celery.leases import CALL_CHECK_S, TICK_S
 from prorl_celery.llm.models import Backend, BackendStatus, PauseApi
 from prorl_celery.llm.pause import Mode, effective_mode, pause_server, resume_server
@@ -77,9 +77,9 @@ def pause(registry: BackendRegistry, ids: list[str] | None, mode: Mode, wait_s: 
     backends = registry.get_many(registry.resolve(ids))
     modes = {b.id: effective_mode(b, mode) for b in backends}
     for b in backends:  # the router holds new turns from now on
-        registry.set_status(b.id, BackendStatus.DRAINING, PAUSE_SOURCES)
-        registry.set_fields(b.id, paused_mode=modes[b.id], paused_until=expires_at)
-        registry.clear_fields(b.id, "pause_expired_at")
+        if registry.write(b.id, fields={"paused_mode": modes[b.id], "paused_until": expires_at},
+                          unset=["pause_expired_at"], status=(BackendStatus.DRAINING, PAUSE_SOURCES)) == -1:
+            raise UnknownBackend(b.id)
     own = [b for b in backends if modes[b.id] != "drain" and b.pause_api not in (None, PauseApi.NONE)]
     cut = [b for b in backends if modes[b.id] == "abort" and b.pause_api in (None, PauseApi.NONE)]
     server_s, errors = _pause_servers(registry, own, modes)
@@ -141,15 +141,6 @@ def _resume_one(registry: BackendRegistry, backend: Backend, weight_version: str
     registry.reactivate(backend.id, weight_version, sources)
 
 
-# delete a pause's deadline only if it is still the one read: of the turns that found it past,
-# one resumes the backend, and never a newer pause that replaced it meanwhile
-_CLAIM_EXPIRY = """
-if redis.call('HGET', KEYS[1], 'paused_until') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'paused_until')
-  return 1
-end
-return 0
-"""
 EXPIRY_CHECK_S = 0.5  # how often one process looks for expired pauses while its turns wait
 _last_check = 0.0
 
@@ -163,7 +154,7 @@ def expire_pauses(registry: BackendRegistry, now: float | None = None) -> list[s
         if backend.status is not BackendStatus.DRAINING or backend.paused_until is None or backend.paused_until > now:
             continue
         raw = registry.redis.hget(keys.llm_backend(backend.id), "paused_until")
-        if raw is None or not registry.redis.eval(_CLAIM_EXPIRY, 1, keys.llm_backend(backend.id), raw):
+        if raw is None or not registry.claim_pause_expiry(backend.id, raw):
             continue  # resumed meanwhile, or another turn expires it
         log.warning("backend %s: paused since %.0f s with no resume (max_pause_s): resuming it on weight version %s",
                     backend.id, now - backend.status_since, backend.weight_version)

@@ -5,10 +5,23 @@ version, counters and measured seconds per turn (``turn_s``), a sorted set (``ke
 of in-flight request leases whose scores are their expiry times (the live in-flight count is the
 number of unexpired members), and a sorted set of its rollouts' sessions (``keys.llm_sessions``, see
 ``routing``); all on the routing's Redis (:mod:`prorl_celery.llm.store`).
+
+**The revision.** Each process keeps a copy of the records it routed to (``routing``), and the
+acquire sends the whole record only when that copy is not the current one. What tells them apart is
+the hash's ``rev``: a fresh random token written in the same atomic step as any other field, by
+the registration script (``_ADD``) or by :meth:`BackendRegistry.write`, the one way everything else
+(status, drain, pause, resume, weight version, quarantine, probes, pause expiry) writes a backend's
+hash. Random, not counted: a backend removed and registered again, or a routing Redis that lost its
+last second in a crash, never gives an old revision back with other contents. The router's own
+counters (``COUNTERS``: served, failures, consecutive failures, seconds per turn), which each
+release writes, are outside it: no process copies them, so a release does not make the copies old.
+tests/llm/test_backend_rev.py checks that no other code writes a backend's hash.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import secrets
 import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -21,28 +34,49 @@ from prorl_celery.errors import InvalidRequest, UnknownBackend
 from prorl_celery.llm.models import Backend, BackendSpec, BackendStatus
 from prorl_celery.llm.store import routing_redis
 
+REV = "rev"  # the field that names the record's revision (see the module's docstring)
+# written by every release (routing._RELEASE), outside the revision: no process keeps a copy of them
+COUNTERS = ("served", "failures", "consecutive_failures", "turn_s")
+
+# a registration, or the same address again: its fields and a new revision (ARGV[5]) in one step
 _ADD = """
 local created = redis.call('SADD', KEYS[1], ARGV[1])
 if created == 1 then
-  redis.call('DEL', KEYS[3], KEYS[4])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
   redis.call('HSET', KEYS[2], 'id', ARGV[1], 'status', 'active', 'served', 0, 'failures', 0,
              'consecutive_failures', 0, 'added_at', ARGV[2], 'status_since', ARGV[2],
              'protocol', ARGV[3], 'capacity', ARGV[4])
 end
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[2], 'rev', ARGV[5])
 return created
 """
-# status change only from the listed states; returns 1 if changed
-_SET_STATUS = """
-local current = redis.call('HGET', KEYS[1], 'status')
-if not current then return -1 end
-for i = 3, #ARGV do
-  if current == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1], 'status_since', ARGV[2])
-    return 1
+# every other write of a registered backend's hash (BackendRegistry.write): -1 if it is not
+# registered, 0 if the guard (a field's value) did not hold, else 1 + (1 if the status moved)
+_WRITE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local w = cjson.decode(ARGV[2])
+if w.only_if and redis.call('HGET', KEYS[1], w.only_if[1]) ~= w.only_if[2] then return 0 end
+local wrote, moved = false, 0
+if w.status then  -- only from the listed states
+  local current = redis.call('HGET', KEYS[1], 'status')
+  for _, from in ipairs(w.status.from) do
+    if current == from then
+      redis.call('HSET', KEYS[1], 'status', w.status.to, 'status_since', w.status.at)
+      wrote, moved = true, 1
+      break
+    end
   end
 end
-return 0
+for name, value in pairs(w.set) do
+  redis.call('HSET', KEYS[1], name, value)
+  wrote = true
+end
+for _, name in ipairs(w.unset) do
+  if redis.call('HDEL', KEYS[1], name) == 1 then wrote = true end
+end
+if wrote then redis.call('HSET', KEYS[1], 'rev', ARGV[1]) end
+return 1 + moved
 """
 _INT_FIELDS = ("capacity", "served", "failures", "consecutive_failures", "max_model_len")
 _FLOAT_FIELDS = ("added_at", "status_since")
@@ -96,7 +130,8 @@ class BackendRegistry:
             if value is not None and name in spec.model_fields_set:
                 fields[name] = value.value if name in ("protocol", "pause_api") else (
                     int(value) if isinstance(value, bool) else value)
-        argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity]
+        argv = [bid, time.time(), spec.protocol.value, spec.capacity or get_settings().llm_default_capacity,
+                new_rev()]
         argv += [item for pair in fields.items() for item in pair]
         created = self.redis.eval(_ADD, 4, keys.llm_backends(), keys.llm_backend(bid),
                                   keys.llm_inflight(bid), keys.llm_sessions(bid), *argv)
@@ -160,30 +195,50 @@ class BackendRegistry:
                 raise UnknownBackend(bid)
         return list(ids)
 
-    # -- status ---------------------------------------------------------------------------
+    # -- status and fields: every write of a backend's hash but the router's counters -----------
+    def write(self, bid: str, fields: dict[str, object] | None = None, unset: Iterable[str] = (),
+              status: tuple[BackendStatus, Iterable[BackendStatus]] | None = None,
+              only_if: tuple[str, str] | None = None) -> int:
+        """One atomic write of a registered backend's hash, with a new revision if anything changed
+        (the module's docstring): ``fields`` set (None values skipped) and ``unset``, the status moved
+        to ``status[0]`` if it is one of ``status[1]``; only if the field ``only_if[0]`` holds
+        ``only_if[1]``. Returns -1 (not registered: nothing written), 0 (the guard failed), 1
+        (written; the status did not move), 2 (the status moved)."""
+        plan: dict[str, object] = {"set": {k: _stored(v) for k, v in (fields or {}).items() if v is not None},
+                                   "unset": list(unset)}
+        if status is not None:
+            plan["status"] = {"to": status[0].value, "from": [s.value for s in status[1]], "at": repr(time.time())}
+        if only_if is not None:
+            plan["only_if"] = list(only_if)
+        if not plan["set"]:
+            plan["set"] = _EMPTY  # cjson reads an empty list and an empty object alike
+        if not plan["unset"]:
+            plan["unset"] = _EMPTY
+        return int(self.redis.eval(_WRITE, 1, keys.llm_backend(bid), new_rev(), json.dumps(plan)))
+
     def set_status(self, bid: str, status: BackendStatus, sources: Iterable[BackendStatus]) -> bool:
-        changed = self.redis.eval(_SET_STATUS, 1, keys.llm_backend(bid), status.value, time.time(),
-                                  *[s.value for s in sources])
+        changed = self.write(bid, status=(status, sources))
         if changed == -1:
             raise UnknownBackend(bid)
-        return changed == 1
+        return changed == 2
 
     def set_fields(self, bid: str, **fields: object) -> None:
-        self.redis.hset(keys.llm_backend(bid), mapping={k: v for k, v in fields.items() if v is not None})
+        """Fields of a registered backend (one not registered is left alone)."""
+        self.write(bid, fields=fields)
 
     def clear_fields(self, bid: str, *names: str) -> None:
-        self.redis.hdel(keys.llm_backend(bid), *names)
+        self.write(bid, unset=names)
 
     def reactivate(self, bid: str, weight_version: str | None, sources: Iterable[BackendStatus]) -> None:
-        """After a pause: the new weight version, failures forgotten, back to active, in one round trip."""
-        pipe = self.redis.pipeline(transaction=True)
-        key = keys.llm_backend(bid)
-        pipe.hset(key, mapping={"consecutive_failures": 0, **({"weight_version": weight_version}
-                                                              if weight_version is not None else {})})
-        pipe.hdel(key, "paused_mode")
-        pipe.eval(_SET_STATUS, 1, key, BackendStatus.ACTIVE.value, time.time(), *[s.value for s in sources])
-        if pipe.execute()[-1] == -1:
+        """After a pause: the new weight version, failures forgotten, back to active, in one step."""
+        if self.write(bid, fields={"consecutive_failures": 0, "weight_version": weight_version},
+                      unset=["paused_mode"], status=(BackendStatus.ACTIVE, sources)) == -1:
             raise UnknownBackend(bid)
+
+    def claim_pause_expiry(self, bid: str, paused_until: bytes) -> bool:
+        """Delete the backend's pause deadline only if it is still ``paused_until`` (as read): of the
+        turns that found it past, one resumes the backend, and never a newer pause that replaced it."""
+        return self.write(bid, unset=["paused_until"], only_if=("paused_until", paused_until.decode())) > 0
 
     def api_key(self, bid: str) -> str | None:
         """The bearer token the server requires (kept out of the public record)."""
@@ -196,6 +251,25 @@ class BackendRegistry:
         pipe.zcard(keys.llm_inflight(bid))
         pipe.delete(keys.llm_inflight(bid))
         return pipe.execute()[0]
+
+
+_EMPTY: list = []
+
+
+def new_rev() -> str:
+    """A fresh revision of a backend's record: random, so none comes back with other contents."""
+    return secrets.token_hex(8)
+
+
+def _stored(value: object) -> str:
+    """A field's value as redis-py would send it (a float's repr, a bool as 0/1)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
 
 
 def parse_backend(raw: dict[bytes, bytes], in_flight: int) -> Backend:

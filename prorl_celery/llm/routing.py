@@ -28,6 +28,12 @@ removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
   share of the candidates' capacity (among the projects with requests in flight), else it waits
   for a free slot (``share``). A project alone is never held, and a free slot goes to whoever
   asks: nothing idles. The operator's own jobs are outside it.
+
+The reply names the chosen backend and its record's revision (:mod:`prorl_celery.llm.registry`);
+it carries the record itself only when this process's copy is not of that revision (the acquire
+is given the revisions of the copies this process holds): a record of ~20 fields read and sent on
+every call was about a quarter of the routing's work on its Redis (bench/RESULTS.md). The copies
+leave out the router's counters (``registry.COUNTERS``), which every release writes.
 """
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ import redis
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
-from prorl_celery.llm.registry import parse_backend
+from prorl_celery.llm.registry import COUNTERS, REV, parse_backend
 from prorl_celery.llm.store import HeadView, routing_redis
 from prorl_celery.llm.transport import HeldLease
 
@@ -66,13 +72,13 @@ local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
 local seen = {draining = false, quarantined = false}
 -- the job's project and its quotas: given by the caller when the head's Redis holds them and
 -- this one does not (prorl_celery/llm/store.py), else read here
-local given = ARGV[19] == '1'
+local given = ARGV[20] == '1'
 local mine
-if given then mine = ARGV[20] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
+if given then mine = ARGV[21] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
 local pin = ''
 if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, the call waits
   local raw
-  if given then raw = ARGV[21] ~= '' and ARGV[21] else raw = redis.call('HGET', KEYS[4], mine) end
+  if given then raw = ARGV[22] ~= '' and ARGV[22] else raw = redis.call('HGET', KEYS[4], mine) end
   local q = (raw and cjson.decode(raw).quotas) or {}
   pin = ARGV[13] .. mine
   if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
@@ -87,19 +93,9 @@ if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, th
     if used >= q.tokens_per_hour then return {'quota'} end
   end
 end
-local members, whole = redis.call('SMEMBERS', KEYS[1]), nil
-for _, id in ipairs(members) do
-  local f
-  if #members == 1 then  -- one backend: its whole record now is the one the reply carries
-    whole, f = redis.call('HGETALL', bprefix .. id), {}
-    local at = {status = 1, capacity = 2, protocol = 3, turn_s = 4, project = 5}
-    for i = 1, #whole, 2 do
-      local k = at[whole[i]]
-      if k then f[k] = whole[i + 1] end
-    end
-  else
-    f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project')
-  end
+local rev = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project', 'rev')
   local owner = f[5] or ''
   if f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine) then
     if f[1] == 'active' then
@@ -117,7 +113,7 @@ for _, id in ipairs(members) do
       table.insert(ids, id)
       cap[id], inflight[id] = c, redis.call('ZCOUNT', ik, after_now, '+inf')
       load[id] = math.max(sessions, inflight[id])
-      turn[id] = tonumber(f[4])
+      turn[id], rev[id] = tonumber(f[4]), f[6]
       if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
     else
       seen[f[1]] = true
@@ -148,7 +144,7 @@ for pass = 1, 2 do  -- first among backends with a free slot, else among all
     local total, wsum, wmine, nmine = 0, 0, 1, 0
     for _, id in ipairs(ids) do total = total + cap[id] end
     local weights = {}
-    if given then weights = cjson.decode(ARGV[22]) else
+    if given then weights = cjson.decode(ARGV[23]) else
       local flat = redis.call('HGETALL', KEYS[4])
       for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
     end
@@ -181,8 +177,12 @@ if job ~= '' then
   redis.call('ZADD', sprefix .. chosen, now, job)
   redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
 end
-return {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1),
-        whole or redis.call('HGETALL', bprefix .. chosen), mine}
+-- the record only if the caller's copy (ARGV[19]: ';id:rev;id:rev;') is not of its current revision
+local reply = {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1), rev[chosen] or '', mine}
+if not (rev[chosen] and string.find(ARGV[19], ';' .. chosen .. ':' .. rev[chosen] .. ';', 1, true)) then
+  reply[7] = redis.call('HGETALL', bprefix .. chosen)
+end
+return reply
 """
 
 _RELEASE = """
@@ -220,10 +220,28 @@ return backend
 """
 
 
+RECORDS_KEPT = 4096  # backends' records one process keeps a copy of, per routing Redis
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """This process's copies of backends' records on one Redis: id -> (revision, record without
+    its counters nor in-flight count, api key); ``argv``: their revisions as the acquire reads them,
+    ``;id:rev;id:rev;``. Replaced whole on a change, so an acquire uses the copy it named."""
+
+    records: dict[str, tuple[str, Backend, str | None]]
+    argv: str = ";"
+
+
+_NO_COPIES = _Copies({})
+
+
 @dataclass
 class Slot:
-    """A backend chosen for one request: its record as the router read it when choosing, the
-    key the record keeps out of its public view, and the request's in-flight lease."""
+    """A backend chosen for one request: its record as the router read it when choosing (or this
+    process's copy of that very revision; the router's counters ``served``, ``failures``,
+    ``consecutive_failures`` are not carried: the registry has them), the key the record keeps out
+    of its public view, and the request's in-flight lease."""
 
     backend: Backend
     api_key: str | None = None
@@ -249,6 +267,8 @@ class Router:
     wait for one of its calls to end, or for its hour to have room), ``share`` (every slot is
     taken and the project holds its weighted share of them: wait for a free slot)."""
 
+    _copies: dict[tuple, _Copies] = {}  # per routing Redis (where), shared by the routers of this process
+
     def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
         """``client``: the head's Redis; ``routing``: the routing's own (default: ``routing_url``'s,
         else the head's: :mod:`prorl_celery.llm.store`)."""
@@ -258,12 +278,16 @@ class Router:
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
         self._end = client.register_script(_END)
+        where = client.connection_pool.connection_kwargs
+        self._where = tuple(where.get(k) for k in ("host", "port", "path", "db"))
+        self.records_read = 0  # acquires whose reply carried the record (this process's copy was older)
 
     def acquire(self, job_id: str | None, protocol: Protocol | None = None,
                 lease_s: float | None = None) -> Slot | str:
         settings = get_settings()
         lease_s = lease_s or settings.llm_lease_s
         token = uuid.uuid4().hex
+        copies = self._copies.get(self._where, _NO_COPIES)
         now_ms, lease_ms = int(time.time() * 1000), int(lease_s * 1000)
         idle_cut = now_ms - int(settings.llm_session_idle_s * 1000)
         args = [now_ms, now_ms + lease_ms, token, protocol.value if protocol else "",
@@ -271,21 +295,39 @@ class Router:
                 keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", idle_cut,
                 keys.llm_project_inflight(""), keys.llm_project_tokens(""),
                 "1" if random.random() < SWEEP_P else "0", f"({now_ms}", f"({idle_cut}", lease_ms + 60000,
-                *self._head_facts(job_id)]
+                copies.argv, *self._head_facts(job_id)]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
-        bid, load, in_flight, flat = reply[1].decode(), int(reply[2]), int(reply[3]), reply[4]
-        record = dict(zip(flat[0::2], flat[1::2]))
-        api_key = record.get(b"api_key")
-        project = reply[5].decode() if len(reply) > 5 and reply[5] else None
-        return Slot(parse_backend(record, in_flight), api_key.decode() if api_key else None,
+        bid, load, in_flight = reply[1].decode(), int(reply[2]), int(reply[3])
+        if len(reply) > 6:  # this process's copy was missing or of an older revision
+            backend, api_key = self._keep(bid, reply[4].decode(), reply[6])
+        else:
+            _, backend, api_key = copies.records[bid]
+        project = reply[5].decode() if reply[5] else None
+        return Slot(backend.model_copy(update={"in_flight": in_flight}), api_key,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
                               also=keys.llm_project_inflight(project) if project else None), load, project=project)
 
+    def _keep(self, bid: str, rev: str, flat: list[bytes]) -> tuple[Backend, str | None]:
+        """The record of the reply, parsed without its counters, and kept as this process's copy
+        of revision ``rev`` (a record without one, written before revisions were, is not kept)."""
+        self.records_read += 1
+        record = dict(zip(flat[0::2], flat[1::2]))
+        for name in (*COUNTERS, REV):
+            record.pop(name.encode(), None)
+        raw_key = record.get(b"api_key")
+        backend, api_key = parse_backend(record, 0), raw_key.decode() if raw_key else None
+        if rev:  # (two threads at once may each drop the other's copy: it is read again, never wrong)
+            now = self._copies.get(self._where, _NO_COPIES).records
+            records = {**(now if len(now) < RECORDS_KEPT else {}), bid: (rev, backend, api_key)}
+            argv = ";" + "".join(f"{i}:{r};" for i, (r, _, _) in records.items())
+            self._copies[self._where] = _Copies(records, argv)
+        return backend, api_key
+
     def _head_facts(self, job_id: str | None) -> list[str]:
-        """The acquire's ARGV 19-22: read by the script itself on the head's Redis (``0``), else the
+        """The acquire's ARGV 20-23: read by the script itself on the head's Redis (``0``), else the
         job's project, its record and every project's weight, from the head (cached in this process)."""
         if self.view is None:
             return ["0"]
