@@ -104,6 +104,7 @@ class Sampler(threading.Thread):
         self.peak, self.at_peak = 0, {}
         self.redis_peak, self.in_run_at_redis_peak = 0, 0
         self.missed, self.last_error = 0, ""
+        self.in_run = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -117,10 +118,56 @@ class Sampler(threading.Thread):
                 self.missed += 1
                 self.last_error = repr(exc)
                 continue
+            self.in_run = in_run
             if used >= self.redis_peak:
                 self.redis_peak, self.in_run_at_redis_peak = used, in_run
             if in_run >= self.peak:
                 self.peak, self.at_peak = in_run, rss_mb(self.stack)
+
+
+class Window(threading.Thread):
+    """The steady state: once the whole batch is in ``run``, each part's CPU and the head's commands
+    over ``seconds``, per rollout in flight and second (what a fleet of R rollouts in flight costs
+    is R times that, whatever its turns do: leases renewed, watches read, sweeps, the turns)."""
+
+    def __init__(self, stack: Stack, sampler: Sampler, n: int, seconds: float):
+        super().__init__(daemon=True)
+        self.stack, self.sampler, self.n, self.seconds = stack, sampler, n, seconds
+        self.result: dict | None = None
+
+    def run(self) -> None:
+        head = self.sampler.store.redis
+        while self.sampler.in_run < 0.98 * self.n and not self.sampler.stop.is_set():
+            time.sleep(0.5)
+        time.sleep(5.0)  # the last starts settle
+        cpu0, commands0, in0, t0 = cpu_s(self.stack), redis_commands(head), self.sampler.in_run, time.monotonic()
+        time.sleep(self.seconds)
+        cpu1, commands1, in1, t1 = cpu_s(self.stack), redis_commands(head), self.sampler.in_run, time.monotonic()
+        rollout_s = (t1 - t0) * (in0 + in1) / 2
+        commands = {k: (c - commands0.get(k, (0, 0))[0], u - commands0.get(k, (0, 0))[1])
+                    for k, (c, u) in commands1.items()}
+        self.result = {"seconds": t1 - t0, "in_run": (in0, in1),
+                       "cpu_us": {k: (cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / rollout_s for k in cpu1},
+                       "commands": {k: (c / rollout_s, u / rollout_s) for k, (c, u) in commands.items() if c}}
+
+    def report(self, turn_s: float) -> None:
+        """Per rollout-second and per turn (``turn_s``: seconds a turn took in the batch)."""
+        if self.result is None:
+            print("steady-state window: not taken (the batch never had every rollout in run)")
+            return
+        r = self.result
+        cpu = sorted(r["cpu_us"].items(), key=lambda kv: -kv[1])
+        service = sum(v for k, v in cpu if k != "fake-llm")
+        print(f"steady state, {r['seconds']:.0f} s with {r['in_run'][0]} -> {r['in_run'][1]} in run, a turn "
+              f"{turn_s:.1f} s: CPU per rollout-second (per turn) " + ", ".join(
+                  f"{k} {v:.1f} us ({v * turn_s:.0f})" for k, v in cpu)
+              + f"; the service without the fake LLM {service:.1f} us ({service * turn_s / 1e3:.2f} ms per turn)")
+        calls = sum(c for c, _ in r["commands"].values())
+        usec = sum(u for _, u in r["commands"].values())
+        top = sorted(r["commands"].items(), key=lambda kv: -kv[1][1])[:12]
+        print(f"steady state, the head's Redis: {calls:.3f} commands and {usec:.2f} us inside commands per "
+              f"rollout-second ({calls * turn_s:.1f} and {usec * turn_s:.0f} us per turn): "
+              + ", ".join(f"{k} {c * turn_s:.2f}x {u * turn_s:.1f}us" for k, (c, u) in top))
 
 
 def redis_commands(client) -> dict[str, tuple[int, int]]:
@@ -185,6 +232,9 @@ def main() -> None:
     parser.add_argument("--context", default="16k", help="with --turns: prompt tokens by the last turn (16k, 64k)")
     parser.add_argument("--store-shards", type=int, default=0,
                         help="the rollouts' lists on N Redis of their own (prorl_celery/shards.py); 0: the head's")
+    parser.add_argument("--window", type=float, default=0.0,
+                        help="seconds of the steady state measured once the whole batch is in run (0: none)")
+    parser.add_argument("--no-alone", action="store_true", help="skip the one rollout alone (no wall goal)")
     parser.add_argument("--routing-redis", action="store_true",
                         help="the LLM routing on a Redis of its own (prorl_celery/llm/store.py)")
     args = parser.parse_args()
@@ -204,11 +254,14 @@ def main() -> None:
         url = stack.start_fake_llm(extra_args=["--policy", f"scripted:{script}", "--latency-model", latency])
         stack.register_llm(url, capacity=capacity)
         client = ProrlClient(stack.api_url, timeout=300)
-        alone, alone_view = one(client, params)
+        alone, alone_view = (0.0, None) if args.no_alone else one(client, params)
         idle = rss_mb(stack)
         sampler = Sampler(stack)
         redis_before = sampler.store.redis.info()
         sampler.start()
+        window = Window(stack, sampler, args.n, args.window)
+        if args.window:
+            window.start()
         commands_before = redis_commands(sampler.store.redis)
         cpu_before = cpu_s(stack)
         submitted, wall, views = batch(client, args.n, params)
@@ -218,6 +271,8 @@ def main() -> None:
                     for k, (c, u) in redis_commands(sampler.store.redis).items()}
         sampler.stop.set()
         sampler.join()
+        if args.window:
+            window.join(timeout=args.window + 10)
         shards_mb = [int(c.info("memory")["used_memory"]) / 1e6 for c in store_clients(stack)]
     statuses: dict[str, int] = {}
     for view in views:
@@ -236,6 +291,8 @@ def main() -> None:
     print("per rollout p50 / max s: " + ", ".join(
         f"{k} {t[len(t) // 2]:.1f} / {t[-1]:.1f}" for k, t in stages.items()))
     cpu = {k: (cpu_after[k] - cpu_before.get(k, 0.0)) * 1000 / args.n for k in cpu_after}
+    if args.window:
+        window.report(stages["run"][len(stages["run"]) // 2] / max(1, len(turns)))
     print(f"CPU ms per rollout (total {sum(cpu.values()):.0f}): "
           + ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
     print_redis(commands, args.n)
@@ -245,7 +302,7 @@ def main() -> None:
     print("memory MiB idle -> at peak: " + ", ".join(
         f"{k} {idle[k]:.0f}->{sampler.at_peak.get(k, 0.0):.0f}" for k in idle))
     tail = ""
-    if args.turns:
+    if args.turns and alone_view is not None:
         tail = print_redis_bytes(redis_before, redis_after, sampler, views, alone_view, args.n)
     print(f"scale n={args.n} peak_in_run={sampler.peak} completed={completed} wall_s={wall:.1f} "
           f"rollouts_per_s={completed / wall:.2f} mb_per_rollout={per:.2f}{tail}")
