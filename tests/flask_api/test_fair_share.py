@@ -11,6 +11,7 @@ import pytest
 import redis
 import requests
 
+from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.projects import ProjectStore
 from tests.conftest import wait_until
@@ -96,3 +97,59 @@ def test_a_late_project_is_not_starved_by_a_backlog(stack, api, redis_url):
     assert a_meanwhile < len(backlog) - done_before
     requests.post(f"{api}/cancel_all", json={}, headers=a, timeout=30)
     time.sleep(0.1)
+
+
+def _two_sandboxes(gate: str) -> dict:
+    return {"instance": {"data_source": "tests.handlers_for_tests:TwoSandboxHandler", "gate": gate,
+                         "sandbox": LOCAL}}
+
+
+def test_max_sandboxes_counts_each_jobs_sandboxes_not_its_rollouts(stack, api, redis_url, tmp_path):
+    """Two jobs that each hold two sandboxes at once, under max_sandboxes 2: the second stays
+    pending while the first holds both (counting rollouts would run them side by side), the gauge
+    says 2, and the second runs once the first ended, held by max_sandboxes."""
+    name, key = _project(redis_url, max_sandboxes=2)
+    first_gate, second_gate = tmp_path / "first", tmp_path / "second"
+    first = _post(api, key, [_two_sandboxes(str(first_gate))]).json()["job_ids"][0]
+    second = _post(api, key, [_two_sandboxes(str(second_gate))]).json()["job_ids"][0]
+    view = lambda job_id: requests.get(f"{api}/jobs/{job_id}", headers=key, timeout=30).json()  # noqa: E731
+    store = JobStore(redis.Redis.from_url(redis_url))
+    wait_until(lambda: len((store.get(first).sandbox or {}).get("aux", [])) == 1, 60,
+               "the first job's second sandbox, opened in its run beside its own")
+    assert view(first)["status"] == "run"
+    time.sleep(1.5)  # releases are tried at every stage start and end, and by the beat each second
+    assert view(second)["status"] == "queued"
+    metrics = requests.get(f"{api}/metrics", timeout=30).text  # the operator's token
+    assert f'prorl_project_sandboxes{{project="{name}"}} 2.0' in metrics
+    assert f'prorl_project_quota_held{{project="{name}",quota="max_sandboxes"}} 1.0' in metrics
+    first_gate.touch()
+    second_gate.touch()
+    ended = [_wait(api, key, job_id) for job_id in (first, second)]
+    assert [e["status"] for e in ended] == ["completed", "completed"], ended
+    assert ended[1]["timings"]["quota_held"] == "max_sandboxes" and ended[1]["timings"]["quota_wait"] > 1
+    records = store.get_many([first, second])
+    assert records[1].t_created + records[1].queue_s >= records[0].t_finished - 0.05  # never side by side
+    wait_until(lambda: f'prorl_project_sandboxes{{project="{name}"}} 0.0'
+               in requests.get(f"{api}/metrics", timeout=30).text, 10, "the count back to 0")
+
+
+def test_a_job_needing_more_sandboxes_than_the_quota_is_refused_at_submission(stack, api, redis_url):
+    """The example ``ledger`` Harbor task holds four at once (the agent's, its two compose
+    services', the verifier's): refused under max_sandboxes 3 with a 403 naming the field, nothing
+    stored; accepted under 4 (held here by max_in_flight 0, then cancelled)."""
+    from tests.conftest import ROOT
+
+    ledger = {"instance": {"data_source": "harbor", "task_dir": str(ROOT / "examples" / "harbor" / "ledger")}}
+    name, key = _project(redis_url, max_sandboxes=3)
+    refused = _post(api, key, [ledger, {"instance": {"data_source": "echo", "text": "hi"}}])
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "policy_denied" and error["field"] == "instance"
+    assert "4 sandboxes" in error["message"] and "max_sandboxes (3)" in error["message"]
+    store = JobStore(redis.Redis.from_url(redis_url))
+    assert sum(store.counts(name).values()) == 0
+    ProjectStore(redis.Redis.from_url(redis_url)).set_quotas(name, {"max_sandboxes": 4, "max_in_flight": 0})
+    accepted = _post(api, key, [ledger])
+    assert accepted.status_code == 202, accepted.text
+    assert store.redis.hget(keys.job(accepted.json()["job_ids"][0]), "sandboxes") == b"4"
+    assert requests.post(f"{api}/cancel_all", json={}, headers=key, timeout=30).status_code == 200
