@@ -80,17 +80,18 @@ def test_an_evaluation_overtakes_the_pending_training_rollouts(stack, api, redis
 
 @pytest.mark.slow
 def test_a_late_project_is_not_starved_by_a_backlog(stack, api, redis_url):
-    """A submits 120 rollouts of half a second first, B then 5. With equal weights B's next job
-    goes before A's next one, so B's first result waits at most for what was already released
-    when it came: the stage queues' cap (fair_share_queue, 16) for init and again for the next
-    stages, plus what the stages held (4 init, 8 run, 4 eval threads): 48 of A's, not 120."""
+    """A submits 500 rollouts of half a second first, B then 20 (the issue's case). With equal
+    weights B's next job goes before A's next one, so B's first result waits at most for what was
+    already released when it came: the stage queues' cap (fair_share_queue, 16) for init and again
+    for the next stages, plus what the stages held (4 init, 8 run, 4 eval threads): 48 of A's,
+    not 500."""
     a_name, a = _project(redis_url)
     _, b = _project(redis_url)
     store = JobStore(redis.Redis.from_url(redis_url))
-    backlog = _post(api, a, [_shell("sleep 0.5") for _ in range(120)]).json()["job_ids"]
+    backlog = _post(api, a, [_shell("sleep 0.5") for _ in range(500)]).json()["job_ids"]
     wait_until(lambda: store.counts(a_name)["completed"] >= 4, 60, "A's first results")
     done_before = store.counts(a_name)["completed"]
-    b_ids = _post(api, b, [_shell("true") for _ in range(5)]).json()["job_ids"]
+    b_ids = _post(api, b, [_shell("true") for _ in range(20)]).json()["job_ids"]
     assert _wait(api, b, b_ids[0], 120)["status"] == "completed"
     a_meanwhile = store.counts(a_name)["completed"] - done_before
     assert a_meanwhile <= 2 * 16 + 16, a_meanwhile
@@ -153,3 +154,38 @@ def test_a_job_needing_more_sandboxes_than_the_quota_is_refused_at_submission(st
     assert accepted.status_code == 202, accepted.text
     assert store.redis.hget(keys.job(accepted.json()["job_ids"][0]), "sandboxes") == b"4"
     assert requests.post(f"{api}/cancel_all", json={}, headers=key, timeout=30).status_code == 200
+
+
+def test_a_projects_cost_is_what_its_sandboxs_cgroup_counted_and_reaches_its_totals(stack, api, redis_url):
+    """A project's rollout (its key, real HTTP) that burns a second of CPU holding 100 MiB: its
+    ``cost.sandbox`` is the host's cgroup reading (against the process's own rusage), and the
+    project's totals in ``/metrics`` are exactly that job's."""
+    import json
+
+    from sandboxes.runtimes.limits.cgroups import accounting
+    from tests.tasks.test_domains import BURN
+
+    if accounting() is None:
+        pytest.skip("no cgroup v1 cpuacct here (or not root): sandboxes are not measured")
+    name, key = _project(redis_url)
+    job_id = _post(api, key, [{"instance": {"data_source": "shell", "commands": [BURN],
+                                            "sandbox": {"runtime": "bwrap"}}}]).json()["job_ids"][0]
+    result = _wait(api, key, job_id)["result"]
+    own_cpu, own_rss_kb, held = json.loads(result["steps"][0]["output"])
+    spent = result["cost"]["sandbox"]
+    assert spent["source"] == "cgroup" and spent["sandboxes"] == 1 and held == 100 << 20
+    assert own_cpu <= spent["cpu_s"] <= own_cpu + 0.75, (own_cpu, spent)
+    assert 100 <= spent["peak_memory_mb"] <= own_rss_kb / 1024 + 64, (own_rss_kb, spent)
+
+    def totals() -> dict[str, float]:
+        found = {}
+        for line in requests.get(f"{api}/metrics", timeout=30).text.splitlines():
+            if f'{{project="{name}"}}' in line and not line.startswith("#"):
+                metric, value = line.rsplit(" ", 1)
+                found[metric.split("{")[0]] = float(value)
+        return found
+
+    got = wait_until(lambda: (t := totals()).get("prorl_project_finished_total") == 1 and t, 10, "the totals")
+    assert got["prorl_project_sandbox_cpu_seconds_total"] == pytest.approx(spent["cpu_s"], abs=1e-6)
+    assert got["prorl_project_sandbox_peak_memory_mb"] == pytest.approx(spent["peak_memory_mb"], abs=1e-6)
+    assert got["prorl_project_sandbox_measured_total"] == 1 and got["prorl_project_sandboxes"] == 0
