@@ -58,16 +58,10 @@ def _cmd_add(args: argparse.Namespace) -> int:
 
 
 def _held(names: list[str]) -> list[dict[str, int]]:
-    """What each project holds now: rollouts in a stage, the sandboxes they may hold (what
-    ``max_sandboxes`` counts), jobs pending in fair share."""
-    from prorl_celery.fairshare import FairShare
     from prorl_celery.jobs import JobStore
+    from prorl_celery.ops.report import holdings
 
-    store = JobStore(_projects().redis)
-    fair = FairShare(store.redis)
-    return [{"in_stages": sum(n for s, n in store.counts(name).items() if s in ("init", "run", "eval")),
-             "sandboxes": boxes, "pending": fair.pending(name)}
-            for name, boxes in zip(names, fair.sandboxes(names))]
+    return holdings(JobStore(_projects().redis), names)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
