@@ -197,7 +197,7 @@ while waiting < cap and drops < 1000 do
         redis.call('HDEL', KEYS[5], p)
       else
         recs[p] = recs[p] or proj(p)
-        local first_need = need_of(first)
+        local first_need = recs[p].quotas.max_sandboxes and need_of(first) or 1
         local quota = over_quota(p, first_need)
         if quota then
           if not redis.call('HGET', KEYS[5], p) then redis.call('HSET', KEYS[5], p, now .. '|' .. quota) end
