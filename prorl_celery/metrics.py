@@ -124,7 +124,8 @@ class ServiceCollector(Collector):
 
     def _fair_share(self, names: list[str]):
         """Per project: its jobs pending in fair share, the quota holding it (if one does), its
-        LLM requests in flight and the sandboxes its jobs in a stage hold (:mod:`prorl_celery.fairshare`, :mod:`prorl_celery.quotas`)."""
+        LLM requests in flight and the sandboxes its jobs in a stage hold
+        (:mod:`prorl_celery.fairshare`, :mod:`prorl_celery.quotas`)."""
         pending = GaugeMetricFamily("prorl_project_pending", "A project's jobs waiting for fair share to "
                                     "release them to the stages", labels=["project"])
         held = GaugeMetricFamily("prorl_project_quota_held", "1 while one of the project's quotas holds its "

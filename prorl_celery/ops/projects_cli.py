@@ -3,8 +3,9 @@
 ``add NAME [--weight W]`` creates the project (or, for an existing one, issues another key: a
 rotation) and prints the new key once: only its hash is kept. ``list`` shows each project, its
 weight, the ids of its live keys, its quotas and what it holds now (rollouts in a stage, the
-sandboxes they may hold, jobs pending in fair share). ``revoke NAME`` revokes every key of a project, ``revoke KEY``
-(an id from ``list``, or the key itself) one key; the API refuses it from the next request on.
+sandboxes they may hold, jobs pending in fair share). ``revoke NAME`` revokes every key of a
+project, ``revoke KEY`` (an id from ``list``, or the key itself) one key; the API refuses it from
+the next request on.
 ``set NAME [--weight W] [--max-in-flight N] [--max-sandboxes N] [--max-llm-in-flight N]
 [--tokens-per-hour N] [--over [QUOTA=]hold|429]`` changes its weight and quotas
 (:mod:`prorl_celery.quotas`; -1 unsets a limit).
