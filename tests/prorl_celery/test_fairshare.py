@@ -177,6 +177,16 @@ def test_max_sandboxes_sums_the_stages_and_the_released(fair):
     assert _held(fair, project) == 0
 
 
+def test_one_projects_sandboxes_never_hold_anothers(fair):
+    a, b = _project(fair, max_sandboxes=2), _project(fair, max_sandboxes=2)
+    (a_job,) = _submit_needing(fair, a, 1, need=2)
+    assert [j for j, _ in fair.release(cap=10)] == [a_job]
+    _move(fair, a_job, "init")
+    b_jobs = _submit_needing(fair, b, 2, need=2)
+    assert [j for j, _ in fair.release(cap=10)] == b_jobs[:1]  # a's two are a's alone
+    assert fair.sandboxes([a, b]) == [2, 0]
+
+
 def test_a_job_in_a_stage_from_before_needs_were_counted_takes_nothing_back(fair):
     """A job that entered its stage before the count was kept (the old script: no ``sandboxes``,
     no ``sandboxes_held``) leaves it without driving the count below what the others hold."""
