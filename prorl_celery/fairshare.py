@@ -57,9 +57,15 @@ end
 local function sandboxes_held(p)
   return math.max(0, tonumber(redis.call('GET', ARGV[1] .. p .. ':sandboxes') or '0') or 0)
 end
--- a stored job's sandbox need (1 for one stored without it, or not stored yet)
+-- a stored job's sandbox need (1 for one stored without it)
 local function need_of(id)
   return tonumber(redis.call('HGET', ARGV[4] .. id, 'sandboxes') or '') or 1
+end
+-- a pending job's entry in its project's pending-since hash, 'ms|need' ('ms' alone: from before
+-- needs were kept): when it was enqueued and its need (nil)
+local function entry(v)
+  local ms, n = string.match(v or '', '^([%d.]+)|?(%d*)$')
+  return tonumber(ms), tonumber(n)
 end
 -- routed: {requests in flight, the tokens hash flat} read by the caller from the routing's own
 -- Redis (prorl_celery/llm/store.py); nil: they are here
@@ -100,7 +106,7 @@ for i = 0, tonumber(ARGV[8]) - 1 do
     if q.max_sandboxes and need > q.max_sandboxes then
       return {'too_big', tostring(i), tostring(need), tostring(q.max_sandboxes)}
     end
-    table.insert(new, {id, tonumber(ARGV[10 + 3 * i])})
+    table.insert(new, {id, tonumber(ARGV[10 + 3 * i]), need})
     new_need = new_need + need
   end
 end
@@ -116,7 +122,10 @@ if over.max_in_flight == '429' or over.max_sandboxes == '429' then
   end
   if count_boxes then
     boxes = boxes + sandboxes_held(p) + new_need
-    for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do boxes = boxes + need_of(id) end
+    for _, v in ipairs(redis.call('HVALS', KEYS[5])) do
+      local _, n = entry(v)
+      boxes = boxes + (n or 1)
+    end
     if boxes > q.max_sandboxes then
       return {'refused', 'max_sandboxes', tostring(q.max_sandboxes), tostring(retry)}
     end
@@ -142,7 +151,7 @@ if #new == 0 then return {'ok', 0} end
 local seq = redis.call('INCRBY', KEYS[6], #new) - #new
 for i, job in ipairs(new) do
   redis.call('ZADD', KEYS[4], -job[2] * 1e12 + seq + i, job[1])
-  redis.call('HSET', KEYS[5], job[1], now)
+  redis.call('HSET', KEYS[5], job[1], now .. '|' .. job[3])
 end
 redis.call('ZADD', KEYS[2], 'NX', tonumber(redis.call('GET', KEYS[3]) or '0'), p)
 return {'ok', #new}
@@ -197,7 +206,11 @@ while waiting < cap and drops < 1000 do
         redis.call('HDEL', KEYS[5], p)
       else
         recs[p] = recs[p] or proj(p)
-        local first_need = recs[p].quotas.max_sandboxes and need_of(first) or 1
+        local first_need = 1
+        if recs[p].quotas.max_sandboxes then
+          local _, n = entry(redis.call('HGET', sprefix .. p, first))
+          first_need = n or need_of(first)
+        end
         local quota = over_quota(p, first_need)
         if quota then
           if not redis.call('HGET', KEYS[5], p) then redis.call('HSET', KEYS[5], p, now .. '|' .. quota) end
@@ -210,7 +223,7 @@ while waiting < cap and drops < 1000 do
   end
   if not chosen then break end
   local f = redis.call('HMGET', jprefix .. head, 'status', 'project', 'data_source', 't_created')
-  local since = tonumber(redis.call('HGET', sprefix .. chosen, head) or now)
+  local since = entry(redis.call('HGET', sprefix .. chosen, head)) or now
   if not f[1] and now - since < 30000 then
     skip[chosen] = true  -- its submitter stores it in a moment, and releases it then
   else

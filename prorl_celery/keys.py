@@ -258,7 +258,7 @@ def fair_pending(project: str) -> str:
 
 
 def fair_pending_since(project: str) -> str:
-    """Hash: pending job id -> when it was enqueued (ms)."""
+    """Hash: pending job id -> when it was enqueued (ms) and its sandbox need: ``ms|need``."""
     return f"{PREFIX}:fair:pending-since:{project}"
 
 

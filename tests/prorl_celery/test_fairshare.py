@@ -310,3 +310,23 @@ def test_concurrent_submissions_never_pass_a_429_quota_together(fair, redis_url)
     with ThreadPoolExecutor(20) as pool:
         taken = list(pool.map(one, range(20)))
     assert sum(taken) == 5 and fair.pending(project) == 5
+
+
+def test_concurrent_submissions_never_pass_a_429_max_sandboxes_together(fair, redis_url):
+    """The same with jobs needing 2 under max_sandboxes 10: exactly five taken. A pending job's
+    need is kept with it from the enqueue on, before its record is stored."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    project = _project(fair, max_sandboxes=10, over={"max_sandboxes": "429"})
+
+    def one(i: int) -> bool:
+        try:
+            scratch = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/12")
+            FairShare(scratch).enqueue(project, [(f"{project}-s{i}", 0, 2)])
+        except OverQuota:
+            return False
+        return True
+
+    with ThreadPoolExecutor(20) as pool:
+        taken = list(pool.map(one, range(20)))
+    assert sum(taken) == 5 and fair.pending(project) == 5
