@@ -2,10 +2,12 @@
 (:mod:`prorl_celery.jobscripts`).
 
 Fields of the hash: ``job_id status stage_state data_source group_id project instance sampling_params
-sandbox state result workers attempts faults attempt error digest`` (JSON where structured; ``digest``
-tells a retried submission from another request under its id, :func:`request_digest`) and the
-timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
-(seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
+sandbox state result workers attempts faults attempt error digest sandboxes sandboxes_held`` (JSON
+where structured; ``digest`` tells a retried submission from another request under its id,
+:func:`request_digest`; ``sandboxes`` is the most sandboxes the job holds at once and
+``sandboxes_held`` what its project's count holds for it while it is in a stage,
+:mod:`prorl_celery.fairshare`) and the timing fields ``t_created t_enqueued t_stage_start
+t_finished queue_s init_s run_s eval_s`` (seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
 sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
 attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
 
@@ -134,17 +136,21 @@ class JobStore:
         self._save = client.register_script(SAVE)
 
     # -- creation -------------------------------------------------------------------------
-    def create_many(self, requests: Iterable[tuple[str, JobRequest]], project: str | None = None) -> list[bool]:
+    def create_many(self, requests: Iterable[tuple[str, JobRequest]], project: str | None = None,
+                    needs: list[int] | None = None) -> list[bool]:
         """Store new jobs as ``queued``, owned by ``project`` (None: the operator); returns, per
-        job, whether it was new."""
+        job, whether it was new. ``needs``: per job, the most sandboxes it holds at once (the
+        ``sandboxes`` field; none stored: 1), which a project's ``max_sandboxes`` counts."""
         pipe = self.redis.pipeline(transaction=False)
         now = time.time()
-        for job_id, req in requests:
+        for i, (job_id, req) in enumerate(requests):
             fields = {"job_id": job_id, "status": JobStatus.QUEUED.value, "stage_state": StageState.NONE.value,
                       "data_source": req.instance["data_source"], "group_id": req.group_id or "",
                       "instance": _dump(req.instance), "sampling_params": _dump(req.sampling_params),
                       "t_created": now, "t_enqueued": now, "attempt": 1,
                       "digest": request_digest(req, project), "project": project or ""}
+            if needs is not None:
+                fields["sandboxes"] = needs[i]
             counts_field = f"queued|{fields['data_source']}"
             flat = [job_id, counts_field] + [x for kv in fields.items() for x in kv]
             group_key = keys.group(req.group_id) if req.group_id else ""

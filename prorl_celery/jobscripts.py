@@ -32,7 +32,10 @@ return 1
 #       field must hold one of the csv values; a missing field counts as ''), then the
 #       field/value pairs to set.
 # Counts are kept per "status|data_source": active statuses as gauges, terminal ones as totals;
-# the same again per project for a project's job. Completion entries name the job's project.
+# the same again per project for a project's job, and the project's sandboxes held
+# (keys.project_sandboxes: a job entering init from queued adds its ``sandboxes`` need, 1 if it has
+# none, and keeps what it added in ``sandboxes_held``; leaving the stages for queued or an end
+# takes back exactly that, so a job stored before needs were counted takes back nothing). Completion entries name the job's project.
 # A job reaching a terminal status is appended to the completion streams in the same step. A
 # status change adds the job to the changed-set of every watch that reads it (prorl_celery/watch.py:
 # a reading returns only those); a terminal status is final, so its watchers are forgotten.
@@ -66,6 +69,18 @@ if target ~= cur then
   if project ~= '' then
     redis.call('HINCRBY', ARGV[12] .. project, cur .. '|' .. ds, -1)
     redis.call('HINCRBY', ARGV[12] .. project, target .. '|' .. ds, 1)
+    local function staged(s) return s == 'init' or s == 'run' or s == 'eval' end
+    if staged(target) and not staged(cur) then
+      local need = tonumber(redis.call('HGET', KEYS[1], 'sandboxes') or '') or 1
+      redis.call('HSET', KEYS[1], 'sandboxes_held', need)
+      redis.call('INCRBY', ARGV[12] .. project .. ':sandboxes', need)
+    elseif staged(cur) and not staged(target) then
+      local held = tonumber(redis.call('HGET', KEYS[1], 'sandboxes_held') or '')
+      if held then
+        redis.call('DECRBY', ARGV[12] .. project .. ':sandboxes', held)
+        redis.call('HDEL', KEYS[1], 'sandboxes_held')
+      end
+    end
   end
   if member('%(terminal)s', target) then
     redis.call('DEL', KEYS[2])

@@ -198,6 +198,13 @@ def job_counts_of(project: str) -> str:
     return f"{job_counts()}:project:{project}"
 
 
+def project_sandboxes(project: str) -> str:
+    """String: the sandboxes one project's jobs in init, run or eval may hold at once (the sum of
+    their ``sandboxes`` needs). The transition script keeps it, building this key from
+    :func:`job_counts_of`'s prefix (a project name has no colon: no project's counts hash is it)."""
+    return f"{job_counts_of(project)}:sandboxes"
+
+
 def projects() -> str:
     """Hash: project name -> its record (JSON: weight, created)."""
     return f"{PREFIX}:projects"
@@ -257,7 +264,7 @@ def fair_pending(project: str) -> str:
 
 
 def fair_pending_since(project: str) -> str:
-    """Hash: pending job id -> when it was enqueued (ms)."""
+    """Hash: pending job id -> when it was enqueued (ms) and its sandbox need: ``ms|need``."""
     return f"{PREFIX}:fair:pending-since:{project}"
 
 

@@ -123,27 +123,34 @@ class ServiceCollector(Collector):
         yield family
 
     def _fair_share(self, names: list[str]):
-        """Per project: its jobs pending in fair share, the quota holding it (if one does), and its
-        LLM requests in flight (:mod:`prorl_celery.fairshare`, :mod:`prorl_celery.quotas`)."""
+        """Per project: its jobs pending in fair share, the quota holding it (if one does), its
+        LLM requests in flight and the sandboxes its jobs in a stage hold
+        (:mod:`prorl_celery.fairshare`, :mod:`prorl_celery.quotas`)."""
         pending = GaugeMetricFamily("prorl_project_pending", "A project's jobs waiting for fair share to "
                                     "release them to the stages", labels=["project"])
         held = GaugeMetricFamily("prorl_project_quota_held", "1 while one of the project's quotas holds its "
                                  "next job", labels=["project", "quota"])
         llm = GaugeMetricFamily("prorl_project_llm_in_flight", "The project's LLM requests in flight",
                                 labels=["project"])
+        boxes = GaugeMetricFamily("prorl_project_sandboxes", "Sandboxes the project's jobs in init, run or eval "
+                                  "may hold at once (their sandbox needs summed: what max_sandboxes counts)",
+                                  labels=["project"])
         pipe = self.store.redis.pipeline(transaction=False)
         for name in names:
             pipe.zcard(keys.fair_pending(name))
+        for name in names:
+            pipe.get(keys.project_sandboxes(name))
         pipe.hgetall(keys.fair_held())
         replies = pipe.execute()
         in_flight = llm_in_flight(self.store.redis, names)
         holding = {_text(k): _text(v).split("|", 1)[1] for k, v in replies[-1].items()}
         for i, name in enumerate(names):
             pending.add_metric([name], replies[i])
+            boxes.add_metric([name], max(0, int(replies[len(names) + i] or 0)))
             llm.add_metric([name], in_flight[i])
             if name in holding:
                 held.add_metric([name, holding[name]], 1)
-        yield from (pending, held, llm)
+        yield from (pending, held, llm, boxes)
 
     def _projects(self):
         """Per project (``_operator``: the operator's jobs): its jobs by status, and what its ended

@@ -12,6 +12,7 @@ from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore, request_digest
 from prorl_celery.models import ErrorInfo, JobRequest
 from prorl_celery.status import STAGES, JobStatus, StageState, next_stage
+from tasks.handlers import sandbox_needs
 from tasks.outcome import finish_many
 
 _TASK_NAMES = {stage: f"prorl.{stage.value}" for stage in STAGES}  # as tasks/stages.py names them
@@ -47,16 +48,20 @@ def send_chain(job_id: str, data_source: str, start: JobStatus = JobStatus.INIT,
 
 def submit(store: JobStore, requests: Iterable[JobRequest], project: str | None = None) -> list[str]:
     """Store and enqueue jobs owned by ``project`` (None: the operator's; a project's wait in its
-    fair-share list until released, and OverQuota is raised before anything is stored). A job id already known
+    fair-share list until released, each with its sandbox need, and OverQuota, or PolicyDenied for
+    a job needing more sandboxes than the project may hold, is raised before anything is stored). A job id already known
     for the same request of the same project (a retry) is returned but not run again; one known
     for a different request (or another project's) raises :class:`JobIdConflict`, and then
     nothing of the batch is stored (unless another submission took the id meanwhile: the jobs new
     here still run, and the conflict is still raised)."""
     named = [(req.job_id or uuid.uuid4().hex, req) for req in requests]
     _refuse_conflicts(store, [(job_id, req) for job_id, req in named if req.job_id], project)
+    needs = None
     if project:  # pending in fair share first (or OverQuota: nothing stored), released below
-        FairShare(store.redis).enqueue(project, [(job_id, req.priority) for job_id, req in named])
-    created = store.create_many(named, project)
+        needs = sandbox_needs([req.instance for _, req in named])
+        FairShare(store.redis).enqueue(project, [(job_id, req.priority, need)
+                                                 for (job_id, req), need in zip(named, needs)])
+    created = store.create_many(named, project, needs=needs)
     if project:
         dispatch(store)
     else:

@@ -105,3 +105,33 @@ class FailingInitHandler:
 
     def result_fields(self, state: dict) -> dict:
         return {"seen": state.get("seen")}
+
+
+class TwoSandboxHandler(GateHandler):
+    """Holds two sandboxes at once, as a Harbor task grading beside its agent does: its own from
+    init, and in run a second one (closed before run ends) while it waits for the gate. Says so
+    in ``sandbox_need``, which a project's ``max_sandboxes`` counts."""
+
+    def sandbox_need(self, instance: dict) -> int:
+        return 2
+
+    def init(self, ctx) -> None:
+        from sandboxes.base import SandboxSpec
+
+        ctx.open_sandbox(SandboxSpec.model_validate(ctx.instance.get("sandbox") or {}))
+        ctx.save()
+
+    def run(self, ctx) -> None:
+        from sandboxes.base import SandboxSpec
+
+        box = ctx.open_aux_sandbox(SandboxSpec.model_validate(ctx.instance.get("sandbox") or {}))
+        try:
+            super().run(ctx)
+        finally:
+            ctx.close_aux_sandbox(box)
+
+    def finish(self, ctx) -> None:
+        ctx.close_sandbox()
+
+    def on_exception(self, ctx, exc) -> None:
+        ctx.close_sandbox()

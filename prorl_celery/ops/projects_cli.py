@@ -2,8 +2,10 @@
 
 ``add NAME [--weight W]`` creates the project (or, for an existing one, issues another key: a
 rotation) and prints the new key once: only its hash is kept. ``list`` shows each project, its
-weight and the ids of its live keys. ``revoke NAME`` revokes every key of a project, ``revoke KEY``
-(an id from ``list``, or the key itself) one key; the API refuses it from the next request on.
+weight, the ids of its live keys, its quotas and what it holds now (rollouts in a stage, the
+sandboxes they may hold, jobs pending in fair share). ``revoke NAME`` revokes every key of a
+project, ``revoke KEY`` (an id from ``list``, or the key itself) one key; the API refuses it from
+the next request on.
 ``set NAME [--weight W] [--max-in-flight N] [--max-sandboxes N] [--max-llm-in-flight N]
 [--tokens-per-hour N] [--over [QUOTA=]hold|429]`` changes its weight and quotas
 (:mod:`prorl_celery.quotas`; -1 unsets a limit).
@@ -56,20 +58,30 @@ def _cmd_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _held(names: list[str]) -> list[dict[str, int]]:
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.ops.report import holdings
+
+    return holdings(JobStore(_projects().redis), names)
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     _load(args)
     projects = _projects().list()
+    held = _held([p.name for p in projects])
     if args.json:
-        print(json.dumps([p.model_dump() for p in projects], indent=2))
+        print(json.dumps([{**p.model_dump(), "now": now} for p, now in zip(projects, held)], indent=2))
         return 0
     print(f"{'project':<24} {'weight':>7}  {'created':<20} keys")
-    for p in projects:
+    for p, now in zip(projects, held):
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.created))
         print(f"{p.name:<24} {p.weight:>7g}  {created:<20} {', '.join(p.keys) or '- (all revoked)'}")
         limits = p.quotas.model_dump(exclude_none=True, exclude={"over"})
         if limits:
             print(" " * 26 + "quotas: " + ", ".join(f"{k}={v} ({p.quotas.over.get(k, 'hold')})"
                                                    for k, v in limits.items()))
+        print(" " * 26 + f"now: {now['in_stages']} rollouts in a stage holding up to {now['sandboxes']} "
+                         f"sandboxes, {now['pending']} pending")
     return 0
 
 

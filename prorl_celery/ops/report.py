@@ -39,8 +39,21 @@ def snapshot(store: JobStore) -> dict[str, Any]:
                          "weight_version": record.get("weight_version", "")})
     from prorl_celery.rollout.cost import totals
 
+    names = sorted(_text(n) for n in client.hkeys(keys.projects()))
     return {"queues": {q: {"depth": depths[q], "workers": workers.get(q, [])} for q in QUEUES},
-            "hosts": hosts, "backends": backends, "jobs": store.counts(), "projects": totals(client)}
+            "hosts": hosts, "backends": backends, "jobs": store.counts(), "projects": totals(client),
+            "held": dict(zip(names, holdings(store, names)))}
+
+
+def holdings(store: JobStore, names: list[str]) -> list[dict[str, int]]:
+    """What each project holds now: its rollouts in a stage, the sandboxes they may hold (their
+    needs summed: what ``max_sandboxes`` counts), its jobs pending in fair share."""
+    from prorl_celery.fairshare import FairShare
+
+    fair = FairShare(store.redis)
+    return [{"in_stages": sum(n for s, n in store.counts(name).items() if s in ("init", "run", "eval")),
+             "sandboxes": boxes, "pending": fair.pending(name)}
+            for name, boxes in zip(names, fair.sandboxes(names))]
 
 
 def render(snap: dict[str, Any]) -> str:
@@ -55,6 +68,10 @@ def render(snap: dict[str, Any]) -> str:
                 for b in snap["backends"]] or [["-", "", "", "", "", ""]]),
         _table(["status", "jobs"], [[s, str(n)] for s, n in snap["jobs"].items()]),
     ]
+    if snap.get("held"):
+        sections.append(_table(["project", "rollouts in a stage", "sandboxes held", "pending"],
+                               [[name, str(h["in_stages"]), str(h["sandboxes"]), str(h["pending"])]
+                                for name, h in snap["held"].items()]))
     if snap.get("projects"):
         sections.append(_table(
             ["project", "ended jobs", "prompt tokens", "generated tokens", "llm calls", "llm s", "rollout s",

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
+from prorl_celery.errors import UnknownPlugin
 from prorl_celery.plugins import Registry, is_dotted_path, split_path
 from tasks.handlers import instances
 from tasks.handlers.base import AgentHandler
@@ -32,6 +34,8 @@ INSTANCE_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {"swe": instances
                                                                    "lookup": instances.check_lookup,
                                                                    "harbor": instances.check_harbor,
                                                                    "shell": instances.check_no_agent}
+# A built-in handler's sandbox need where it is not 1 (its sandbox_need calls the same function).
+SANDBOX_NEEDS: dict[str, Callable[[dict[str, Any]], int]] = {"harbor": instances.harbor_sandbox_need}
 # Built-in handler modules that moved, old -> new: a data source that names a class by its old
 # dotted path (a config written before the move) still loads it.
 MOVED = {"tasks.handlers.swe": "tasks.swe.handler"}
@@ -61,3 +65,35 @@ def instance_check(data_source: str) -> Callable[[dict[str, Any]], None]:
     if short in HANDLERS.entries:
         return INSTANCE_CHECKS.get(short, instances.check_sandbox)
     return get_handler(data_source).check_instance
+
+
+def sandbox_need(instance: dict[str, Any]) -> int:
+    """The most sandboxes a job of ``instance`` holds at once (its handler's ``sandbox_need``; a
+    built-in handler's without importing it), as a project's ``max_sandboxes`` counts it. The
+    instance has passed :func:`instance_check`."""
+    data_source = instance["data_source"]
+    short = HANDLERS.canonical(_current(data_source))
+    if short in HANDLERS.entries:
+        need = SANDBOX_NEEDS[short](instance) if short in SANDBOX_NEEDS else 1
+    else:
+        need = get_handler(data_source).sandbox_need(instance)
+    if isinstance(need, bool) or not isinstance(need, int) or need < 0:
+        raise UnknownPlugin(f"handler {data_source}: sandbox_need returned {need!r}, not a count of sandboxes")
+    return need
+
+
+def sandbox_needs(instances: list[dict[str, Any]]) -> list[int]:
+    """:func:`sandbox_need` of each instance, a built-in handler's worked out once per distinct
+    instance (a group's samples, a batch of one task's rollouts: a Harbor folder is read once)."""
+    seen: dict[str, int] = {}
+    out = []
+    for instance in instances:
+        short = HANDLERS.canonical(_current(instance["data_source"]))
+        if short in HANDLERS.entries and short not in SANDBOX_NEEDS:
+            out.append(1)
+            continue
+        key = json.dumps(instance, sort_keys=True, default=str)
+        if key not in seen:
+            seen[key] = sandbox_need(instance)
+        out.append(seen[key])
+    return out

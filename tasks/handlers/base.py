@@ -27,6 +27,14 @@ class AgentHandler:
         ``tasks/handlers/__init__.py`` too, so the API checks it without importing the handler."""
         check_sandbox(instance)
 
+    def sandbox_need(self, instance: dict[str, Any]) -> int:
+        """The most sandboxes a job of ``instance`` holds at once, from its init to its end: what
+        its project's ``max_sandboxes`` counts (:mod:`prorl_celery.quotas`), computed at
+        submission. 1 by default: the job's own sandbox (one a grader opens after closing it, as
+        ``code`` and ``swe`` do, replaces it). A handler that opens a second one while the first
+        lives says so here (``harbor``: its sidecars and a separate verifier's)."""
+        return 1
+
     def init(self, ctx: StageContext) -> None:
         """Prepare the job: open its sandbox, put the task's files in place."""
 

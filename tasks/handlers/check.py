@@ -16,7 +16,8 @@ from tasks.handlers.base import AgentHandler
 
 STAGES = ("init", "run", "eval")
 # optional hooks and the arguments the service passes them (besides ``self``)
-HOOKS: dict[str, tuple[str, ...]] = {"check_instance": ("instance",), "result_fields": ("state",),
+HOOKS: dict[str, tuple[str, ...]] = {"check_instance": ("instance",), "sandbox_need": ("instance",),
+                                     "result_fields": ("state",),
                                      "on_exception": ("ctx", "exc"), "finish": ("ctx",)}
 
 

@@ -50,6 +50,20 @@ def check_harbor(instance: dict[str, Any]) -> None:
     tools.check(load(task_dir), instance)
 
 
+def harbor_sandbox_need(instance: dict[str, Any]) -> int:
+    """``harbor``'s sandbox need (:meth:`tasks.handlers.base.AgentHandler.sandbox_need`): the
+    agent's sandbox, one per sidecar service of its compose file (kept by the agent's, they live as
+    long), and the verifier's fresh sandbox, which each step opens while the agent's still lives
+    (none where the operator lets a ``shared`` task grade in the agent's own). The instance is
+    checked first (:func:`check_harbor`)."""
+    from config.settings import get_settings
+    from tasks.harbor.task import load
+
+    task = load(instance["task_dir"])
+    shared = task.config.verifier.environment_mode == "shared" and get_settings().harbor_shared_verifier
+    return 1 + (len(task.compose.sidecars) if task.compose else 0) + (0 if shared else 1)
+
+
 ECHO_TOOL_SETS = ("none", "submit", "all")
 
 

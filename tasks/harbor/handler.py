@@ -33,7 +33,7 @@ from sandboxes.dirs import split_dirs
 from tasks.agent.runner import runner_for
 from tasks.context import StageContext
 from tasks.handlers.agentic import AgentTaskHandler
-from tasks.handlers.instances import check_harbor
+from tasks.handlers.instances import check_harbor, harbor_sandbox_need
 from tasks.harbor import boxes, files, fork, keep, sidecars
 from tasks.harbor.config import wants_internet
 from tasks.harbor.task import HarborTask, Step, load
@@ -70,6 +70,10 @@ class HarborHandler(AgentTaskHandler):
     def check_instance(self, instance: dict[str, Any]) -> None:
         """The folder is allowed and its task.toml honoured whole (:func:`check_harbor`)."""
         check_harbor(instance)
+
+    def sandbox_need(self, instance: dict[str, Any]) -> int:
+        """The agent's sandbox, its sidecars' and the verifier's (:func:`harbor_sandbox_need`)."""
+        return harbor_sandbox_need(instance)
 
     # -- what the agent gets -----------------------------------------------------------------
     def _block(self, ctx: StageContext) -> dict[str, Any]:

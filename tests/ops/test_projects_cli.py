@@ -81,3 +81,31 @@ def test_set_changes_weight_and_quotas_and_list_shows_them(redis_url, capsys):
     assert main(["projects", "list"]) == 0 and "tokens_per_hour=500 (hold)" in capsys.readouterr().out
     assert main(["projects", "set", name, "--over", "nope=429"]) == 2
     assert main(["projects", "set", f"none-{name}", "--max-sandboxes", "1"]) == 2
+
+
+def test_list_and_status_show_what_each_project_holds(redis_url, capsys):
+    """Its rollouts in a stage, the sandboxes they may hold (the transition script's sum of their
+    needs, written here as it would be for one Harbor job with two services), its pending jobs."""
+    from prorl_celery import keys
+    from prorl_celery.connections import get_redis
+    from prorl_celery.fairshare import FairShare
+
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    assert main(["projects", "add", name]) == 0
+    client = get_redis()
+    client.hset(keys.job_counts_of(name), "init|harbor", 1)
+    client.set(keys.project_sandboxes(name), 4)
+    FairShare(client).enqueue(name, [(f"{name}-pending", 0, 1)])
+    capsys.readouterr()
+    try:
+        assert main(["projects", "list", "--json"]) == 0
+        listed = next(p for p in json.loads(capsys.readouterr().out) if p["name"] == name)
+        assert listed["now"] == {"in_stages": 1, "sandboxes": 4, "pending": 1}
+        assert main(["projects", "list"]) == 0
+        assert "now: 1 rollouts in a stage holding up to 4 sandboxes, 1 pending" in capsys.readouterr().out
+        assert main(["status", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["held"][name] == listed["now"]
+    finally:
+        FairShare(client).forget([(name, f"{name}-pending")])
+        client.delete(keys.job_counts_of(name), keys.project_sandboxes(name))
+        main(["projects", "revoke", name])
