@@ -9,7 +9,9 @@ tells a watched call (an LLM call, :mod:`prorl_celery.llm.transport`) when its l
 withdrawn (a drain with abort, the backend removed, the lease lapsed) so the call is aborted.
 
 Its Redis traffic does not grow with the number of leases: one pipelined round trip per Redis
-client per round, holding the stage leases due, one ``ZMSCORE`` per lease set (every
+client per round, holding one script call that renews every stage lease due (``_RENEW_MANY``, by
+its digest: a fleet's head renews its 100,000 stage leases in a few commands a round per worker,
+not one each; a lease due within a sixth of its expiry is renewed with them), one ``ZMSCORE`` per lease set (every
 ``CALL_CHECK_S``: which calls lost their lease) and one ``ZADD XX`` per lease set for the call
 leases due (``XX`` never brings back a lease withdrawn meanwhile). Between rounds the watched
 calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
@@ -41,6 +43,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 _RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()  # sent by its digest: not the script each stage
+# KEYS: stage leases; ARGV: each one's token and ttl (ms), in turn. 1 for each renewed, 0 for each
+# no longer this holder's.
+_RENEW_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2 * i - 1] then out[i] = redis.call('PEXPIRE', key, ARGV[2 * i]) else out[i] = 0 end
+end
+return out
+"""
+_RENEW_MANY_SHA = hashlib.sha1(_RENEW_MANY.encode()).hexdigest()
 
 
 class Lease:
@@ -162,7 +174,9 @@ class Keeper(threading.Thread):
     def _pass(self, now: float) -> None:
         with self.lock:
             calls = list(self.calls)
-            stages = [lease for lease in self.leases.values() if lease.due <= now]
+            stages = [lease for lease in self.leases.values() if lease.due - lease.ttl_ms / 6000 <= now]
+            if not any(lease.due <= now for lease in stages):
+                stages = []  # none due yet: the early ones wait for a round that one due starts
         for call in calls:
             call.tick(now)
         held = [call for call in calls if call.lease is not None and call.reason is None]
@@ -205,20 +219,28 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
         by_key.setdefault(call.lease.key, []).append(call)
     pipe = client.pipeline(transaction=False)
     now_ms = time.time() * 1000
-    for lease in stages:
-        pipe.eval(_RENEW, 1, lease.key, lease.token, lease.ttl_ms)
+    renew = [x for lease in stages for x in (lease.token, lease.ttl_ms)]
+    if stages:
+        pipe.evalsha(_RENEW_MANY_SHA, len(stages), *(lease.key for lease in stages), *renew)
     for key, group in by_key.items():
         pipe.zmscore(key, [call.lease.token for call in group])
     renewed = _renew_calls(pipe, by_key, now)
     try:
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        if stages and isinstance(replies[0], redis.exceptions.NoScriptError):  # a Redis new to it
+            replies[0] = client.eval(_RENEW_MANY, len(stages), *(lease.key for lease in stages), *renew)
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        if failed is not None:
+            raise failed
     except redis.RedisError as exc:
         log.warning("lease renewal failed: %s", exc)
         return
-    for lease, ok in zip(stages, replies):
-        if not ok and lease.token in held:  # not merely released meanwhile
-            log.warning("lease %s was lost before renewal", lease.key)
-    for group, scores in zip(by_key.values(), replies[len(stages):]):
+    if stages:
+        for lease, ok in zip(stages, replies[0]):
+            if not ok and lease.token in held:  # not merely released meanwhile
+                log.warning("lease %s was lost before renewal", lease.key)
+        replies = replies[1:]
+    for group, scores in zip(by_key.values(), replies):
         for call, score in zip(group, scores):
             if score is None or score <= now_ms:  # gone, or lapsed (the router sweeps lazily)
                 call.lost()

@@ -103,3 +103,27 @@ def test_a_call_lease_that_lapsed_but_was_not_swept_is_lost(redis_client):
     finally:
         for call in (lapsed, live):
             keeper().unwatch(call)
+
+
+def test_the_stage_leases_due_are_renewed_by_one_script_call(redis_client, caplog):
+    """A worker holding many stage leases renews those due in one round with one EVALSHA, not
+    one command each; a lease another holder took meanwhile is reported, not renewed."""
+    from prorl_celery.leases import Keeper
+
+    held = [Lease(redis_client, f"test:lease:{uuid.uuid4().hex}", 30.0, owner="test") for _ in range(40)]
+    for lease in held:
+        assert redis_client.set(lease.key, lease.token, px=5000)
+    redis_client.set(held[0].key, "someone-else", px=5000)
+    own = Keeper()  # not started: its passes are driven here
+    for lease in held:
+        own.hold(lease)
+        lease.due = 0.0  # all due
+    before = redis_client.info("commandstats")
+    own._pass(time.monotonic())
+    after = redis_client.info("commandstats")
+    calls = {k: after[k]["calls"] - before.get(k, {}).get("calls", 0) for k in after}
+    assert calls.get("cmdstat_evalsha", 0) + calls.get("cmdstat_eval", 0) == 1  # one call for the 40
+    assert calls.get("cmdstat_pexpire") == 39 and calls.get("cmdstat_get") == 40
+    assert all(redis_client.pttl(lease.key) > 25000 for lease in held[1:])
+    assert redis_client.pttl(held[0].key) <= 5000
+    assert "was lost before renewal" in caplog.text
