@@ -68,10 +68,22 @@ def end_overrun(store: JobStore, record: JobRecord, now: float) -> bool:
     return result is not None
 
 
-def redispatch_lapsed(store: JobStore, record: JobRecord, now: float) -> bool:
+def leased(store: JobStore, records: list[JobRecord], now: float) -> set[str]:
+    """The jobs among ``records`` whose stage lease is held, asked in one round trip of those
+    running longer than a lease (a younger stage's lease cannot have lapsed yet: counted held)."""
+    lease_s = get_settings().stage_lease_s
+    old = [r.job_id for r in records if now - r.t_stage_start >= lease_s]
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in old:
+        pipe.exists(keys.stage_lease(job_id))
+    found = pipe.execute() if old else []
+    return {r.job_id for r in records} - {job_id for job_id, there in zip(old, found) if not there}
+
+
+def redispatch_lapsed(store: JobStore, record: JobRecord, now: float, held: set[str] | None = None) -> bool:
     if now - record.t_stage_start < get_settings().stage_lease_s:
         return False
-    if store.redis.exists(keys.stage_lease(record.job_id)):
+    if record.job_id in (leased(store, [record], now) if held is None else held):
         return False
     # The status stays (target None), narrowed to the stage whose lease lapsed.
     ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state=StageState.RUNNING,
@@ -86,10 +98,12 @@ def sweep_once(store: JobStore, now: float | None = None) -> dict[str, list[str]
     now = now or time.time()
     report: dict[str, list[str]] = {"timed_out": [], "redispatched": []}
     active = in_stages(store)
-    for record in (r for r in active if r.stage_state is StageState.RUNNING):
+    running = [r for r in active if r.stage_state is StageState.RUNNING]
+    held = leased(store, running, now)
+    for record in running:
         if end_overrun(store, record, now):
             report["timed_out"].append(record.job_id)
-        elif redispatch_lapsed(store, record, now):
+        elif redispatch_lapsed(store, record, now, held):
             report["redispatched"].append(record.job_id)
     report["requeued"] = requeue_lost(store, active, now)
     report["released"] = dispatch(store)  # fair share's backstop: a quota freed by an end nobody saw
