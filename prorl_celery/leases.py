@@ -12,7 +12,7 @@ Its Redis traffic does not grow with the number of leases: one pipelined round t
 client per round, holding one script call that renews every stage lease due (``_RENEW_MANY``, by
 its digest: a fleet's head renews its 100,000 stage leases in a few commands a round per worker,
 not one each; a lease due within a sixth of its expiry is renewed with them), one ``ZMSCORE`` per lease set (every
-``CALL_CHECK_S``: which calls lost their lease) and one ``ZADD XX`` per lease set for the call
+``CALL_CHECK_S``, not at every renewal: which calls lost their lease) and one ``ZADD XX`` per lease set for the call
 leases due (``XX`` never brings back a lease withdrawn meanwhile). Between rounds the watched
 calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
 """
@@ -180,14 +180,15 @@ class Keeper(threading.Thread):
         for call in calls:
             call.tick(now)
         held = [call for call in calls if call.lease is not None and call.reason is None]
-        if now >= self.next_check or any(call.lease.due <= now for call in held):
-            self.next_check = now + CALL_CHECK_S
+        check = now >= self.next_check  # which call leases are still there: every CALL_CHECK_S,
+        if check:                       # not at every renewal (a worker's thousand calls are due
+            self.next_check = now + CALL_CHECK_S  # somewhere in most ticks)
         else:
-            held = []
+            held = [call for call in held if call.lease.due <= now]
         for lease in stages:
             lease.due = now + lease.ttl_ms / 3000
         for client, stage_group, call_group in _by_client(stages, held):
-            _round(client, stage_group, call_group, now, self.leases)
+            _round(client, stage_group, call_group, now, self.leases, check)
 
     def _next_wake(self) -> float:
         with self.lock:
@@ -211,18 +212,20 @@ def _by_client(stages: list[Lease], calls: list[Watched]) -> list[Group]:
 
 
 def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: float,
-           held: dict[str, Lease]) -> None:
+           held: dict[str, Lease], check: bool = True) -> None:
     """One round trip to one Redis client: renew the stage leases due, ask which call leases
-    are still there, renew the call leases due; abort the calls whose lease is gone."""
+    are still there (``check``: ``calls`` are all the watched ones; else only those due), renew
+    the call leases due; abort the calls whose lease is gone."""
     by_key: dict[str, list[Watched]] = {}
     for call in calls:
         by_key.setdefault(call.lease.key, []).append(call)
+    checked = by_key if check else {}
     pipe = client.pipeline(transaction=False)
     now_ms = time.time() * 1000
     renew = [x for lease in stages for x in (lease.token, lease.ttl_ms)]
     if stages:
         pipe.evalsha(_RENEW_MANY_SHA, len(stages), *(lease.key for lease in stages), *renew)
-    for key, group in by_key.items():
+    for key, group in checked.items():
         pipe.zmscore(key, [call.lease.token for call in group])
     renewed = _renew_calls(pipe, by_key, now)
     try:
@@ -240,7 +243,7 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
             if not ok and lease.token in held:  # not merely released meanwhile
                 log.warning("lease %s was lost before renewal", lease.key)
         replies = replies[1:]
-    for group, scores in zip(by_key.values(), replies):
+    for group, scores in zip(checked.values(), replies):
         for call, score in zip(group, scores):
             if score is None or score <= now_ms:  # gone, or lapsed (the router sweeps lazily)
                 call.lost()

@@ -127,3 +127,30 @@ def test_the_stage_leases_due_are_renewed_by_one_script_call(redis_client, caplo
     assert all(redis_client.pttl(lease.key) > 25000 for lease in held[1:])
     assert redis_client.pttl(held[0].key) <= 5000
     assert "was lost before renewal" in caplog.text
+
+
+def test_call_leases_are_checked_every_call_check_s_not_at_every_renewal(redis_client):
+    """A worker's many calls are due for renewal at staggered times, so some are due in most of
+    the keeper's ticks; asking which are still there (one ZMSCORE of every watched call) is done
+    every CALL_CHECK_S, not at each of those renewals, and the due ones are renewed meanwhile."""
+    from prorl_celery.leases import CALL_CHECK_S, Keeper
+
+    key = f"test:inflight:{uuid.uuid4().hex}"
+    calls = []
+    for _ in range(30):
+        token = uuid.uuid4().hex
+        redis_client.zadd(key, {token: int(time.time() * 1000 + 30_000)})
+        calls.append(_Watched(HeldLease(redis_client, key, token, 30.0)))
+    own = Keeper()  # not started: its passes are driven here
+    for call in calls:
+        own.watch(call)
+    start = time.monotonic()
+    before = redis_client.info("commandstats")
+    for k in range(10):  # ten ticks within one CALL_CHECK_S, a call due at each
+        calls[k].lease.due = 0.0
+        own._pass(start + k * CALL_CHECK_S / 20)
+    after = redis_client.info("commandstats")
+    checks = after["cmdstat_zmscore"]["calls"] - before.get("cmdstat_zmscore", {}).get("calls", 0)
+    renewals = after["cmdstat_zadd"]["calls"] - before.get("cmdstat_zadd", {}).get("calls", 0)
+    assert checks == 1 and renewals == 10
+    assert all(call.lease.due > start for call in calls[:10])
