@@ -229,7 +229,8 @@ class JobStore:
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
                    require_state: StageState | None = None, expect: dict[str, Any] | None = None,
                    lease_token: str | None = None, take_lease_ms: int = 0,
-                   before: Callable[[Any], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
+                   before: Callable[[Any], None] | None = None,
+                   after: Callable[[Any, bool], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
         not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
         given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
@@ -240,20 +241,39 @@ class JobStore:
         for that token instead (once its checks pass) and happens only if it got it.
         ``before``: queues commands of the caller's on a pipeline that is sent with this change
         in one round trip, ahead of it (a stage's histogram); they run once whatever the
-        change's outcome."""
+        change's outcome. ``after(pipe, again)``: queues commands sent behind the change in the
+        same round trip; each must tell for itself whether the change happened (a field the
+        change wrote), and be harmless to run twice: if the change's script, or a script of
+        theirs sent by digest, was missing (a Redis that lost its scripts), ``after`` is called
+        once more with ``again`` True, after the change, to queue them with their scripts loaded."""
         args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
                                      take_lease_ms)
         job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
-        if before is None:
+        if before is None and after is None:
             return _changed(self._transition(keys=job_keys, args=args))
         pipe = self.redis.pipeline(transaction=False)
-        before(pipe)
+        if before is not None:
+            before(pipe)
+        at = len(pipe)
         pipe.evalsha(self._transition.sha, len(job_keys), *job_keys, *args)
-        reply = pipe.execute(raise_on_error=False)[-1]
-        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: once more
+        if after is not None:
+            after(pipe, False)
+        replies = pipe.execute(raise_on_error=False)
+        reply = replies[at]
+        missing = isinstance(reply, redis.exceptions.NoScriptError)
+        if missing:  # a Redis that lost its scripts: once more
             reply = self._transition(keys=job_keys, args=args)
         elif isinstance(reply, Exception):
             raise reply
+        if after is not None:
+            if missing or any(isinstance(r, redis.exceptions.NoScriptError) for r in replies[at + 1:]):
+                again = self.redis.pipeline(transaction=False)
+                after(again, True)
+                again.execute()
+            else:
+                for r in replies[at + 1:]:
+                    if isinstance(r, Exception):
+                        raise r
         return _changed(reply)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]

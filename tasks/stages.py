@@ -24,7 +24,7 @@ from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
 from prorl_celery.llm.pool import end_rollout
-from prorl_celery.metrics import observe_stage, queue_stage_observation
+from prorl_celery.metrics import queue_stage_observation
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
 from sandboxes.client import close_handle
@@ -167,10 +167,12 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
     elapsed = record.add_stage_time(stage, time.monotonic() - ctx.started)
     seconds = time.monotonic() - ctx.started
     if stage is JobStatus.EVAL:
-        observe_stage(store.redis, stage.value, seconds)
         handler.finish(ctx)
+        # One round trip: the histogram, the terminal change (which releases the stage lease),
+        # the cost into the project's totals.
         result = finish(store, record, JobStatus.COMPLETED, handler=handler, state=ctx.state,
-                        fields=outcome or {}, expect_attempt=record.attempt)
+                        fields=outcome or {}, expect_attempt=record.attempt, lease=lease,
+                        before=lambda pipe: queue_stage_observation(pipe, stage.value, seconds))
         return result.model_dump(mode="json") if result else _current_result(store, record.job_id)
     # Narrowed to this stage: the status stays, and only while it is still this stage. One round
     # trip: the histogram, the change, and the stage lease released by the change itself.

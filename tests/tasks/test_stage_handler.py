@@ -59,3 +59,77 @@ def test_a_handler_that_no_longer_loads_ends_the_job_failed_after_one_look_up(re
     assert out["status"] == "failed" and out["error"]["type"] == "unknown_plugin"
     assert "GoneSinceSubmission" in out["error"]["message"]
     assert lookups == [source]
+
+
+@pytest.fixture
+def sends(monkeypatch) -> list[int]:
+    """How many times this process's Redis connections sent something (a command or a pipeline:
+    one round trip each)."""
+    import redis.connection
+
+    count = [0]
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self, command, check_health=True):
+        count[0] += 1
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    return count
+
+
+def test_eval_ends_a_job_that_saved_no_calls_in_three_round_trips_with_its_cost_counted(scratch_redis, monkeypatch,
+                                                                                        sends):
+    """The record, the running change (with the lease), then one pipeline: the histogram, the
+    terminal change releasing the lease, the totals. No cost read for a job whose state saved no
+    call: its cost is still in its result and its project's totals."""
+    from types import SimpleNamespace
+
+    from prorl_celery import keys
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.rollout.cost import OPERATOR, totals
+
+    store = JobStore(scratch_redis, job_ttl_s=60)
+    monkeypatch.setattr(stages, "get_store", lambda: store)
+    job_id = f"eval-{uuid.uuid4().hex[:8]}"
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
+                                                            "gate": "/"}))]) == [True]
+    task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
+    for stage in (JobStatus.INIT, JobStatus.RUN):
+        assert stages.run_stage(task, stage, job_id)["stage_done"] == stage.value
+    before = sends[0]
+    out = stages.run_stage(task, JobStatus.EVAL, job_id)
+    assert sends[0] - before == 3
+    assert out["status"] == "completed" and out["reward"] == 1.0
+    assert out["cost"]["llm_calls"] == 0 and out["cost"]["wall_s"]["eval"] >= 0
+    assert scratch_redis.get(keys.stage_lease(job_id)) is None
+    assert totals(scratch_redis)[OPERATOR]["jobs"] == 1
+    histogram = scratch_redis.hget(keys.stage_histogram("eval"), "count")
+    assert histogram == b"1"
+    assert store.get(job_id).result["cost"] == out["cost"]
+
+
+@pytest.mark.parametrize("lost_scripts", [False, True])
+def test_a_jobs_cost_reaches_its_projects_totals_once_however_many_try_to_end_it(scratch_redis, lost_scripts):
+    """Two ends of one job (a duplicate eval, a cancel racing it): the one whose change ended the
+    job counts its cost, the other nothing; also on a Redis that lost its scripts."""
+    from prorl_celery import keys
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.rollout.cost import END_TOKEN, totals
+    from tasks.outcome import finish
+
+    store = JobStore(scratch_redis, job_ttl_s=60)
+    project = f"p-{uuid.uuid4().hex[:6]}"
+    job_id = f"twice-{uuid.uuid4().hex[:8]}"
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=project) == [True]
+    for stage in (JobStatus.INIT, JobStatus.RUN, JobStatus.EVAL):
+        assert store.transition(job_id, stage, stage_state=StageState.RUNNING)[0]
+    first, second = store.get(job_id), store.get(job_id)
+    if lost_scripts:
+        scratch_redis.script_flush()
+    done = finish(store, first, JobStatus.COMPLETED, fields={"reward": 1.0}, expect_attempt=1)
+    assert done is not None and done.status is JobStatus.COMPLETED
+    assert finish(store, second, JobStatus.CANCELLED, fields={}) is None
+    assert totals(scratch_redis)[project]["jobs"] == 1
+    assert scratch_redis.hget(keys.job(job_id), END_TOKEN) is None
+    assert store.get(job_id).result["cost"]["llm_calls"] == 0
