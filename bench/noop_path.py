@@ -6,8 +6,9 @@ On a private Redis (no AOF, as ``bench/overhead.py`` runs it), without Celery wo
 
 - ``submit``: ``POST /jobs`` of the whole batch through ``create_app()``'s test client (the
   API's checks, the store's create script, the chains sent to the broker on the same Redis);
-- ``init``, ``run``, ``eval``: ``tasks.stages.run_stage`` of each job in turn, as a worker's
-  task body runs it (the task's own Celery bookkeeping is not here: the bare chain pays it too);
+- ``stages``: ``tasks.stages.run_stage`` of each job's init, run and eval in turn, as a worker's
+  task body runs them (the task's own Celery bookkeeping is not here: the bare chain pays it
+  too), each stage's CPU and round trips also apart (its Redis CPU only in the whole);
 - ``completions``: ``GET /completions?group_id=`` paged through the batch, as ``ProrlClient.as_completed``
   reads it.
 
@@ -44,7 +45,8 @@ import redis.connection  # noqa: E402
 
 HANDLERS = {"noop": {"data_source": "prorl_celery.fakes.noop:NoopHandler"},
             "shell": {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}}
-PHASES = ("submit", "init", "run", "eval", "completions")
+PHASES = ("submit", "stages", "completions")
+STAGES = ("init", "run", "eval")
 SENDS = [0]
 _send = redis.connection.AbstractConnection.send_packed_command
 
@@ -74,12 +76,16 @@ def one_round(client, auth, instance: dict, n: int, profile: str | None, info) -
         assert reply.status_code == 202, reply.get_data(as_text=True)
         ids.extend(reply.get_json()["job_ids"])
 
-    def stage(which):
-        def go():
-            for job_id in ids:
-                result = run_stage(_task(), which, job_id)
+    per_stage = {stage: [0.0, 0] for stage in STAGES}  # CPU seconds, sends
+
+    def stages():  # each job's three stages in turn, as its chain runs them (a sandbox open at a time)
+        for job_id in ids:
+            for which in STAGES:
+                sends, cpu = SENDS[0], time.process_time()
+                result = run_stage(_task(), JobStatus(which), job_id)
+                per_stage[which][0] += time.process_time() - cpu
+                per_stage[which][1] += SENDS[0] - sends
                 assert result and "skipped" not in result and result.get("status") != "failed", result
-        return go
 
     def completions():
         cursor, seen = "0", 0
@@ -89,8 +95,7 @@ def one_round(client, auth, instance: dict, n: int, profile: str | None, info) -
             assert all(c["job"]["status"] == "completed" for c in body["completions"]), body
             seen, cursor = seen + len(body["completions"]), body["cursor"]
 
-    steps = {"submit": submit, "init": stage(JobStatus.INIT), "run": stage(JobStatus.RUN),
-             "eval": stage(JobStatus.EVAL), "completions": completions}
+    steps = {"submit": submit, "stages": stages, "completions": completions}
     for name in PHASES:
         prof = cProfile.Profile() if profile == name else None
         redis_before, sends, cpu = info(), SENDS[0], time.process_time()
@@ -105,6 +110,8 @@ def one_round(client, auth, instance: dict, n: int, profile: str | None, info) -
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    for which, (cpu, sends) in per_stage.items():
+        out[which] = (cpu * 1000 / n, sends / n, float("nan"))
     return out
 
 
@@ -143,11 +150,12 @@ def main() -> None:
     print(f"load average {os.getloadavg()}; handler {args.handler}; jobs {args.jobs}; rounds {args.rounds}")
     print("| phase | CPU ms per rollout (each round) | round trips per rollout | Redis CPU µs per rollout |")
     print("|---|---|---|---|")
-    for name in (*PHASES, "total"):
+    for name in (*PHASES, *STAGES, "total"):
         pick = (lambda r, i: sum(r[p][i] for p in PHASES)) if name == "total" else (lambda r, i: r[name][i])
         cpus = ", ".join(f"{pick(r, 0):.2f}" for r in rows)
-        print(f"| {name} | {cpus} | {statistics.median(pick(r, 1) for r in rows):.1f} "
-              f"| {statistics.median(pick(r, 2) for r in rows):.0f} |")
+        redis_us = statistics.median(pick(r, 2) for r in rows)
+        print(f"| {'  of which ' + name if name in STAGES else name} | {cpus} "
+              f"| {statistics.median(pick(r, 1) for r in rows):.1f} | {'-' if redis_us != redis_us else f'{redis_us:.0f}'} |")
 
 
 if __name__ == "__main__":

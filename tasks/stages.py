@@ -71,8 +71,10 @@ def _ended(task: Task, record: JobRecord, stage: JobStatus, why: str) -> dict[st
     return {"job_id": record.job_id, "stage": stage.value, "skipped": why}
 
 
-def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool]:
-    """Take the stage's lease and mark it running. Raises Ignore for a delivery that must not run."""
+def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool, float]:
+    """Take the stage's lease and mark it running; returns the lease, whether the stage resumes,
+    and when (monotonic) the change found the job in this stage's attempt. Raises Ignore for a
+    delivery that must not run."""
     if stage_index(record.status) > stage_index(stage) or (record.status is stage
                                                            and record.stage_state is StageState.DONE):
         raise _skip(record, stage, "already done (a duplicate delivery)")
@@ -98,9 +100,10 @@ def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> 
         holder = store.redis.get(lease.key)
         raise _skip(record, stage, f"another delivery holds the lease ({holder!r})" if holder
                     else "the job changed meanwhile")
+    confirmed = time.monotonic()
     lease.taken_elsewhere()
     record.attempts, record.queue_s = attempts, record.queue_s + wait
-    return lease, resumed
+    return lease, resumed, confirmed
 
 
 def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | None:
@@ -111,7 +114,7 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
         return None
     if record.status.terminal:  # cancelled before this stage began: end the chain
         return _ended(task, record, stage, "the job has ended")
-    lease, resumed = _admit(store, task, record, stage)
+    lease, resumed, confirmed = _admit(store, task, record, stage)
     if record.project:
         _fair_share(store, record.job_id, started=True)
     try:
@@ -122,7 +125,7 @@ def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | Non
             out = retry_from_init(store, record, WORKER_LOST,
                                   f"{stage} was started {limit} times and never finished", stage.value)
         else:
-            out = _execute(store, record, stage, resumed, lease)
+            out = _execute(store, record, stage, resumed, lease, confirmed)
     except _JobEnded as ended:
         return _ended(task, record, stage, str(ended))
     finally:
@@ -149,10 +152,15 @@ def _fair_share(store: JobStore, job_id: str, started: bool) -> None:
 
 
 def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool,
-             lease: Lease | None = None) -> dict[str, Any] | Requeued | None:
+             lease: Lease | None = None, confirmed: float | None = None) -> dict[str, Any] | Requeued | None:
     """The handler's stage and what it left. ``lease``: the delivery's stage lease, released by
-    the change that ends a stage (still released by :func:`run_stage` on every other way out)."""
+    the change that ends a stage (still released by :func:`run_stage` on every other way out).
+    ``confirmed``: when (monotonic) the running change found the job in this stage and attempt,
+    as a save does: a ``ctx.check()`` right after it (a handler's first step; the sandbox's
+    open) then reads no status again."""
     ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
+    if confirmed is not None:
+        ctx._confirmed = confirmed  # noqa: SLF001 - what StageContext.save sets, told by the change
     handler = FALLBACK  # until the job's own is loaded: its failure is recorded by the base hooks
     try:
         handler = get_handler(record.data_source)  # the one look-up of this stage
