@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    load = [os.getloadavg()]
     options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
                            redis_url=None, beat=False, persist=False,
                            env={"PRORL_PLUGIN_PACKAGES": "prorl_celery.fakes"})  # the no-op handler's package
@@ -129,6 +130,10 @@ def main() -> None:
     for name, r, p, c in zip(names, rate, p50, cpu):
         print(f"{name:<36} {r:8.1f}/s   {p:17.1f} ms   {sum(c.values()):24.1f} "
               + " ".join(f"{c[g]:.1f}" for g in groups))
+    total = [sum(c.values()) for c in cpu]
+    print(f"load average at the start {load[0]}, at the end {os.getloadavg()}")
+    print(f"CPU ratios (bare CPU / ours, per rollout; steadier than the rates on a shared machine): "
+          f"cpu_ratio={total[2] / total[0]:.2f} no_sandbox_cpu_ratio={total[2] / total[1]:.2f}")
     print(f"no_sandbox_ratio={rate[1] / rate[2]:.2f}")
     print(f"overhead_ratio={rate[0] / rate[2]:.2f} p50_ms={p50[0]:.1f}")
 

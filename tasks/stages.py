@@ -37,6 +37,11 @@ from tasks.retry import WORKER_LOST, Requeued, infrastructure_fault, retry_from_
 
 log = logging.getLogger(__name__)
 FALLBACK = AgentHandler()  # the hooks for a job whose handler cannot be loaded: close, no fields
+RESULT_REPR_MAX = 96
+"""How much of a stage's return Celery's worker writes into its "succeeded" log line and event
+(its ``resultrepr_maxsize``, 1,024 by default): the job id and status. Celery builds that text
+twice per task, walking the whole result (eval's: 0.24 ms each at 1,024, 0.03 ms at 64); the
+result itself is stored whole in the result backend and the job record."""
 
 
 def stage_budget(record: JobRecord, stage: JobStatus) -> float:
@@ -252,19 +257,19 @@ def _current_result(store: JobStore, job_id: str) -> dict[str, Any] | None:
     return record.result if record else None
 
 
-@app.task(name="prorl.init", bind=True)
+@app.task(name="prorl.init", bind=True, resultrepr_maxsize=RESULT_REPR_MAX)
 def init(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
     """Init stage: open the sandbox and prepare the task."""
     return run_stage(self, JobStatus.INIT, job_id)
 
 
-@app.task(name="prorl.run", bind=True)
+@app.task(name="prorl.run", bind=True, resultrepr_maxsize=RESULT_REPR_MAX)
 def run(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
     """Run stage: the rollout itself."""
     return run_stage(self, JobStatus.RUN, job_id)
 
 
-@app.task(name="prorl.eval", bind=True)
+@app.task(name="prorl.eval", bind=True, resultrepr_maxsize=RESULT_REPR_MAX)
 def eval_(self: Task, job_id: str, data_source: str | None = None) -> dict[str, Any] | None:
     """Eval stage: score the rollout and record the final result."""
     return run_stage(self, JobStatus.EVAL, job_id)
