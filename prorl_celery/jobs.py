@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from enum import Enum
 from typing import Any, Callable, Iterable
@@ -33,6 +34,7 @@ from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.shards import Shards, Since
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
+log = logging.getLogger(__name__)
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
                 "faults", "error")
 WATCH_TTL_S = 60
@@ -245,7 +247,8 @@ class JobStore:
         same round trip; each must tell for itself whether the change happened (a field the
         change wrote), and be harmless to run twice: if the change's script, or a script of
         theirs sent by digest, was missing (a Redis that lost its scripts), ``after`` is called
-        once more with ``again`` True, after the change, to queue them with their scripts loaded."""
+        once more with ``again`` True, after the change, to queue them with their scripts loaded.
+        A failure of theirs is logged, not raised: the change's outcome is what this returns."""
         args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
                                      take_lease_ms)
         job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
@@ -269,11 +272,13 @@ class JobStore:
             if missing or any(isinstance(r, redis.exceptions.NoScriptError) for r in replies[at + 1:]):
                 again = self.redis.pipeline(transaction=False)
                 after(again, True)
-                again.execute()
+                for r in again.execute(raise_on_error=False):
+                    if isinstance(r, Exception):
+                        log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
             else:
                 for r in replies[at + 1:]:
-                    if isinstance(r, Exception):
-                        raise r
+                    if isinstance(r, Exception):  # the change's outcome stands: what came behind it is the caller's extra
+                        log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
         return _changed(reply)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]

@@ -23,7 +23,7 @@ from prorl_celery.errors import JobCancelled, LLMError, ProrlError, SandboxError
 from prorl_celery.fairshare import FairShare
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.leases import Lease
-from prorl_celery.llm.pool import end_rollout
+from prorl_celery.llm.pool import end_rollout, end_rollout_on
 from prorl_celery.metrics import queue_stage_observation
 from prorl_celery.models import ErrorInfo
 from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
@@ -173,10 +173,16 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
         ctx.flush()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a typed result
         record.add_stage_time(stage, time.monotonic() - ctx.started)
-        return _fail(store, record, stage, ctx, handler, exc)
-    finally:
-        if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
-            end_rollout(store.redis, record.job_id)
+        try:
+            return _fail(store, record, stage, ctx, handler, exc)
+        finally:
+            if stage is JobStatus.RUN:  # the rollout's LLM calls are over: its backend's room is free
+                end_rollout(store.redis, record.job_id)
+    # The run's LLM session ends with the stage's done change, on its pipeline (where the routing
+    # lives on the head's Redis; else by a call of its own, first).
+    end_session = end_rollout_on(store.redis, record.job_id) if stage is JobStatus.RUN else None
+    if stage is JobStatus.RUN and end_session is None:
+        end_rollout(store.redis, record.job_id)
     elapsed = record.add_stage_time(stage, time.monotonic() - ctx.started)
     seconds = time.monotonic() - ctx.started
     if stage is JobStatus.EVAL:
@@ -192,7 +198,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
     ok, status = store.transition(record.job_id, None, sources=[stage], stage_state=StageState.DONE,
                                   expect={"attempt": record.attempt}, lease_token=lease and lease.token,
                                   before=lambda pipe: queue_stage_observation(pipe, stage.value, seconds),
-                                  state=ctx.state.dump(), t_enqueued=time.time(), **elapsed)
+                                  after=end_session, state=ctx.state.dump(), t_enqueued=time.time(), **elapsed)
     if ok and lease is not None:
         lease.released_elsewhere()
     if not ok:

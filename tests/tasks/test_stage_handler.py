@@ -78,15 +78,16 @@ def sends(monkeypatch) -> list[int]:
     return count
 
 
-def test_eval_ends_a_job_that_saved_no_calls_in_three_round_trips_with_its_cost_counted(scratch_redis, monkeypatch,
-                                                                                        sends):
-    """The record, the running change (with the lease), then one pipeline: the histogram, the
-    terminal change releasing the lease, the totals. No cost read for a job whose state saved no
-    call: its cost is still in its result and its project's totals."""
+def test_run_and_eval_take_three_round_trips_each_and_keep_what_they_recorded(scratch_redis, monkeypatch, sends):
+    """Each stage: the record, the running change (with the lease), then one pipeline. The run's:
+    the histogram, the done change releasing the lease, the LLM session's end. Eval's: the
+    histogram, the terminal change releasing the lease, the totals; no cost read for a job whose
+    state saved no call: its cost is still in its result and its project's totals."""
     from types import SimpleNamespace
 
     from prorl_celery import keys
     from prorl_celery.jobs import JobStore
+    from prorl_celery.llm import routing
     from prorl_celery.rollout.cost import OPERATOR, totals
 
     store = JobStore(scratch_redis, job_ttl_s=60)
@@ -95,8 +96,15 @@ def test_eval_ends_a_job_that_saved_no_calls_in_three_round_trips_with_its_cost_
     assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
                                                             "gate": "/"}))]) == [True]
     task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
-    for stage in (JobStatus.INIT, JobStatus.RUN):
-        assert stages.run_stage(task, stage, job_id)["stage_done"] == stage.value
+    assert stages.run_stage(task, JobStatus.INIT, job_id)["stage_done"] == "init"
+    # the run's LLM session (as the router left it) ends with the run's done change
+    scratch_redis.set(keys.llm_sticky(job_id), "b1")
+    scratch_redis.zadd(keys.llm_sessions("b1"), {job_id: 1})
+    scratch_redis.script_load(routing._END)  # as a router that ran before has left it (else loaded once more)
+    before = sends[0]
+    assert stages.run_stage(task, JobStatus.RUN, job_id)["stage_done"] == "run"
+    assert sends[0] - before == 3
+    assert scratch_redis.get(keys.llm_sticky(job_id)) is None and scratch_redis.zcard(keys.llm_sessions("b1")) == 0
     before = sends[0]
     out = stages.run_stage(task, JobStatus.EVAL, job_id)
     assert sends[0] - before == 3
@@ -133,3 +141,25 @@ def test_a_jobs_cost_reaches_its_projects_totals_once_however_many_try_to_end_it
     assert totals(scratch_redis)[project]["jobs"] == 1
     assert scratch_redis.hget(keys.job(job_id), END_TOKEN) is None
     assert store.get(job_id).result["cost"]["llm_calls"] == 0
+
+
+def test_the_runs_session_ends_with_its_done_change_also_on_a_redis_that_lost_its_scripts(scratch_redis,
+                                                                                          monkeypatch):
+    from types import SimpleNamespace
+
+    from prorl_celery import keys
+    from prorl_celery.jobs import JobStore
+
+    store = JobStore(scratch_redis, job_ttl_s=60)
+    monkeypatch.setattr(stages, "get_store", lambda: store)
+    job_id = f"lost-{uuid.uuid4().hex[:8]}"
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
+                                                            "gate": "/"}))]) == [True]
+    task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
+    assert stages.run_stage(task, JobStatus.INIT, job_id)["stage_done"] == "init"
+    scratch_redis.set(keys.llm_sticky(job_id), "b2")
+    scratch_redis.zadd(keys.llm_sessions("b2"), {job_id: 1})
+    scratch_redis.script_flush()
+    assert stages.run_stage(task, JobStatus.RUN, job_id)["stage_done"] == "run"
+    assert scratch_redis.get(keys.llm_sticky(job_id)) is None and scratch_redis.zcard(keys.llm_sessions("b2")) == 0
+    assert store.get(job_id).stage_state is StageState.DONE and scratch_redis.get(keys.stage_lease(job_id)) is None
