@@ -2,6 +2,7 @@
 (tasks/stages.py, tasks/outcome.py): run in this process on the real job store."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -61,21 +62,32 @@ def test_a_handler_that_no_longer_loads_ends_the_job_failed_after_one_look_up(re
     assert lookups == [source]
 
 
+class Sends(list):
+    """What this thread's Redis connections sent (another test's background reader may be
+    waiting on the same Redis), one entry per send (a command or a pipeline: one round trip
+    each): the first command's name and its first key or argument."""
+
+    def since(self, mark: int) -> list[str]:
+        return self[mark:]
+
+
 @pytest.fixture
-def sends(monkeypatch) -> list[int]:
-    """How many times this process's Redis connections sent something (a command or a pipeline:
-    one round trip each)."""
+def sends(monkeypatch) -> Sends:
     import redis.connection
 
-    count = [0]
+    sent, me = Sends(), threading.get_ident()
     real = redis.connection.AbstractConnection.send_packed_command
 
     def counting(self, command, check_health=True):
-        count[0] += 1
+        if threading.get_ident() != me:
+            return real(self, command, check_health)
+        data = b"".join(command) if isinstance(command, list) else command
+        words = [w for w in data.split(b"\r\n") if w and not w.startswith((b"*", b"$"))]
+        sent.append(b" ".join(words[:2]).decode(errors="replace")[:60])
         return real(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    return count
+    return sent
 
 
 def test_run_and_eval_take_three_round_trips_each_and_keep_what_they_recorded(scratch_redis, monkeypatch, sends):
@@ -101,13 +113,13 @@ def test_run_and_eval_take_three_round_trips_each_and_keep_what_they_recorded(sc
     scratch_redis.set(keys.llm_sticky(job_id), "b1")
     scratch_redis.zadd(keys.llm_sessions("b1"), {job_id: 1})
     scratch_redis.script_load(routing._END)  # as a router that ran before has left it (else loaded once more)
-    before = sends[0]
+    before = len(sends)
     assert stages.run_stage(task, JobStatus.RUN, job_id)["stage_done"] == "run"
-    assert sends[0] - before == 3
+    assert len(sends.since(before)) == 3, sends.since(before)
     assert scratch_redis.get(keys.llm_sticky(job_id)) is None and scratch_redis.zcard(keys.llm_sessions("b1")) == 0
-    before = sends[0]
+    before = len(sends)
     out = stages.run_stage(task, JobStatus.EVAL, job_id)
-    assert sends[0] - before == 3
+    assert len(sends.since(before)) == 3, sends.since(before)
     assert out["status"] == "completed" and out["reward"] == 1.0
     assert out["cost"]["llm_calls"] == 0 and out["cost"]["wall_s"]["eval"] >= 0
     assert scratch_redis.get(keys.stage_lease(job_id)) is None
