@@ -5,7 +5,8 @@ Fields of the hash: ``job_id status stage_state data_source group_id project ins
 sandbox state result workers attempts faults attempt error digest`` (JSON where structured; ``digest``
 tells a retried submission from another request under its id, :func:`request_digest`) and the
 timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
-(seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
+(seconds, floats); ``end_token``: written by the transition that ended the job, removed once its
+cost counted in its project's totals (:data:`prorl_celery.rollout.cost.ENDED`: exactly once). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
 sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
 attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
 
