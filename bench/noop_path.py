@@ -154,8 +154,9 @@ def main() -> None:
         pick = (lambda r, i: sum(r[p][i] for p in PHASES)) if name == "total" else (lambda r, i: r[name][i])
         cpus = ", ".join(f"{pick(r, 0):.2f}" for r in rows)
         redis_us = statistics.median(pick(r, 2) for r in rows)
+        shown = "-" if redis_us != redis_us else f"{redis_us:.0f}"  # NaN: not measured apart
         print(f"| {'  of which ' + name if name in STAGES else name} | {cpus} "
-              f"| {statistics.median(pick(r, 1) for r in rows):.1f} | {'-' if redis_us != redis_us else f'{redis_us:.0f}'} |")
+              f"| {statistics.median(pick(r, 1) for r in rows):.1f} | {shown} |")
 
 
 if __name__ == "__main__":

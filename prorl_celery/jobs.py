@@ -6,9 +6,10 @@ sandbox state result workers attempts faults attempt error digest`` (JSON where 
 tells a retried submission from another request under its id, :func:`request_digest`) and the
 timing fields ``t_created t_enqueued t_stage_start t_finished queue_s init_s run_s eval_s``
 (seconds, floats); ``end_token``: written by the transition that ended the job, removed once its
-cost counted in its project's totals (:data:`prorl_celery.rollout.cost.ENDED`: exactly once). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
-sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
-attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
+cost counted in its project's totals (:data:`prorl_celery.rollout.cost.ENDED`: exactly once).
+``attempt`` counts runs from init (1 for the first; an infrastructure fault sends the job back to
+``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the attempts that ended that
+way; ``attempts`` counts deliveries per stage within this attempt.
 
 ``status`` is one :class:`JobStatus` and changes only as :data:`status.TRANSITIONS` allows:
 the store computes each change's allowed sources from that table, and the compare-and-set script
@@ -278,7 +279,7 @@ class JobStore:
                         log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
             else:
                 for r in replies[at + 1:]:
-                    if isinstance(r, Exception):  # the change's outcome stands: what came behind it is the caller's extra
+                    if isinstance(r, Exception):  # the change's outcome stands: what came behind is the caller's
                         log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
         return _changed(reply)
 
