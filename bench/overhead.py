@@ -16,6 +16,10 @@ Polling the stored results cannot miss one.
 
     python bench/overhead.py [--jobs 200] [--rounds 2]
 
+The three are measured one after another in each round, in reverse order every other round; the
+CPU each spends per rollout (the stack's processes and their reaped children, this client) is the
+figure a shared machine disturbs least, and its ratio is printed per round and of the medians.
+
 Last line: ``overhead_ratio=<ours/bare> p50_ms=<ours p50 submit-to-done>``.
 """
 from __future__ import annotations
@@ -104,6 +108,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    load = [os.getloadavg()]
     options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
                            redis_url=None, beat=False, persist=False,
                            env={"PRORL_PLUGIN_PACKAGES": "prorl_celery.fakes"})  # the no-op handler's package
@@ -113,10 +118,11 @@ def main() -> None:
     with stack:
         ours(stack.api_url, 10), bare(10)  # warm up both paths
         rows = []
-        for _ in range(args.rounds):
-            rows.append((measured(stack, args.jobs, lambda n: ours(stack.api_url, n)),
-                         measured(stack, args.jobs, lambda n: ours(stack.api_url, n, NO_SANDBOX)),
-                         measured(stack, args.jobs, bare)))
+        runs = [lambda n: ours(stack.api_url, n), lambda n: ours(stack.api_url, n, NO_SANDBOX), bare]
+        for r in range(args.rounds):  # every other round in the reverse order: a load that drifts weighs on all three
+            order = [0, 1, 2] if r % 2 == 0 else [2, 1, 0]
+            done = {i: measured(stack, args.jobs, runs[i]) for i in order}
+            rows.append((done[0], done[1], done[2]))
         app.backend.result_consumer.stop()  # before Redis goes: it would try to reconnect
     rate = [statistics.median(r[i][0] for r in rows) for i in range(3)]
     p50 = [statistics.median(x for r in rows for x in r[i][1]) for i in range(3)]
@@ -129,6 +135,13 @@ def main() -> None:
     for name, r, p, c in zip(names, rate, p50, cpu):
         print(f"{name:<36} {r:8.1f}/s   {p:17.1f} ms   {sum(c.values()):24.1f} "
               + " ".join(f"{c[g]:.1f}" for g in groups))
+    total = [sum(c.values()) for c in cpu]
+    per_round = [[sum(r[i][2].values()) for i in range(3)] for r in rows]  # each round's totals: the same load
+    print("CPU ratios per round (bare / ours, bare / ours without a sandbox): "
+          + ", ".join(f"{t[2] / t[0]:.2f} / {t[2] / t[1]:.2f}" for t in per_round))
+    print(f"load average at the start {load[0]}, at the end {os.getloadavg()}")
+    print(f"CPU ratios (bare CPU / ours, per rollout; steadier than the rates on a shared machine): "
+          f"cpu_ratio={total[2] / total[0]:.2f} no_sandbox_cpu_ratio={total[2] / total[1]:.2f}")
     print(f"no_sandbox_ratio={rate[1] / rate[2]:.2f}")
     print(f"overhead_ratio={rate[0] / rate[2]:.2f} p50_ms={p50[0]:.1f}")
 

@@ -7,9 +7,12 @@ where structured; ``digest`` tells a retried submission from another request und
 :func:`request_digest`; ``sandboxes`` is the most sandboxes the job holds at once and
 ``sandboxes_held`` what its project's count holds for it while it is in a stage,
 :mod:`prorl_celery.fairshare`) and the timing fields ``t_created t_enqueued t_stage_start
-t_finished queue_s init_s run_s eval_s`` (seconds, floats). ``attempt`` counts runs from init (1 for the first; an infrastructure fault
-sends the job back to ``queued`` for the next, see :mod:`tasks.retry`); ``faults`` lists the
-attempts that ended that way; ``attempts`` counts deliveries per stage within this attempt.
+t_finished queue_s init_s run_s eval_s`` (seconds, floats); ``end_token``: written by the
+transition that ended the job, removed once its cost counted in its project's totals
+(:data:`prorl_celery.rollout.cost.ENDED`: exactly once). ``attempt`` counts runs from init (1 for
+the first; an infrastructure fault sends the job back to ``queued`` for the next, see
+:mod:`tasks.retry`); ``faults`` lists the attempts that ended that way; ``attempts`` counts
+deliveries per stage within this attempt.
 
 ``status`` is one :class:`JobStatus` and changes only as :data:`status.TRANSITIONS` allows:
 the store computes each change's allowed sources from that table, and the compare-and-set script
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from enum import Enum
 from typing import Any, Callable, Iterable
@@ -35,6 +39,7 @@ from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.shards import Shards, Since
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
+log = logging.getLogger(__name__)
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
                 "faults", "error")
 WATCH_TTL_S = 60
@@ -250,7 +255,8 @@ class JobStore:
     def transition(self, job_id: str, target: JobStatus | None, *, sources: Iterable[JobStatus] | None = None,
                    require_state: StageState | None = None, expect: dict[str, Any] | None = None,
                    lease_token: str | None = None, take_lease_ms: int = 0,
-                   before: Callable[[Any], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
+                   before: Callable[[Any], None] | None = None,
+                   after: Callable[[Any, bool], None] | None = None, **fields: Any) -> tuple[bool, JobStatus | None]:
         """Compare-and-set: move to ``target`` (None: keep) and set ``fields``, only if the job is
         not terminal, the table allows ``target`` after its status (narrowed to ``sources`` if
         given; with ``target`` None, ``sources`` alone), if given its ``stage_state`` equals
@@ -261,20 +267,42 @@ class JobStore:
         for that token instead (once its checks pass) and happens only if it got it.
         ``before``: queues commands of the caller's on a pipeline that is sent with this change
         in one round trip, ahead of it (a stage's histogram); they run once whatever the
-        change's outcome."""
+        change's outcome. ``after(pipe, again)``: queues commands sent behind the change in the
+        same round trip; each must tell for itself whether the change happened (a field the
+        change wrote), and be harmless to run twice: if the change's script, or a script of
+        theirs sent by digest, was missing (a Redis that lost its scripts), ``after`` is called
+        once more with ``again`` True, after the change, to queue them with their scripts loaded.
+        A failure of theirs is logged, not raised: the change's outcome is what this returns."""
         args = self._transition_args(target, sources, require_state, expect or {}, fields, lease_token,
                                      take_lease_ms)
         job_keys = [keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)]
-        if before is None:
+        if before is None and after is None:
             return _changed(self._transition(keys=job_keys, args=args))
         pipe = self.redis.pipeline(transaction=False)
-        before(pipe)
+        if before is not None:
+            before(pipe)
+        at = len(pipe)
         pipe.evalsha(self._transition.sha, len(job_keys), *job_keys, *args)
-        reply = pipe.execute(raise_on_error=False)[-1]
-        if isinstance(reply, redis.exceptions.NoScriptError):  # a Redis that lost its scripts: once more
+        if after is not None:
+            after(pipe, False)
+        replies = pipe.execute(raise_on_error=False)
+        reply = replies[at]
+        missing = isinstance(reply, redis.exceptions.NoScriptError)
+        if missing:  # a Redis that lost its scripts: once more
             reply = self._transition(keys=job_keys, args=args)
         elif isinstance(reply, Exception):
             raise reply
+        if after is not None:
+            if missing or any(isinstance(r, redis.exceptions.NoScriptError) for r in replies[at + 1:]):
+                again = self.redis.pipeline(transaction=False)
+                after(again, True)
+                for r in again.execute(raise_on_error=False):
+                    if isinstance(r, Exception):
+                        log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
+            else:
+                for r in replies[at + 1:]:
+                    if isinstance(r, Exception):  # the change's outcome stands: what came behind is the caller's
+                        log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
         return _changed(reply)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]

@@ -1,6 +1,7 @@
 """Drive a sandbox on any host by its handle, and place new sandboxes on the least-loaded host."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -262,18 +263,32 @@ def _close_batch(call: tuple[tuple[str, str], list[str]]) -> list[str]:
         return []
 
 
+# KEYS[1]: the hosts' heartbeat set; ARGV[1]: the oldest heartbeat of a live host; ARGV[2]: the
+# prefix of a host's hash. Each live host's hash (HGETALL's flat list; empty if it expired).
+_LIVE_HOSTS = """
+local out = {}
+for i, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
+  out[i] = redis.call('HGETALL', ARGV[2] .. id)
+end
+return out
+"""
+_LIVE_HOSTS_SHA = hashlib.sha1(_LIVE_HOSTS.encode()).hexdigest()
+
+
 def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostRecord]:
     """Hosts whose heartbeat is recent (3 periods), optionally those offering ``runtime`` (all of
     them when none does: each host applies its own policy and says why it refuses)."""
     from config.settings import get_settings
 
     cutoff = time.time() - 3 * get_settings().host_heartbeat_s
-    host_ids = client.zrangebyscore(keys.hosts(), cutoff, "+inf")
-    pipe = client.pipeline()
-    for host_id in host_ids:
-        pipe.hgetall(keys.host(host_id.decode() if isinstance(host_id, bytes) else host_id))
+    args = (1, keys.hosts(), cutoff, keys.host(""))
+    try:  # one round trip, by digest (a registered script on the client would cost one more)
+        found = client.evalsha(_LIVE_HOSTS_SHA, *args)
+    except redis.exceptions.NoScriptError:  # a Redis that never ran it (or restarted)
+        found = client.eval(_LIVE_HOSTS, *args)
     records = []
-    for raw in pipe.execute():
+    for flat in found:
+        raw = dict(zip(flat[::2], flat[1::2]))
         try:
             records.append(HostRecord.from_redis(raw))
         except (ValidationError, ValueError) as exc:  # a half-expired or foreign hash

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
 
 from prorl_celery.errors import UnknownPlugin
 from prorl_celery.jobs import JobRecord, JobStore
 from prorl_celery.jobstate import ROLLOUT_KEY, SANDBOX_KEY, USAGE_KEY
 from prorl_celery.models import ErrorInfo, JobResult
-from prorl_celery.rollout.cost import Cost, add_totals, cost_of, read_heads
+from prorl_celery.leases import Lease
+from prorl_celery.rollout.cost import (END_TOKEN, ENDED, Cost, add_totals, cost_of,
+                                         ended_totals_args, queue_ended_totals, read_heads)
 from prorl_celery.staleness import WeightVersions
 from prorl_celery.status import JobStatus
 
@@ -46,21 +49,41 @@ def build_result(record: JobRecord, status: JobStatus, *, handler: AgentHandler 
 
 
 def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: list[JobStatus] | None = None,
-           expect_attempt: int | None = None, **kwargs: Any) -> JobResult | None:
+           expect_attempt: int | None = None, lease: Lease | None = None,
+           before: Callable[[Any], None] | None = None, **kwargs: Any) -> JobResult | None:
     """Make the job terminal with its result. Returns None if it had already ended, or (with
     ``sources``, which narrow the transition table's, / ``expect_attempt``) is no longer in one
-    of those statuses or that attempt."""
+    of those statuses or that attempt.
+
+    One round trip (past the cost's read, none for a job that saved no calls): ``before``'s
+    commands (the eval stage's histogram), the terminal transition, which also releases
+    ``lease`` (the delivery's stage lease) if it holds it still, and the cost into the project's
+    totals, added only if this transition ended the job (the token it wrote: exactly once)."""
     result = build_result(record, status, **kwargs)
     (cost,) = _with_cost(store, [(record, kwargs.get("state"))], [result])
     expect = {"attempt": expect_attempt} if expect_attempt is not None else None
+    fields = _terminal_fields(store, record, result, kwargs.get("state"))
+    after = None
+    if cost is not None:
+        token = uuid.uuid4().hex
+        fields[END_TOKEN] = token
+
+        def after(pipe: Any, again: bool) -> None:
+            if again:  # the scripts loaded: by the registered script's call
+                job_keys, args = ended_totals_args(record.job_id, token, record.project, cost)
+                store.redis.register_script(ENDED)(keys=job_keys, args=args, client=pipe)
+            else:
+                queue_ended_totals(pipe, record.job_id, token, record.project, cost)
+
     ok, current = store.transition(record.job_id, status, sources=sources, expect=expect,
-                                   **_terminal_fields(store, record, result, kwargs.get("state")))
+                                   lease_token=lease.token if lease is not None else None,
+                                   before=before, after=after, **fields)
     if not ok:
         log.info("job %s already ended as %s; %s not recorded", record.job_id, current, status)
         return None
+    if lease is not None:
+        lease.released_elsewhere()
     _nothing_to_consume(store, [(record, result)])
-    if cost is not None:
-        add_totals(store.redis, [(record.project, cost)])
     return result
 
 
@@ -100,12 +123,15 @@ def _usage(state: Any) -> dict[str, Any] | None:
     return state.get(USAGE_KEY) if state is not None else None
 
 
-def _saved_calls(state: Any) -> int | None:
-    """The calls its last save stored (a JobState's or its stored dict's); None: not known."""
+def _saved_calls(state: Any) -> int:
+    """The calls its last save stored (a JobState's or its stored dict's). A state without the
+    counts saved none: every save within a job writes them with its calls (the fenced save), and
+    the result's trajectory (:func:`prorl_celery.rollout.results.trajectory_fields`) reads none
+    then; records past the counts are writes that lost the job. No counts, no read."""
     saved = state.get(ROLLOUT_KEY) if state is not None else None
     if saved is None:
-        return None
-    return saved.get("calls") if isinstance(saved, dict) else getattr(saved, "calls", None)
+        return 0
+    return (saved.get("calls") if isinstance(saved, dict) else getattr(saved, "calls", None)) or 0
 
 
 def _nothing_to_consume(store: JobStore, ended: list[tuple[JobRecord, JobResult]]) -> None:

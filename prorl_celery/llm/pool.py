@@ -9,6 +9,7 @@ each token with the version that sampled it (``Turn.weight_segments``).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import redis
 
 from config.settings import get_settings
+from prorl_celery import keys
 from prorl_celery.backoff import Backoff, wait
 from prorl_celery.errors import (BackendAborted, BackendFailed, BackendUnavailable, LLMCallCancelled, LLMTimeout,
                                  PartialAborted)
@@ -26,7 +28,8 @@ from prorl_celery.llm.control import expire_pauses_now_and_then
 from prorl_celery.llm.health import probe_quarantined, quarantine
 from prorl_celery.llm.models import LLMRequest, Turn
 from prorl_celery.llm.registry import BackendRegistry
-from prorl_celery.llm.routing import Router, Slot
+from prorl_celery.llm.routing import _END, Router, Slot
+from prorl_celery.llm.store import routing_redis
 from prorl_celery.llm.transport import Call, CallAborted
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,9 @@ def _probe_in_background(client: redis.Redis) -> None:
     threading.Thread(target=run, name="llm-probe", daemon=True).start()
 
 
+_END_SHA = hashlib.sha1(_END.encode()).hexdigest()  # the routing's session end (Router.end_session)
+
+
 def end_rollout(client: redis.Redis, job_id: str) -> None:
     """``LLMPool.end_rollout`` for callers without a pool (the run stage's end); never raises: a
     session not ended here stops counting after ``llm_session_idle_s``."""
@@ -71,6 +77,25 @@ def end_rollout(client: redis.Redis, job_id: str) -> None:
         Router(client).end_session(job_id)
     except redis.RedisError as exc:
         log.warning("job %s: could not end its LLM session: %s", job_id, exc)
+
+
+def end_rollout_on(client: redis.Redis, job_id: str) -> Callable[[object, bool], None] | None:
+    """:func:`end_rollout` as commands for a pipeline of ``client`` (the head's), sent with the
+    caller's (``JobStore.transition``'s ``after``: the run stage's done change) when the routing
+    lives on that Redis; None when it has one of its own (then :func:`end_rollout`). Harmless to
+    send twice (the session's key goes with the first); by digest first, with the script loaded
+    when called ``again``."""
+    if routing_redis(client) is not client:
+        return None
+    args = (keys.llm_sticky(job_id), keys.llm_sessions(""), job_id)
+
+    def queue(pipe, again: bool) -> None:
+        if again:
+            client.register_script(_END)(keys=args[:1], args=args[1:], client=pipe)
+        else:
+            pipe.evalsha(_END_SHA, 1, *args)
+
+    return queue
 
 
 class LLMPool:

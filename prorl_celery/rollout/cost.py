@@ -14,6 +14,7 @@ its ids: a bulk cancel of a thousand long rollouts reads kilobytes each, not the
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -85,6 +86,7 @@ for i, blob in ipairs(redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]))) do
 end
 return out
 """
+_HEADS_SHA = hashlib.sha1(_HEADS.encode()).hexdigest()
 
 
 def add_call(cost: Cost, meta: dict[str, Any]) -> None:
@@ -138,16 +140,25 @@ def price_of(cost: Cost, prices: dict[str, float]) -> float | None:
 
 def read_heads(client: redis.Redis | Shards, jobs: list[tuple[str, int | None]]) -> list[list[bytes]]:
     """The metadata heads of each job's call records, the first ``n`` (its saved count; None:
-    all), in one round trip."""
+    all), in one round trip (per shard; none for jobs that all saved no call)."""
     wanted = [i for i, (_, n) in enumerate(jobs) if n != 0]
     found: dict[int, list[bytes]] = {}
     for store, positions in Shards.of(client).by_store(jobs[i][0] for i in wanted):  # a round trip per shard
-        script = store.register_script(_HEADS)
+        calls = [(keys.rollout_calls(jobs[wanted[k]][0]), -1 if jobs[wanted[k]][1] is None else jobs[wanted[k]][1] - 1)
+                 for k in positions]
         pipe = store.pipeline(transaction=False)
-        for k in positions:
-            job_id, n = jobs[wanted[k]]
-            script(keys=[keys.rollout_calls(job_id)], args=[-1 if n is None else n - 1], client=pipe)
-        found.update(zip((wanted[k] for k in positions), pipe.execute()))
+        for key, last in calls:  # by digest: redis-py would first ask SCRIPT EXISTS of a registered one
+            pipe.evalsha(_HEADS_SHA, 1, key, last)
+        replies = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):  # a Redis that lost it
+            script, pipe = store.register_script(_HEADS), store.pipeline(transaction=False)
+            for key, last in calls:
+                script(keys=[key], args=[last], client=pipe)  # loaded first by the pipeline
+            replies = pipe.execute(raise_on_error=False)
+        for r in replies:
+            if isinstance(r, Exception):
+                raise r
+        found.update(zip((wanted[k] for k in positions), replies))
     return [found.get(i, []) for i in range(len(jobs))]
 
 
@@ -160,6 +171,39 @@ local old = tonumber(redis.call('HGET', KEYS[1], 'sandbox_peak_memory_mb') or '-
 if tonumber(ARGV[1]) > old then redis.call('HSET', KEYS[1], 'sandbox_peak_memory_mb', ARGV[1]) end
 """
 
+# One ended job's cost into its project's totals, only if the job's hash (KEYS[1]) still holds the
+# end token ARGV[1] its terminal transition wrote, which this removes: the totals count the job
+# once, whichever delivery ended it, however often this runs. KEYS[2]: the project's totals,
+# KEYS[3]: the set of projects, ARGV[2]: the project's name, ARGV[3]: the job's sandbox peak ('':
+# not measured), then (field, amount) pairs, each an HINCRBYFLOAT. Returns 1 if it added them.
+ENDED = """
+if redis.call('HGET', KEYS[1], 'end_token') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'end_token')
+redis.call('SADD', KEYS[3], ARGV[2])
+for i = 4, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1]) end
+if ARGV[3] ~= '' then
+  local old = tonumber(redis.call('HGET', KEYS[2], 'sandbox_peak_memory_mb') or '-1')
+  if tonumber(ARGV[3]) > old then redis.call('HSET', KEYS[2], 'sandbox_peak_memory_mb', ARGV[3]) end
+end
+return 1
+"""
+ENDED_SHA = hashlib.sha1(ENDED.encode()).hexdigest()
+END_TOKEN = "end_token"
+"""The job hash's field a terminal transition writes for :func:`queue_ended_totals` (removed
+once the totals counted the job)."""
+
+
+def _increments(cost: Cost) -> dict[str, float]:
+    """What one job adds to its project's totals (``jobs``: 1)."""
+    out: dict[str, float] = {"jobs": 1, "prompt_tokens": cost.prompt_tokens, "generated_tokens": cost.generated_tokens,
+                             "llm_calls": cost.llm_calls, "llm_s": cost.llm_s, "run_s": cost.wall_s.get("run", 0.0),
+                             "total_s": cost.wall_s.get("total", 0.0)}
+    if cost.price is not None:
+        out["price"] = cost.price
+    if cost.sandbox is not None:
+        out.update(sandbox_jobs=1, sandbox_cpu_s=cost.sandbox.cpu_s or 0.0)
+    return out
+
 
 def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> None:
     """Add ended jobs' costs to their projects' running totals (None: the operator's). Of the
@@ -170,19 +214,34 @@ def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> Non
     for project, cost in ended:
         key = keys.cost_totals(project or OPERATOR)
         pipe.sadd(keys.cost_projects(), project or OPERATOR)
-        pipe.hincrby(key, "jobs", 1)
-        for name in ("prompt_tokens", "generated_tokens", "llm_calls"):
-            pipe.hincrby(key, name, getattr(cost, name))
-        pipe.hincrbyfloat(key, "llm_s", cost.llm_s)
-        pipe.hincrbyfloat(key, "run_s", cost.wall_s.get("run", 0.0))
-        pipe.hincrbyfloat(key, "total_s", cost.wall_s.get("total", 0.0))
-        if cost.price is not None:
-            pipe.hincrbyfloat(key, "price", cost.price)
+        for name, amount in _increments(cost).items():
+            if isinstance(amount, int):
+                pipe.hincrby(key, name, amount)
+            else:
+                pipe.hincrbyfloat(key, name, amount)
         if cost.sandbox is not None:
-            pipe.hincrby(key, "sandbox_jobs", 1)
-            pipe.hincrbyfloat(key, "sandbox_cpu_s", cost.sandbox.cpu_s or 0.0)
             peak(keys=[key], args=[cost.sandbox.peak_memory_mb], client=pipe)
     pipe.execute()
+
+
+def ended_totals_args(job_id: str, token: str, project: str | None, cost: Cost) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of the script that adds one ended job's ``cost`` to its project's
+    totals if the job's hash still holds ``token`` (:data:`END_TOKEN`)."""
+    name = project or OPERATOR
+    args: list[Any] = [token, name, cost.sandbox.peak_memory_mb if cost.sandbox is not None else ""]
+    for field, amount in _increments(cost).items():
+        args += [field, amount]
+    return [keys.job(job_id), keys.cost_totals(name), keys.cost_projects()], args
+
+
+def queue_ended_totals(pipe: Any, job_id: str, token: str, project: str | None, cost: Cost) -> None:
+    """Queue on ``pipe`` (a pipeline, sent by the caller) the totals of a job whose terminal
+    transition, queued ahead of this, wrote ``token`` into its hash as :data:`END_TOKEN`: they
+    are added only if it did. By digest: a Redis that lost the script answers NoScriptError,
+    and then the caller sends it again by :data:`ENDED`'s registered script (once more is harmless:
+    the token goes with the first that finds it)."""
+    job_keys, args = ended_totals_args(job_id, token, project, cost)
+    pipe.evalsha(ENDED_SHA, len(job_keys), *job_keys, *args)
 
 
 def totals(client: redis.Redis) -> dict[str, dict[str, float]]:

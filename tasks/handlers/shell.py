@@ -34,9 +34,8 @@ class ShellHandler(AgentHandler):
 
     def init(self, ctx: StageContext) -> None:
         ShellInstance.model_validate(ctx.instance)
-        ctx.open_sandbox(handler_spec({}, ctx.instance.get("sandbox")))
-        ctx.state["steps"] = []
-        ctx.save()
+        ctx.open_sandbox(handler_spec({}, ctx.instance.get("sandbox")))  # its handle is stored by the open
+        ctx.state["steps"] = []  # stored by the stage's end, which writes the state (no save of its own)
 
     def run(self, ctx: StageContext) -> None:
         instance = ShellInstance.model_validate(ctx.instance)

@@ -170,7 +170,9 @@ def test_shell_runs_each_command_once_saving_after_each_and_fails_on_a_nonzero_e
     result = run_stages("shell", stage)
     assert result == {"reward": 0.0, "resolved": False, "finish_reason": "done"}
     assert box.commands == [("true", 7), ("false", 7)]
-    assert [len(saved["steps"]) for saved in stage.saves] == [0, 1, 2]
+    # a save after each command; init saves nothing of its own (its stage's end writes the state)
+    assert [len(saved["steps"]) for saved in stage.saves] == [1, 2]
+    assert stage.state["steps"][0]["command"] == "true"
     assert get_handler("shell").result_fields(stage.state)["steps"][1]["exit_code"] == 1
 
 
@@ -193,7 +195,7 @@ def test_a_cancel_during_a_command_stops_the_shell_run_and_saves_nothing_more():
     get_handler("shell").init(stage)
     with pytest.raises(JobCancelled):
         get_handler("shell").run(stage)
-    assert [c for c, _ in box.commands] == ["first"] and len(stage.saves) == 1  # init's only
+    assert [c for c, _ in box.commands] == ["first"] and stage.saves == []  # the cancelled save stored nothing
 
 
 def test_shell_commands_are_capped_by_the_stage_budget():
