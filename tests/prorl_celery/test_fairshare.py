@@ -295,38 +295,30 @@ def test_a_cancelled_pending_job_leaves_its_list_and_is_never_released(fair):
 def test_concurrent_submissions_never_pass_a_429_quota_together(fair, redis_url):
     """Twenty submitters at once (each its own connection, as API processes are), room for five:
     exactly five are taken, the check and the add being one script."""
-    from concurrent.futures import ThreadPoolExecutor
-
     project = _project(fair, max_in_flight=5, over={"max_in_flight": "429"})
+    assert _racing_enqueues(redis_url, project, lambda i: (f"{project}-c{i}", 0)) == 5
+    assert fair.pending(project) == 5
+
+
+def _racing_enqueues(redis_url: str, project: str, job) -> int:
+    """20 threads, each its own connection, enqueue ``job(i)`` at once: how many were taken."""
+    from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> bool:
         try:
             scratch = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/12")  # scratch_redis's database
-            FairShare(scratch).enqueue(project, [(f"{project}-c{i}", 0)])
+            FairShare(scratch).enqueue(project, [job(i)])
         except OverQuota:
             return False
         return True
 
     with ThreadPoolExecutor(20) as pool:
-        taken = list(pool.map(one, range(20)))
-    assert sum(taken) == 5 and fair.pending(project) == 5
+        return sum(pool.map(one, range(20)))
 
 
 def test_concurrent_submissions_never_pass_a_429_max_sandboxes_together(fair, redis_url):
     """The same with jobs needing 2 under max_sandboxes 10: exactly five taken. A pending job's
     need is kept with it from the enqueue on, before its record is stored."""
-    from concurrent.futures import ThreadPoolExecutor
-
     project = _project(fair, max_sandboxes=10, over={"max_sandboxes": "429"})
-
-    def one(i: int) -> bool:
-        try:
-            scratch = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/12")
-            FairShare(scratch).enqueue(project, [(f"{project}-s{i}", 0, 2)])
-        except OverQuota:
-            return False
-        return True
-
-    with ThreadPoolExecutor(20) as pool:
-        taken = list(pool.map(one, range(20)))
-    assert sum(taken) == 5 and fair.pending(project) == 5
+    assert _racing_enqueues(redis_url, project, lambda i: (f"{project}-s{i}", 0, 2)) == 5
+    assert fair.pending(project) == 5
