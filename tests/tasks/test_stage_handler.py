@@ -90,28 +90,37 @@ def sends(monkeypatch) -> Sends:
     return sent
 
 
+def _past_init_with_a_session(scratch_redis, monkeypatch, prefix: str, backend: str):
+    """A gate job (it passes every stage) through init on the stage path, with an LLM session on
+    ``backend`` as the router leaves one: (store, job id, task)."""
+    from types import SimpleNamespace
+
+    from prorl_celery import keys
+    from prorl_celery.jobs import JobStore
+
+    store = JobStore(scratch_redis, job_ttl_s=60)
+    monkeypatch.setattr(stages, "get_store", lambda: store)
+    job_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
+                                                            "gate": "/"}))]) == [True]
+    task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
+    assert stages.run_stage(task, JobStatus.INIT, job_id)["stage_done"] == "init"
+    scratch_redis.set(keys.llm_sticky(job_id), backend)
+    scratch_redis.zadd(keys.llm_sessions(backend), {job_id: 1})
+    return store, job_id, task
+
+
 def test_run_and_eval_take_three_round_trips_each_and_keep_what_they_recorded(scratch_redis, monkeypatch, sends):
     """Each stage: the record, the running change (with the lease), then one pipeline. The run's:
     the histogram, the done change releasing the lease, the LLM session's end. Eval's: the
     histogram, the terminal change releasing the lease, the totals; no cost read for a job whose
     state saved no call: its cost is still in its result and its project's totals."""
-    from types import SimpleNamespace
-
     from prorl_celery import keys
-    from prorl_celery.jobs import JobStore
     from prorl_celery.llm import routing
     from prorl_celery.rollout.cost import OPERATOR, totals
 
-    store = JobStore(scratch_redis, job_ttl_s=60)
-    monkeypatch.setattr(stages, "get_store", lambda: store)
-    job_id = f"eval-{uuid.uuid4().hex[:8]}"
-    assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
-                                                            "gate": "/"}))]) == [True]
-    task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
-    assert stages.run_stage(task, JobStatus.INIT, job_id)["stage_done"] == "init"
     # the run's LLM session (as the router left it) ends with the run's done change
-    scratch_redis.set(keys.llm_sticky(job_id), "b1")
-    scratch_redis.zadd(keys.llm_sessions("b1"), {job_id: 1})
+    store, job_id, task = _past_init_with_a_session(scratch_redis, monkeypatch, "eval", "b1")
     scratch_redis.script_load(routing._END)  # as a router that ran before has left it (else loaded once more)
     before = len(sends)
     assert stages.run_stage(task, JobStatus.RUN, job_id)["stage_done"] == "run"
@@ -157,20 +166,9 @@ def test_a_jobs_cost_reaches_its_projects_totals_once_however_many_try_to_end_it
 
 def test_the_runs_session_ends_with_its_done_change_also_on_a_redis_that_lost_its_scripts(scratch_redis,
                                                                                           monkeypatch):
-    from types import SimpleNamespace
-
     from prorl_celery import keys
-    from prorl_celery.jobs import JobStore
 
-    store = JobStore(scratch_redis, job_ttl_s=60)
-    monkeypatch.setattr(stages, "get_store", lambda: store)
-    job_id = f"lost-{uuid.uuid4().hex[:8]}"
-    assert store.create_many([(job_id, JobRequest(instance={"data_source": "tests.handlers_for_tests:GateHandler",
-                                                            "gate": "/"}))]) == [True]
-    task = SimpleNamespace(request=SimpleNamespace(hostname="here", chain=None))
-    assert stages.run_stage(task, JobStatus.INIT, job_id)["stage_done"] == "init"
-    scratch_redis.set(keys.llm_sticky(job_id), "b2")
-    scratch_redis.zadd(keys.llm_sessions("b2"), {job_id: 1})
+    store, job_id, task = _past_init_with_a_session(scratch_redis, monkeypatch, "lost", "b2")
     scratch_redis.script_flush()
     assert stages.run_stage(task, JobStatus.RUN, job_id)["stage_done"] == "run"
     assert scratch_redis.get(keys.llm_sticky(job_id)) is None and scratch_redis.zcard(keys.llm_sessions("b2")) == 0
