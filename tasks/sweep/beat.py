@@ -80,10 +80,11 @@ def leased(store: JobStore, records: list[JobRecord], now: float) -> set[str]:
     return {r.job_id for r in records} - {job_id for job_id, there in zip(old, found) if not there}
 
 
-def redispatch_lapsed(store: JobStore, record: JobRecord, now: float, held: set[str] | None = None) -> bool:
+def redispatch_lapsed(store: JobStore, record: JobRecord, now: float, held: set[str]) -> bool:
+    """Send the chain again from a running stage whose lease lapsed (``held``: :func:`leased`)."""
     if now - record.t_stage_start < get_settings().stage_lease_s:
         return False
-    if record.job_id in (leased(store, [record], now) if held is None else held):
+    if record.job_id in held:
         return False
     # The status stays (target None), narrowed to the stage whose lease lapsed.
     ok, _ = store.transition(record.job_id, None, sources=[record.status], require_state=StageState.RUNNING,
