@@ -54,10 +54,12 @@ if [ -x "${VENV}/bin/python" ]; then
     # the transformers veRL pins takes hub kernels from `kernels` 0.12; the project's newer
     # transformers puts a later `kernels` in the shared site-packages, which that one cannot call
     # (no revision given: ValueError at import), so the venv shadows it with the one it pins
-    "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
-        || "${VENV}/bin/python" -m pip install -q "kernels>=0.12.0,<0.13" || say "kernels 0.12 failed"
-    "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
-        || say "verl's agent loop does not import in ${VENV}"
+    # (the import takes ~6 s: tried again only after the install it calls for)
+    if ! "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null; then
+        "${VENV}/bin/python" -m pip install -q "kernels>=0.12.0,<0.13" || say "kernels 0.12 failed"
+        "${VENV}/bin/python" -c "import verl.experimental.agent_loop" 2>/dev/null \
+            || say "verl's agent loop does not import in ${VENV}"
+    fi
 fi
 fi
 exit 0

@@ -43,6 +43,7 @@ def fuzz_api(stack, tmp_path):
                "the fuzzer's stage messages drained")
 
 
+@pytest.mark.slow  # ~20 s of fuzzing: outside the default suite's 15 minutes
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_api, tmp_path):
     st = shutil.which("st") or shutil.which("schemathesis")
     assert st, "schemathesis is part of the test extras"

@@ -117,6 +117,7 @@ def _fresh_run_worker(stack) -> None:
     stack.wait_for_workers(["run"])
 
 
+@pytest.mark.slow  # ~14 s: a fresh run worker and eight token-mode rollouts
 def test_many_token_mode_rollouts_at_once_on_a_fresh_worker(stack, api, hf_dir, tmp_path):
     """8 token-mode jobs submitted together to a worker that has loaded no tokenizer (8 run
     threads): every one completes, exact."""

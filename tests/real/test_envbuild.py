@@ -68,6 +68,7 @@ def test_script_runs_swebench_steps_in_order_with_the_cutoff():
     assert order == sorted(order), lines
 
 
+@pytest.mark.slow  # a real build (~17 s); the default suite builds one through the SWE-bench row
 def test_concurrent_callers_share_one_build_and_the_image_runs_in_bwrap(root, small, monkeypatch):
     calls = []
     real_build = envbuild._build
