@@ -7,7 +7,11 @@ operator's) and calls ``Router.acquire`` + ``release`` on it, warm, ``n`` times.
 instructions of two runs (``--small`` and ``--small + 500`` turns) differ by 500 turns' worth: the
 start and stop cancel out. Needs ``valgrind`` and the redis-server the service runs.
 
-    python3 bench/routing_cost.py [--backends 1] [--project p] [--apart]
+    python3 bench/routing_cost.py [--backends 1] [--project p] [--apart] [--new] [--turns 500]
+
+``--new``: each turn a new rollout's first call (no sticky backend yet), then its end
+(``Router.end_session``, counted in the turn). The report adds the backend hashes read per turn
+(``HMGET`` + ``HGETALL``, from ``INFO commandstats``).
 
 ``--apart``: the routing on a Redis of its own (prorl_celery/llm/store.py): the callgrind server is the
 routing's, a plain second redis-server the head's (the job's record, the projects' records); the
@@ -46,9 +50,10 @@ def _answering(client: Any) -> Any:
     return client
 
 
-def instructions(turns: int, backends: int, project: str, apart: bool = False) -> tuple[int, int]:
+def instructions(turns: int, backends: int, project: str, apart: bool = False,
+                 new: bool = False) -> tuple[int, int, int]:
     """The server's instructions for a run of ``turns`` acquire + release (warm, after 20): in all,
-    and inside its commands."""
+    and inside its commands; and the backend hashes the run read."""
     import redis
 
     from prorl_celery import keys
@@ -82,15 +87,22 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False) -
         head.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
             "max_llm_in_flight": 1000, "tokens_per_hour": 10 ** 12}}))
     router = Router(head, **apart_kw)
-    for _ in range(20 + turns):
+    for i in range(20 + turns):
+        if new:
+            job = f"routing-cost-job-{i}"
+            head.hset(keys.job(job), mapping={"status": "run", "project": project})
         router.release(router.acquire(job, Protocol.CHAT), "ok", tokens=100)
+        if new:
+            router.end_session(job)
+    stats = client.info("commandstats")
+    reads = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hgetall"))
     server.terminate()
     server.wait()
     if head_server:
         head_server.terminate()
         head_server.wait()
     total = int(re.search(r"^(?:summary|totals): (\d+)", Path(out).read_text(), re.M).group(1))
-    return total, commands_only(out)
+    return total, commands_only(out), reads
 
 
 def commands_only(out: str) -> int:
@@ -107,12 +119,16 @@ def main() -> None:
     parser.add_argument("--backends", type=int, default=1)
     parser.add_argument("--project", default="", help="the job's project (quotas checked); default: the operator's")
     parser.add_argument("--small", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=500, help="the turns the two runs differ by")
     parser.add_argument("--apart", action="store_true", help="the routing on a Redis of its own; the head's elsewhere")
+    parser.add_argument("--new", action="store_true", help="each turn a new rollout's first call, and its end")
     args = parser.parse_args()
-    low = instructions(args.small, args.backends, args.project, args.apart)
-    high = instructions(args.small + 500, args.backends, args.project, args.apart)
+    low = instructions(args.small, args.backends, args.project, args.apart, args.new)
+    high = instructions(args.small + args.turns, args.backends, args.project, args.apart, args.new)
+    n = args.turns
     print(f"routing backends={args.backends} project={args.project or '-'} apart={int(args.apart)} "
-          f"instructions_per_turn={(high[0] - low[0]) // 500} in_commands={(high[1] - low[1]) // 500}")
+          f"new={int(args.new)} instructions_per_turn={(high[0] - low[0]) // n} in_commands={(high[1] - low[1]) // n} "
+          f"backend_reads_per_turn={(high[2] - low[2]) / n:.2f}")
 
 
 if __name__ == "__main__":
