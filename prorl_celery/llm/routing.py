@@ -74,13 +74,13 @@ local job, idle_cut, sweep = ARGV[7], ARGV[8], ARGV[9] == '1'
 local after_now, after_cut = '(' .. now, '(' .. idle_cut
 -- the job's project and its quotas: given by the caller when the head's Redis holds them and
 -- this one does not (prorl_celery/llm/store.py), else read here
-local given = ARGV[12] == '1'
+local given = ARGV[13] == '1'
 local mine
-if given then mine = ARGV[13] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
+if given then mine = ARGV[14] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
 local pin = ''
 if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, the call waits
   local raw
-  if given then raw = ARGV[14] ~= '' and ARGV[14] else raw = redis.call('HGET', KEYS[4], mine) end
+  if given then raw = ARGV[15] ~= '' and ARGV[15] else raw = redis.call('HGET', KEYS[4], mine) end
   local q = (raw and cjson.decode(raw).quotas) or {}
   pin = $PIN .. mine
   if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
@@ -181,7 +181,7 @@ else
         for _, id in ipairs(ids) do total = total + cap[id] end
       end
       local weights = {}
-      if given then weights = cjson.decode(ARGV[15]) else
+      if given then weights = cjson.decode(ARGV[16]) else
         local flat = redis.call('HGETALL', KEYS[4])
         for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
       end
@@ -210,11 +210,14 @@ if pin ~= '' then
   redis.call('ZADD', pin, lease_until, token)
   redis.call('PEXPIRE', pin, ARGV[10])
 end
-if job ~= '' then
-  if chosen ~= sticky then redis.call('ZADD', $SESSIONS .. chosen, now, job) end  -- (the sticky's: read() did)
+if job ~= '' and chosen ~= sticky then  -- (the sticky one's session: read() refreshed it)
+  redis.call('ZADD', $SESSIONS .. chosen, now, job)
+end
+if job ~= '' and (chosen ~= sticky or ARGV[12] == '1') then  -- (its expiry: refreshed now and then, ARGV[12])
   redis.call('SET', KEYS[2], chosen, 'EX', $STICKY_TTL)
 end
--- the record only if the caller's copy (ARGV[11]: ';id:rev;id:rev;') is not of its current revision
+-- the record only if the caller's copy (ARGV[11]: ';id:rev;id:rev;', or of the job's last backend alone)
+-- is not of its current revision
 local reply = {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1), rev[chosen] or '', mine}
 if not (rev[chosen] and string.find(ARGV[11], ';' .. chosen .. ':' .. rev[chosen] .. ';', 1, true)) then
   reply[7] = redis.call('HGETALL', $BACKEND .. chosen)
@@ -247,6 +250,8 @@ return backend
 
 
 RECORDS_KEPT = 4096  # backends' records one process keeps a copy of, per routing Redis
+JOBS_KEPT = 65536  # rollouts whose backend one process remembers (Router._remember)
+STICKY_REFRESH_S = 3600.0  # a rollout that stays on its backend has its sticky key's expiry renewed this often
 
 
 @dataclass(frozen=True)
@@ -294,6 +299,8 @@ class Router:
     taken and the project holds its weighted share of them: wait for a free slot)."""
 
     _copies: dict[tuple, _Copies] = {}  # per routing Redis (where), shared by the routers of this process
+    _last: dict[tuple, tuple[str, float]] = {}  # (where, job) -> the backend this process last set, when
+    _lock = threading.Lock()
 
     def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
         """``client``: the head's Redis; ``routing``: the routing's own (default: ``routing_url``'s,
@@ -315,14 +322,20 @@ class Router:
         copies = self._copies.get(self._where, _NO_COPIES)
         now_ms, lease_ms = int(time.time() * 1000), int(lease_s * 1000)
         idle_cut = now_ms - int(settings.llm_session_idle_s * 1000)
+        last, set_at = self._last.get((self._where, job_id), ("", 0.0)) if job_id else ("", 0.0)
+        held = copies.records.get(last)
+        refresh = time.monotonic() - set_at > STICKY_REFRESH_S
         args = [now_ms, now_ms + lease_ms, token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), job_id or "", idle_cut,
-                "1" if random.random() < SWEEP_P else "0", lease_ms + 60000, copies.argv, *self._head_facts(job_id)]
+                "1" if random.random() < SWEEP_P else "0", lease_ms + 60000,
+                f";{last}:{held[0]};" if held else copies.argv, "1" if refresh else "0", *self._head_facts(job_id)]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
         bid, load, in_flight = reply[1].decode(), int(reply[2]), int(reply[3])
+        if job_id and (bid != last or refresh):  # the script wrote the job's sticky key (and its expiry)
+            self._remember(job_id, bid)
         if len(reply) > 6:  # this process's copy was missing or of an older revision
             backend, api_key = self._keep(bid, reply[4].decode(), reply[6])
         else:
@@ -331,6 +344,17 @@ class Router:
         return Slot(backend.model_copy(update={"in_flight": in_flight}), api_key,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
                               also=keys.llm_project_inflight(project) if project else None), load, project=project)
+
+    def _remember(self, job_id: str, bid: str) -> None:
+        """The job's backend, as this process last wrote it: its next acquire names only that
+        backend's copy (not every copy this process holds: a string that grew with the pool) and
+        lets the script leave the sticky key's expiry alone for ``STICKY_REFRESH_S``."""
+        last = self._last
+        last[(self._where, job_id)] = (bid, time.monotonic())
+        if len(last) > JOBS_KEPT:
+            with self._lock:
+                while len(last) > JOBS_KEPT:
+                    last.pop(next(iter(last)), None)
 
     def _keep(self, bid: str, rev: str, flat: list[bytes]) -> tuple[Backend, str | None]:
         """The record of the reply, parsed without its counters, and kept as this process's copy
@@ -349,7 +373,7 @@ class Router:
         return backend, api_key
 
     def _head_facts(self, job_id: str | None) -> list[str]:
-        """The acquire's ARGV 12-15: read by the script itself on the head's Redis (``0``), else the
+        """The acquire's ARGV 13-16: read by the script itself on the head's Redis (``0``), else the
         job's project, its record and every project's weight, from the head (cached in this process)."""
         if self.view is None:
             return ["0"]
@@ -412,6 +436,7 @@ class Router:
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.
         Returns the backend it was on, if any."""
+        self._last.pop((self._where, job_id), None)
         found = self._end(keys=[keys.llm_sticky(job_id)], args=[keys.llm_sessions(""), job_id])
         return found.decode() if found else None
 
