@@ -163,3 +163,39 @@ def test_the_counters_arrive_within_a_second_without_another_call(pool):
     while pool.registry.get(bid).served != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pool.registry.get(bid).served == 1
+
+
+@pytest.mark.unit
+def test_a_full_pool_of_40_backends_is_shared_by_weight_from_a_sample(pool):
+    """Above ``SCAN_ALL`` the candidates' capacity is estimated from the random ones read (here
+    exact: alike backends): a project past its weight's share of a full pool waits ('share'),
+    another under its share queues."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.projects import ProjectStore
+    from prorl_celery.status import JobStatus
+
+    tag = uuid.uuid4().hex[:8]
+    big, small = f"scb-{tag}", f"scs-{tag}"
+    projects = ProjectStore(pool.redis)
+    projects.add(big, weight=1)
+    projects.add(small, weight=3)
+    store = JobStore(pool.redis)
+    jobs = {p: [f"scale-{p}-{i}" for i in range(200)] for p in (big, small)}
+    for project, ids in jobs.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"})) for job_id in ids], project=project)
+    try:
+        _register(pool, 40, capacity=1)
+        mine = [pool.router.acquire(job_id) for job_id in jobs[big]]  # alone: never held, every slot taken
+        assert all(isinstance(s, Slot) for s in mine)
+        assert sum(pool.registry.in_flight(b.id) for b in pool.registry.list()) == 200
+        assert all(pool.registry.in_flight(b.id) >= 1 for b in pool.registry.list())
+        theirs = pool.router.acquire(jobs[small][0])  # 0 of its share of 30: it queues
+        assert isinstance(theirs, Slot)
+        assert pool.router.acquire(jobs[big][0]) == "share"  # 200 against its share of 10
+        for slot in [*mine, theirs]:
+            pool.router.release(slot, "aborted")
+    finally:
+        for ids in jobs.values():
+            for job_id in ids:
+                store.transition(job_id, JobStatus.CANCELLED)
