@@ -4,7 +4,8 @@ Each rollout (job id) is a *session* of the backend that served its last turn: t
 its prompt's prefix in its cache, and the next prompt extends it. Per backend, Redis keeps the
 in-flight leases, the live sessions (``keys.llm_sessions``; dropped when the rollout ends or after
 ``llm_session_idle_s``) and a measured speed: the EWMA of a turn's latency divided by the load it
-met (``turn_s``, seconds per turn per session), updated on every successful release.
+met (``turn_s``, seconds per turn per session), updated for every successful release (by its
+process, at most every second: :mod:`prorl_celery.llm.counts`).
 
 One Lua script per acquire (leases and sessions counted by expiry with ``ZCOUNT``; the lapsed ones
 removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
@@ -29,11 +30,35 @@ removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
   for a free slot (``share``). A project alone is never held, and a free slot goes to whoever
   asks: nothing idles. The operator's own jobs are outside it.
 
+**What an acquire reads: not every backend** (issue 37: a fleet of 100,000 rollouts has hundreds
+of them, and a script that read each on every call cost ~50,000 instructions per backend):
+
+- *the rollout's own backend, when it has a free slot* (load, its own session aside, below its
+  capacity): chosen without reading any other. It is the choice the rules above make when every
+  backend is read: the first pass finds a backend with a free slot, so no share is checked; a
+  choice other than the sticky one is taken only if the sticky one's queue pays, and with
+  load < capacity its in-flight count is below it too: nothing queues there. Quotas are checked first,
+  as always;
+- otherwise, with at most ``SCAN_ALL`` backends registered, every one (the rules above, exactly);
+- above ``SCAN_ALL``: the rollout's backend and ``SAMPLE`` random ones (``SRANDMEMBER``; the
+  "power of d choices": the least loaded of a few random bins keeps a pool balanced almost as
+  well as the least loaded of all), and every one when none of those may serve the job (another
+  project's, another protocol, draining): a project's private backend is still found among
+  hundreds it may not use. The weighted share's capacity is then estimated from the random ones
+  read (their candidates' capacity x registered / drawn: unbiased, exact for a fleet of alike
+  backends) instead of summed over all: nothing for the registry to maintain, and the share is a
+  heuristic against counts that move every turn anyway.
+
 The reply names the chosen backend and its record's revision (:mod:`prorl_celery.llm.registry`);
 it carries the record itself only when this process's copy is not of that revision (the acquire
 is given the revisions of the copies this process holds): a record of ~20 fields read and sent on
-every call was about a quarter of the routing's work on its Redis (bench/RESULTS.md). The copies
-leave out the router's counters (``registry.COUNTERS``), which every release writes.
+every call was about a quarter of the routing's work on its Redis (bench/RESULTS.md). A rollout
+this process routed before names only its copy of that rollout's backend (the list of every copy
+grows with the pool). The copies leave out the router's counters (``registry.COUNTERS``).
+
+The release is plain pipelined commands (its leases out of their sets, the tokens into the
+project's hour); the scripts' constants and key prefixes are written into their text at
+registration (``_written_in``), not sent as arguments with each call.
 """
 from __future__ import annotations
 
@@ -449,9 +474,14 @@ def _queue_release(pipe: redis.client.Pipeline, lease_key: str, token: str, proj
     if project:
         pipe.zrem(keys.llm_project_inflight(project), token)
         if tokens > 0:
-            tokens_key = keys.llm_project_tokens(project)
-            pipe.hincrby(tokens_key, int(time.time() // 60), tokens)
-            pipe.expire(tokens_key, 3700)
+            tokens_key, minute = keys.llm_project_tokens(project), int(time.time() // 60)
+            pipe.hincrby(tokens_key, minute, tokens)
+            if _tokens_expiry.get(tokens_key) != minute:  # an hour and a bit after this minute: once a minute
+                _tokens_expiry[tokens_key] = minute
+                pipe.expire(tokens_key, 3700)
+
+
+_tokens_expiry: dict[str, int] = {}  # a project's tokens key -> the minute this process last renewed its expiry
 
 
 _deferred = threading.local()
