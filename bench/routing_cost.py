@@ -10,7 +10,8 @@ start and stop cancel out. Needs ``valgrind`` and the redis-server the service r
     python3 bench/routing_cost.py [--backends 1] [--project p] [--apart] [--new] [--turns 500]
 
 ``--new``: each turn a new rollout's first call (no sticky backend yet), then its end
-(``Router.end_session``, counted in the turn). The report adds the backend hashes read per turn
+(``Router.end_session``, counted in the turn). ``--full``: every backend full (capacity 1 and
+another rollout's session on it): no call finds a free slot, the rollout's own backend included. The report adds the backend hashes read per turn
 (``HMGET`` + ``HGETALL``, from ``INFO commandstats``).
 
 ``--apart``: the routing on a Redis of its own (prorl_celery/llm/store.py): the callgrind server is the
@@ -51,7 +52,7 @@ def _answering(client: Any) -> Any:
 
 
 def instructions(turns: int, backends: int, project: str, apart: bool = False,
-                 new: bool = False) -> tuple[int, int, int]:
+                 new: bool = False, full: bool = False) -> tuple[int, int, int]:
     """The server's instructions for a run of ``turns`` acquire + release (warm, after 20): in all,
     and inside its commands; and the backend hashes the run read."""
     import redis
@@ -79,8 +80,10 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False,
     apart_kw = {"routing": client} if apart else {}  # (a base without the setting runs this script too)
     registry = BackendRegistry(head, **apart_kw)
     for i in range(backends):
-        registry.add(BackendSpec(address=f"http://10.0.0.{i + 1}:1", capacity=64, model="m", weight_version="v0",
-                                 probe=False))
+        backend, _ = registry.add(BackendSpec(address=f"http://10.0.{i // 250}.{i % 250 + 1}:1",
+                                              capacity=1 if full else 64, model="m", weight_version="v0", probe=False))
+        if full:  # a session that never idles out
+            client.zadd(keys.llm_sessions(backend.id), {"someone-else": int(time.time() * 1000) + 10 ** 9})
     job = "routing-cost-job"
     head.hset(keys.job(job), mapping={"status": "run", "project": project})
     if project:
@@ -123,12 +126,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=500, help="the turns the two runs differ by")
     parser.add_argument("--apart", action="store_true", help="the routing on a Redis of its own; the head's elsewhere")
     parser.add_argument("--new", action="store_true", help="each turn a new rollout's first call, and its end")
+    parser.add_argument("--full", action="store_true", help="every backend full: no free slot anywhere")
     args = parser.parse_args()
-    low = instructions(args.small, args.backends, args.project, args.apart, args.new)
-    high = instructions(args.small + args.turns, args.backends, args.project, args.apart, args.new)
+    low = instructions(args.small, args.backends, args.project, args.apart, args.new, args.full)
+    high = instructions(args.small + args.turns, args.backends, args.project, args.apart, args.new, args.full)
     n = args.turns
     print(f"routing backends={args.backends} project={args.project or '-'} apart={int(args.apart)} "
-          f"new={int(args.new)} instructions_per_turn={(high[0] - low[0]) // n} in_commands={(high[1] - low[1]) // n} "
+          f"new={int(args.new)} full={int(args.full)} instructions_per_turn={(high[0] - low[0]) // n} in_commands={(high[1] - low[1]) // n} "
           f"backend_reads_per_turn={(high[2] - low[2]) / n:.2f}")
 
 
