@@ -277,6 +277,7 @@ return backend
 RECORDS_KEPT = 4096  # backends' records one process keeps a copy of, per routing Redis
 JOBS_KEPT = 65536  # rollouts whose backend one process remembers (Router._remember)
 STICKY_REFRESH_S = 3600.0  # a rollout that stays on its backend has its sticky key's expiry renewed this often
+_UNKNOWN = ("", float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -347,9 +348,9 @@ class Router:
         copies = self._copies.get(self._where, _NO_COPIES)
         now_ms, lease_ms = int(time.time() * 1000), int(lease_s * 1000)
         idle_cut = now_ms - int(settings.llm_session_idle_s * 1000)
-        last, set_at = self._last.get((self._where, job_id), ("", 0.0)) if job_id else ("", 0.0)
+        last, set_at = self._last.get((self._where, job_id), _UNKNOWN) if job_id else _UNKNOWN
         held = copies.records.get(last)
-        refresh = time.monotonic() - set_at > STICKY_REFRESH_S
+        refresh = time.monotonic() - set_at > STICKY_REFRESH_S  # (a job this process has not routed: now)
         args = [now_ms, now_ms + lease_ms, token, protocol.value if protocol else "",
                 settings.llm_sticky_reprefill_turns, random.random(), job_id or "", idle_cut,
                 "1" if random.random() < SWEEP_P else "0", lease_ms + 60000,
