@@ -11,7 +11,9 @@ start and stop cancel out. Needs ``valgrind`` and the redis-server the service r
 
 ``--new``: each turn a new rollout's first call (no sticky backend yet), then its end
 (``Router.end_session``, counted in the turn). ``--full``: every backend full (capacity 1 and
-another rollout's session on it): no call finds a free slot, the rollout's own backend included. The report adds the backend hashes read per turn
+another rollout's session on it): no call finds a free slot, the rollout's own backend included.
+``--hours H`` (with ``--project``): the project's tokens hash holds H hours of minutes already, as
+a project that has called the LLM for that long leaves it. The report adds the backend hashes read per turn
 (``HMGET`` + ``HGETALL``, from ``INFO commandstats``).
 
 ``--apart``: the routing on a Redis of its own (prorl_celery/llm/store.py): the callgrind server is the
@@ -52,7 +54,7 @@ def _answering(client: Any) -> Any:
 
 
 def instructions(turns: int, backends: int, project: str, apart: bool = False,
-                 new: bool = False, full: bool = False) -> tuple[int, int, int]:
+                 new: bool = False, full: bool = False, hours: float = 0) -> tuple[int, int, int]:
     """The server's instructions for a run of ``turns`` acquire + release (warm, after 20): in all,
     and inside its commands; and the backend hashes the run read."""
     import redis
@@ -89,6 +91,9 @@ def instructions(turns: int, backends: int, project: str, apart: bool = False,
     if project:
         head.hset(keys.projects(), project, json.dumps({"weight": 1, "quotas": {
             "max_llm_in_flight": 1000, "tokens_per_hour": 10 ** 12}}))
+        minute = int(time.time() // 60)
+        if hours:
+            client.hset(keys.llm_project_tokens(project), mapping={minute - i: 1000 for i in range(int(hours * 60))})
     router = Router(head, **apart_kw)
     for i in range(20 + turns):
         if new:
@@ -127,12 +132,14 @@ def main() -> None:
     parser.add_argument("--apart", action="store_true", help="the routing on a Redis of its own; the head's elsewhere")
     parser.add_argument("--new", action="store_true", help="each turn a new rollout's first call, and its end")
     parser.add_argument("--full", action="store_true", help="every backend full: no free slot anywhere")
+    parser.add_argument("--hours", type=float, default=0, help="hours of the project's tokens already counted")
     args = parser.parse_args()
-    low = instructions(args.small, args.backends, args.project, args.apart, args.new, args.full)
-    high = instructions(args.small + args.turns, args.backends, args.project, args.apart, args.new, args.full)
+    run = (args.backends, args.project, args.apart, args.new, args.full, args.hours)
+    low = instructions(args.small, *run)
+    high = instructions(args.small + args.turns, *run)
     n = args.turns
     print(f"routing backends={args.backends} project={args.project or '-'} apart={int(args.apart)} "
-          f"new={int(args.new)} full={int(args.full)} instructions_per_turn={(high[0] - low[0]) // n} in_commands={(high[1] - low[1]) // n} "
+          f"new={int(args.new)} full={int(args.full)} hours={args.hours:g} instructions_per_turn={(high[0] - low[0]) // n} in_commands={(high[1] - low[1]) // n} "
           f"backend_reads_per_turn={(high[2] - low[2]) / n:.2f}")
 
 

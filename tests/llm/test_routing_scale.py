@@ -199,3 +199,45 @@ def test_a_full_pool_of_40_backends_is_shared_by_weight_from_a_sample(pool):
         for ids in jobs.values():
             for job_id in ids:
                 store.transition(job_id, JobStatus.CANCELLED)
+
+
+@pytest.mark.unit
+def test_a_projects_hour_of_tokens_is_read_whole_once_a_minute_and_its_lapsed_minutes_dropped(pool):
+    """Three hours of minutes in the project's tokens hash: the first acquire counts the last 60
+    (the others dropped), the next ones read this minute's field and the kept sum only; the quota
+    holds at the hour's sum as before."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.projects import ProjectStore
+    from prorl_celery.status import JobStatus
+
+    tag = uuid.uuid4().hex[:8]
+    project, job = f"tok-{tag}", f"scale-tok-{tag}"
+    ProjectStore(pool.redis).add(project)
+    ProjectStore(pool.redis).set_quotas(project, {"tokens_per_hour": 6000})
+    store = JobStore(pool.redis)
+    store.create_many([(job, JobRequest(instance={"data_source": "shell"}))], project=project)
+    client, key = pool.router.redis, keys.llm_project_tokens(project)
+    try:
+        _register(pool, 1, capacity=64)
+        minute = int(time.time() // 60)
+        if time.time() % 60 > 55:  # not across a minute's end
+            time.sleep(60 - time.time() % 60 + 0.1)
+            minute = int(time.time() // 60)
+        client.hset(key, mapping={minute - i: 100 for i in range(1, 180)})  # the last hour: 59 x 100 before this one
+        client.expire(key, 3700)
+        slot = pool.router.acquire(job)
+        assert isinstance(slot, Slot)
+        fields = {int(k) for k in client.hkeys(key)}
+        assert fields == {0, 1, *(minute - i for i in range(1, 60))}  # lapsed minutes dropped, the sum kept
+        before = client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+        pool.router.release(slot, "aborted")
+        client.hincrby(key, minute, 99)  # 5,900 + 99: under 6,000
+        slot = pool.router.acquire(job)
+        assert isinstance(slot, Slot)
+        pool.router.release(slot, "aborted")
+        client.hincrby(key, minute, 1)  # 6,000: at the quota
+        assert pool.router.acquire(job) == "quota"
+        assert client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0) == before  # not read whole
+    finally:
+        store.transition(job, JobStatus.CANCELLED)
