@@ -82,7 +82,8 @@ def test_the_scripts_that_write_a_backend_hash_give_it_a_new_revision_or_write_c
     scripts = {name: value for module in (registry_module, routing, counts, control, health)
                for name, value in vars(module).items() if isinstance(value, str) and "redis.call(" in value}
     writing = {name for name, text in scripts.items() if HASH_WRITES.search(text)}
-    assert writing == {"_ADD", "_WRITE", "_COUNTS"}  # _END and _ACQUIRE write sets and strings only
+    # _END writes sets and strings only; _ACQUIRE_TEXT is _ACQUIRE with its prefixes written in
+    assert writing == {"_ADD", "_WRITE", "_COUNTS", "_ACQUIRE", "_ACQUIRE_TEXT"}
     for name in ("_ADD", "_WRITE"):
         assert "redis.call('HSET', KEYS[2], 'rev', ARGV[5])" in scripts[name] or \
             "if wrote then redis.call('HSET', KEYS[1], 'rev', ARGV[1]) end" in scripts[name]
@@ -90,7 +91,9 @@ def test_the_scripts_that_write_a_backend_hash_give_it_a_new_revision_or_write_c
     assert set(re.findall(r"redis\.call\('(\w+)', (?:KEYS|key)\b", release)) == {"HMGET", "HSET"}
     written = {name for args in _arguments(release, "HSET", "key") for name in re.findall(r"'([a-z_]+)'", args)}
     assert written == set(COUNTERS)  # the router writes its counters, which no process copies
-    assert not HASH_WRITES.search(scripts["_ACQUIRE"])
+    acquire = scripts["_ACQUIRE"]  # writes one hash: the project's tokens of the hour (its kept sum, lapsed minutes)
+    assert {m.group(2) for m in re.finditer(HASH_WRITES.pattern + r", (\w+)", acquire)} == {"tk"}
+    assert "local minute, tk = math.floor(tonumber(now) / 60000), $TOKENS .. mine" in acquire
 
 
 def _state(pool, bid: str) -> tuple[dict, str | None]:
