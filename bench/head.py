@@ -27,6 +27,7 @@ turn it is ``readings/s x turn_s`` job-reads: the ceiling table states it at 16 
     python3 bench/head.py --quick        # seconds: a smoke run
     python3 bench/head.py --shards 2     # the rollouts' lists on 2 store Redis (prorl_celery/shards.py)
     python3 bench/head.py --routing-redis   # the LLM routing on a Redis of its own (prorl_celery/llm/store.py)
+    python3 bench/head.py --routing-redis --backends 400   # the routing among 400 registered backends
 
 With ``--shards N`` the launcher starts N store Redis beside the head's; every reading is taken
 of each instance, and the report adds each one's CPU per unit and the ceiling of the sharded head:
@@ -370,6 +371,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=0, help="store Redis for the rollouts' lists (0: the head's)")
     parser.add_argument("--routing-redis", action="store_true",
                         help="the LLM routing on a Redis of its own, appendfsync everysec (default: the head's)")
+    parser.add_argument("--backends", type=int, default=1,
+                        help="LLM backends registered (the routing's cost per turn grew with them before issue 37)")
     args = parser.parse_args()
     if args.quick:
         args.procs, args.rollouts, args.turns, args.watch_jobs = 2, 8, 4, 20
@@ -377,7 +380,7 @@ def main() -> None:
     shape = profile(args.turns, context)
     os.environ[SHAPE_ENV] = json.dumps(shape)
     print(f"load average at the start: {os.getloadavg()}; procs {args.procs}; rollouts {args.rollouts}; "
-          f"shape {shape}", flush=True)
+          f"backends {args.backends}; shape {shape}", flush=True)
     stack = start_redis(Path(tempfile.mkdtemp(prefix="bench-head-")), persist=not args.no_aof)
     try:  # only its Redis: not ``with stack``, which starts the whole stack
         from config.settings import get_settings
@@ -402,7 +405,8 @@ def main() -> None:
         server = redis.info("server")
         print(f"redis {server['redis_version']}, aof_enabled {redis.info('persistence').get('aof_enabled')} "
               "(the launcher's: AOF, fsync always on the head, everysec on store shards; --no-aof: none)", flush=True)
-        BackendRegistry(redis).add(BackendSpec(address="http://bench.invalid:1", capacity=100000, probe=False))
+        for i in range(args.backends):  # never full: every turn's choice is its rollout's backend, or a new one's
+            BackendRegistry(redis).add(BackendSpec(address=f"http://bench-{i}.invalid:1", capacity=100000, probe=False))
         phases = run_phases(redis, args)
         detail = parts_alone(redis, shape, args.watch_jobs, 20 if args.quick else 400)
         report(phases, detail, args)

@@ -35,7 +35,7 @@ from prorl_celery.llm.models import Backend, BackendSpec, BackendStatus
 from prorl_celery.llm.store import routing_redis
 
 REV = "rev"  # the field that names the record's revision (see the module's docstring)
-# written by every release (routing._RELEASE), outside the revision: no process keeps a copy of them
+# written by the router (counts._COUNTS, for every release), outside the revision: no process keeps a copy of them
 COUNTERS = ("served", "failures", "consecutive_failures", "turn_s")
 
 # a registration, or the same address again: its fields and a new revision (ARGV[5]) in one step

@@ -4,7 +4,8 @@ Each rollout (job id) is a *session* of the backend that served its last turn: t
 its prompt's prefix in its cache, and the next prompt extends it. Per backend, Redis keeps the
 in-flight leases, the live sessions (``keys.llm_sessions``; dropped when the rollout ends or after
 ``llm_session_idle_s``) and a measured speed: the EWMA of a turn's latency divided by the load it
-met (``turn_s``, seconds per turn per session), updated on every successful release.
+met (``turn_s``, seconds per turn per session), updated for every successful release (by its
+process, at most every second: :mod:`prorl_celery.llm.counts`).
 
 One Lua script per acquire (leases and sessions counted by expiry with ``ZCOUNT``; the lapsed ones
 removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
@@ -29,11 +30,43 @@ removed by one acquire in ``1 / SWEEP_P``, which only bounds the sets' memory):
   for a free slot (``share``). A project alone is never held, and a free slot goes to whoever
   asks: nothing idles. The operator's own jobs are outside it.
 
+**What an acquire reads: not every backend** (issue 37: a fleet of 100,000 rollouts has hundreds
+of them, and a script that read each on every call cost ~50,000 instructions per backend):
+
+- *the rollout's own backend, when it has a free slot* (load, its own session aside, below its
+  capacity): chosen without reading any other. It is the choice the rules above make when every
+  backend is read: the first pass finds a backend with a free slot, so no share is checked; a
+  choice other than the sticky one is taken only if the sticky one's queue pays, and with
+  load < capacity its in-flight count is below it too: nothing queues there. Quotas are checked first,
+  as always;
+- otherwise, with at most ``SCAN_ALL`` backends registered, every one (the rules above, exactly);
+- above ``SCAN_ALL``: the rollout's backend and ``SAMPLE`` random ones (``SRANDMEMBER``; the
+  "power of d choices": the least loaded of a few random bins keeps a pool balanced almost as
+  well as the least loaded of all), and every one when none of those may serve the job (another
+  project's, another protocol, draining): a project's private backend is still found among
+  hundreds it may not use. The weighted share's capacity is then estimated from the random ones
+  read (their candidates' capacity x registered / drawn: unbiased, exact for a fleet of alike
+  backends) instead of summed over all: nothing for the registry to maintain, and the share is a
+  heuristic against counts that move every turn anyway.
+
 The reply names the chosen backend and its record's revision (:mod:`prorl_celery.llm.registry`);
 it carries the record itself only when this process's copy is not of that revision (the acquire
 is given the revisions of the copies this process holds): a record of ~20 fields read and sent on
-every call was about a quarter of the routing's work on its Redis (bench/RESULTS.md). The copies
-leave out the router's counters (``registry.COUNTERS``), which every release writes.
+every call was about a quarter of the routing's work on its Redis (bench/RESULTS.md). A rollout
+this process routed before names only its copy of that rollout's backend (the list of every copy
+grows with the pool). The copies leave out the router's counters (``registry.COUNTERS``).
+
+A project's tokens of the hour (``keys.llm_project_tokens``: minute -> tokens) were summed whole by
+every acquire, and the minutes never trimmed while the project kept calling: ~6,000 instructions
+a minute held, 0.35 M a call after an hour, 6 M after a day. The acquire now reads this minute's
+field and the sum of the others, kept in the fields ``0`` and ``1`` (its value and the minute it
+was summed in: minutes long lapsed, so every reader of the hour skips them) and summed again,
+with the lapsed minutes dropped, by the first acquire of each minute (a release that lands in a
+minute already summed, from a process whose clock lags, counts from the next minute on).
+
+The release is plain pipelined commands (its leases out of their sets, the tokens into the
+project's hour); the scripts' constants and key prefixes are written into their text at
+registration (``_written_in``), not sent as arguments with each call.
 """
 from __future__ import annotations
 
@@ -49,6 +82,7 @@ import redis
 
 from config.settings import get_settings
 from prorl_celery import keys
+from prorl_celery.llm import counts
 from prorl_celery.llm.models import Backend, BackendStatus, Protocol
 from prorl_celery.llm.registry import COUNTERS, REV, parse_backend
 from prorl_celery.llm.store import HeadView, routing_redis
@@ -57,161 +91,201 @@ from prorl_celery.llm.transport import HeldLease
 log = logging.getLogger(__name__)
 
 STICKY_TTL_S = 6 * 3600
-TURN_EWMA = 0.2  # weight of the newest latency sample in a backend's measured seconds per turn
 # Share of acquires that also remove the lapsed leases and idle sessions they pass (every count
 # reads only the live ones: ZCOUNT by expiry; the removal only bounds the sets' memory).
 SWEEP_P = 1 / 16
 
+# Written into the scripts' text at registration (Router): each argument of an EVALSHA costs the
+# routing's Redis ~1,100 instructions, the same text nothing.
+SCAN_ALL = 16  # at most this many registered backends: an acquire that is not the sticky's reads them all
+SAMPLE = 4     # above it: the sticky backend and this many random ones ("power of d choices")
+
 _ACQUIRE = """
--- the times come as the strings Redis is given (a Lua number passed to a command is formatted again)
-local now, lease_until, token, after_now = ARGV[1], ARGV[2], ARGV[3], ARGV[16]
-local want, sticky_ttl, idle_cut, after_cut = ARGV[4], ARGV[7], ARGV[12], ARGV[17]
-local bprefix, iprefix, sprefix, job = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local sweep = ARGV[15] == '1'  -- lapsed leases and idle sessions are removed now and then, not per call
-local ids, cap, inflight, load, turn, per_slot = {}, {}, {}, {}, {}, nil
-local seen = {draining = false, quarantined = false}
+-- $-names are written in at registration (Router); the times come as the strings Redis is given
+local now, lease_until, token, want = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local job, idle_cut, sweep = ARGV[7], ARGV[8], ARGV[9] == '1'
+local after_now, after_cut = '(' .. now, '(' .. idle_cut
 -- the job's project and its quotas: given by the caller when the head's Redis holds them and
 -- this one does not (prorl_celery/llm/store.py), else read here
-local given = ARGV[20] == '1'
+local given = ARGV[13] == '1'
 local mine
-if given then mine = ARGV[21] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
+if given then mine = ARGV[14] else mine = (job ~= '' and redis.call('HGET', KEYS[3], 'project')) or '' end
 local pin = ''
 if mine ~= '' then  -- the project's quotas (prorl_celery/quotas.py): at one, the call waits
   local raw
-  if given then raw = ARGV[22] ~= '' and ARGV[22] else raw = redis.call('HGET', KEYS[4], mine) end
+  if given then raw = ARGV[15] ~= '' and ARGV[15] else raw = redis.call('HGET', KEYS[4], mine) end
   local q = (raw and cjson.decode(raw).quotas) or {}
-  pin = ARGV[13] .. mine
+  pin = $PIN .. mine
   if sweep then redis.call('ZREMRANGEBYSCORE', pin, '-inf', now) end
   if q.max_llm_in_flight and redis.call('ZCOUNT', pin, after_now, '+inf') >= q.max_llm_in_flight then
     return {'quota'}
   end
-  if q.tokens_per_hour then
-    local used, minute, flat = 0, math.floor(tonumber(now) / 60000), redis.call('HGETALL', ARGV[14] .. mine)
-    for i = 1, #flat, 2 do
-      if tonumber(flat[i]) > minute - 60 then used = used + tonumber(flat[i + 1]) end
+  if q.tokens_per_hour then  -- this minute's tokens, and the rest of the hour as summed once a minute
+    local minute, tk = math.floor(tonumber(now) / 60000), $TOKENS .. mine
+    local f = redis.call('HMGET', tk, tostring(minute), '0', '1')
+    local used = tonumber(f[1]) or 0
+    if f[2] and tonumber(f[3]) == minute then
+      used = used + tonumber(f[2])
+    else  -- fields 0 and 1 (minutes long past for every reader of the hour) keep the sum and its minute
+      local past, lapsed, flat = 0, {}, redis.call('HGETALL', tk)
+      for i = 1, #flat, 2 do
+        local m = tonumber(flat[i])
+        if m > minute - 60 and m ~= minute then past = past + tonumber(flat[i + 1])
+        elseif m <= minute - 60 and m > 1 then table.insert(lapsed, flat[i]) end
+      end
+      for i = 1, #lapsed, 1000 do redis.call('HDEL', tk, unpack(lapsed, i, math.min(i + 999, #lapsed))) end
+      if #flat > 0 then redis.call('HSET', tk, '0', past, '1', minute) end  -- (a key only the release makes: its expiry)
+      used = used + past
     end
     if used >= q.tokens_per_hour then return {'quota'} end
   end
 end
-local rev = {}
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local f = redis.call('HMGET', bprefix .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project', 'rev')
+local ids, cap, inflight, load, turn, rev, per_slot = {}, {}, {}, {}, {}, {}, nil
+local seen, known, cut = {draining = false, quarantined = false}, {}, nil
+-- one backend read: is it a candidate (active, the protocol wanted, shared or the job's project's)?
+-- If so, its load: max(its live sessions but the job's own, its requests in flight)
+local function read(id, own)
+  if known[id] ~= nil then return known[id] end
+  local f = redis.call('HMGET', $BACKEND .. id, 'status', 'capacity', 'protocol', 'turn_s', 'project', 'rev')
   local owner = f[5] or ''
-  if f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine) then
-    if f[1] == 'active' then
-      local ik, sk = iprefix .. id, sprefix .. id
-      if sweep then
-        redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
-        redis.call('ZREMRANGEBYSCORE', sk, '-inf', idle_cut)
-      end
-      local sessions = redis.call('ZCOUNT', sk, after_cut, '+inf')
-      if job ~= '' then
-        local own = redis.call('ZSCORE', sk, job)
-        if own and tonumber(own) > tonumber(idle_cut) then sessions = sessions - 1 end
-      end
-      local c = math.max(tonumber(f[2]) or 1, 1)
-      table.insert(ids, id)
-      cap[id], inflight[id] = c, redis.call('ZCOUNT', ik, after_now, '+inf')
-      load[id] = math.max(sessions, inflight[id])
-      turn[id], rev[id] = tonumber(f[4]), f[6]
-      if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
-    else
-      seen[f[1]] = true
+  local fits = f[1] and (want == '' or f[3] == want) and (owner == '' or owner == mine)
+  known[id] = (fits and f[1] == 'active') or false
+  if not known[id] then
+    if fits then seen[f[1]] = true end
+    return false
+  end
+  local ik, sk = $INFLIGHT .. id, $SESSIONS .. id
+  if sweep then
+    redis.call('ZREMRANGEBYSCORE', ik, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', sk, '-inf', idle_cut)
+  end
+  local sessions
+  if own then  -- the job's sticky backend: its session is refreshed now (as a choice of it would), then not counted
+    redis.call('ZADD', sk, now, job)
+    sessions = redis.call('ZCOUNT', sk, after_cut, '+inf') - 1
+  else
+    sessions = redis.call('ZCOUNT', sk, after_cut, '+inf')
+    if job ~= '' then
+      local at = redis.call('ZSCORE', sk, job)
+      cut = cut or tonumber(idle_cut)
+      if at and tonumber(at) > cut then sessions = sessions - 1 end
     end
   end
+  local c = math.max(tonumber(f[2]) or 1, 1)
+  table.insert(ids, id)
+  cap[id], inflight[id] = c, redis.call('ZCOUNT', ik, after_now, '+inf')
+  load[id] = math.max(sessions, inflight[id])
+  turn[id], rev[id] = tonumber(f[4]), f[6]
+  if turn[id] and (per_slot == nil or turn[id] * c < per_slot) then per_slot = turn[id] * c end
+  return true
 end
-if #ids == 0 then
-  if seen.draining then return {'draining'} end
-  if seen.quarantined then return {'quarantined'} end
-  return {'none'}
-end
-table.sort(ids)
-for _, id in ipairs(ids) do turn[id] = turn[id] or (per_slot or 1) / cap[id] end
-local best, best_eta = {}, nil
-for pass = 1, 2 do  -- first among backends with a free slot, else among all
-  for _, id in ipairs(ids) do
-    if pass == 2 or load[id] < cap[id] then
-      local eta = (load[id] + 1) * turn[id]
-      if best_eta == nil or eta < best_eta * (1 - 1e-9) then
-        best, best_eta = {id}, eta
-      elseif eta <= best_eta * (1 + 1e-9) then
-        table.insert(best, id)
-      end
-    end
-  end
-  if best_eta then break end
-  if pin ~= '' then  -- every slot taken: past its weighted share a project waits, the others queue
-    local total, wsum, wmine, nmine = 0, 0, 1, 0
-    for _, id in ipairs(ids) do total = total + cap[id] end
-    local weights = {}
-    if given then weights = cjson.decode(ARGV[23]) else
-      local flat = redis.call('HGETALL', KEYS[4])
-      for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
-    end
-    for name, weight in pairs(weights) do
-      local n = redis.call('ZCOUNT', ARGV[13] .. name, after_now, '+inf')
-      if name == mine or n > 0 then
-        local w = tonumber(weight) or 1
-        wsum = wsum + w
-        if name == mine then wmine, nmine = w, n end
-      end
-    end
-    if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
-  end
-end
-local chosen = #best == 1 and best[1] or best[math.min(math.floor(tonumber(ARGV[6]) * #best) + 1, #best)]
 local sticky = job ~= '' and redis.call('GET', KEYS[2])
-if sticky and cap[sticky] and sticky ~= chosen then
-  local queued = inflight[sticky] + 1 - cap[sticky]
-  local pays = queued > 0 and inflight[chosen] < cap[chosen]
-    and queued * turn[sticky] > tonumber(ARGV[5]) * turn[chosen]
-  if not pays then chosen = sticky end
+local chosen
+if sticky and read(sticky, true) and load[sticky] < cap[sticky] then
+  -- the sticky backend has a free slot: the scan of every backend would choose it too (pass 1 finds
+  -- a backend with a free slot, so no share check; a choice other than the sticky one is taken only
+  -- if the sticky one's queue pays, and with load < capacity nothing queues there)
+  chosen = sticky
+else
+  local registered = redis.call('SCARD', KEYS[1])
+  local total = nil  -- the candidates' capacity: summed, or estimated from a sample
+  if registered > $SCAN_ALL then  -- the sticky one and a few random ones; all if none of those is a candidate
+    local drawn, found, sum = redis.call('SRANDMEMBER', KEYS[1], $SAMPLE), 0, 0
+    for _, id in ipairs(drawn) do
+      if read(id, id == sticky) then found, sum = found + 1, sum + cap[id] end
+    end
+    if found > 0 then total = sum * registered / #drawn end
+  end
+  if total == nil then
+    for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do read(id, id == sticky) end
+  end
+  if #ids == 0 then
+    if seen.draining then return {'draining'} end
+    if seen.quarantined then return {'quarantined'} end
+    return {'none'}
+  end
+  table.sort(ids)
+  for _, id in ipairs(ids) do turn[id] = turn[id] or (per_slot or 1) / cap[id] end
+  local best, best_eta = {}, nil
+  for pass = 1, 2 do  -- first among backends with a free slot, else among all
+    for _, id in ipairs(ids) do
+      if pass == 2 or load[id] < cap[id] then
+        local eta = (load[id] + 1) * turn[id]
+        if best_eta == nil or eta < best_eta * (1 - 1e-9) then
+          best, best_eta = {id}, eta
+        elseif eta <= best_eta * (1 + 1e-9) then
+          table.insert(best, id)
+        end
+      end
+    end
+    if best_eta then break end
+    if pin ~= '' then  -- every slot taken: past its weighted share a project waits, the others queue
+      local wsum, wmine, nmine = 0, 1, 0
+      if total == nil then
+        total = 0
+        for _, id in ipairs(ids) do total = total + cap[id] end
+      end
+      local weights = {}
+      if given then weights = cjson.decode(ARGV[16]) else
+        local flat = redis.call('HGETALL', KEYS[4])
+        for i = 1, #flat, 2 do weights[flat[i]] = cjson.decode(flat[i + 1]).weight or 1 end
+      end
+      for name, weight in pairs(weights) do
+        local n = redis.call('ZCOUNT', $PIN .. name, after_now, '+inf')
+        if name == mine or n > 0 then
+          local w = tonumber(weight) or 1
+          wsum = wsum + w
+          if name == mine then wmine, nmine = w, n end
+        end
+      end
+      if wsum > wmine and nmine >= total * wmine / wsum then return {'share'} end
+    end
+  end
+  chosen = #best == 1 and best[1] or best[math.min(math.floor(tonumber(ARGV[6]) * #best) + 1, #best)]
+  if sticky and cap[sticky] and sticky ~= chosen then
+    local queued = inflight[sticky] + 1 - cap[sticky]
+    local pays = queued > 0 and inflight[chosen] < cap[chosen]
+      and queued * turn[sticky] > tonumber(ARGV[5]) * turn[chosen]
+    if not pays then chosen = sticky end
+  end
 end
-if sticky and sticky ~= chosen then redis.call('ZREM', sprefix .. sticky, job) end
-redis.call('ZADD', iprefix .. chosen, lease_until, token)
+if sticky and sticky ~= chosen then redis.call('ZREM', $SESSIONS .. sticky, job) end
+redis.call('ZADD', $INFLIGHT .. chosen, lease_until, token)
 if pin ~= '' then
   redis.call('ZADD', pin, lease_until, token)
-  redis.call('PEXPIRE', pin, ARGV[18])
+  redis.call('PEXPIRE', pin, ARGV[10])
 end
-if job ~= '' then
-  redis.call('ZADD', sprefix .. chosen, now, job)
-  redis.call('SET', KEYS[2], chosen, 'EX', sticky_ttl)
+if job ~= '' and chosen ~= sticky then  -- (the sticky one's session: read() refreshed it)
+  redis.call('ZADD', $SESSIONS .. chosen, now, job)
 end
--- the record only if the caller's copy (ARGV[19]: ';id:rev;id:rev;') is not of its current revision
+if job ~= '' and (chosen ~= sticky or ARGV[12] == '1') then  -- (its expiry: refreshed now and then, ARGV[12])
+  redis.call('SET', KEYS[2], chosen, 'EX', $STICKY_TTL)
+end
+-- the record only if the caller's copy (ARGV[11]: ';id:rev;id:rev;', or of the job's last backend alone)
+-- is not of its current revision
 local reply = {'ok', chosen, tostring(load[chosen]), tostring(inflight[chosen] + 1), rev[chosen] or '', mine}
-if not (rev[chosen] and string.find(ARGV[19], ';' .. chosen .. ':' .. rev[chosen] .. ';', 1, true)) then
-  reply[7] = redis.call('HGETALL', bprefix .. chosen)
+if not (rev[chosen] and string.find(ARGV[11], ';' .. chosen .. ':' .. rev[chosen] .. ';', 1, true)) then
+  reply[7] = redis.call('HGETALL', $BACKEND .. chosen)
 end
 return reply
 """
 
-_RELEASE = """
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if KEYS[3] ~= '' then  -- the project's: its request leaves its count, its tokens enter its hour
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  local tokens = tonumber(ARGV[5])
-  if tokens > 0 then
-    redis.call('HINCRBY', KEYS[4], ARGV[6], tokens)
-    redis.call('EXPIRE', KEYS[4], 3700)
-  end
-end
-if ARGV[2] == 'ok' then  -- while the backend is still registered: its counters and speed in one write
-  local f = redis.call('HMGET', KEYS[2], 'id', 'turn_s', 'served')
-  if f[1] then
-    local sample, old, w = tonumber(ARGV[3]), tonumber(f[2]), tonumber(ARGV[4])
-    redis.call('HSET', KEYS[2], 'served', (tonumber(f[3]) or 0) + 1, 'consecutive_failures', '0',
-               'turn_s', old and old + w * (sample - old) or sample)
-  end
-elseif ARGV[2] == 'failed' then
-  local f = redis.call('HMGET', KEYS[2], 'id', 'failures', 'consecutive_failures')
-  if f[1] then
-    redis.call('HSET', KEYS[2], 'failures', (tonumber(f[2]) or 0) + 1,
-               'consecutive_failures', (tonumber(f[3]) or 0) + 1)
-  end
-end
-return removed
-"""
 
+def _written_in(script: str) -> str:
+    """``script`` with its $-names as Lua literals: the key prefixes (keys.py) and the constants."""
+    names = {"$BACKEND": keys.llm_backend(""), "$INFLIGHT": keys.llm_inflight(""),
+             "$SESSIONS": keys.llm_sessions(""), "$PIN": keys.llm_project_inflight(""),
+             "$TOKENS": keys.llm_project_tokens(""), "$SCAN_ALL": SCAN_ALL, "$SAMPLE": SAMPLE,
+             "$STICKY_TTL": STICKY_TTL_S}
+    for name, value in names.items():
+        if isinstance(value, str):
+            assert "'" not in value and "\\" not in value, value
+            value = f"'{value}'"
+        script = script.replace(name, str(value))
+    return script
+
+
+_ACQUIRE_TEXT = _written_in(_ACQUIRE)
 _END = """
 local backend = redis.call('GET', KEYS[1])
 if backend then redis.call('ZREM', ARGV[1] .. backend, ARGV[2]) end
@@ -221,6 +295,9 @@ return backend
 
 
 RECORDS_KEPT = 4096  # backends' records one process keeps a copy of, per routing Redis
+JOBS_KEPT = 65536  # rollouts whose backend one process remembers (Router._remember)
+STICKY_REFRESH_S = 3600.0  # a rollout that stays on its backend has its sticky key's expiry renewed this often
+_UNKNOWN = ("", float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -268,6 +345,8 @@ class Router:
     taken and the project holds its weighted share of them: wait for a free slot)."""
 
     _copies: dict[tuple, _Copies] = {}  # per routing Redis (where), shared by the routers of this process
+    _last: dict[tuple, tuple[str, float]] = {}  # (where, job) -> the backend this process last set, when
+    _lock = threading.Lock()
 
     def __init__(self, client: redis.Redis, routing: redis.Redis | None = None):
         """``client``: the head's Redis; ``routing``: the routing's own (default: ``routing_url``'s,
@@ -275,8 +354,7 @@ class Router:
         self.head = client
         self.redis = client = routing if routing is not None else routing_redis(client)
         self.view = HeadView(self.head) if self.redis is not self.head else None
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
+        self._acquire = client.register_script(_ACQUIRE_TEXT)
         self._end = client.register_script(_END)
         where = client.connection_pool.connection_kwargs
         self._where = tuple(where.get(k) for k in ("host", "port", "path", "db"))
@@ -290,17 +368,20 @@ class Router:
         copies = self._copies.get(self._where, _NO_COPIES)
         now_ms, lease_ms = int(time.time() * 1000), int(lease_s * 1000)
         idle_cut = now_ms - int(settings.llm_session_idle_s * 1000)
+        last, set_at = self._last.get((self._where, job_id), _UNKNOWN) if job_id else _UNKNOWN
+        held = copies.records.get(last)
+        refresh = time.monotonic() - set_at > STICKY_REFRESH_S  # (a job this process has not routed: now)
         args = [now_ms, now_ms + lease_ms, token, protocol.value if protocol else "",
-                settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(""),
-                keys.llm_inflight(""), keys.llm_sessions(""), job_id or "", idle_cut,
-                keys.llm_project_inflight(""), keys.llm_project_tokens(""),
-                "1" if random.random() < SWEEP_P else "0", f"({now_ms}", f"({idle_cut}", lease_ms + 60000,
-                copies.argv, *self._head_facts(job_id)]
+                settings.llm_sticky_reprefill_turns, random.random(), job_id or "", idle_cut,
+                "1" if random.random() < SWEEP_P else "0", lease_ms + 60000,
+                f";{last}:{held[0]};" if held else copies.argv, "1" if refresh else "0", *self._head_facts(job_id)]
         reply = self._acquire(keys=[keys.llm_backends(), keys.llm_sticky(job_id or "-"), keys.job(job_id or "-"),
                                     keys.projects()], args=args)
         if reply[0] != b"ok":
             return reply[0].decode()
         bid, load, in_flight = reply[1].decode(), int(reply[2]), int(reply[3])
+        if job_id and (bid != last or refresh):  # the script wrote the job's sticky key (and its expiry)
+            self._remember(job_id, bid)
         if len(reply) > 6:  # this process's copy was missing or of an older revision
             backend, api_key = self._keep(bid, reply[4].decode(), reply[6])
         else:
@@ -309,6 +390,17 @@ class Router:
         return Slot(backend.model_copy(update={"in_flight": in_flight}), api_key,
                     HeldLease(self.redis, keys.llm_inflight(bid), token, lease_s,
                               also=keys.llm_project_inflight(project) if project else None), load, project=project)
+
+    def _remember(self, job_id: str, bid: str) -> None:
+        """The job's backend, as this process last wrote it: its next acquire names only that
+        backend's copy (not every copy this process holds: a string that grew with the pool) and
+        lets the script leave the sticky key's expiry alone for ``STICKY_REFRESH_S``."""
+        last = self._last
+        last[(self._where, job_id)] = (bid, time.monotonic())
+        if len(last) > JOBS_KEPT:
+            with self._lock:
+                while len(last) > JOBS_KEPT:
+                    last.pop(next(iter(last)), None)
 
     def _keep(self, bid: str, rev: str, flat: list[bytes]) -> tuple[Backend, str | None]:
         """The record of the reply, parsed without its counters, and kept as this process's copy
@@ -327,7 +419,7 @@ class Router:
         return backend, api_key
 
     def _head_facts(self, job_id: str | None) -> list[str]:
-        """The acquire's ARGV 20-23: read by the script itself on the head's Redis (``0``), else the
+        """The acquire's ARGV 13-16: read by the script itself on the head's Redis (``0``), else the
         job's project, its record and every project's weight, from the head (cached in this process)."""
         if self.view is None:
             return ["0"]
@@ -342,17 +434,29 @@ class Router:
         backend's measured speed), failed (counts as a failure) or aborted. ``wait=False``: sent
         later by this thread (:meth:`send_deferred`, e.g. once the caller has its answer), all
         of them in one round trip; the lease is held until then. ``tokens``: prompt plus
-        generated tokens of the call, counted against its project's ``tokens_per_hour``."""
+        generated tokens of the call, counted against its project's ``tokens_per_hour``.
+
+        The lease leaves its sets by plain commands in one pipeline; the backend's counters and
+        speed are written by this process within ``counts.FLUSH_S`` (a failure's at once):
+        :mod:`prorl_celery.llm.counts`."""
         assert slot.lease is not None
-        per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
-        project = [keys.llm_project_inflight(slot.project), keys.llm_project_tokens(slot.project)] \
-            if slot.project else ["", ""]
-        call = ([slot.lease.key, keys.llm_backend(slot.backend.id), *project],
-                [slot.lease.token, outcome, per_turn, TURN_EWMA, tokens, int(time.time() // 60)])
+        if outcome != "aborted":
+            per_turn = (time.monotonic() - slot.acquired_at) / (slot.load + 1)
+            counts.COUNTS.add(self.redis, self._where, slot.backend.id, outcome, per_turn)
+        call = (slot.lease.key, slot.lease.token, slot.project, tokens)
         if wait:
-            self._release(keys=call[0], args=call[1])
+            pipe = self.redis.pipeline(transaction=False)
+            _queue_release(pipe, *call)
+            pipe.execute()
         else:
             _deferred_of_thread().append((self, call))
+        if outcome == "failed":
+            counts.COUNTS.flush(self._where)
+
+    @staticmethod
+    def flush_counts() -> int:
+        """Write this process's pending counters now (:mod:`prorl_celery.llm.counts`)."""
+        return counts.COUNTS.flush()
 
     @staticmethod
     def send_deferred() -> int:
@@ -367,31 +471,38 @@ class Router:
             by_client.setdefault(id(router.redis), (router, []))[1].append(call)
         for router, items in by_client.values():
             try:
-                router._send_releases(items)
+                pipe = router.redis.pipeline(transaction=False)
+                for call in items:
+                    _queue_release(pipe, *call)
+                pipe.execute()
             except Exception as exc:  # noqa: BLE001 - the leases lapse by themselves
                 log.warning("releasing %d LLM leases failed: %s", len(items), exc)
         return len(calls)
 
-    def _send_releases(self, items: list) -> None:
-        """The releases in one pipeline of EVALSHA: a pipeline of registered scripts asks Redis
-        SCRIPT EXISTS first (redis-py), a second round trip on every call's path. A server that
-        lost its script cache (restarted) answers NOSCRIPT: then once more the loading way."""
-        pipe = self.redis.pipeline(transaction=False)
-        for keys_, args in items:
-            pipe.evalsha(self._release.sha, len(keys_), *keys_, *args)
-        try:
-            pipe.execute()
-        except redis.exceptions.NoScriptError:
-            pipe = self.redis.pipeline(transaction=False)
-            for keys_, args in items:
-                self._release(keys=keys_, args=args, client=pipe)
-            pipe.execute()
-
     def end_session(self, job_id: str) -> str | None:
         """The rollout is over: its backend stops counting it and its affinity is forgotten.
         Returns the backend it was on, if any."""
+        self._last.pop((self._where, job_id), None)
         found = self._end(keys=[keys.llm_sticky(job_id)], args=[keys.llm_sessions(""), job_id])
         return found.decode() if found else None
+
+
+def _queue_release(pipe: redis.client.Pipeline, lease_key: str, token: str, project: str | None,
+                   tokens: int) -> None:
+    """A lease's release: out of its backend's set and its project's, the call's tokens into the
+    project's hour."""
+    pipe.zrem(lease_key, token)
+    if project:
+        pipe.zrem(keys.llm_project_inflight(project), token)
+        if tokens > 0:
+            tokens_key, minute = keys.llm_project_tokens(project), int(time.time() // 60)
+            pipe.hincrby(tokens_key, minute, tokens)
+            if _tokens_expiry.get(tokens_key) != minute:  # an hour and a bit after this minute: once a minute
+                _tokens_expiry[tokens_key] = minute
+                pipe.expire(tokens_key, 3700)
+
+
+_tokens_expiry: dict[str, int] = {}  # a project's tokens key -> the minute this process last renewed its expiry
 
 
 _deferred = threading.local()

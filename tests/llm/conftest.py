@@ -82,8 +82,10 @@ def pool(redis_conn, monkeypatch):
                         "llm_no_backend_wait_s": 20.0}.items():
         monkeypatch.setattr(settings, name, value)
     llm_pool = LLMPool(redis_conn)
+    llm_pool.router.flush_counts()  # a test's counters are not written onto the next one's backends
     llm_pool.registry.clear()
     yield llm_pool
+    llm_pool.router.flush_counts()
     llm_pool.registry.clear()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from prorl_celery import keys
-from prorl_celery.llm import BackendSpec, BackendStatus, control, health, registry as registry_module, routing
+from prorl_celery.llm import BackendSpec, BackendStatus, control, counts, health, registry as registry_module, routing
 from prorl_celery.llm.registry import COUNTERS, REV
 from prorl_celery.llm.routing import Router
 
@@ -32,10 +32,10 @@ NAMED = {
     ("prorl_celery/llm/registry.py", "return int(self.redis.eval(_WRITE, 1, keys.llm_backend(bid), new_rev(), json.dumps(plan)))"):
         "write: _WRITE (new revision)",
     ("prorl_celery/llm/registry.py", 'raw = self.redis.hget(keys.llm_backend(bid), "api_key")'): "read",
-    ("prorl_celery/llm/routing.py", "settings.llm_sticky_reprefill_turns, random.random(), STICKY_TTL_S, keys.llm_backend(\"\"),"):
-        "the acquire's prefix: it reads (asserted below)",
-    ("prorl_celery/llm/routing.py", "call = ([slot.lease.key, keys.llm_backend(slot.backend.id), *project],"):
-        "the release: the counters only (asserted below)",
+    ("prorl_celery/llm/routing.py", 'names = {"$BACKEND": keys.llm_backend(""), "$INFLIGHT": keys.llm_inflight(""),'):
+        "the acquire's prefix, written into its text: it reads (asserted below)",
+    ("prorl_celery/llm/counts.py", "client.register_script(_COUNTS)(keys=[keys.llm_backend(bid) for bid in ids],"):
+        "the router's counters: those only (asserted below)",
     ("prorl_celery/llm/control.py", 'raw = registry.redis.hget(keys.llm_backend(backend.id), "paused_until")'): "read",
     ("prorl_celery/llm/health.py", 'probed_at = float(client.hget(keys.llm_backend(backend.id), "probed_at") or 0)'): "read",
     ("prorl_celery/llm/health.py", 'api_key = registry.redis.hget(keys.llm_backend(backend.id), "api_key")'): "read",
@@ -79,18 +79,21 @@ def test_no_code_names_a_backends_hash_but_the_known_readers_and_writers():
 
 @pytest.mark.unit
 def test_the_scripts_that_write_a_backend_hash_give_it_a_new_revision_or_write_counters_only():
-    scripts = {name: value for module in (registry_module, routing, control, health)
+    scripts = {name: value for module in (registry_module, routing, counts, control, health)
                for name, value in vars(module).items() if isinstance(value, str) and "redis.call(" in value}
     writing = {name for name, text in scripts.items() if HASH_WRITES.search(text)}
-    assert writing == {"_ADD", "_WRITE", "_RELEASE"}  # _END and _ACQUIRE write sets and strings only
+    # _END writes sets and strings only; _ACQUIRE_TEXT is _ACQUIRE with its prefixes written in
+    assert writing == {"_ADD", "_WRITE", "_COUNTS", "_ACQUIRE", "_ACQUIRE_TEXT"}
     for name in ("_ADD", "_WRITE"):
         assert "redis.call('HSET', KEYS[2], 'rev', ARGV[5])" in scripts[name] or \
             "if wrote then redis.call('HSET', KEYS[1], 'rev', ARGV[1]) end" in scripts[name]
-    release = scripts["_RELEASE"]
-    assert set(re.findall(r"redis\.call\('(\w+)', KEYS\[2\]", release)) == {"HMGET", "HSET"}
-    written = {name for args in _arguments(release, "HSET", "KEYS[2]") for name in re.findall(r"'([a-z_]+)'", args)}
-    assert written == set(COUNTERS)  # the release writes the router's counters, which no process copies
-    assert not HASH_WRITES.search(scripts["_ACQUIRE"])
+    release = scripts["_COUNTS"]  # (KEYS: the backends' hashes, each ``key`` in turn)
+    assert set(re.findall(r"redis\.call\('(\w+)', (?:KEYS|key)\b", release)) == {"HMGET", "HSET"}
+    written = {name for args in _arguments(release, "HSET", "key") for name in re.findall(r"'([a-z_]+)'", args)}
+    assert written == set(COUNTERS)  # the router writes its counters, which no process copies
+    acquire = scripts["_ACQUIRE"]  # writes one hash: the project's tokens of the hour (its kept sum, lapsed minutes)
+    assert {m.group(2) for m in re.finditer(HASH_WRITES.pattern + r", (\w+)", acquire)} == {"tk"}
+    assert "local minute, tk = math.floor(tonumber(now) / 60000), $TOKENS .. mine" in acquire
 
 
 def _state(pool, bid: str) -> tuple[dict, str | None]:
@@ -132,12 +135,14 @@ def test_every_writer_gives_a_new_revision_and_a_release_none(pool, monkeypatch)
     assert not reg.set_status(bid, BackendStatus.ACTIVE, [BackendStatus.QUARANTINED])
     assert not reg.claim_pause_expiry(bid, b"1")
     assert _state(pool, bid) == (fields, rev)
-    # the router's counters: written by every release, outside the revision
+    # the router's counters: written for every release, outside the revision
     reg.set_status(bid, BackendStatus.ACTIVE, [BackendStatus.DRAINING])
     fields, rev = _state(pool, bid)
+    pool.router.flush_counts()  # the first release's (else written within counts.FLUSH_S)
     counts = reg.get(bid)
     for outcome in ("ok", "failed", "ok"):
         pool.router.release(pool.router.acquire("job-rev"), outcome)
+    pool.router.flush_counts()
     assert _state(pool, bid) == (fields, rev)
     after = reg.get(bid)
     assert (after.served, after.failures) == (counts.served + 2, counts.failures + 1)
