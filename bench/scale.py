@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.private import REDIS_PASSWORD, REDIS_PORT  # noqa: E402  (sets the environment)
 
 import psutil  # noqa: E402
+import redis  # noqa: E402
 
 from prorl_celery.client import ProrlClient  # noqa: E402
 from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
@@ -137,18 +138,23 @@ class Window(threading.Thread):
 
     def run(self) -> None:
         head = self.sampler.store.redis
+        routing = redis.Redis.from_url(self.stack.routing_url) if self.stack.routing_url else None
         while self.sampler.in_run < 0.98 * self.n and not self.sampler.stop.is_set():
             time.sleep(0.5)
         time.sleep(5.0)  # the last starts settle
         cpu0, commands0, in0, t0 = cpu_s(self.stack), redis_commands(head), self.sampler.in_run, time.monotonic()
+        routing0 = redis_commands(routing) if routing else {}
         time.sleep(self.seconds)
         cpu1, commands1, in1, t1 = cpu_s(self.stack), redis_commands(head), self.sampler.in_run, time.monotonic()
+        routing1 = redis_commands(routing) if routing else {}
         rollout_s = (t1 - t0) * (in0 + in1) / 2
-        commands = {k: (c - commands0.get(k, (0, 0))[0], u - commands0.get(k, (0, 0))[1])
-                    for k, (c, u) in commands1.items()}
+
+        def rates(before: dict, after: dict) -> dict:
+            return {k: ((c - before.get(k, (0, 0))[0]) / rollout_s, (u - before.get(k, (0, 0))[1]) / rollout_s)
+                    for k, (c, u) in after.items() if c > before.get(k, (0, 0))[0]}
         self.result = {"seconds": t1 - t0, "in_run": (in0, in1),
                        "cpu_us": {k: (cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / rollout_s for k in cpu1},
-                       "commands": {k: (c / rollout_s, u / rollout_s) for k, (c, u) in commands.items() if c}}
+                       "commands": rates(commands0, commands1), "routing_commands": rates(routing0, routing1)}
 
     def report(self, turn_s: float) -> None:
         """Per rollout-second and per turn (``turn_s``: seconds a turn took in the batch)."""
@@ -162,12 +168,15 @@ class Window(threading.Thread):
               f"{turn_s:.1f} s: CPU per rollout-second (per turn) " + ", ".join(
                   f"{k} {v:.1f} us ({v * turn_s:.0f})" for k, v in cpu)
               + f"; the service without the fake LLM {service:.1f} us ({service * turn_s / 1e3:.2f} ms per turn)")
-        calls = sum(c for c, _ in r["commands"].values())
-        usec = sum(u for _, u in r["commands"].values())
-        top = sorted(r["commands"].items(), key=lambda kv: -kv[1][1])[:12]
-        print(f"steady state, the head's Redis: {calls:.3f} commands and {usec:.2f} us inside commands per "
-              f"rollout-second ({calls * turn_s:.1f} and {usec * turn_s:.0f} us per turn): "
-              + ", ".join(f"{k} {c * turn_s:.2f}x {u * turn_s:.1f}us" for k, (c, u) in top))
+        for name, commands in (("the head's Redis", r["commands"]), ("the routing's Redis", r["routing_commands"])):
+            if not commands:
+                continue
+            calls = sum(c for c, _ in commands.values())
+            usec = sum(u for _, u in commands.values())
+            top = sorted(commands.items(), key=lambda kv: -kv[1][1])[:12]
+            print(f"steady state, {name}: {calls:.3f} commands and {usec:.2f} us inside commands per "
+                  f"rollout-second ({calls * turn_s:.1f} and {usec * turn_s:.0f} us per turn): "
+                  + ", ".join(f"{k} {c * turn_s:.2f}x {u * turn_s:.1f}us" for k, (c, u) in top))
 
 
 def redis_commands(client) -> dict[str, tuple[int, int]]:
