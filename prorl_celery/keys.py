@@ -95,6 +95,12 @@ def llm_inflight(backend_id: str) -> str:
     return f"{PREFIX}:llm:inflight:{backend_id}"
 
 
+def llm_withdrawals() -> str:
+    """Counter: raised whenever in-flight leases are withdrawn (a backend's removal, a drain or
+    pause with abort); the lease keepers read it to learn when to look for their lost leases."""
+    return f"{PREFIX}:llm:withdrawals"
+
+
 def llm_sticky(job_id: str) -> str:
     """String with a TTL: the backend that served the job's last turn."""
     return f"{PREFIX}:llm:sticky:{job_id}"

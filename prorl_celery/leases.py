@@ -11,10 +11,18 @@ withdrawn (a drain with abort, the backend removed, the lease lapsed) so the cal
 Its Redis traffic does not grow with the number of leases: one pipelined round trip per Redis
 client per round, holding one script call that renews every stage lease due (``_RENEW_MANY``, by
 its digest: a fleet's head renews its 100,000 stage leases in a few commands a round per worker,
-not one each; a lease due within a sixth of its expiry is renewed with them), one ``ZMSCORE`` per lease set (every
-``CALL_CHECK_S``, not at every renewal: which calls lost their lease) and one ``ZADD XX`` per lease set for the call
+not one each; a lease due within a sixth of its expiry is renewed with them) and one ``ZADD XX`` per lease set for the call
 leases due (``XX`` never brings back a lease withdrawn meanwhile). Between rounds the watched
 calls are ticked every ``TICK_S`` (their deadlines and cancellation checks).
+
+Which calls lost their lease: whatever withdraws leases (a backend removed, a drain or pause with
+abort: :mod:`prorl_celery.llm.registry`) raises a counter (``keys.llm_withdrawals``) in the same
+step; the keeper reads it every ``CALL_CHECK_S`` and, only when it moved, asks about every
+watched call (one ``ZMSCORE`` per lease set, a second round trip). It asks anyway every
+``CALL_SWEEP_S``, for what no counter tells: a lease that lapsed (its holder stalled past its
+expiry) or a routing Redis that lost its data. Asking every ``CALL_CHECK_S`` was a ``ZMSCORE``
+of a run worker's thousand calls twice a second, ~12 % of the routing Redis's own time per turn
+(bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -28,10 +36,13 @@ from typing import Protocol
 
 import redis
 
+from prorl_celery import keys
+
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1        # watched calls' own checks (deadline, cancellation)
 CALL_CHECK_S = 0.5  # how soon a withdrawn call lease is noticed
+CALL_SWEEP_S = 5.0  # how soon a lapsed one is (or any, on a Redis that lost its data)
 IDLE_S = 1.0        # the keeper's longest sleep with nothing due
 
 _RENEW = """
@@ -53,6 +64,7 @@ end
 return out
 """
 _RENEW_MANY_SHA = hashlib.sha1(_RENEW_MANY.encode()).hexdigest()
+_WITHDRAWALS = keys.llm_withdrawals()
 
 
 class Lease:
@@ -137,6 +149,8 @@ class Keeper(threading.Thread):
         self.wake = threading.Event()
         self.next_round = float("inf")
         self.next_check = 0.0
+        self.next_sweep = 0.0
+        self.withdrawals: dict[int, object] = {}  # per Redis client: the counter as last read
         self.pid = os.getpid()
 
     def hold(self, lease: Lease) -> None:
@@ -183,12 +197,16 @@ class Keeper(threading.Thread):
         check = now >= self.next_check  # which call leases are still there: every CALL_CHECK_S,
         if check:                       # not at every renewal (a worker's thousand calls are due
             self.next_check = now + CALL_CHECK_S  # somewhere in most ticks)
+            sweep = now >= self.next_sweep
+            if sweep:
+                self.next_sweep = now + CALL_SWEEP_S
         else:
             held = [call for call in held if call.lease.due <= now]
         for lease in stages:
             lease.due = now + lease.ttl_ms / 3000
         for client, stage_group, call_group in _by_client(stages, held):
-            _round(client, stage_group, call_group, now, self.leases, check)
+            seen = self.withdrawals.get(id(client), _UNREAD) if check and not sweep else _SWEEP
+            self.withdrawals[id(client)] = _round(client, stage_group, call_group, now, self.leases, check, seen)
 
     def _next_wake(self) -> float:
         with self.lock:
@@ -211,16 +229,26 @@ def _by_client(stages: list[Lease], calls: list[Watched]) -> list[Group]:
     return list(groups.values())
 
 
+_UNREAD = object()  # the withdrawals counter not read yet from this client
+_SWEEP = object()   # a check that asks about every watched call whatever the counter says
+
+
 def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: float,
-           held: dict[str, Lease], check: bool = True) -> None:
+           held: dict[str, Lease], check: bool = True, seen: object = _SWEEP) -> object:
     """One round trip to one Redis client: renew the stage leases due, ask which call leases
     are still there (``check``: ``calls`` are all the watched ones; else only those due), renew
-    the call leases due; abort the calls whose lease is gone."""
+    the call leases due; abort the calls whose lease is gone. With ``seen`` (the withdrawals
+    counter as last read, a check that is not a sweep: ``_SWEEP``), the calls are asked about in
+    a second round trip only if the counter, read with the rest, moved. Returns the counter as read now
+    (``_UNREAD``: not read)."""
     by_key: dict[str, list[Watched]] = {}
     for call in calls:
         by_key.setdefault(call.lease.key, []).append(call)
-    checked = by_key if check else {}
+    checked = by_key if check and seen is _SWEEP else {}
+    counter = _UNREAD
     pipe = client.pipeline(transaction=False)
+    if check and calls:
+        pipe.get(_WITHDRAWALS)
     now_ms = time.time() * 1000
     renew = [x for lease in stages for x in (lease.token, lease.ttl_ms)]
     if stages:
@@ -230,25 +258,39 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
     renewed = _renew_calls(pipe, by_key, now)
     try:
         replies = pipe.execute(raise_on_error=False)
-        if stages and isinstance(replies[0], redis.exceptions.NoScriptError):  # a Redis new to it
-            replies[0] = client.eval(_RENEW_MANY, len(stages), *(lease.key for lease in stages), *renew)
+        first = 1 if check and calls else 0  # the counter's reply comes first
+        if stages and isinstance(replies[first], redis.exceptions.NoScriptError):  # a Redis new to it
+            replies[first] = client.eval(_RENEW_MANY, len(stages), *(lease.key for lease in stages), *renew)
         failed = next((r for r in replies if isinstance(r, Exception)), None)
         if failed is not None:
             raise failed
     except redis.RedisError as exc:
         log.warning("lease renewal failed: %s", exc)
-        return
+        return _UNREAD if seen is _SWEEP else seen
+    if check and calls:
+        counter, replies = replies[0], replies[1:]
     if stages:
         for lease, ok in zip(stages, replies[0]):
             if not ok and lease.token in held:  # not merely released meanwhile
                 log.warning("lease %s was lost before renewal", lease.key)
         replies = replies[1:]
+    if check and seen is not _SWEEP and counter != seen:  # leases were withdrawn since the last reading
+        checked = by_key
+        pipe = client.pipeline(transaction=False)
+        for key, group in checked.items():
+            pipe.zmscore(key, [call.lease.token for call in group])
+        try:
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("asking which call leases are left failed: %s", exc)
+            return seen  # asked again at the next check
     for group, scores in zip(checked.values(), replies):
         for call, score in zip(group, scores):
             if score is None or score <= now_ms:  # gone, or lapsed (the router sweeps lazily)
                 call.lost()
     for lease in renewed:
         lease.due = now + lease.ttl_ms / 3000
+    return counter
 
 
 def _renew_calls(pipe: redis.client.Pipeline, by_key: dict[str, list[Watched]],

@@ -142,6 +142,7 @@ class BackendRegistry:
         pipe = self.redis.pipeline()
         pipe.srem(keys.llm_backends(), bid)
         pipe.delete(keys.llm_backend(bid), keys.llm_inflight(bid), keys.llm_sessions(bid))
+        pipe.incr(keys.llm_withdrawals())  # the keepers then look for the leases gone (prorl_celery/leases.py)
         if not pipe.execute()[0]:
             raise UnknownBackend(bid)
 
@@ -250,6 +251,7 @@ class BackendRegistry:
         pipe = self.redis.pipeline()
         pipe.zcard(keys.llm_inflight(bid))
         pipe.delete(keys.llm_inflight(bid))
+        pipe.incr(keys.llm_withdrawals())
         return pipe.execute()[0]
 
 

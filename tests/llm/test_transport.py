@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from prorl_celery import http
+from prorl_celery import http, keys
 from prorl_celery.llm.routing import Slot
 from prorl_celery.llm.transport import Call, CallAborted, request_json
 from tests.llm.conftest import add, eventually
@@ -54,7 +54,8 @@ def test_a_withdrawn_lease_aborts_its_call_only(pool, fake_llms, calls):
     for t in threads:
         t.start()
     time.sleep(0.3)
-    pool.router.redis.zrem(slots[0].lease.key, slots[0].lease.token)  # as a drain with abort does
+    pool.router.redis.zrem(slots[0].lease.key, slots[0].lease.token)  # as a drain with abort does,
+    pool.router.redis.incr(keys.llm_withdrawals())                     # telling the keepers
     for t in threads:
         t.join(timeout=20)
     assert outs[0] == {"aborted": "lost"}

@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 
+from prorl_celery import keys
 from prorl_celery.leases import HeldLease, Lease, keeper
 
 
@@ -63,7 +64,8 @@ def test_one_keeper_renews_stage_and_call_leases_and_reports_a_withdrawn_one(red
     for call in (kept, withdrawn):
         keeper().watch(call)
     try:
-        redis_client.zrem(withdrawn.lease.key, withdrawn.lease.token)  # as a drain with abort does
+        redis_client.zrem(withdrawn.lease.key, withdrawn.lease.token)  # as a drain with abort does,
+        redis_client.incr(keys.llm_withdrawals())                      # telling the keepers
         first = redis_client.zscore(kept.lease.key, kept.lease.token)
         time.sleep(1.2)  # four expiries of each
         assert redis_client.get(stage.key) == stage.token.encode()
@@ -154,3 +156,43 @@ def test_call_leases_are_checked_every_call_check_s_not_at_every_renewal(redis_c
     renewals = after["cmdstat_zadd"]["calls"] - before.get("cmdstat_zadd", {}).get("calls", 0)
     assert checks == 1 and renewals == 10
     assert all(call.lease.due > start for call in calls[:10])
+
+
+def _zmscores(redis_client) -> int:
+    return redis_client.info("commandstats").get("cmdstat_zmscore", {}).get("calls", 0)
+
+
+def test_call_leases_are_asked_about_only_when_withdrawals_moved_or_at_a_sweep(redis_client):
+    """A run worker's thousand calls: asking Redis about every one of them at each check (twice a
+    second) was most of the routing Redis's time outside the turns. The keeper reads the
+    withdrawals counter at each check and asks about its calls only when it moved, or every
+    CALL_SWEEP_S; a withdrawal through the registry is noticed at the next check, one that did
+    not raise the counter (a lapse) at the next sweep."""
+    from prorl_celery.leases import CALL_CHECK_S, CALL_SWEEP_S, Keeper
+    from prorl_celery.llm.registry import BackendRegistry
+
+    bid = f"test-{uuid.uuid4().hex[:8]}"
+    calls = []
+    for _ in range(20):
+        token = uuid.uuid4().hex
+        redis_client.zadd(keys.llm_inflight(bid), {token: int(time.time() * 1000 + 30_000)})
+        calls.append(_Watched(HeldLease(redis_client, keys.llm_inflight(bid), token, 30.0)))
+    lapsed = _Watched(_call_lease(redis_client, 30.0))
+    own = Keeper()  # not started: its passes are driven here
+    for call in (*calls, lapsed):
+        own.watch(call)
+    start, before = time.monotonic(), _zmscores(redis_client)
+    checks = int(CALL_SWEEP_S / CALL_CHECK_S) - 2
+    for k in range(checks):  # nothing withdrawn: only the first check asks (a sweep)
+        own._pass(start + k * CALL_CHECK_S)
+    assert _zmscores(redis_client) - before == 2  # the sweep's: one per lease set
+    # a lapse (no counter): not seen at a check, seen at the sweep
+    redis_client.zadd(lapsed.lease.key, {lapsed.lease.token: int(time.time() * 1000) - 1})
+    own._pass(start + checks * CALL_CHECK_S)
+    assert lapsed.reason is None
+    own._pass(start + CALL_SWEEP_S)
+    assert lapsed.reason == "lost" and {call.reason for call in calls} == {None}
+    # a withdrawal through the registry: seen at the next check
+    assert BackendRegistry(redis_client).abort_in_flight(bid) == 20
+    own._pass(start + CALL_SWEEP_S + CALL_CHECK_S)
+    assert {call.reason for call in calls} == {"lost"}
