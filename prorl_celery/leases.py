@@ -206,7 +206,9 @@ class Keeper(threading.Thread):
             lease.due = now + lease.ttl_ms / 3000
         for client, stage_group, call_group in _by_client(stages, held):
             seen = self.withdrawals.get(id(client), _UNREAD) if check and not sweep else _SWEEP
-            self.withdrawals[id(client)] = _round(client, stage_group, call_group, now, self.leases, check, seen)
+            read = _round(client, stage_group, call_group, now, self.leases, check, seen)
+            if check:  # (a pass between checks renews only: it reads no counter)
+                self.withdrawals[id(client)] = read
 
     def _next_wake(self) -> float:
         with self.lock:

@@ -185,6 +185,8 @@ def test_call_leases_are_asked_about_only_when_withdrawals_moved_or_at_a_sweep(r
     checks = int(CALL_SWEEP_S / CALL_CHECK_S) - 2
     for k in range(checks):  # nothing withdrawn: only the first check asks (a sweep)
         own._pass(start + k * CALL_CHECK_S)
+        calls[k].lease.due = 0.0  # a renewal due between checks: a pass that reads no counter
+        own._pass(start + (k + 0.5) * CALL_CHECK_S)
     assert _zmscores(redis_client) - before == 2  # the sweep's: one per lease set
     # a lapse (no counter): not seen at a check, seen at the sweep
     redis_client.zadd(lapsed.lease.key, {lapsed.lease.token: int(time.time() * 1000) - 1})
