@@ -5,6 +5,8 @@ import json
 import os
 import signal
 import sys
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,25 @@ def add(pool, proc_or_url, **spec) -> str:
         spec.setdefault("dialect", "fake")  # the fake server's test-only token API
     backend, _ = pool.registry.add(BackendSpec(address=url, **spec))
     return backend.id
+
+
+@contextmanager
+def project_jobs(pool, owners, prefix: str = "route"):
+    """One job per owner (a project's name, or None: the operator's), stored so the router reads
+    its project; ``{owner: job id}``, the jobs cancelled on the way out."""
+    from prorl_celery.jobs import JobStore
+    from prorl_celery.models import JobRequest
+    from prorl_celery.status import JobStatus
+
+    store, tag = JobStore(pool.redis), uuid.uuid4().hex[:8]
+    jobs = {owner: f"{prefix}-{owner or 'op'}-{tag}" for owner in owners}
+    for owner, job_id in jobs.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=owner)
+    try:
+        yield jobs
+    finally:
+        for job_id in jobs.values():
+            store.transition(job_id, JobStatus.CANCELLED)
 
 
 def eventually(predicate, timeout: float = 10.0, what: str = "condition"):

@@ -18,7 +18,7 @@ from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownBackend
 from prorl_celery.llm import BackendSpec, BackendStatus
 from prorl_celery.llm.routing import Slot
-from tests.llm.conftest import add, eventually
+from tests.llm.conftest import add, eventually, project_jobs
 
 
 @pytest.mark.unit
@@ -210,16 +210,7 @@ def test_killed_worker_requests_stop_counting(pool, fake_llms, redis_url):
 def test_a_private_backend_serves_only_its_projects_jobs(pool):
     """A backend a project registered is a candidate only for that project's jobs (the router reads
     the job's project in its script); shared ones serve every job, the operator's jobs included."""
-    from prorl_celery.jobs import JobStore
-    from prorl_celery.models import JobRequest
-    from prorl_celery.status import JobStatus
-
-    store = JobStore(pool.redis)
-    tag = uuid.uuid4().hex[:8]
-    jobs = {owner: f"route-{owner or 'op'}-{tag}" for owner in ("pa", "pb", None)}
-    for owner, job_id in jobs.items():
-        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=owner)
-    try:
+    with project_jobs(pool, ("pa", "pb", None)) as jobs:
         private, _ = pool.registry.add(BackendSpec(address="http://10.0.5.1:1", capacity=64, probe=False), project="pa")
         assert pool.router.acquire(jobs["pb"]) == "none" and pool.router.acquire(jobs[None]) == "none"
         slots = [pool.router.acquire(jobs["pa"]) for _ in range(3)]
@@ -229,9 +220,6 @@ def test_a_private_backend_serves_only_its_projects_jobs(pool):
         assert {s.backend.id for s in others} == {shared}  # past its capacity, never onto pa's idle one
         for slot in slots + others:
             pool.router.release(slot, "ok")
-    finally:
-        for job_id in jobs.values():
-            store.transition(job_id, JobStatus.CANCELLED)
 
 
 @pytest.mark.unit

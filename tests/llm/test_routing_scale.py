@@ -15,6 +15,7 @@ from prorl_celery import keys
 from prorl_celery.llm import BackendSpec, counts, routing
 from prorl_celery.llm.models import Protocol
 from prorl_celery.llm.routing import Slot
+from tests.llm.conftest import project_jobs
 
 
 def _hash_reads(client) -> int:
@@ -100,15 +101,7 @@ def test_the_sticky_backends_free_slot_is_the_choice_the_scan_of_every_backend_m
 def test_a_projects_private_backend_is_found_among_200_it_may_not_use(pool):
     """No random backend may serve the job (another project's, or another protocol): the scan of
     every backend finds the one it may use, and its next call reads that one alone."""
-    from prorl_celery.jobs import JobStore
-    from prorl_celery.models import JobRequest
-    from prorl_celery.status import JobStatus
-
-    store, tag = JobStore(pool.redis), uuid.uuid4().hex[:8]
-    jobs = {owner: f"scale-{owner}-{tag}" for owner in ("pa", "pb")}
-    for owner, job_id in jobs.items():
-        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=owner)
-    try:
+    with project_jobs(pool, ("pa", "pb"), prefix="scale") as jobs:
         _register(pool, 150, capacity=4, project="pb")
         _register(pool, 50, start=150, capacity=4, protocol="generate", dialect="fake")
         mine, _ = pool.registry.add(BackendSpec(address="http://10.2.0.1:1", capacity=4, probe=False), project="pa")
@@ -122,9 +115,6 @@ def test_a_projects_private_backend_is_found_among_200_it_may_not_use(pool):
         other = pool.router.acquire(jobs["pb"], Protocol.CHAT)  # pb's 150 and the shared generate ones
         assert isinstance(other, Slot) and other.backend.project == "pb"
         pool.router.release(other, "aborted")
-    finally:
-        for job_id in jobs.values():
-            store.transition(job_id, JobStatus.CANCELLED)
 
 
 @pytest.mark.unit
