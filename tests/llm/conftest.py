@@ -102,22 +102,36 @@ def add(pool, proc_or_url, **spec) -> str:
 
 
 @contextmanager
-def project_jobs(pool, owners, prefix: str = "route"):
-    """One job per owner (a project's name, or None: the operator's), stored so the router reads
-    its project; ``{owner: job id}``, the jobs cancelled on the way out."""
+def project_jobs(pool, owners, prefix: str = "route", per: int = 0):
+    """Jobs of each owner (a project's name, or None: the operator's), stored so the router reads
+    their project: ``{owner: job id}``, or ``{owner: [job ids]}`` with ``per`` > 0; all cancelled
+    on the way out."""
     from prorl_celery.jobs import JobStore
     from prorl_celery.models import JobRequest
     from prorl_celery.status import JobStatus
 
     store, tag = JobStore(pool.redis), uuid.uuid4().hex[:8]
-    jobs = {owner: f"{prefix}-{owner or 'op'}-{tag}" for owner in owners}
-    for owner, job_id in jobs.items():
-        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=owner)
+    ids = {owner: [f"{prefix}-{owner or 'op'}-{tag}-{i}" for i in range(per or 1)] for owner in owners}
+    for owner, of_owner in ids.items():
+        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"})) for job_id in of_owner],
+                          project=owner)
     try:
-        yield jobs
+        yield ids if per else {owner: of_owner[0] for owner, of_owner in ids.items()}
     finally:
-        for job_id in jobs.values():
-            store.transition(job_id, JobStatus.CANCELLED)
+        for of_owner in ids.values():
+            for job_id in of_owner:
+                store.transition(job_id, JobStatus.CANCELLED)
+
+
+def weighted_projects(pool, prefix: str, **weights: float) -> dict[str, str]:
+    """Projects of these weights, named uniquely: ``{given name: project name}``."""
+    from prorl_celery.projects import ProjectStore
+
+    tag, projects = uuid.uuid4().hex[:8], ProjectStore(pool.redis)
+    names = {given: f"{prefix}{given}-{tag}" for given in weights}
+    for given, weight in weights.items():
+        projects.add(names[given], weight=weight)
+    return names
 
 
 def eventually(predicate, timeout: float = 10.0, what: str = "condition"):

@@ -18,7 +18,7 @@ from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownBackend
 from prorl_celery.llm import BackendSpec, BackendStatus
 from prorl_celery.llm.routing import Slot
-from tests.llm.conftest import add, eventually, project_jobs
+from tests.llm.conftest import add, eventually, project_jobs, weighted_projects
 
 
 @pytest.mark.unit
@@ -268,21 +268,9 @@ def test_a_full_pool_is_shared_by_weight(pool):
     """Every slot taken: a project alone still queues in a backend (nothing idles), but once another
     project has calls in flight, the one holding its weight's share of the capacity waits
     ('share') while the other's calls go in; a free slot goes to whoever asks."""
-    from prorl_celery.jobs import JobStore
-    from prorl_celery.models import JobRequest
-    from prorl_celery.projects import ProjectStore
-    from prorl_celery.status import JobStatus
-
-    tag = uuid.uuid4().hex[:8]
-    big, small = f"shb-{tag}", f"shs-{tag}"
-    projects = ProjectStore(pool.redis)
-    projects.add(big, weight=1)
-    projects.add(small, weight=3)
-    store = JobStore(pool.redis)
-    jobs = {p: f"route-{p}" for p in (big, small)}
-    for project, job_id in jobs.items():
-        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=project)
-    try:
+    names = weighted_projects(pool, "sh", big=1, small=3)
+    big, small = names["big"], names["small"]
+    with project_jobs(pool, (big, small)) as jobs:
         add(pool, "http://10.0.7.1:1", capacity=4)
         mine = [pool.router.acquire(jobs[big]) for _ in range(6)]  # alone: past the capacity too
         assert all(isinstance(s, Slot) for s in mine)
@@ -297,6 +285,3 @@ def test_a_full_pool_is_shared_by_weight(pool):
         assert isinstance(again, Slot)
         for slot in [*theirs, again]:
             pool.router.release(slot, "ok")
-    finally:
-        for job_id in jobs.values():
-            store.transition(job_id, JobStatus.CANCELLED)

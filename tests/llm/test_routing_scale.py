@@ -15,7 +15,7 @@ from prorl_celery import keys
 from prorl_celery.llm import BackendSpec, counts, routing
 from prorl_celery.llm.models import Protocol
 from prorl_celery.llm.routing import Slot
-from tests.llm.conftest import project_jobs
+from tests.llm.conftest import project_jobs, weighted_projects
 
 
 def _hash_reads(client) -> int:
@@ -160,21 +160,9 @@ def test_a_full_pool_of_40_backends_is_shared_by_weight_from_a_sample(pool):
     """Above ``SCAN_ALL`` the candidates' capacity is estimated from the random ones read (here
     exact: alike backends): a project past its weight's share of a full pool waits ('share'),
     another under its share queues."""
-    from prorl_celery.jobs import JobStore
-    from prorl_celery.models import JobRequest
-    from prorl_celery.projects import ProjectStore
-    from prorl_celery.status import JobStatus
-
-    tag = uuid.uuid4().hex[:8]
-    big, small = f"scb-{tag}", f"scs-{tag}"
-    projects = ProjectStore(pool.redis)
-    projects.add(big, weight=1)
-    projects.add(small, weight=3)
-    store = JobStore(pool.redis)
-    jobs = {p: [f"scale-{p}-{i}" for i in range(200)] for p in (big, small)}
-    for project, ids in jobs.items():
-        store.create_many([(job_id, JobRequest(instance={"data_source": "shell"})) for job_id in ids], project=project)
-    try:
+    names = weighted_projects(pool, "sc", big=1, small=3)
+    big, small = names["big"], names["small"]
+    with project_jobs(pool, (big, small), prefix="scale", per=200) as jobs:
         _register(pool, 40, capacity=1)
         mine = [pool.router.acquire(job_id) for job_id in jobs[big]]  # alone: never held, every slot taken
         assert all(isinstance(s, Slot) for s in mine)
@@ -185,10 +173,6 @@ def test_a_full_pool_of_40_backends_is_shared_by_weight_from_a_sample(pool):
         assert pool.router.acquire(jobs[big][0]) == "share"  # 200 against its share of 10
         for slot in [*mine, theirs]:
             pool.router.release(slot, "aborted")
-    finally:
-        for ids in jobs.values():
-            for job_id in ids:
-                store.transition(job_id, JobStatus.CANCELLED)
 
 
 @pytest.mark.unit
