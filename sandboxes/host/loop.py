@@ -18,7 +18,9 @@ interest it last had, and a turn asks again only those that may have changed sin
 - and every connection once a second (what the maintenance marked to close, a missed change).
 
 A connection is unregistered when it leaves the map, before its socket is closed (so a descriptor
-number reused by the next connection never inherits its events).
+number reused by the next connection never inherits its events); one that stopped being readable
+since it was asked (the maintenance marked it to close) is not read on its event, as waitress's
+loop would not have read it.
 """
 from __future__ import annotations
 
@@ -79,7 +81,11 @@ class EpollMap(dict):
                 return True
             self.registered[fd] = (obj, mask)
         elif held[1] != mask:
-            self.epoll.modify(fd, mask)
+            try:
+                self.epoll.modify(fd, mask)
+            except OSError:  # closed under us: the map drops it soon
+                self.registered.pop(fd, None)
+                return True
             self.registered[fd] = (obj, mask)
         requests = getattr(obj, "requests", None)  # None: the listener or the trigger, asked every turn
         return mask != READ or requests is None or bool(requests)
@@ -114,7 +120,10 @@ def loop(socket_map: EpollMap, timeout: float = 1.0) -> None:
                 if held is None or socket_map.get(fd) is not held[0]:
                     continue
                 evented.append(fd)
-                wasyncore.readwrite(held[0], flags)
+                if flags & READ and not held[0].readable():  # e.g. marked to close since it was asked
+                    flags &= ~READ  # (the idle maintenance runs in the listener's readable())
+                if flags:
+                    wasyncore.readwrite(held[0], flags)
     finally:
         socket_map.close()
 
