@@ -27,6 +27,7 @@ from prorl_celery.errors import InvalidRequest, SandboxError
 from sandboxes.host.advertise import advertised_url
 from sandboxes.host.app import create_app, head_check
 from sandboxes.host.gate import gated_channel
+from sandboxes.host.loop import EpollMap, loop
 from sandboxes.host.pool import SandboxPool, limit_enforcement
 from sandboxes.host.registration import Registration
 from sandboxes.host.reap import reap_leftovers
@@ -129,8 +130,9 @@ class SandboxHost:
                                 warm=settings.sandbox_warm if warm is None else warm,
                                 served=self.served)
         app = create_app(self.pool, self.token, self.runtimes)
+        self.socket_map = EpollMap()
         self.server = waitress.create_server(
-            app, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
+            app, map=self.socket_map, host=host, port=port, threads=capacity + 8, ident="prorl-sandbox-host",
             connection_limit=max(100, 4 * capacity), channel_timeout=600, asyncore_use_poll=True,
             channel_request_lookahead=4, max_request_body_size=settings.sandbox_write_max_mb << 20)
         # each request's head judged before its body is read (no token: 401, the body never taken)
@@ -169,7 +171,12 @@ class SandboxHost:
             self.registration.start()
 
     def run(self) -> None:
-        self.server.run()
+        """Serve until SIGTERM/SIGINT, on :func:`sandboxes.host.loop.loop` (waitress's own
+        ``run()`` with the loop replaced)."""
+        try:
+            loop(self.socket_map, self.server.adj.asyncore_loop_timeout)
+        except (SystemExit, KeyboardInterrupt):
+            self.server.task_dispatcher.shutdown()
 
     def shutdown(self) -> None:
         self.pool.stop()
