@@ -205,10 +205,11 @@ class Keeper(threading.Thread):
         for lease in stages:
             lease.due = now + lease.ttl_ms / 3000
         for client, stage_group, call_group in _by_client(stages, held):
-            seen = self.withdrawals.get(id(client), _UNREAD) if check and not sweep else _SWEEP
-            read = _round(client, stage_group, call_group, now, self.leases, check, seen)
-            if check:  # (a pass between checks renews only: it reads no counter)
-                self.withdrawals[id(client)] = read
+            if not check:  # renewals only: no counter read, no call asked about
+                _round(client, stage_group, call_group, now, self.leases)
+            else:
+                ask = _SWEEP if sweep else self.withdrawals.get(id(client), _UNREAD)
+                self.withdrawals[id(client)] = _round(client, stage_group, call_group, now, self.leases, ask)
 
     def _next_wake(self) -> float:
         with self.lock:
@@ -236,20 +237,21 @@ _SWEEP = object()   # a check that asks about every watched call whatever the co
 
 
 def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: float,
-           held: dict[str, Lease], check: bool = True, seen: object = _SWEEP) -> object:
-    """One round trip to one Redis client: renew the stage leases due, ask which call leases
-    are still there (``check``: ``calls`` are all the watched ones; else only those due), renew
-    the call leases due; abort the calls whose lease is gone. With ``seen`` (the withdrawals
-    counter as last read, a check that is not a sweep: ``_SWEEP``), the calls are asked about in
-    a second round trip only if the counter, read with the rest, moved. Returns the counter as read now
-    (``_UNREAD``: not read)."""
+           held: dict[str, Lease], ask: object = None) -> object:
+    """One round trip to one Redis client: renew the stage leases due and the call leases due
+    among ``calls``; abort the calls whose lease is gone. ``ask``: None between checks (``calls``
+    are those due); at a check (``calls`` are all the watched ones) ``_SWEEP`` asks about every
+    one, else ``ask`` is the withdrawals counter as last read, and they are asked about in a
+    second round trip only if the counter, read with the rest, moved. Returns the counter as read
+    now (``_UNREAD``: not read)."""
     by_key: dict[str, list[Watched]] = {}
     for call in calls:
         by_key.setdefault(call.lease.key, []).append(call)
-    checked = by_key if check and seen is _SWEEP else {}
+    checked = by_key if ask is _SWEEP else {}
     counter = _UNREAD
+    reads = ask is not None and bool(calls)  # the counter's reply then comes first
     pipe = client.pipeline(transaction=False)
-    if check and calls:
+    if reads:
         pipe.get(_WITHDRAWALS)
     now_ms = time.time() * 1000
     renew = [x for lease in stages for x in (lease.token, lease.ttl_ms)]
@@ -260,7 +262,7 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
     renewed = _renew_calls(pipe, by_key, now)
     try:
         replies = pipe.execute(raise_on_error=False)
-        first = 1 if check and calls else 0  # the counter's reply comes first
+        first = 1 if reads else 0
         if stages and isinstance(replies[first], redis.exceptions.NoScriptError):  # a Redis new to it
             replies[first] = client.eval(_RENEW_MANY, len(stages), *(lease.key for lease in stages), *renew)
         failed = next((r for r in replies if isinstance(r, Exception)), None)
@@ -268,15 +270,17 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
             raise failed
     except redis.RedisError as exc:
         log.warning("lease renewal failed: %s", exc)
-        return _UNREAD if seen is _SWEEP else seen
-    if check and calls:
+        return _UNREAD if ask is _SWEEP else ask
+    for lease in renewed:
+        lease.due = now + lease.ttl_ms / 3000
+    if reads:
         counter, replies = replies[0], replies[1:]
     if stages:
         for lease, ok in zip(stages, replies[0]):
             if not ok and lease.token in held:  # not merely released meanwhile
                 log.warning("lease %s was lost before renewal", lease.key)
         replies = replies[1:]
-    if check and seen is not _SWEEP and counter != seen:  # leases were withdrawn since the last reading
+    if ask is not None and ask is not _SWEEP and counter != ask:  # leases were withdrawn since the last reading
         checked = by_key
         pipe = client.pipeline(transaction=False)
         for key, group in checked.items():
@@ -285,13 +289,11 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
             replies = pipe.execute()
         except redis.RedisError as exc:
             log.warning("asking which call leases are left failed: %s", exc)
-            return seen  # asked again at the next check
+            return ask  # asked again at the next check
     for group, scores in zip(checked.values(), replies):
         for call, score in zip(group, scores):
             if score is None or score <= now_ms:  # gone, or lapsed (the router sweeps lazily)
                 call.lost()
-    for lease in renewed:
-        lease.due = now + lease.ttl_ms / 3000
     return counter
 
 
