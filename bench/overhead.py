@@ -16,7 +16,12 @@ Polling the stored results cannot miss one.
 
     python bench/overhead.py [--jobs 200] [--rounds 2]
 
-The three are measured one after another in each round, in reverse order every other round; the
+Beside them, two floor rows (``bench/floor_tasks.py``, on the same workers): the bare chain plus
+the least a rollout's stage must do by hand, a read of its job and a write of its progress, and
+with a shell, also a fresh ``bash -c true`` in the run stage. Ours over its floor is the service's
+own overhead over the same work; ours over the bare chain also counts the work itself.
+
+The five are measured one after another in each round, in reverse order every other round; the
 CPU each spends per rollout (the stack's processes and their reaped children, this client) is the
 figure a shared machine disturbs least, and its ratio is printed per round and of the medians.
 
@@ -76,6 +81,40 @@ def bare(n: int) -> tuple[float, list[float]]:
     return n / elapsed, latencies
 
 
+def floor(n: int, shell: bool = False) -> tuple[float, list[float]]:
+    """The bare chain's way (sent with ``apply_async``, read by polling the backend) with
+    :func:`bench.floor_tasks.stage` as its links, each job's hash written first."""
+    from bench.floor_tasks import _redis, job_key
+
+    start = time.perf_counter()
+    jobs = [uuid.uuid4().hex for _ in range(n)]
+    pipe = _redis().pipeline(transaction=False)  # where the stages read them
+    for job_id in jobs:
+        pipe.hset(job_key(job_id), mapping={"status": "queued", "t_submit": time.time()})
+        pipe.expire(job_key(job_id), 3600)
+    pipe.execute()
+    sent = []
+    with app.producer_or_acquire() as producer:
+        for job_id in jobs:
+            links = [app.signature("bench.floor.stage", args=(job_id, q, shell), immutable=True).set(queue=q, routing_key=q)
+                     for q in ("init", "run", "eval")]
+            sent.append((time.time(), chain(*links).apply_async(producer=producer)))
+    metas = dict(app.backend.get_many([result.id for _, result in sent], timeout=300, interval=0.01))
+    elapsed = time.perf_counter() - start
+    assert all(m["status"] == "SUCCESS" for m in metas.values()), [m for m in metas.values() if m["status"] != "SUCCESS"][:3]
+    latencies = [(_utc(metas[result.id]["date_done"]) - t0) * 1000 for t0, result in sent]
+    return n / elapsed, latencies
+
+
+class _FloorStack(Stack):
+    """The stack, its Celery workers also importing the floor's tasks (nothing else changes for ours)."""
+
+    def _child(self, name: str, argv: list[str], env: dict[str, str] | None = None):
+        if name.startswith("worker"):
+            argv = [*argv, "--include", "bench.floor_tasks"]
+        return super()._child(name, argv, env)
+
+
 def cpu_seconds(stack: Stack) -> dict[str, float]:
     """CPU time so far of each process of the stack (with its reaped children: the sandbox
     shells) and of this one, grouped as workers / api / sandbox host / redis / client."""
@@ -109,39 +148,49 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     load = [os.getloadavg()]
+    root = str(Path(__file__).resolve().parent.parent)  # the workers import bench.floor_tasks from here
     options = StackOptions(redis_password=REDIS_PASSWORD, state_dir=Path(tempfile.mkdtemp(prefix="bench-overhead-")),
                            redis_url=None, beat=False, persist=False,
-                           env={"PRORL_PLUGIN_PACKAGES": "prorl_celery.fakes"})  # the no-op handler's package
-    stack = Stack(options)
+                           env={"PRORL_PLUGIN_PACKAGES": "prorl_celery.fakes",  # the no-op handler's package
+                                "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
+    stack = _FloorStack(options)
     os.environ["PRORL_API_TOKEN"] = stack.api_token  # the client reads it from here
     stack.start_redis(REDIS_PORT)
     with stack:
-        ours(stack.api_url, 10), bare(10)  # warm up both paths
+        runs = [lambda n: ours(stack.api_url, n), lambda n: ours(stack.api_url, n, NO_SANDBOX), bare,
+                floor, lambda n: floor(n, shell=True)]
+        for run in runs:
+            run(10)  # warm up every path
         rows = []
-        runs = [lambda n: ours(stack.api_url, n), lambda n: ours(stack.api_url, n, NO_SANDBOX), bare]
-        for r in range(args.rounds):  # every other round in the reverse order: a load that drifts weighs on all three
-            order = [0, 1, 2] if r % 2 == 0 else [2, 1, 0]
+        for r in range(args.rounds):  # every other round in the reverse order: a load that drifts weighs on all
+            order = list(range(len(runs))) if r % 2 == 0 else list(reversed(range(len(runs))))
             done = {i: measured(stack, args.jobs, runs[i]) for i in order}
-            rows.append((done[0], done[1], done[2]))
+            rows.append(tuple(done[i] for i in range(len(runs))))
         app.backend.result_consumer.stop()  # before Redis goes: it would try to reconnect
-    rate = [statistics.median(r[i][0] for r in rows) for i in range(3)]
-    p50 = [statistics.median(x for r in rows for x in r[i][1]) for i in range(3)]
+    kinds = len(rows[0])
+    rate = [statistics.median(r[i][0] for r in rows) for i in range(kinds)]
+    p50 = [statistics.median(x for r in rows for x in r[i][1]) for i in range(kinds)]
     print(f"jobs per round: {args.jobs}, rounds: {args.rounds}, workers: {options.concurrency}")
-    names = ["ours (shell handler, local sandbox)", "ours (no sandbox)", "bare 3-task chain"]
+    names = ["ours (shell handler, local sandbox)", "ours (no sandbox)", "bare 3-task chain",
+             "floor: bare + job read/write", "floor: + bash -c true"]
     groups = ["workers", "api", "sandbox-host", "redis", "client"]
-    cpu = [{g: statistics.median(r[i][2].get(g, 0.0) for r in rows) for g in groups} for i in range(3)]
+    cpu = [{g: statistics.median(r[i][2].get(g, 0.0) for r in rows) for g in groups} for i in range(kinds)]
     print(f"{'':<36} {'rate':>10}   {'p50 submit-to-done':>20}   CPU ms per rollout: total "
           + " ".join(groups))
     for name, r, p, c in zip(names, rate, p50, cpu):
         print(f"{name:<36} {r:8.1f}/s   {p:17.1f} ms   {sum(c.values()):24.1f} "
               + " ".join(f"{c[g]:.1f}" for g in groups))
     total = [sum(c.values()) for c in cpu]
-    per_round = [[sum(r[i][2].values()) for i in range(3)] for r in rows]  # each round's totals: the same load
+    per_round = [[sum(r[i][2].values()) for i in range(kinds)] for r in rows]  # each round's totals: the same load
     print("CPU ratios per round (bare / ours, bare / ours without a sandbox): "
           + ", ".join(f"{t[2] / t[0]:.2f} / {t[2] / t[1]:.2f}" for t in per_round))
+    print("CPU ratios per round over the floor (floor + shell / ours, floor / ours without a sandbox): "
+          + ", ".join(f"{t[4] / t[0]:.2f} / {t[3] / t[1]:.2f}" for t in per_round))
     print(f"load average at the start {load[0]}, at the end {os.getloadavg()}")
     print(f"CPU ratios (bare CPU / ours, per rollout; steadier than the rates on a shared machine): "
           f"cpu_ratio={total[2] / total[0]:.2f} no_sandbox_cpu_ratio={total[2] / total[1]:.2f}")
+    print(f"over the floor (the same work by hand / ours, CPU): floor_cpu_ratio={total[4] / total[0]:.2f} "
+          f"no_sandbox_floor_cpu_ratio={total[3] / total[1]:.2f}")
     print(f"no_sandbox_ratio={rate[1] / rate[2]:.2f}")
     print(f"overhead_ratio={rate[0] / rate[2]:.2f} p50_ms={p50[0]:.1f}")
 
