@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis
 
 from prorl_celery import keys
+from prorl_celery.redisio import text
 
 LABEL_TTL_S = 7 * 86400  # as long as a job record is kept
 
@@ -48,7 +49,7 @@ class CompatState:
         pipe.smembers(keys.compat_label(label, self.project))
         pipe.get(keys.compat_label_last(label, self.project))
         live, last = pipe.execute()
-        return sorted(_text(x) for x in live), _text(last) if last else None
+        return sorted(text(x) for x in live), text(last) if last else None
 
     def stop(self) -> list[str]:
         """Stop accepting ``/process``; the ids of the jobs it started that are not yet answered,
@@ -58,8 +59,6 @@ class CompatState:
         pipe.smembers(keys.compat_jobs(self.project))
         pipe.delete(keys.compat_jobs(self.project))
         _, ids, _ = pipe.execute()
-        return sorted(_text(x) for x in ids)
+        return sorted(text(x) for x in ids)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

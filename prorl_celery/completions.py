@@ -14,6 +14,7 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
+from prorl_celery.redisio import text
 from prorl_celery.rollout.views import job_views
 from prorl_celery.status import JobStatus
 
@@ -22,10 +23,6 @@ log = logging.getLogger(__name__)
 BLOCK_SLICE_S = 10.0
 START = "0-0"
 LATEST = "latest"  # asks only for the cursor after everything finished so far
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str | None = None,
@@ -38,7 +35,7 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
     stream = keys.group_completions(group_id) if group_id else keys.completions()
     if cursor == LATEST:
         last = store.redis.xrevrange(stream, count=1)
-        return [], _text(last[0][0]) if last else START
+        return [], text(last[0][0]) if last else START
     cursor = cursor or START
     deadline = time.monotonic() + wait_s
     while True:
@@ -48,20 +45,20 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
         reply = store.redis.xread({stream: cursor}, count=count, block=block)
         entries = reply[0][1] if reply else []
         if entries:
-            cursor = _text(entries[-1][0])
+            cursor = text(entries[-1][0])
         if project is not None:
-            entries = [(i, fields) for i, fields in entries if _text(fields.get(b"project", b"")) == project]
+            entries = [(i, fields) for i, fields in entries if text(fields.get(b"project", b"")) == project]
         if entries or block is None or time.monotonic() >= deadline:
             break
     if not entries:
         return [], cursor
-    views = job_views(store.shards, store.get_many([_text(fields[b"job_id"]) for _, fields in entries], view=True))
+    views = job_views(store.shards, store.get_many([text(fields[b"job_id"]) for _, fields in entries], view=True))
     out = []
     for (entry_id, fields), view in zip(entries, views):
-        item = {_text(k): _text(v) for k, v in fields.items()}
+        item = {text(k): text(v) for k, v in fields.items()}
         item["group_id"] = item.get("group_id") or None
         item["project"] = item.get("project") or None
-        item["cursor"] = _text(entry_id)
+        item["cursor"] = text(entry_id)
         item["job"] = view.model_dump(mode="json") if view else None
         out.append(item)
     return out, cursor
@@ -115,7 +112,7 @@ class FinishWatcher:
         with self._lock:
             if self._reader is None or not self._reader.is_alive():
                 last = self.store.redis.xrevrange(keys.completions(), count=1)
-                self._reader = threading.Thread(target=self._follow, args=(_text(last[0][0]) if last else START,),
+                self._reader = threading.Thread(target=self._follow, args=(text(last[0][0]) if last else START,),
                                                 name="finish-watcher", daemon=True)
                 self._reader.start()
 
@@ -130,8 +127,8 @@ class FinishWatcher:
                 continue
             for _, entries in reply or []:
                 for entry_id, fields in entries:
-                    cursor = _text(entry_id)
+                    cursor = text(entry_id)
                     with self._lock:
-                        waiting = list(self._waiters.get(_text(fields.get(b"job_id", b"")), []))
+                        waiting = list(self._waiters.get(text(fields.get(b"job_id", b"")), []))
                     for event in waiting:
                         event.set()

@@ -36,6 +36,7 @@ from prorl_celery import keys
 from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
+from prorl_celery.redisio import text
 from prorl_celery.shards import Shards, Since
 from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
 
@@ -168,7 +169,7 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hget(keys.job(job_id), "digest")
-        return [_text(d) if d else None for d in pipe.execute()]
+        return [text(d) if d else None for d in pipe.execute()]
 
     # -- reading --------------------------------------------------------------------------
     def get(self, job_id: str) -> JobRecord | None:
@@ -216,7 +217,7 @@ class JobStore:
         if not job_ids:
             return []
         raw = self._statuses(keys=[keys.job(job_id) for job_id in job_ids])
-        return [JobStatus(_text(value)) if value else None for value in raw]
+        return [JobStatus(text(value)) if value else None for value in raw]
 
     def watched_statuses(self, watch_key: str, add: list[str], remove: list[str]
                          ) -> tuple[int, dict[str, JobStatus | None]]:
@@ -228,20 +229,20 @@ class JobStore:
         suffix = keys.job_watchers("").removeprefix(keys.job(""))  # the job's key, then this
         raw = self._watched(keys=[watch_key, keys.status_watch_changed(watch_key)],
                             args=[keys.job(""), suffix, WATCH_TTL_S, self.job_ttl_s, len(add), *add, *remove])
-        return int(raw[0]), {_text(raw[i]): JobStatus(_text(raw[i + 1])) if raw[i + 1] else None
+        return int(raw[0]), {text(raw[i]): JobStatus(text(raw[i + 1])) if raw[i + 1] else None
                              for i in range(1, len(raw), 2)}
 
     def ids_in(self, status: JobStatus) -> list[str]:
-        return sorted(_text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))
+        return sorted(text(x) for x in self.redis.smembers(keys.jobs_by_status(status.value)))
 
     def group_ids(self, group_id: str) -> list[str]:
-        return sorted(_text(x) for x in self.redis.smembers(keys.group(group_id)))
+        return sorted(text(x) for x in self.redis.smembers(keys.group(group_id)))
 
     def counts_by_source(self, project: str | None = None) -> dict[tuple[str, str], int]:
         """(status, data source) -> jobs: current for active statuses, totals for terminal ones;
         ``project``: of its jobs only."""
         raw = self.redis.hgetall(keys.job_counts_of(project) if project else keys.job_counts())
-        return {tuple(_text(k).split("|", 1)): int(v) for k, v in raw.items()}
+        return {tuple(text(k).split("|", 1)): int(v) for k, v in raw.items()}
 
     def counts(self, project: str | None = None) -> dict[str, int]:
         """Jobs per status: current for active statuses, totals for terminal ones; ``project``:
@@ -376,18 +377,14 @@ def _sources_csv(target: JobStatus | None, sources: Iterable[JobStatus] | None) 
 
 def _changed(reply: list) -> tuple[bool, JobStatus | None]:
     ok, status = reply[0], reply[1]  # a third element: why not (the stage lease was held)
-    status = _text(status)
+    status = text(status)
     return bool(ok), JobStatus(status) if status else None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _decode(raw: dict) -> JobRecord:
     data: dict[str, Any] = {}
     for key, value in raw.items():
-        key, value = _text(key), _text(value)
+        key, value = text(key), text(value)
         if key in _JSON_FIELDS:
             data[key] = json.loads(value) if value else None
         else:

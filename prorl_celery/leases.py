@@ -26,7 +26,6 @@ of a run worker's thousand calls twice a second, ~12 % of the routing Redis's ow
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -37,6 +36,7 @@ from typing import Protocol
 import redis
 
 from prorl_celery import keys
+from prorl_celery.redisio import LuaScript, missing
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +49,19 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-_RELEASE = """
+_RELEASE = LuaScript("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
-_RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()  # sent by its digest: not the script each stage
+""")  # sent by its digest: not the script each stage
 # KEYS: stage leases; ARGV: each one's token and ttl (ms), in turn. 1 for each renewed, 0 for each
 # no longer this holder's.
-_RENEW_MANY = """
+_RENEW_MANY = LuaScript("""
 local out = {}
 for i, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[2 * i - 1] then out[i] = redis.call('PEXPIRE', key, ARGV[2 * i]) else out[i] = 0 end
 end
 return out
-"""
-_RENEW_MANY_SHA = hashlib.sha1(_RENEW_MANY.encode()).hexdigest()
+""")
 _WITHDRAWALS = keys.llm_withdrawals()
 
 
@@ -105,10 +103,7 @@ class Lease:
         self.released = True
         keeper().drop(self)
         try:
-            try:
-                self.redis.evalsha(_RELEASE_SHA, 1, self.key, self.token)
-            except redis.exceptions.NoScriptError:  # a Redis that never ran it (or restarted)
-                self.redis.eval(_RELEASE, 1, self.key, self.token)
+            _RELEASE(self.redis, [self.key], [self.token])
         except redis.RedisError:
             log.warning("could not release lease %s; it will lapse", self.key)
 
@@ -256,15 +251,15 @@ def _round(client: redis.Redis, stages: list[Lease], calls: list[Watched], now: 
     now_ms = time.time() * 1000
     renew = [x for lease in stages for x in (lease.token, lease.ttl_ms)]
     if stages:
-        pipe.evalsha(_RENEW_MANY_SHA, len(stages), *(lease.key for lease in stages), *renew)
+        _RENEW_MANY.queue(pipe, [lease.key for lease in stages], renew)
     for key, group in checked.items():
         pipe.zmscore(key, [call.lease.token for call in group])
     renewed = _renew_calls(pipe, by_key, now)
     try:
         replies = pipe.execute(raise_on_error=False)
         first = 1 if reads else 0
-        if stages and isinstance(replies[first], redis.exceptions.NoScriptError):  # a Redis new to it
-            replies[first] = client.eval(_RENEW_MANY, len(stages), *(lease.key for lease in stages), *renew)
+        if stages and missing(replies[first]):  # a Redis new to it
+            replies[first] = _RENEW_MANY.whole(client, [lease.key for lease in stages], renew)
         failed = next((r for r in replies if isinstance(r, Exception)), None)
         if failed is not None:
             raise failed

@@ -16,6 +16,7 @@ from config.celeryconfig import QUEUES
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.llm.store import llm_in_flight
+from prorl_celery.redisio import text
 from prorl_celery.status import JobStatus
 
 BUCKETS = (0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
@@ -46,10 +47,6 @@ def count_sweep(client: redis.Redis, counts: dict[str, int]) -> None:
     pipe.execute()
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class ServiceCollector(Collector):
     def __init__(self, store: JobStore):
         self.store = store
@@ -75,7 +72,7 @@ class ServiceCollector(Collector):
     def _stages(self):
         family = HistogramMetricFamily("prorl_stage_seconds", "Duration of finished stages", labels=["stage"])
         for stage in ("init", "run", "eval"):
-            raw = {_text(k): float(v) for k, v in self.store.redis.hgetall(keys.stage_histogram(stage)).items()}
+            raw = {text(k): float(v) for k, v in self.store.redis.hgetall(keys.stage_histogram(stage)).items()}
             running, buckets = 0.0, []
             for bound in BUCKETS:
                 running += raw.get(f"b:{bound}", 0.0)
@@ -100,8 +97,8 @@ class ServiceCollector(Collector):
                                  labels=["host"])
         now = time.time()
         for host_id, beat in self.store.redis.zrange(keys.hosts(), 0, -1, withscores=True):
-            host_id = _text(host_id)
-            record = {_text(k): _text(v) for k, v in self.store.redis.hgetall(keys.host(host_id)).items()}
+            host_id = text(host_id)
+            record = {text(k): text(v) for k, v in self.store.redis.hgetall(keys.host(host_id)).items()}
             live.add_metric([host_id], float(record.get("live", 0)))
             capacity.add_metric([host_id], float(record.get("capacity", 0)))
             seen.add_metric([host_id], now - beat)
@@ -119,7 +116,7 @@ class ServiceCollector(Collector):
     def _sweep(self):
         family = CounterMetricFamily("prorl_sweep_actions", "What the beat sweep did", labels=["action"])
         for action, n in self.store.redis.hgetall(keys.sweep_counts()).items():
-            family.add_metric([_text(action)], int(n))
+            family.add_metric([text(action)], int(n))
         yield family
 
     def _fair_share(self, names: list[str]):
@@ -143,7 +140,7 @@ class ServiceCollector(Collector):
         pipe.hgetall(keys.fair_held())
         replies = pipe.execute()
         in_flight = llm_in_flight(self.store.redis, names)
-        holding = {_text(k): _text(v).split("|", 1)[1] for k, v in replies[-1].items()}
+        holding = {text(k): text(v).split("|", 1)[1] for k, v in replies[-1].items()}
         for i, name in enumerate(names):
             pending.add_metric([name], replies[i])
             boxes.add_metric([name], max(0, int(replies[len(names) + i] or 0)))
@@ -159,7 +156,7 @@ class ServiceCollector(Collector):
 
         jobs = GaugeMetricFamily("prorl_project_jobs", "A project's jobs by status (active now, ended in total)",
                                  labels=["project", "status"])
-        names = sorted(_text(n) for n in self.store.redis.hkeys(keys.projects()))
+        names = sorted(text(n) for n in self.store.redis.hkeys(keys.projects()))
         for name in names:
             for status, n in self.store.counts(name).items():
                 jobs.add_metric([name, status], max(n, 0))

@@ -25,6 +25,7 @@ from prorl_celery import keys
 from prorl_celery.errors import InvalidRequest, UnknownProject
 from prorl_celery.llm.store import HeadView
 from prorl_celery.quotas import Quotas
+from prorl_celery.redisio import text
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]{0,62}$"
 KEY_PREFIX = "prorl"
@@ -51,10 +52,6 @@ class IssuedKey(BaseModel):
 
 def _digest(salt: bytes, secret: str) -> str:
     return hashlib.sha256(salt + secret.encode()).hexdigest()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class ProjectStore:
@@ -109,8 +106,8 @@ class ProjectStore:
     def list(self) -> list[Project]:
         by_project: dict[str, list[str]] = {}
         for key_id, raw in self.redis.hgetall(keys.project_keys()).items():
-            by_project.setdefault(json.loads(raw)["project"], []).append(_text(key_id))
-        return sorted((Project(name=_text(name), keys=sorted(by_project.get(_text(name), [])), **json.loads(raw))
+            by_project.setdefault(json.loads(raw)["project"], []).append(text(key_id))
+        return sorted((Project(name=text(name), keys=sorted(by_project.get(text(name), [])), **json.loads(raw))
                        for name, raw in self.redis.hgetall(keys.projects()).items()), key=lambda p: p.name)
 
     def revoke(self, name_or_key: str) -> list[str]:

@@ -37,6 +37,7 @@ import redis
 
 from prorl_celery import keys
 from prorl_celery.errors import StoreLayoutMismatch
+from prorl_celery.redisio import text
 
 log = logging.getLogger(__name__)
 
@@ -182,13 +183,9 @@ class Shards:
             for i in positions:
                 pipe.hmget(keys.rollout_state(jobs[i][0]), "stage", "attempt", "state")
             for i, (stage, attempt, state) in zip(positions, pipe.execute()):
-                same = stage is not None and _text(stage) == jobs[i][1] and _text(attempt) == str(jobs[i][2])
-                found[i] = _text(state) if same and state is not None else None
+                same = stage is not None and text(stage) == jobs[i][1] and text(attempt) == str(jobs[i][2])
+                found[i] = text(state) if same and state is not None else None
         return [found.get(i) for i in range(len(jobs))]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _claim(client: redis.Redis, key: str, value: int) -> int:

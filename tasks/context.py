@@ -51,7 +51,9 @@ class StageContext:
     """
 
     def __init__(self, store: JobStore, record: JobRecord, stage: JobStatus, budget_s: float,
-                 resumed: bool = False):
+                 resumed: bool = False, confirmed: float | None = None):
+        """``confirmed``: when (monotonic) the stage's running change found the job in this stage
+        and attempt, as a save does: a :meth:`check` within ``CONFIRMED_S`` of it reads no status."""
         self.store = store
         self.record = record
         self.stage = stage
@@ -61,7 +63,7 @@ class StageContext:
         self.state = JobState.of(record.state)
         self._sandbox = None
         self._transcript: Transcript | None = None
-        self._confirmed = -CONFIRMED_S  # when a save last found the job in this stage and attempt
+        self._confirmed = -CONFIRMED_S if confirmed is None else confirmed  # when the job was last found in this stage and attempt
 
     @property
     def job_id(self) -> str:

@@ -69,9 +69,8 @@ def finish(store: JobStore, record: JobRecord, status: JobStatus, *, sources: li
         fields[END_TOKEN] = token
 
         def after(pipe: Any, again: bool) -> None:
-            if again:  # the scripts loaded: by the registered script's call
-                job_keys, args = ended_totals_args(record.job_id, token, record.project, cost)
-                store.redis.register_script(ENDED)(keys=job_keys, args=args, client=pipe)
+            if again:  # Redis lacked a script: this one whole
+                ENDED.whole(pipe, *ended_totals_args(record.job_id, token, record.project, cost))
             else:
                 queue_ended_totals(pipe, record.job_id, token, record.project, cost)
 

@@ -163,9 +163,7 @@ def _execute(store: JobStore, record: JobRecord, stage: JobStatus, resumed: bool
     ``confirmed``: when (monotonic) the running change found the job in this stage and attempt,
     as a save does: a ``ctx.check()`` right after it (a handler's first step; the sandbox's
     open) then reads no status again."""
-    ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed)
-    if confirmed is not None:
-        ctx._confirmed = confirmed  # noqa: SLF001 - what StageContext.save sets, told by the change
+    ctx = StageContext(store, record, stage, stage_budget(record, stage), resumed=resumed, confirmed=confirmed)
     handler = FALLBACK  # until the job's own is loaded: its failure is recorded by the base hooks
     try:
         handler = get_handler(record.data_source)  # the one look-up of this stage

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import redis
 
 from prorl_celery import keys
+from prorl_celery.redisio import LuaScript
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class Tally:
                 "" if self.first is None else repr(self.first)]
 
 
+_COUNTS_SCRIPT = LuaScript(_COUNTS)
+
+
 class Counts:
     """This process's tallies, per routing Redis (its address), written by a timer thread."""
 
@@ -120,9 +124,8 @@ class Counts:
         written = 0
         for client, tallies in self.take(where):
             ids = list(tallies)
-            try:  # by digest (a Redis that lost its scripts is sent it again: redis-py's Script)
-                client.register_script(_COUNTS)(keys=[keys.llm_backend(bid) for bid in ids],
-                                                args=[v for bid in ids for v in tallies[bid].argv()])
+            try:  # by digest (whole to a Redis that lost its scripts)
+                _COUNTS_SCRIPT(client, [keys.llm_backend(bid) for bid in ids], [v for bid in ids for v in tallies[bid].argv()])
                 written += len(ids)
             except redis.RedisError as exc:
                 log.warning("writing the LLM counters of %d backends failed: %s", len(ids), exc)

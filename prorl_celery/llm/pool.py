@@ -9,7 +9,6 @@ each token with the version that sampled it (``Turn.weight_segments``).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
@@ -31,6 +30,7 @@ from prorl_celery.llm.registry import BackendRegistry
 from prorl_celery.llm.routing import _END, Router, Slot
 from prorl_celery.llm.store import routing_redis
 from prorl_celery.llm.transport import Call, CallAborted
+from prorl_celery.redisio import LuaScript
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _probe_in_background(client: redis.Redis) -> None:
     threading.Thread(target=run, name="llm-probe", daemon=True).start()
 
 
-_END_SHA = hashlib.sha1(_END.encode()).hexdigest()  # the routing's session end (Router.end_session)
+_END_SCRIPT = LuaScript(_END)  # the routing's session end (Router.end_session)
 
 
 def end_rollout(client: redis.Redis, job_id: str) -> None:
@@ -91,9 +91,9 @@ def end_rollout_on(client: redis.Redis, job_id: str) -> Callable[[object, bool],
 
     def queue(pipe, again: bool) -> None:
         if again:
-            client.register_script(_END)(keys=args[:1], args=args[1:], client=pipe)
+            _END_SCRIPT.whole(pipe, args[:1], args[1:])
         else:
-            pipe.evalsha(_END_SHA, 1, *args)
+            _END_SCRIPT.queue(pipe, args[:1], args[1:])
 
     return queue
 

@@ -11,11 +11,8 @@ from config.celeryconfig import QUEUES
 from prorl_celery import keys
 from prorl_celery.jobs import JobStore
 from prorl_celery.llm.store import routing_redis
+from prorl_celery.redisio import text
 from prorl_celery.workers import workers_per_queue
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def snapshot(store: JobStore) -> dict[str, Any]:
@@ -25,21 +22,21 @@ def snapshot(store: JobStore) -> dict[str, Any]:
     hosts = []
     now = time.time()
     for host_id, beat in client.zrange(keys.hosts(), 0, -1, withscores=True):
-        record = {_text(k): _text(v) for k, v in client.hgetall(keys.host(_text(host_id))).items()}
-        hosts.append({"host_id": _text(host_id), "address": record.get("address", "?"),
+        record = {text(k): text(v) for k, v in client.hgetall(keys.host(text(host_id))).items()}
+        hosts.append({"host_id": text(host_id), "address": record.get("address", "?"),
                       "live": int(record.get("live", 0)), "capacity": int(record.get("capacity", 0)),
                       "heartbeat_age_s": round(now - beat, 1)})
     backends = []
     routing = routing_redis(client)  # the backends and their leases (prorl_celery/llm/store.py)
-    for backend_id in sorted(_text(x) for x in routing.smembers(keys.llm_backends())):
-        record = {_text(k): _text(v) for k, v in routing.hgetall(keys.llm_backend(backend_id)).items()}
+    for backend_id in sorted(text(x) for x in routing.smembers(keys.llm_backends())):
+        record = {text(k): text(v) for k, v in routing.hgetall(keys.llm_backend(backend_id)).items()}
         backends.append({"id": backend_id, "address": record.get("address", "?"),
                          "status": record.get("status", "?"), "capacity": record.get("capacity", "?"),
                          "in_flight": routing.zcount(keys.llm_inflight(backend_id), now * 1000, "+inf"),
                          "weight_version": record.get("weight_version", "")})
     from prorl_celery.rollout.cost import totals
 
-    names = sorted(_text(n) for n in client.hkeys(keys.projects()))
+    names = sorted(text(n) for n in client.hkeys(keys.projects()))
     return {"queues": {q: {"depth": depths[q], "workers": workers.get(q, [])} for q in QUEUES},
             "hosts": hosts, "backends": backends, "jobs": store.counts(), "projects": totals(client),
             "held": dict(zip(names, holdings(store, names)))}

@@ -14,7 +14,6 @@ its ids: a bulk cancel of a thousand long rollouts reads kilobytes each, not the
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, Field
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.models import Timings
+from prorl_celery.redisio import LuaScript, missing
 from prorl_celery.shards import Shards
 
 _STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
@@ -78,15 +78,14 @@ class Cost(BaseModel):
 
 # KEYS[1]: a rollout's calls list; ARGV[1]: the last index to read. The metadata JSON of each
 # packed record (its first 4 bytes are the JSON's length, little-endian), without the arrays.
-_HEADS = """
+_HEADS = LuaScript("""
 local out = {}
 for i, blob in ipairs(redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]))) do
   local b1, b2, b3, b4 = string.byte(blob, 1, 4)
   out[i] = string.sub(blob, 5, 4 + b1 + 256 * b2 + 65536 * b3 + 16777216 * b4)
 end
 return out
-"""
-_HEADS_SHA = hashlib.sha1(_HEADS.encode()).hexdigest()
+""")
 
 
 def add_call(cost: Cost, meta: dict[str, Any]) -> None:
@@ -147,13 +146,13 @@ def read_heads(client: redis.Redis | Shards, jobs: list[tuple[str, int | None]])
         calls = [(keys.rollout_calls(jobs[wanted[k]][0]), -1 if jobs[wanted[k]][1] is None else jobs[wanted[k]][1] - 1)
                  for k in positions]
         pipe = store.pipeline(transaction=False)
-        for key, last in calls:  # by digest: redis-py would first ask SCRIPT EXISTS of a registered one
-            pipe.evalsha(_HEADS_SHA, 1, key, last)
+        for key, last in calls:
+            _HEADS.queue(pipe, [key], [last])
         replies = pipe.execute(raise_on_error=False)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):  # a Redis that lost it
-            script, pipe = store.register_script(_HEADS), store.pipeline(transaction=False)
+        if any(missing(r) for r in replies):  # a Redis that lost it: whole, once
+            pipe = store.pipeline(transaction=False)
             for key, last in calls:
-                script(keys=[key], args=[last], client=pipe)  # loaded first by the pipeline
+                _HEADS.whole(pipe, [key], [last])
             replies = pipe.execute(raise_on_error=False)
         for r in replies:
             if isinstance(r, Exception):
@@ -165,29 +164,29 @@ def read_heads(client: redis.Redis | Shards, jobs: list[tuple[str, int | None]])
 TOTALS = ("jobs", "prompt_tokens", "generated_tokens", "llm_calls", "llm_s", "run_s", "total_s", "price",
           "sandbox_jobs", "sandbox_cpu_s", "sandbox_peak_memory_mb")
 
-# KEYS[1]: a project's totals; ARGV[1]: a job's peak: the field keeps the largest
-_MAX = """
-local old = tonumber(redis.call('HGET', KEYS[1], 'sandbox_peak_memory_mb') or '-1')
-if tonumber(ARGV[1]) > old then redis.call('HSET', KEYS[1], 'sandbox_peak_memory_mb', ARGV[1]) end
+# A project's totals keep the largest peak memory of one job.
+_KEEP_PEAK = """
+local function keep_peak(totals, mb)
+  local old = tonumber(redis.call('HGET', totals, 'sandbox_peak_memory_mb') or '-1')
+  if tonumber(mb) > old then redis.call('HSET', totals, 'sandbox_peak_memory_mb', mb) end
+end
 """
+# KEYS[1]: a project's totals; ARGV[1]: a job's peak
+_MAX = LuaScript(_KEEP_PEAK + "keep_peak(KEYS[1], ARGV[1])\n")
 
 # One ended job's cost into its project's totals, only if the job's hash (KEYS[1]) still holds the
 # end token ARGV[1] its terminal transition wrote, which this removes: the totals count the job
 # once, whichever delivery ended it, however often this runs. KEYS[2]: the project's totals,
 # KEYS[3]: the set of projects, ARGV[2]: the project's name, ARGV[3]: the job's sandbox peak ('':
 # not measured), then (field, amount) pairs, each an HINCRBYFLOAT. Returns 1 if it added them.
-ENDED = """
+ENDED = LuaScript(_KEEP_PEAK + """
 if redis.call('HGET', KEYS[1], 'end_token') ~= ARGV[1] then return 0 end
 redis.call('HDEL', KEYS[1], 'end_token')
 redis.call('SADD', KEYS[3], ARGV[2])
 for i = 4, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1]) end
-if ARGV[3] ~= '' then
-  local old = tonumber(redis.call('HGET', KEYS[2], 'sandbox_peak_memory_mb') or '-1')
-  if tonumber(ARGV[3]) > old then redis.call('HSET', KEYS[2], 'sandbox_peak_memory_mb', ARGV[3]) end
-end
+if ARGV[3] ~= '' then keep_peak(KEYS[2], ARGV[3]) end
 return 1
-"""
-ENDED_SHA = hashlib.sha1(ENDED.encode()).hexdigest()
+""")
 END_TOKEN = "end_token"
 """The job hash's field a terminal transition writes for :func:`queue_ended_totals` (removed
 once the totals counted the job)."""
@@ -210,7 +209,6 @@ def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> Non
     jobs whose sandboxes were measured: how many (``sandbox_jobs``), their CPU-seconds, and the
     largest peak memory of one job (``sandbox_peak_memory_mb``)."""
     pipe = client.pipeline(transaction=False)
-    peak = client.register_script(_MAX)
     for project, cost in ended:
         key = keys.cost_totals(project or OPERATOR)
         pipe.sadd(keys.cost_projects(), project or OPERATOR)
@@ -220,7 +218,7 @@ def add_totals(client: redis.Redis, ended: list[tuple[str | None, Cost]]) -> Non
             else:
                 pipe.hincrbyfloat(key, name, amount)
         if cost.sandbox is not None:
-            peak(keys=[key], args=[cost.sandbox.peak_memory_mb], client=pipe)
+            _MAX.whole(pipe, [key], [cost.sandbox.peak_memory_mb])  # as text: a bulk end's rare path
     pipe.execute()
 
 
@@ -238,10 +236,10 @@ def queue_ended_totals(pipe: Any, job_id: str, token: str, project: str | None, 
     """Queue on ``pipe`` (a pipeline, sent by the caller) the totals of a job whose terminal
     transition, queued ahead of this, wrote ``token`` into its hash as :data:`END_TOKEN`: they
     are added only if it did. By digest: a Redis that lost the script answers NoScriptError,
-    and then the caller sends it again by :data:`ENDED`'s registered script (once more is harmless:
-    the token goes with the first that finds it)."""
+    and then the caller sends it again whole (:meth:`~prorl_celery.redisio.LuaScript.whole`; once
+    more is harmless: the token goes with the first that finds it)."""
     job_keys, args = ended_totals_args(job_id, token, project, cost)
-    pipe.evalsha(ENDED_SHA, len(job_keys), *job_keys, *args)
+    ENDED.queue(pipe, job_keys, args)
 
 
 def totals(client: redis.Redis) -> dict[str, dict[str, float]]:

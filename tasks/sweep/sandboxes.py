@@ -30,6 +30,7 @@ from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import NotFound, SandboxError
 from prorl_celery.jobs import JobRecord, JobStore
+from prorl_celery.redisio import text
 from prorl_celery.status import STAGES, StageState
 from sandboxes.client import (RemoteSandbox, close_handle, handle_of, list_sandboxes, list_strays, live_hosts,
                               stop_strays)
@@ -37,10 +38,6 @@ from sandboxes.protocol import HostRecord, SandboxEntry
 from tasks.sweep.layers import sweep_layers
 
 log = logging.getLogger(__name__)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 # Atomic, so that a host beating again between the read and the removal is not declared dead.
@@ -54,7 +51,7 @@ return dead
 def mark_dead_hosts(store: JobStore, now: float) -> list[str]:
     """Remove hosts whose heartbeat stopped from the live set; returns their ids."""
     cutoff = now - 3 * get_settings().host_heartbeat_s
-    return [_text(h) for h in store.redis.eval(_TAKE_STALE, 1, keys.hosts(), repr(cutoff))]
+    return [text(h) for h in store.redis.eval(_TAKE_STALE, 1, keys.hosts(), repr(cutoff))]
 
 
 def fail_jobs_on(store: JobStore, host_ids: list[str]) -> list[str]:

@@ -34,13 +34,13 @@ NAMED = {
     ("prorl_celery/llm/registry.py", 'raw = self.redis.hget(keys.llm_backend(bid), "api_key")'): "read",
     ("prorl_celery/llm/routing.py", 'names = {"$BACKEND": keys.llm_backend(""), "$INFLIGHT": keys.llm_inflight(""),'):
         "the acquire's prefix, written into its text: it reads (asserted below)",
-    ("prorl_celery/llm/counts.py", "client.register_script(_COUNTS)(keys=[keys.llm_backend(bid) for bid in ids],"):
+    ("prorl_celery/llm/counts.py", "_COUNTS_SCRIPT(client, [keys.llm_backend(bid) for bid in ids], [v for bid in ids for v in tallies[bid].argv()])"):
         "the router's counters: those only (asserted below)",
     ("prorl_celery/llm/control.py", 'raw = registry.redis.hget(keys.llm_backend(backend.id), "paused_until")'): "read",
     ("prorl_celery/llm/health.py", 'probed_at = float(client.hget(keys.llm_backend(backend.id), "probed_at") or 0)'): "read",
     ("prorl_celery/llm/health.py", 'api_key = registry.redis.hget(keys.llm_backend(backend.id), "api_key")'): "read",
     ("prorl_celery/ops/report.py",
-     "record = {_text(k): _text(v) for k, v in routing.hgetall(keys.llm_backend(backend_id)).items()}"): "read",
+     "record = {text(k): text(v) for k, v in routing.hgetall(keys.llm_backend(backend_id)).items()}"): "read",
 }
 HASH_WRITES = re.compile(r"redis\.call\('(HSET|HDEL|HINCRBY|HINCRBYFLOAT|HSETNX|HMSET)'")
 
