@@ -113,9 +113,10 @@ def test_faster_backend_holds_more_rollouts_and_none_moves(pool, fake_llms):
 
 
 def test_removing_a_backend_mid_run_loses_no_rollout(pool, fake_llms):
-    # turns long enough (~1 s) that a request is still in flight when the removal lands, even on
-    # a loaded machine: at 10 ms per step the in-flight turns sometimes finished first
-    procs = fake_llms(2, latency="step_s=0.05,capacity=8")
+    # a's turns long enough (~5 s) that its requests are still in flight when the keeper notices
+    # the removal (within CALL_CHECK_S, later on a loaded machine): at ~1 s a turn a busy CI run
+    # saw them all finish first; b's turns ~1 s
+    procs = fake_llms(2, latency="step_s=0.05,capacity=8", speeds=[0.2, 1.0])
     a, b = (add(pool, p, capacity=8) for p in procs)
     with ThreadPoolExecutor(8) as ex:
         futures = [ex.submit(rollout, pool, f"r{i}", 4) for i in range(8)]
