@@ -132,6 +132,7 @@ def test_staleness_bound_fences_turns_across_three_bumps(service):
     assert client.ack(job_ids)["unconsumed"] == 0
 
 
+@pytest.mark.slow  # 23 s: the default suite's time (README: -m slow)
 def test_admission_holds_while_the_trainer_runs_ahead_and_releases_when_it_catches_up(service):
     stack, client, url, bid = service
     bounded = {**TOKEN_MODE, "max_staleness": 1}

@@ -5,6 +5,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
 from tests.conftest import wait_until
@@ -88,6 +89,7 @@ def test_stop_cancels_in_flight_process_calls(api, redis_client):
     assert box["resp"].json()["status"] == "cancelled"
 
 
+@pytest.mark.slow  # 12 s: the default suite's time (README: -m slow)
 def test_process_times_out_with_504_and_cancels(api):
     requests.post(f"{api}/start", timeout=10)
     try:
