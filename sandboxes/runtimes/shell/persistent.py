@@ -131,7 +131,7 @@ class PersistentShell(ShellChannel):
         line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && exec {self._setup_fd}<&-",
                             *self._start_commands(), 'builtin eval "$__prorl_I"'])
         out, state = self._roundtrip(line, time.monotonic() + START_TIMEOUT_S, phase="start",
-                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase=False)
+                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase="")
         if state == "marker" and out.status != 0:
             state = f"setup failed (status {out.status})"
         if state == "marker":
@@ -225,12 +225,14 @@ class PersistentShell(ShellChannel):
         self._start(self.initial_cwd)
         if last != self.cwd:
             self._roundtrip(f"cd -- {shell_quote(last)}", time.monotonic() + START_TIMEOUT_S,
-                            phase="start", raw=True)
+                            phase="start", raw=True, rebase="cwd")
         return self.cwd
 
     def adopt(self, env: Mapping[str, str], limits: Limits | None, cwd: str | None) -> None:
         """Make a shell started ahead of demand look as if it had been started with these:
-        variables exported (and kept for restarts), limits set, current directory changed."""
+        variables exported (and kept for restarts), limits set, current directory changed. One
+        round trip; without variables the baseline's exports stand and only its directory is
+        taken again (no dump subshell)."""
         names = [name for name in env if not VALID_NAME.match(name)]
         if names:
             raise SandboxError(f"cannot export variables named {names!r}")
@@ -242,7 +244,7 @@ class PersistentShell(ShellChannel):
         if parts:
             with self._lock:
                 out, state = self._roundtrip(" && ".join(parts), time.monotonic() + START_TIMEOUT_S,
-                                             phase="start", raw=True)
+                                             phase="start", raw=True, rebase="full" if env else "cwd")
             if state != "marker" or out.status != 0:
                 raise SandboxError(f"could not prepare the shell ({state}): {out.text()[-500:]!r}")
 
