@@ -174,6 +174,7 @@ def test_a_task_sending_its_answer_does_not_spin_the_loop(monkeypatch):
             assert _get(conn, f"/slow-send/{k}") == f"/slow-send/{k}".encode()
         assert len(turns) <= 6, f"{len(turns)} POLLOUT turns for 3 answers"
         assert _get(conn, "/big") == b"x" * BIG  # a socket that fills: the loop still sends for it
+        conn.close()
     finally:
         server.close()
         thread.join(timeout=5)
