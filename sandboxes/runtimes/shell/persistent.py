@@ -84,6 +84,7 @@ class PersistentShell(ShellChannel):
         self._closed = False
         self._reaped = False
         self._killed: list[int] = []
+        self._killed_all = False  # kill() ran: close() kills once more under the lock only
         self._close_lock = threading.Lock()
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
@@ -253,6 +254,7 @@ class PersistentShell(ShellChannel):
         self._closed = True
         self._killed += self._kill_all()  # no wake: each thread's end of file comes soon enough,
         # and a thousand woken at once would take the GIL from the rest of a bulk kill
+        self._killed_all = True
 
     def close(self) -> None:
         """Kill the shell's whole process group and reap it. Idempotent, safe from any thread."""
@@ -260,7 +262,8 @@ class PersistentShell(ShellChannel):
             if self._reaped:
                 return
             self._closed = True
-            killed = self._killed + self._kill_all()
+            # a kill() before has killed the running command already (its thread lets the lock go)
+            killed = self._killed if self._killed_all else self._killed + self._kill_all()
             self._wake()
             # A running command notices _closed at the wake and releases the lock; the fds are
             # closed only under the lock so that no reader ever polls a recycled fd.
