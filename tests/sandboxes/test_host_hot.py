@@ -2,7 +2,6 @@
 routes do, byte for byte, without entering Flask; every other request still goes to Flask."""
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
