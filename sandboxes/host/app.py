@@ -174,6 +174,9 @@ def create_app(pool: SandboxPool, token: str, runtimes: list[str] | None = None)
 
         return ok(RemoveLayersResponse(removed=node_layers.remove(parse(RemoveLayersRequest).layers)))
 
+    from sandboxes.host.hot import hot_routes  # create, exec, close: the same answers, without Flask
+
+    app.wsgi_app = hot_routes(app, pool, expected)  # type: ignore[method-assign]
     return app
 
 

@@ -7,6 +7,10 @@ request is refused (no or a wrong token: :func:`sandboxes.host.app.head_check`);
 is answered from its head and the connection closed, its body never read. A body past the host's
 cap (``sandbox_write_max_mb``) is refused the same way (413, from the Content-Length, or once a
 chunked body's running total passes it), in the service's JSON error shape.
+
+The same channel answers with :class:`OneSendTask`: waitress sends a response's head and its body
+in two sends (each write goes out at once), two segments that wake the caller twice; here a head
+and the body that fits its Content-Length leave in one.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from collections.abc import Callable
 
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
+from waitress.task import WSGITask
 from waitress.utilities import Error, RequestEntityTooLarge
 
 # (method, path, headers as waitress keeps them: upper case, "_" for "-") -> None, or the
@@ -60,5 +65,24 @@ def gated_channel(check: HeadCheck) -> type[HTTPChannel]:
 
     class GatedChannel(HTTPChannel):
         parser_class = GatedParser
+        task_class = OneSendTask
 
     return GatedChannel
+
+
+class OneSendTask(WSGITask):
+    """waitress's WSGI task, whose first write sends the response's head and the body together
+    when the body fits the Content-Length (anything else: waitress's own writes, unchanged)."""
+
+    def write(self, data: bytes) -> None:
+        if self.wrote_header or not data or not self.complete:
+            return super().write(data)  # (not complete: waitress raises)
+        head = self.build_response_header()  # decides chunking and the close, as in waitress
+        self.wrote_header = True
+        room = None if self.content_length is None else self.content_length - self.content_bytes_written
+        if self.has_body and not self.chunked_response and room is not None and len(data) <= room:
+            self.content_bytes_written += len(data)
+            self.channel.write_soon(head + data)
+            return None
+        self.channel.write_soon(head)
+        return super().write(data)

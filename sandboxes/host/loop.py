@@ -21,6 +21,16 @@ A connection is unregistered when it leaves the map, before its socket is closed
 number reused by the next connection never inherits its events); one that stopped being readable
 since it was asked (the maintenance marked it to close) is not read on its event, as waitress's
 loop would not have read it.
+
+While a request is served, its task thread writes the answer and sends it itself (waitress's
+``send_bytes`` is 1): between the append to the output buffer and the send's end (a system call,
+the GIL let go) the connection looks writable, and waitress's loop, woken by every ready
+``POLLOUT``, found nothing it could send (the task holds the buffer's lock) and woke again, turn
+after turn, taking the GIL from the very thread it waited for: ~12 to 34 idle turns per request
+(bench/RESULTS.md, "The sandbox's cycle"). Here a connection with a request in flight whose
+``POLLOUT`` turn sent nothing is *muted*: asked without ``POLLOUT`` until the trigger is pulled,
+which waitress does whenever a task needs the loop to send (its own send left data, it waits
+below the high watermark, its request ended), or until the next full scan.
 """
 from __future__ import annotations
 
@@ -42,6 +52,7 @@ class EpollMap(dict):
         self.epoll = select.epoll()
         self.registered: dict[int, tuple[Any, int]] = {}  # fd -> (dispatcher, mask in the epoll set)
         self.touched: set[int] = set()
+        self.muted: set[int] = set()  # connections whose task sends for them: no POLLOUT until the trigger
 
     def __setitem__(self, fd: int, obj: Any) -> None:
         super().__setitem__(fd, obj)
@@ -50,6 +61,7 @@ class EpollMap(dict):
     def __delitem__(self, fd: int) -> None:
         super().__delitem__(fd)
         self.forget(fd)  # the socket is still open here: its own registration goes
+        self.muted.discard(fd)
 
     def forget(self, fd: int) -> None:
         if self.registered.pop(fd, None) is not None:
@@ -67,7 +79,9 @@ class EpollMap(dict):
             return False
         mask = READ if obj.readable() else 0
         if obj.writable() and not obj.accepting:
-            mask |= select.POLLOUT
+            if fd not in self.muted or not getattr(obj, "requests", None):
+                self.muted.discard(fd)
+                mask |= select.POLLOUT
         held = self.registered.get(fd)
         if held is not None and held[0] is not obj:  # another dispatcher on a reused descriptor
             self.forget(fd)
@@ -105,6 +119,7 @@ def loop(socket_map: EpollMap, timeout: float = 1.0) -> None:
             if now >= next_scan:
                 next_scan = now + FULL_SCAN_S
                 candidates = set(socket_map)
+                socket_map.muted.clear()
             else:
                 candidates = busy | set(evented)
             touched, socket_map.touched = socket_map.touched, set()
@@ -120,10 +135,16 @@ def loop(socket_map: EpollMap, timeout: float = 1.0) -> None:
                 if held is None or socket_map.get(fd) is not held[0]:
                     continue
                 evented.append(fd)
-                if flags & READ and not held[0].readable():  # e.g. marked to close since it was asked
+                obj = held[0]
+                if flags & READ and not obj.readable():  # e.g. marked to close since it was asked
                     flags &= ~READ  # (the idle maintenance runs in the listener's readable())
+                if getattr(obj, "requests", None) is None:  # the trigger (or the listener): a task
+                    socket_map.muted.clear()  # may need the loop to send for it
+                pending = getattr(obj, "total_outbufs_len", 0) if flags & select.POLLOUT else 0
                 if flags:
-                    wasyncore.readwrite(held[0], flags)
+                    wasyncore.readwrite(obj, flags)
+                if pending and obj.requests and obj.total_outbufs_len >= pending:  # sent nothing
+                    socket_map.muted.add(fd)
     finally:
         socket_map.close()
 

@@ -14,6 +14,11 @@ from sandboxes.host.pool import SandboxPool
 from sandboxes.protocol import HostRecord
 
 log = logging.getLogger(__name__)
+# How long the live count's publisher gathers changes before it writes: a create and the close
+# that follows it within this window cost no write at all, and a host writes the count at most
+# 1 / PUBLISH_SETTLE_S times a second however fast its sandboxes come and go. Placement sees a
+# change this much later, far within the heartbeat's period; a host it finds full says so.
+PUBLISH_SETTLE_S = 0.05
 
 
 class Registration:
@@ -27,6 +32,7 @@ class Registration:
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._publisher: threading.Thread | None = None
+        self._published: int | None = None  # the live count last written (None: not known)
 
     def beat(self) -> None:
         now = time.time()
@@ -37,22 +43,28 @@ class Registration:
         pipe.expire(key, int(max(60, 10 * self.interval_s)))
         pipe.zadd(keys.hosts(), {self.record.host_id: now})
         pipe.execute()
+        self._published = self.record.live
 
     def update_live(self) -> None:
-        """Placement reads ``live``: publish it after every change, not only every heartbeat;
-        by a thread of its own, so creates and closes do not wait for Redis, and a burst of
-        changes becomes one write."""
+        """Placement reads ``live``: publish it after a change, not only every heartbeat; by a
+        thread of its own, so creates and closes do not wait for Redis. The changes of
+        ``PUBLISH_SETTLE_S`` become one write, and none when the count is the one last written."""
         self._changed.set()
 
     def _publish_live(self) -> None:
         while True:
             self._changed.wait()
-            self._changed.clear()
-            if self._stop.is_set():
+            if self._stop.wait(PUBLISH_SETTLE_S):
                 return
+            self._changed.clear()  # before the count is read: a later change comes round again
+            live = self.pool.live
+            if live == self._published:
+                continue
             try:
-                self.client.hset(keys.host(self.record.host_id), "live", self.pool.live)
+                self.client.hset(keys.host(self.record.host_id), "live", live)
+                self._published = live
             except redis.RedisError as exc:
+                self._published = None
                 log.warning("could not publish live count: %s", exc)
 
     def _beat_logged(self) -> None:

@@ -201,6 +201,51 @@ def test_registration_and_heartbeat_in_redis(start_host, redis_client):
     assert wait_until(lambda: redis_client.zscore(keys.hosts(), host.host_id) > first, timeout=3)
 
 
+def test_the_live_count_is_written_once_per_burst_and_not_when_unchanged(sandbox_redis):
+    """Creates and closes in quick succession cost the host's Redis one write per settle window,
+    none when the count is back where it was; a change still shows within the window."""
+    import redis
+
+    from sandboxes.host.registration import PUBLISH_SETTLE_S, Registration
+    from sandboxes.protocol import HostRecord
+
+    writes: list[int] = []
+
+    class Counted(redis.Redis):
+        def hset(self, name, key=None, value=None, mapping=None, items=None):
+            writes.append(value)
+            return super().hset(name, key, value, mapping, items)
+
+    class Pool:
+        live = 0
+
+    client, pool = Counted.from_url(sandbox_redis), Pool()
+    record = HostRecord(host_id=f"count-{os.getpid()}", address="http://127.0.0.1:1", token="t",
+                        runtimes=["local"], capacity=4, live=0)
+    registration = Registration(client, record, pool, interval_s=60)
+    registration.start()
+    try:
+        for _ in range(10):  # a create and its close, ten times, 4 ms apart
+            pool.live = 1
+            registration.update_live()
+            time.sleep(0.004)
+            pool.live = 0
+            registration.update_live()
+            time.sleep(0.004)
+        time.sleep(3 * PUBLISH_SETTLE_S)
+        assert len(writes) <= 3 and client.hget(keys.host(record.host_id), "live") == b"0"
+        pool.live = 2
+        registration.update_live()
+        assert wait_until(lambda: client.hget(keys.host(record.host_id), "live") == b"2",
+                          timeout=4 * PUBLISH_SETTLE_S)
+        writes.clear()
+        registration.update_live()  # nothing changed since
+        time.sleep(3 * PUBLISH_SETTLE_S)
+        assert writes == []
+    finally:
+        registration.remove()
+
+
 def test_open_sandbox_places_by_free_capacity(start_host, redis_client):
     small, big = start_host(capacity=2), start_host(capacity=3)
     first = open_sandbox(redis_client, SandboxSpec(), "job-0")

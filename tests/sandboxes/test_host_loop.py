@@ -136,3 +136,45 @@ def test_a_turn_asks_only_the_connections_that_moved(monkeypatch):
         assert _Counted.asked == 0, f"idle connections asked {_Counted.asked} times during 50 requests"
     finally:
         host.shutdown()
+
+
+def test_a_task_sending_its_answer_does_not_spin_the_loop(monkeypatch):
+    """While a task thread sends its answer (its send slowed here to 0.2 s: bytes pending, the
+    buffer's lock held) the connection looks writable: waitress's loop, and this one before,
+    woke on every ready POLLOUT and found nothing it could send, hundreds of turns; now the
+    connection is muted after one such turn, and the answer still arrives whole."""
+    import select
+
+    from waitress import wasyncore
+
+    socket_map = EpollMap()
+    server = waitress.create_server(_app, map=socket_map, host="127.0.0.1", port=0, threads=4)
+
+    class SlowSend(server.channel_class):
+        def _flush_some(self, do_close=True):
+            if self.requests and self.requests[0].path.startswith("/slow-send"):  # the task's own send
+                time.sleep(0.2)
+            return super()._flush_some(do_close)
+
+    server.channel_class = SlowSend
+    turns: list[int] = []
+    readwrite = wasyncore.readwrite
+
+    def counted(obj, flags):
+        if flags & select.POLLOUT:
+            turns.append(flags)
+        return readwrite(obj, flags)
+
+    monkeypatch.setattr(host_loop.wasyncore, "readwrite", counted)
+    thread = threading.Thread(target=host_loop.loop, args=(socket_map, 0.2), daemon=True)
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=10)
+        for k in range(3):
+            assert _get(conn, f"/slow-send/{k}") == f"/slow-send/{k}".encode()
+        assert len(turns) <= 6, f"{len(turns)} POLLOUT turns for 3 answers"
+        assert _get(conn, "/big") == b"x" * BIG  # a socket that fills: the loop still sends for it
+        conn.close()
+    finally:
+        server.close()
+        thread.join(timeout=5)

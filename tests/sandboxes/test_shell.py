@@ -258,3 +258,37 @@ def test_a_shell_that_does_not_start_leaves_no_descriptor(tmp_path):
     for _ in range(5):
         fail_to_start()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _baseline_written_ns(shell: PersistentShell) -> int:
+    import os
+
+    return os.stat(shell._state_base + ".e").st_mtime_ns
+
+
+def test_a_claim_without_variables_takes_its_directory_without_a_dump(shell, tmp_path):
+    """A claim's ulimit and cd export nothing: the baseline's exports stand (its file is not
+    written again: no dump subshell was forked), and the directory is the one commands start
+    in, also after a command killed before its state was dumped."""
+    from sandboxes.base import Limits
+
+    (tmp_path / "repo").mkdir()
+    written = _baseline_written_ns(shell)
+    time.sleep(0.05)  # past the coarse clock of the file's timestamp
+    shell.adopt({}, Limits(nofile=300), str(tmp_path / "repo"))
+    assert _baseline_written_ns(shell) == written
+    assert shell.run("pwd; ulimit -n").output == f"{tmp_path / 'repo'}\n300\n"
+    assert shell.run("kill -9 $BASHPID").exit_code == 137  # its subshell, before its dump
+    assert shell.run("pwd; echo ${OLDPWD-unset}").output == f"{tmp_path / 'repo'}\n{tmp_path}\n"
+    assert shell.run("export FOO=1; cd ..").exit_code == 0
+    assert shell.run('pwd; echo "$FOO"').output == f"{tmp_path}\n1\n"
+
+
+def test_a_claim_with_variables_dumps_the_baseline_again(shell, tmp_path):
+    written = _baseline_written_ns(shell)
+    time.sleep(0.05)
+    shell.adopt({"TASK": "a b"}, None, None)
+    assert _baseline_written_ns(shell) != written
+    assert shell.run('echo "$TASK"').output == "a b\n"
+    assert shell.run("unset TASK").exit_code == 0
+    assert shell.run('echo "${TASK-gone}"').output == "gone\n"

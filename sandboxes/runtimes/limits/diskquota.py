@@ -17,6 +17,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -183,9 +184,8 @@ def device_of(directory: Path) -> str | None:
 def is_mountpoint(path: Path) -> bool:
     """Without following a symlink at ``path``."""
     try:
-        st = os.lstat(path)
-        return os.path.isdir(path) and not os.path.islink(path) and \
-            st.st_dev != os.lstat(path.parent).st_dev
+        st = os.lstat(path)  # a link is not a directory here: never followed
+        return stat.S_ISDIR(st.st_mode) and st.st_dev != os.lstat(path.parent).st_dev
     except OSError:
         return False
 

@@ -11,7 +11,7 @@ import time
 
 from sandboxes.runtimes.shell.output import Output
 from sandboxes.runtimes.procs import readable
-from sandboxes.runtimes.shell.script import shell_quote
+from sandboxes.runtimes.shell.script import REBASES, shell_quote
 
 _READ_CHUNK = 1 << 16
 
@@ -45,15 +45,18 @@ class ShellChannel:
         raise NotImplementedError
 
     def _roundtrip(self, command: str, deadline: float, phase: str = "command", raw: bool = False,
-                   info: str = '"$PWD"', rebase: bool = True) -> tuple[Output, str]:
+                   info: str = '"$PWD"', rebase: str = "full") -> tuple[Output, str]:
         """Send ``command`` and read until its status arrives. ``raw``: the parent itself runs it
-        (the host's own setup commands only), then rebases unless ``rebase`` is False (the start,
-        whose init does it); otherwise a subshell runs it, as described above."""
+        (the host's own setup commands only), then rebases: ``"full"`` (a subshell dumps the
+        baseline anew: the command may have exported), ``"cwd"`` (only the directory is taken,
+        no fork: a command that exports nothing and sets no option, such as ``cd`` or ``ulimit``)
+        or ``""`` (none: the start, whose init does it); otherwise a subshell runs it, as
+        described above."""
         out = Output(self.output_limit)
         fd, token = self._status_w, secrets.token_hex(6)
         self._token = token.encode()  # a line with another token is stale or injected: ignored
         if raw:
-            then = 'builtin eval "$__prorl_Z"; ' if rebase else ""
+            then = f'builtin eval "${REBASES[rebase]}"; ' if rebase else ""
             line = (f"{command}\n__prorl_s=$?; {then}"
                     f"builtin printf '{token} %d %s\\n' \"$__prorl_s\" {info} >&{fd}\n")
         else:

@@ -84,6 +84,7 @@ class PersistentShell(ShellChannel):
         self._closed = False
         self._reaped = False
         self._killed: list[int] = []
+        self._killed_all = False  # kill() ran: close() kills once more under the lock only
         self._close_lock = threading.Lock()
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
@@ -131,7 +132,7 @@ class PersistentShell(ShellChannel):
         line = " && ".join([f"builtin . /dev/fd/{self._setup_fd} && exec {self._setup_fd}<&-",
                             *self._start_commands(), 'builtin eval "$__prorl_I"'])
         out, state = self._roundtrip(line, time.monotonic() + START_TIMEOUT_S, phase="start",
-                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase=False)
+                                     raw=True, info='"$__prorl_D $__prorl_B $PWD"', rebase="")
         if state == "marker" and out.status != 0:
             state = f"setup failed (status {out.status})"
         if state == "marker":
@@ -225,12 +226,14 @@ class PersistentShell(ShellChannel):
         self._start(self.initial_cwd)
         if last != self.cwd:
             self._roundtrip(f"cd -- {shell_quote(last)}", time.monotonic() + START_TIMEOUT_S,
-                            phase="start", raw=True)
+                            phase="start", raw=True, rebase="cwd")
         return self.cwd
 
     def adopt(self, env: Mapping[str, str], limits: Limits | None, cwd: str | None) -> None:
         """Make a shell started ahead of demand look as if it had been started with these:
-        variables exported (and kept for restarts), limits set, current directory changed."""
+        variables exported (and kept for restarts), limits set, current directory changed. One
+        round trip; without variables the baseline's exports stand and only its directory is
+        taken again (no dump subshell)."""
         names = [name for name in env if not VALID_NAME.match(name)]
         if names:
             raise SandboxError(f"cannot export variables named {names!r}")
@@ -242,7 +245,7 @@ class PersistentShell(ShellChannel):
         if parts:
             with self._lock:
                 out, state = self._roundtrip(" && ".join(parts), time.monotonic() + START_TIMEOUT_S,
-                                             phase="start", raw=True)
+                                             phase="start", raw=True, rebase="full" if env else "cwd")
             if state != "marker" or out.status != 0:
                 raise SandboxError(f"could not prepare the shell ({state}): {out.text()[-500:]!r}")
 
@@ -251,6 +254,7 @@ class PersistentShell(ShellChannel):
         self._closed = True
         self._killed += self._kill_all()  # no wake: each thread's end of file comes soon enough,
         # and a thousand woken at once would take the GIL from the rest of a bulk kill
+        self._killed_all = True
 
     def close(self) -> None:
         """Kill the shell's whole process group and reap it. Idempotent, safe from any thread."""
@@ -258,7 +262,8 @@ class PersistentShell(ShellChannel):
             if self._reaped:
                 return
             self._closed = True
-            killed = self._killed + self._kill_all()
+            # a kill() before has killed the running command already (its thread lets the lock go)
+            killed = self._killed if self._killed_all else self._killed + self._kill_all()
             self._wake()
             # A running command notices _closed at the wake and releases the lock; the fds are
             # closed only under the lock so that no reader ever polls a recycled fd.

@@ -56,16 +56,20 @@ def runner(status_fd: int) -> str:
 # the exported variables with PWD and OLDPWD unexported, which leaves the parent's untouched.
 _BASELINE_DUMP = ("builtin export -n PWD OLDPWD; builtin export -p >|\"$__prorl_B.e\"; "
                   "builtin compgen -e >|\"$__prorl_B.x\"")
-_BASELINE_TAKE = ("__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\"; "
+# The part of the take that follows the cwd alone: what a raw command that exports nothing and
+# sets no option (a cd, a ulimit) changes of the baseline, taken without forking a dump.
+_TAKE_CWD = "__prorl_c=$PWD; builtin printf '#%s %s\\n' " + PLACEHOLDER + " \"$PWD\" >|\"$__prorl_S\""
+_BASELINE_TAKE = (_TAKE_CWD + "; "
                   "IFS= builtin read -r -d '' __prorl_E <\"$__prorl_B.e\"; "
                   "builtin mapfile -t __prorl_a <\"$__prorl_B.x\"; __prorl_X=\"${__prorl_a[*]}\"; "
                   "__prorl_O=\"$SHELLOPTS $BASHOPTS\"")
 _REBASE = f"( {_BASELINE_DUMP} ) 2>/dev/null; {_BASELINE_TAKE}"
+REBASES = {"full": "__prorl_Z", "cwd": "__prorl_Y"}  # rebase kind -> the setup's variable holding it
 STATE_SUFFIXES = (".0", ".1", ".e", ".x")
 
 
 def setup_script(state_name: str, status_fd: int) -> str:
-    """What the parent sources first: the dump trap, the runner, the rebase and the init
+    """What the parent sources first: the dump trap, the runner, the two rebases and the init
     ($__prorl_I) as variables. The init runs last in the start's line, after the runtime's own
     commands: one subshell makes the state files, dumps the baseline and finds out whether
     another process of the sandbox's user can reach the parent's fds. Its status is nonzero if
@@ -81,5 +85,6 @@ __prorl_B="$__prorl_B/{state_name}"; __prorl_S="$__prorl_B.0" __prorl_N="$__pror
 __prorl_T={shell_quote(_DUMP_TRAP)}
 __prorl_R={shell_quote(runner(status_fd))}
 __prorl_Z={shell_quote(_REBASE)}
+__prorl_Y={shell_quote(_TAKE_CWD)}
 __prorl_I={shell_quote(init)}
 """
