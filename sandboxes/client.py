@@ -1,7 +1,6 @@
 """Drive a sandbox on any host by its handle, and place new sandboxes on the least-loaded host."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import time
@@ -19,6 +18,7 @@ from prorl_celery.errors import (ErrorBody, ErrorDetail, FileTooLarge, ImageErro
 from prorl_celery.http import Response, TransportError
 from prorl_celery.http import request as http_request
 from prorl_celery.plugins import is_dotted_path
+from prorl_celery.redisio import LuaScript
 from sandboxes.base import ExecResult, SandboxHandle, SandboxSpec
 from sandboxes.gateway_route import GatewayRoute, close_gateway_route, gateway_route
 from sandboxes.protocol import (METHODS, CloseManyRequest, CloseManyResponse, CreateRequest, Empty,
@@ -265,14 +265,13 @@ def _close_batch(call: tuple[tuple[str, str], list[str]]) -> list[str]:
 
 # KEYS[1]: the hosts' heartbeat set; ARGV[1]: the oldest heartbeat of a live host; ARGV[2]: the
 # prefix of a host's hash. Each live host's hash (HGETALL's flat list; empty if it expired).
-_LIVE_HOSTS = """
+_LIVE_HOSTS = LuaScript("""
 local out = {}
 for i, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
   out[i] = redis.call('HGETALL', ARGV[2] .. id)
 end
 return out
-"""
-_LIVE_HOSTS_SHA = hashlib.sha1(_LIVE_HOSTS.encode()).hexdigest()
+""")
 
 
 def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostRecord]:
@@ -281,11 +280,7 @@ def live_hosts(client: redis.Redis, runtime: str | None = None) -> list[HostReco
     from config.settings import get_settings
 
     cutoff = time.time() - 3 * get_settings().host_heartbeat_s
-    args = (1, keys.hosts(), cutoff, keys.host(""))
-    try:  # one round trip, by digest (a registered script on the client would cost one more)
-        found = client.evalsha(_LIVE_HOSTS_SHA, *args)
-    except redis.exceptions.NoScriptError:  # a Redis that never ran it (or restarted)
-        found = client.eval(_LIVE_HOSTS, *args)
+    found = _LIVE_HOSTS(client, [keys.hosts()], [cutoff, keys.host("")])  # one round trip, by digest
     records = []
     for flat in found:
         raw = dict(zip(flat[::2], flat[1::2]))
