@@ -12,7 +12,7 @@ affine map ``old -> a x old + b`` (and its value from the first sample, for a ba
 measured): the same figures, in the same order, as one write per sample gave.
 
 What that changes: the registry's counters and ``turn_s`` lag this process's calls by up to
-``FLUSH_S`` (a timer thread writes them; a failure at once, with its release); a process that
+``FLUSH_S`` (one thread per process writes them; a failure at once, with its release); a process that
 exits drops its last second of them, as a crash of the routing's Redis (``appendfsync everysec``)
 would. ``turn_s`` steers where new rollouts go, and one second of a 16 s turn's samples moves it
 by nothing a router could act on; the counters are metrics. A forked child starts with none.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 import redis
@@ -89,22 +90,34 @@ _COUNTS_SCRIPT = LuaScript(_COUNTS)
 
 
 class Counts:
-    """This process's tallies, per routing Redis (its address), written by a timer thread."""
+    """This process's tallies, per routing Redis (its address), written by one thread of its own
+    (started at the first tally): it waits for a tally, lets ``FLUSH_S`` of them gather, writes."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pending: dict[tuple, tuple[redis.Redis, dict[str, Tally]]] = {}
-        self.timer: threading.Timer | None = None
+        self.due = threading.Event()  # set while tallies wait
+        self.writer: threading.Thread | None = None
 
     def add(self, client: redis.Redis, where: tuple, backend_id: str, outcome: str, sample: float) -> None:
         """An outcome (ok with its seconds per turn per session, or failed), written within ``FLUSH_S``."""
         with self.lock:
             tally = self.pending.setdefault(where, (client, {}))[1].setdefault(backend_id, Tally())
             tally.ok(sample) if outcome == "ok" else tally.failed()
-            if self.timer is None:
-                self.timer = threading.Timer(FLUSH_S, self.flush)
-                self.timer.daemon = True
-                self.timer.start()
+            if self.writer is None:
+                self.writer = threading.Thread(target=self._write_on, name="llm-counts", daemon=True)
+                self.writer.start()
+        self.due.set()
+
+    def _write_on(self) -> None:
+        while True:
+            self.due.wait()
+            time.sleep(FLUSH_S)  # a second's tallies become one write
+            self.due.clear()  # before the take: a tally added after it sets it again
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the writer must outlive one bad write
+                log.exception("writing the LLM counters failed")
 
     def take(self, where: tuple | None = None) -> list[tuple[redis.Redis, dict[str, Tally]]]:
         with self.lock:
@@ -112,9 +125,6 @@ class Counts:
                 taken, self.pending = list(self.pending.values()), {}
             else:
                 taken = [self.pending.pop(where)] if where in self.pending else []
-            if not self.pending and self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
         return taken
 
     def flush(self, where: tuple | None = None) -> int:
@@ -136,7 +146,7 @@ COUNTS = Counts()
 
 
 def _forget() -> None:
-    """A forked child writes only its own calls (the parent's lock and timer are not its own)."""
+    """A forked child writes only its own calls (the parent's lock and writer thread are not its own)."""
     global COUNTS
     COUNTS = Counts()
 

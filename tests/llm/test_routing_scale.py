@@ -156,6 +156,24 @@ def test_the_counters_arrive_within_a_second_without_another_call(pool):
 
 
 @pytest.mark.unit
+def test_one_writer_thread_writes_every_second_of_tallies(pool):
+    """Tallies in two seconds apart are both written by the one thread the first started (a timer
+    thread per second of traffic was the way before)."""
+    bid = _register(pool, 1, capacity=4)[0]
+    client = pool.router.redis
+    tallies = counts.Counts()
+    for n in (1, 2):
+        tallies.add(client, ("here",), bid, "ok", 0.1)
+        deadline = time.monotonic() + counts.FLUSH_S + 3
+        while pool.registry.get(bid).served != n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.registry.get(bid).served == n
+        if n == 1:
+            writer = tallies.writer
+    assert tallies.writer is writer and writer.is_alive() and writer.daemon
+
+
+@pytest.mark.unit
 def test_a_full_pool_of_40_backends_is_shared_by_weight_from_a_sample(pool):
     """Above ``SCAN_ALL`` the candidates' capacity is estimated from the random ones read (here
     exact: alike backends): a project past its weight's share of a full pool waits ('share'),
