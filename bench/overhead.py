@@ -54,6 +54,7 @@ from prorl_celery.ops.launcher import Stack, StackOptions  # noqa: E402
 
 SHELL = {"data_source": "shell", "commands": ["true"], "sandbox": {"runtime": "local"}}
 NO_SANDBOX = {"data_source": "prorl_celery.fakes.noop:NoopHandler"}
+STAGE_QUEUES = ("init", "run", "eval")
 
 
 def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
@@ -66,19 +67,23 @@ def ours(api: str, n: int, instance: dict = SHELL) -> tuple[float, list[float]]:
     return n / elapsed, [v["timings"]["total"] * 1000 for v in views]
 
 
+def _chains(links: list[list], start: float) -> tuple[float, list[float]]:
+    """Send each job's links as a chain (``apply_async``) and poll the backend until every last
+    link is done; the rate since ``start`` and each chain's send-to-done milliseconds."""
+    sent = []
+    with app.producer_or_acquire() as producer:
+        for job_links in links:
+            sent.append((time.time(), chain(*job_links).apply_async(producer=producer)))
+    metas = dict(app.backend.get_many([result.id for _, result in sent], timeout=300, interval=0.01))
+    elapsed = time.perf_counter() - start
+    assert all(m["status"] == "SUCCESS" for m in metas.values()), [m for m in metas.values() if m["status"] != "SUCCESS"][:3]
+    return len(links) / elapsed, [(_utc(metas[result.id]["date_done"]) - t0) * 1000 for t0, result in sent]
+
+
 def bare(n: int) -> tuple[float, list[float]]:
     noop = app.signature("celery.accumulate", immutable=True)  # Celery's own trivial task: returns its args
     start = time.perf_counter()
-    sent = []
-    with app.producer_or_acquire() as producer:
-        for _ in range(n):
-            links = [noop.clone().set(queue=q, routing_key=q) for q in ("init", "run", "eval")]
-            sent.append((time.time(), chain(*links).apply_async(producer=producer)))
-    metas = dict(app.backend.get_many([result.id for _, result in sent], timeout=300, interval=0.01))
-    elapsed = time.perf_counter() - start
-    assert all(m["status"] == "SUCCESS" for m in metas.values()), [m["status"] for m in metas.values()][:3]
-    latencies = [(_utc(metas[result.id]["date_done"]) - t0) * 1000 for t0, result in sent]
-    return n / elapsed, latencies
+    return _chains([[noop.clone().set(queue=q, routing_key=q) for q in STAGE_QUEUES] for _ in range(n)], start)
 
 
 def floor(n: int, shell: bool = False) -> tuple[float, list[float]]:
@@ -93,17 +98,8 @@ def floor(n: int, shell: bool = False) -> tuple[float, list[float]]:
         pipe.hset(job_key(job_id), mapping={"status": "queued", "t_submit": time.time()})
         pipe.expire(job_key(job_id), 3600)
     pipe.execute()
-    sent = []
-    with app.producer_or_acquire() as producer:
-        for job_id in jobs:
-            links = [app.signature("bench.floor.stage", args=(job_id, q, shell), immutable=True).set(queue=q, routing_key=q)
-                     for q in ("init", "run", "eval")]
-            sent.append((time.time(), chain(*links).apply_async(producer=producer)))
-    metas = dict(app.backend.get_many([result.id for _, result in sent], timeout=300, interval=0.01))
-    elapsed = time.perf_counter() - start
-    assert all(m["status"] == "SUCCESS" for m in metas.values()), [m for m in metas.values() if m["status"] != "SUCCESS"][:3]
-    latencies = [(_utc(metas[result.id]["date_done"]) - t0) * 1000 for t0, result in sent]
-    return n / elapsed, latencies
+    return _chains([[app.signature("bench.floor.stage", args=(job_id, q, shell), immutable=True).set(queue=q, routing_key=q)
+                     for q in STAGE_QUEUES] for job_id in jobs], start)
 
 
 class _FloorStack(Stack):

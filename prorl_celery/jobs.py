@@ -210,7 +210,7 @@ class JobStore:
 
     def status(self, job_id: str) -> JobStatus | None:
         value = self.redis.hget(keys.job(job_id), "status")
-        return JobStatus(value.decode() if isinstance(value, bytes) else value) if value else None
+        return JobStatus(text(value)) if value else None
 
     def statuses(self, job_ids: list[str]) -> list[JobStatus | None]:
         """The status of each job (None: unknown), in one round trip."""

@@ -45,11 +45,13 @@ CALL_CHECK_S = 0.5  # how soon a withdrawn call lease is noticed
 CALL_SWEEP_S = 5.0  # how soon a lapsed one is (or any, on a Redis that lost its data)
 IDLE_S = 1.0        # the keeper's longest sleep with nothing due
 
-_RENEW = """
+# A key held by a token (KEYS[1], ARGV[1]): its expiry renewed (ARGV[2] ms), or the key deleted,
+# only while it still holds that token; 1 if it did. Also the Harbor fork lock's (tasks/harbor/fork.py).
+RENEW_HELD = LuaScript("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
-"""
-_RELEASE = LuaScript("""
+""")
+RELEASE_HELD = LuaScript("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """)  # sent by its digest: not the script each stage
@@ -84,7 +86,7 @@ class Lease:
         return True
 
     def renew(self) -> bool:
-        return bool(self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+        return bool(RENEW_HELD(self.redis, [self.key], [self.token, self.ttl_ms]))
 
     def taken_elsewhere(self) -> None:
         """The lease's key was set for this token by another script in Redis (the job store's
@@ -103,7 +105,7 @@ class Lease:
         self.released = True
         keeper().drop(self)
         try:
-            _RELEASE(self.redis, [self.key], [self.token])
+            RELEASE_HELD(self.redis, [self.key], [self.token])
         except redis.RedisError:
             log.warning("could not release lease %s; it will lapse", self.key)
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_celery.redisio import text
 from sandboxes.base import LAYER_NAME, ExecResult, SandboxSpec
 
 
@@ -360,8 +361,7 @@ class HostRecord(BaseModel):
 
     @classmethod
     def from_redis(cls, raw: dict[Any, Any]) -> HostRecord:
-        data = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                for k, v in raw.items()}
+        data = {text(k): text(v) for k, v in raw.items()}
         for name, empty in _JSON_FIELDS.items():
             data[name] = json.loads(data.get(name) or empty)
         return cls.model_validate(data)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.models import Timings
-from prorl_celery.redisio import LuaScript, missing
+from prorl_celery.redisio import LuaScript, missing, text
 from prorl_celery.shards import Shards
 
 _STAGES = ("queue", "init", "run", "eval", "total", "llm", "actions", "init_wait")
@@ -244,9 +244,9 @@ def queue_ended_totals(pipe: Any, job_id: str, token: str, project: str | None, 
 
 def totals(client: redis.Redis) -> dict[str, dict[str, float]]:
     """Project (``_operator`` for the operator's jobs) -> its running totals."""
-    names = sorted(m.decode() if isinstance(m, bytes) else m for m in client.smembers(keys.cost_projects()))
+    names = sorted(text(m) for m in client.smembers(keys.cost_projects()))
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(keys.cost_totals(name))
-    return {name: {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
+    return {name: {text(k): float(v) for k, v in raw.items()}
             for name, raw in zip(names, pipe.execute())}

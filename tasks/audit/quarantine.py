@@ -23,6 +23,7 @@ from typing import Any
 
 from prorl_celery import keys
 from prorl_celery.errors import TaskQuarantined
+from prorl_celery.redisio import text
 
 GRADERS = {"harbor": "tasks.harbor.verifier", "swebench": "tasks.swe.grader", "swe": "tasks.swe.grader",
            "lookup": "tasks.handlers.lookup"}
@@ -104,7 +105,7 @@ def lift(redis: Any, instance: dict[str, Any]) -> bool:
 
 def verdicts(redis: Any) -> list[dict[str, Any]]:
     """Every stored verdict, with ``current``: whether its grader version is today's."""
-    hashes = sorted(h.decode() if isinstance(h, bytes) else h for h in redis.smembers(keys.audit_verdicts()))
+    hashes = sorted(text(h) for h in redis.smembers(keys.audit_verdicts()))
     out = []
     for raw in redis.mget([keys.audit_verdict(h) for h in hashes]) if hashes else []:
         if raw:

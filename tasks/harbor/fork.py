@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from config.settings import get_settings
 from prorl_celery import keys
 from prorl_celery.errors import StageBudgetExceeded
+from prorl_celery.leases import RELEASE_HELD, RENEW_HELD
 from sandboxes.base import SandboxSpec
 from tasks.context import StageContext
 from tasks.harbor.task import HarborTask
@@ -94,8 +95,6 @@ class Gate(Protocol):
     def let_go(self) -> None: ...
 
 
-_RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 class RedisGate:
@@ -115,13 +114,13 @@ class RedisGate:
         return bool(self.redis.set(self.lock_key, self.token, nx=True, px=self.lock_ttl_ms))
 
     def keep(self) -> bool:
-        return bool(self.redis.eval(_RENEW, 1, self.lock_key, self.token, self.lock_ttl_ms))
+        return bool(RENEW_HELD(self.redis, [self.lock_key], [self.token, self.lock_ttl_ms]))
 
     def publish(self, record: dict[str, Any]) -> None:
         self.redis.set(self.record_key, json.dumps(record), ex=max(1, int(self.ttl_s)))
 
     def let_go(self) -> None:
-        self.redis.eval(_RELEASE, 1, self.lock_key, self.token)
+        RELEASE_HELD(self.redis, [self.lock_key], [self.token])
 
 
 class _Kept:

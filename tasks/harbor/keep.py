@@ -26,6 +26,7 @@ from typing import Any
 
 from config.settings import Settings, rescore_retention_s
 from prorl_celery import keys
+from prorl_celery.redisio import text
 
 CHUNK = 1 << 20
 
@@ -99,7 +100,7 @@ def load(redis: Any, job_id: str) -> dict[int, dict[str, Any]]:
     raw = redis.hgetall(keys.regrade_workspace(job_id))
     out: dict[int, dict[str, Any]] = {}
     for field, value in raw.items():
-        field = field.decode() if isinstance(field, bytes) else field
+        field = text(field)
         step, _, kind = field.partition(".")
         entry = out.setdefault(int(step), {})
         if kind == "tar.gz":
