@@ -18,6 +18,9 @@ from prorl_celery.errors import InvalidRequest
 
 bp = Blueprint("stream", __name__)
 KEEPALIVE_S = 15.0
+LINGER_MAX_S = 5.0
+# After the first completion, how much longer a long poll gathers more (within its wait).
+LINGER_SECONDS = {"type": "number", "minimum": 0, "maximum": LINGER_MAX_S}
 
 
 def _cursor(raw: str | None) -> str | None:
@@ -40,15 +43,17 @@ def _number(name: str, default: float, low: float, high: float) -> float:
        {200: s.CompletionsResponse, 400: s.ErrorBody},
        query={"cursor": {"type": "string"}, "wait": WAIT_SECONDS, "limit": {"type": "integer", "minimum": 1,
                                                                      "maximum": 5000},
-              "group_id": {"type": "string"}}, tag="stream")
+              "group_id": {"type": "string"}, "linger": LINGER_SECONDS}, tag="stream")
 def get_completions():
     cursor = _cursor(request.args.get("cursor"))
     wait = _number("wait", 0, 0, current_app.config["WAIT_MAX_S"])
     limit = int(_number("limit", 500, 1, 5000))
+    linger = _number("linger", 0, 0, LINGER_MAX_S)
     release = acquire_stream() if wait > 0 else (lambda: None)  # a long poll holds a thread
     try:
         items, next_cursor = completions.read(current_app.extensions["prorl_store"], cursor, wait,
-                                              request.args.get("group_id") or None, limit, project=caller())
+                                              request.args.get("group_id") or None, limit, project=caller(),
+                                              linger_s=linger)
     finally:
         release()
     return jsonify({"cursor": next_cursor, "completions": items})

@@ -29,6 +29,9 @@ from prorl_celery.status import TERMINAL
 _RETRY_STATUS = {502, 503, 504}
 _BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # before each retry of a call
 _TERMINAL = frozenset(status.value for status in TERMINAL)
+# as_completed's reads: after the first completion, gather others this long (one request per
+# linger instead of one per completion when rollouts end at hundreds a second)
+LINGER_S = 0.05
 
 
 class ProrlClientError(RuntimeError):
@@ -149,16 +152,22 @@ class ProrlClient:
                 raise TimeoutError(f"job {job_id} still {resp.json()['status']} after {timeout}s")
 
     def completions(self, cursor: str | None = None, wait: float = 0.0, group_id: str | None = None,
-                    limit: int = 500) -> dict[str, Any]:
+                    limit: int = 500, linger: float = 0.0) -> dict[str, Any]:
+        """``GET /completions``: up to ``limit`` after ``cursor``, waiting up to ``wait`` s for
+        the first and then ``linger`` s more for others."""
         params = {"cursor": cursor or "0-0", "wait": wait, "limit": limit}
         if group_id:
             params["group_id"] = group_id
+        if linger:
+            params["linger"] = linger
         return self._call("GET", "/completions", params=params, timeout=wait + 30).json()
 
     def as_completed(self, job_ids: Iterable[str] | None = None, group_id: str | None = None,
-                     timeout: float | None = None) -> Iterator[dict[str, Any]]:
+                     timeout: float | None = None, linger: float = LINGER_S) -> Iterator[dict[str, Any]]:
         """Yield each job's record as it finishes, in completion order, each exactly once:
-        the given ``job_ids``, or every job of ``group_id``."""
+        the given ``job_ids``, or every job of ``group_id``. ``linger``: how long each read
+        gathers more after its first (a read asks for no more than are still pending, so the
+        last ones are not held back)."""
         if job_ids is None:
             if not group_id:
                 raise ValueError("give job_ids, group_id, or both")
@@ -176,7 +185,7 @@ class ProrlClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             left = 10.0 if deadline is None else max(0.0, min(10.0, deadline - time.monotonic()))
-            batch = self.completions(cursor, left, group_id)
+            batch = self.completions(cursor, left, group_id, limit=min(500, len(pending)), linger=linger)
             cursor = batch["cursor"]
             for item in batch["completions"]:
                 if item["job_id"] in pending:

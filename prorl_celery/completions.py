@@ -26,12 +26,15 @@ LATEST = "latest"  # asks only for the cursor after everything finished so far
 
 
 def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str | None = None,
-         count: int = 500, project: str | None = None) -> tuple[list[dict[str, Any]], str]:
+         count: int = 500, project: str | None = None, linger_s: float = 0.0) -> tuple[list[dict[str, Any]], str]:
     """Up to ``count`` completions after ``cursor``, waiting up to ``wait_s`` for the first.
 
     Returns (completions, next cursor); each completion holds its own ``cursor`` and the job.
     The cursor ``latest`` returns no completions, only the cursor after the newest one.
-    ``project``: only its jobs' completions (the cursor still moves past the others')."""
+    ``project``: only its jobs' completions (the cursor still moves past the others').
+    ``linger_s``: once the first has come, wait that much longer (never past ``wait_s``) for
+    more before answering, unless ``count`` came already: a consumer following a steady stream
+    then makes one read per linger, not one per completion."""
     stream = keys.group_completions(group_id) if group_id else keys.completions()
     if cursor == LATEST:
         last = store.redis.xrevrange(stream, count=1)
@@ -52,6 +55,15 @@ def read(store: JobStore, cursor: str | None, wait_s: float = 0.0, group_id: str
             break
     if not entries:
         return [], cursor
+    pause = min(linger_s, deadline - time.monotonic())
+    if pause > 0 and len(entries) < count:
+        time.sleep(pause)
+        reply = store.redis.xread({stream: cursor}, count=count - len(entries))
+        more = reply[0][1] if reply else []
+        if more:
+            cursor = text(more[-1][0])
+        entries += [(i, fields) for i, fields in more
+                    if project is None or text(fields.get(b"project", b"")) == project]
     views = job_views(store.shards, store.get_many([text(fields[b"job_id"]) for _, fields in entries], view=True))
     out = []
     for (entry_id, fields), view in zip(entries, views):

@@ -203,3 +203,13 @@ def test_the_document_lists_every_route_of_the_app(app, client):
               for method in rule.methods - {"HEAD", "OPTIONS"}}
     assert routes and routes - documented == set()
     assert doc["components"]["schemas"]["ErrorBody"]
+
+
+@pytest.mark.parametrize("linger", ["-1", "abc", "60"])
+def test_a_completions_linger_out_of_range_is_refused_naming_it(client, linger):
+    error = refusal(client.get(f"/completions?cursor=0-0&linger={linger}", headers=TOKEN), 400)
+    assert error["field"] == "linger"
+
+
+def test_a_completions_linger_in_range_is_taken(client):
+    assert client.get("/completions?cursor=0-0&linger=0.01", headers=TOKEN).status_code == 200
