@@ -27,18 +27,18 @@ import json
 import logging
 import time
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import redis
 from pydantic import BaseModel, Field
 
 from prorl_celery import keys
-from prorl_celery.jobscripts import CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
+from prorl_celery.jobscripts import ADMIT, CREATE, SAVE, STATUSES, TRANSITION, WATCHED_STATUSES
 from prorl_celery.jobstate import INIT_WAIT_KEY
 from prorl_celery.models import JobRequest, JobResult, JobView, Timings
 from prorl_celery.redisio import text
 from prorl_celery.shards import Shards, Since
-from prorl_celery.status import STAGES, TERMINAL, JobStatus, StageState, sources_for
+from prorl_celery.status import PIPELINE, STAGES, TERMINAL, JobStatus, StageState, previous_stage, sources_for
 
 log = logging.getLogger(__name__)
 _JSON_FIELDS = ("instance", "sampling_params", "sandbox", "state", "result", "workers", "attempts",
@@ -129,6 +129,16 @@ class JobRecord(BaseModel):
                        attempts=self.attempts, result=JobResult.model_validate(result) if result else None)
 
 
+class Admission(NamedTuple):
+    """:meth:`JobStore.admit`'s answer: the record as it was, whether the stage began, and if not
+    why: ``done`` (a duplicate delivery), ``early`` (the previous stage still runs), ``leased``
+    (another delivery holds the stage), '' (ended, or the table refused the change)."""
+
+    record: JobRecord
+    admitted: bool
+    why: str
+
+
 class JobStore:
     def __init__(self, client: redis.Redis, job_ttl_s: int = 7 * 86400, shards: Shards | None = None):
         self.redis = client  # the head's: job records, statuses, counts, completions
@@ -137,6 +147,7 @@ class JobStore:
         self._create = client.register_script(CREATE % {"ttl": job_ttl_s})
         self._transition = client.register_script(TRANSITION % {"terminal": _TERMINAL_CSV,
                                                                 "watch_ttl": WATCH_TTL_S})
+        self._admit = client.register_script(ADMIT % {"terminal": _TERMINAL_CSV, "watch_ttl": WATCH_TTL_S})
         self._statuses = client.register_script(STATUSES)
         self._watched = client.register_script(WATCHED_STATUSES)
         self._save = client.register_script(SAVE)
@@ -305,6 +316,29 @@ class JobStore:
                     if isinstance(r, Exception):  # the change's outcome stands: what came behind is the caller's
                         log.warning("job %s: a command sent behind its change failed: %s", job_id, r)
         return _changed(reply)
+
+    def admit(self, job_id: str, stage: JobStatus, worker: str, lease_token: str, lease_ms: int,
+              now: float | None = None, **fields: Any) -> Admission | None:
+        """A delivery of ``stage`` admitted in one round trip: the job read whole and, unless
+        the delivery must not run, moved to the stage (``stage_state`` running, ``fields`` set)
+        with its stage lease taken for ``lease_token``, the stage's count in ``attempts`` grown,
+        ``worker`` written into ``workers`` and, unless the stage resumes, the wait since
+        ``t_enqueued`` added to ``queue_s``. None for an unknown job; else the record as it was
+        before, with its ``attempts`` and ``queue_s`` as the change wrote them when it happened."""
+        now = time.time() if now is None else now
+        later = ",".join(s.value for s in PIPELINE[PIPELINE.index(stage) + 1:-1])  # the terminal ones end it
+        before = previous_stage(stage)
+        args = [stage.value, later, before.value if before else "", worker, repr(now),
+                *self._transition_args(stage, None, None, {}, {"stage_state": StageState.RUNNING, **fields},
+                                       lease_token, lease_ms)]
+        reply = self._admit(keys=[keys.job(job_id), keys.job_watchers(job_id), keys.stage_lease(job_id)], args=args)
+        if reply[0] == -1:
+            return None
+        ok, why, raw = bool(reply[0]), text(reply[2]), reply[3]
+        record = self._fresh_states([_decode(dict(zip(raw[::2], raw[1::2])))])[0]
+        if ok:
+            record.attempts, record.queue_s = json.loads(reply[4]), float(reply[5])
+        return Admission(record, ok, why)
 
     def transition_many(self, changes: Iterable[tuple[str, JobStatus, dict[str, Any]]]
                         ) -> list[tuple[bool, JobStatus | None]]:

@@ -39,22 +39,21 @@ return 1
 # A job reaching a terminal status is appended to the completion streams in the same step. A
 # status change adds the job to the changed-set of every watch that reads it (prorl_celery/watch.py:
 # a reading returns only those); a terminal status is final, so its watchers are forgotten.
-TRANSITION = """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return {0, ''} end
+_CHANGE = """
 local function member(csv, v) return string.find(',' .. csv .. ',', ',' .. v .. ',', 1, true) end
+local function change(A, cur)
 if member('%(terminal)s', cur) then return {0, cur} end
-if ARGV[1] ~= '' and not member(ARGV[1], cur) then return {0, cur} end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= ARGV[3] then return {0, cur} end
-local first = 15 + 2 * tonumber(ARGV[9])
+if A[1] ~= '' and not member(A[1], cur) then return {0, cur} end
+if A[3] ~= '' and redis.call('HGET', KEYS[1], 'stage_state') ~= A[3] then return {0, cur} end
+local first = 15 + 2 * tonumber(A[9])
 for i = 15, first - 1, 2 do
-  if not member(ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i]) or '') then return {0, cur} end
+  if not member(A[i + 1], redis.call('HGET', KEYS[1], A[i]) or '') then return {0, cur} end
 end
-local lease_ms = tonumber(ARGV[14])
-if lease_ms > 0 and not redis.call('SET', KEYS[3], ARGV[13], 'NX', 'PX', lease_ms) then return {0, cur, 'leased'} end
-local target = ARGV[2]
+local lease_ms = tonumber(A[14])
+if lease_ms > 0 and not redis.call('SET', KEYS[3], A[13], 'NX', 'PX', lease_ms) then return {0, cur, 'leased'} end
+local target = A[2]
 if target == '' then target = cur end
-for i = first, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = first, #A, 2 do redis.call('HSET', KEYS[1], A[i], A[i + 1]) end
 if target ~= cur then
   local meta = redis.call('HMGET', KEYS[1], 'job_id', 'data_source', 'group_id', 'project')
   local id, ds, group, project = meta[1], meta[2], meta[3], meta[4] or ''
@@ -63,42 +62,81 @@ if target ~= cur then
     redis.call('SADD', w, id)
     redis.call('EXPIRE', w, %(watch_ttl)d)
   end
-  redis.call('SREM', ARGV[4] .. cur, id)
-  redis.call('HINCRBY', ARGV[5], cur .. '|' .. ds, -1)
-  redis.call('HINCRBY', ARGV[5], target .. '|' .. ds, 1)
+  redis.call('SREM', A[4] .. cur, id)
+  redis.call('HINCRBY', A[5], cur .. '|' .. ds, -1)
+  redis.call('HINCRBY', A[5], target .. '|' .. ds, 1)
   if project ~= '' then
-    redis.call('HINCRBY', ARGV[12] .. project, cur .. '|' .. ds, -1)
-    redis.call('HINCRBY', ARGV[12] .. project, target .. '|' .. ds, 1)
+    redis.call('HINCRBY', A[12] .. project, cur .. '|' .. ds, -1)
+    redis.call('HINCRBY', A[12] .. project, target .. '|' .. ds, 1)
     local function staged(s) return s == 'init' or s == 'run' or s == 'eval' end
     if staged(target) and not staged(cur) then
       local need = tonumber(redis.call('HGET', KEYS[1], 'sandboxes') or '') or 1
       redis.call('HSET', KEYS[1], 'sandboxes_held', need)
-      redis.call('INCRBY', ARGV[12] .. project .. ':sandboxes', need)
+      redis.call('INCRBY', A[12] .. project .. ':sandboxes', need)
     elseif staged(cur) and not staged(target) then
       local held = tonumber(redis.call('HGET', KEYS[1], 'sandboxes_held') or '')
       if held then
-        redis.call('DECRBY', ARGV[12] .. project .. ':sandboxes', held)
+        redis.call('DECRBY', A[12] .. project .. ':sandboxes', held)
         redis.call('HDEL', KEYS[1], 'sandboxes_held')
       end
     end
   end
   if member('%(terminal)s', target) then
     redis.call('DEL', KEYS[2])
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
-    redis.call('EXPIRE', ARGV[10] .. id, tonumber(ARGV[6]))
-    redis.call('EXPIRE', ARGV[11] .. id, tonumber(ARGV[6]))
+    redis.call('EXPIRE', KEYS[1], tonumber(A[6]))
+    redis.call('EXPIRE', A[10] .. id, tonumber(A[6]))
+    redis.call('EXPIRE', A[11] .. id, tonumber(A[6]))
     local entry = {'job_id', id, 'status', target, 'group_id', group, 'data_source', ds, 'project', project}
-    redis.call('XADD', ARGV[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
+    redis.call('XADD', A[7], 'MAXLEN', '~', 1000000, '*', unpack(entry))
     if group ~= '' then
-      redis.call('XADD', ARGV[8] .. group, '*', unpack(entry))
-      redis.call('EXPIRE', ARGV[8] .. group, tonumber(ARGV[6]))
+      redis.call('XADD', A[8] .. group, '*', unpack(entry))
+      redis.call('EXPIRE', A[8] .. group, tonumber(A[6]))
     end
   else
-    redis.call('SADD', ARGV[4] .. target, id)
+    redis.call('SADD', A[4] .. target, id)
   end
 end
-if lease_ms == 0 and ARGV[13] ~= '' and redis.call('GET', KEYS[3]) == ARGV[13] then redis.call('DEL', KEYS[3]) end
+if lease_ms == 0 and A[13] ~= '' and redis.call('GET', KEYS[3]) == A[13] then redis.call('DEL', KEYS[3]) end
 return {1, target}
+end
+"""
+TRANSITION = _CHANGE + """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {0, ''} end
+return change(ARGV, cur)
+"""
+
+# A stage's delivery admitted in one step (tasks/stages.py): the job read whole and, if the
+# delivery may run, its change to the stage made as TRANSITION makes it, with the lease taken.
+# KEYS: as TRANSITION's. ARGV: 1 the stage, 2 the statuses past it along the pipeline (csv: a
+# delivery that finds one is a duplicate), 3 the stage before it (one that still runs there is
+# early), 4 the worker's name, 5 now (seconds), then TRANSITION's ARGV (its target the stage,
+# its lease taken) without the fields this computes: the stage's count in ``attempts`` and the
+# worker in ``workers`` (JSON), and ``queue_s`` grown by the wait since ``t_enqueued`` unless
+# the stage resumes. Returns {-1} for an unknown job; else {changed, status, why, the hash as it
+# was before, attempts, queue_s}: why is TRANSITION's third element ('leased'), 'done' (a
+# duplicate) or 'early' (the previous stage still runs), '' otherwise.
+ADMIT = _CHANGE + """
+local h = redis.call('HGETALL', KEYS[1])
+if #h == 0 then return {-1} end
+local rec = {}
+for i = 1, #h, 2 do rec[h[i]] = h[i + 1] end
+local stage, cur = ARGV[1], rec['status']
+if member(ARGV[2], cur) or (cur == stage and rec['stage_state'] == 'done') then return {0, cur, 'done', h} end
+if cur == ARGV[3] and rec['stage_state'] == 'running' then return {0, cur, 'early', h} end
+local function json(s) if s == nil or s == '' then return {} end return cjson.decode(s) end
+local attempts, workers = json(rec['attempts']), json(rec['workers'])
+attempts[stage] = (tonumber(attempts[stage]) or 0) + 1
+workers[stage] = ARGV[4]
+local now, queue_s = tonumber(ARGV[5]), tonumber(rec['queue_s'] or '') or 0
+if cur ~= stage then queue_s = queue_s + math.max(0, now - (tonumber(rec['t_enqueued'] or '') or 0)) end
+local A = {unpack(ARGV, 6)}
+local n = #A
+A[n + 1], A[n + 2] = 'attempts', cjson.encode(attempts)
+A[n + 3], A[n + 4] = 'workers', cjson.encode(workers)
+A[n + 5], A[n + 6] = 'queue_s', string.format('%%.17g', queue_s)
+local r = change(A, cur)
+return {r[1], r[2], r[3] or '', h, A[n + 2], A[n + 6]}
 """
 
 # KEYS: job, its rollout's calls list, its messages list. ARGV: 1 the stage (the status it must

@@ -26,7 +26,7 @@ from prorl_celery.leases import Lease
 from prorl_celery.llm.pool import end_rollout, end_rollout_on
 from prorl_celery.metrics import queue_stage_observation
 from prorl_celery.models import ErrorInfo
-from prorl_celery.status import JobStatus, StageState, previous_stage, stage_index
+from prorl_celery.status import JobStatus, StageState
 from sandboxes.client import close_handle
 from tasks.chain import dispatch
 from tasks.context import StageContext
@@ -76,50 +76,44 @@ def _ended(task: Task, record: JobRecord, stage: JobStatus, why: str) -> dict[st
     return {"job_id": record.job_id, "stage": stage.value, "skipped": why}
 
 
-def _admit(store: JobStore, task: Task, record: JobRecord, stage: JobStatus) -> tuple[Lease, bool, float]:
-    """Take the stage's lease and mark it running; returns the lease, whether the stage resumes,
-    and when (monotonic) the change found the job in this stage's attempt. Raises Ignore for a
-    delivery that must not run."""
-    if stage_index(record.status) > stage_index(stage) or (record.status is stage
-                                                           and record.stage_state is StageState.DONE):
-        raise _skip(record, stage, "already done (a duplicate delivery)")
-    if record.status is previous_stage(stage) and record.stage_state is StageState.RUNNING:
-        raise _skip(record, stage, "the previous stage still runs")
+def _admit(store: JobStore, task: Task, job_id: str, stage: JobStatus
+           ) -> tuple[JobRecord, Lease, bool, float] | dict[str, Any] | None:
+    """Read the job, take the stage's lease and mark it running, in one step
+    (:meth:`JobStore.admit`); returns the record as it was, the lease, whether the stage
+    resumes, and when (monotonic) the change found the job in this stage's attempt. None for an
+    unknown job, :func:`_ended`'s note for an ended one; raises Ignore for a delivery that must
+    not run."""
     settings = get_settings()
-    lease = Lease(store.redis, keys.stage_lease(record.job_id), settings.stage_lease_s,
+    lease = Lease(store.redis, keys.stage_lease(job_id), settings.stage_lease_s,
                   owner=f"{stage.value}@{task.request.hostname}")
-    try:  # the lease taken by the change itself: one step, one round trip
-        resumed = record.status is stage
-        attempts = {**record.attempts, stage.value: record.attempts.get(stage.value, 0) + 1}
-        now = time.time()
-        wait = 0.0 if resumed else max(0.0, now - record.t_enqueued)
-        ok, _ = store.transition(record.job_id, stage, expect={"attempt": record.attempt},
-                                 lease_token=lease.token, take_lease_ms=lease.ttl_ms,
-                                 stage_state=StageState.RUNNING, attempts=attempts,
-                                 workers={**record.workers, stage.value: task.request.hostname or "?"},
-                                 queue_s=record.queue_s + wait, t_stage_start=now)
+    now = time.time()
+    try:  # the lease taken by the change itself
+        admission = store.admit(job_id, stage, task.request.hostname or "?", lease.token, lease.ttl_ms,
+                                now=now, t_stage_start=now)
     except BaseException:
         lease.release()  # e.g. Redis went away: if the change took the lease, it goes (or lapses)
         raise
-    if not ok:
-        holder = store.redis.get(lease.key)
-        raise _skip(record, stage, f"another delivery holds the lease ({holder!r})" if holder
-                    else "the job changed meanwhile")
+    if admission is None:
+        log.warning("%s: unknown job %s (expired?); nothing to do", stage, job_id)
+        return None
+    record = admission.record
+    if not admission.admitted:
+        if record.status.terminal:  # cancelled before this stage began: end the chain
+            return _ended(task, record, stage, "the job has ended")
+        why = {"done": "already done (a duplicate delivery)", "early": "the previous stage still runs",
+               "leased": f"another delivery holds the lease ({store.redis.get(lease.key)!r})"}
+        raise _skip(record, stage, why.get(admission.why, "the job changed meanwhile"))
     confirmed = time.monotonic()
     lease.taken_elsewhere()
-    record.attempts, record.queue_s = attempts, record.queue_s + wait
-    return lease, resumed, confirmed
+    return record, lease, record.status is stage, confirmed
 
 
 def run_stage(task: Task, stage: JobStatus, job_id: str) -> dict[str, Any] | None:
     store = get_store()
-    record = store.get(job_id)
-    if record is None:
-        log.warning("%s: unknown job %s (expired?); nothing to do", stage, job_id)
-        return None
-    if record.status.terminal:  # cancelled before this stage began: end the chain
-        return _ended(task, record, stage, "the job has ended")
-    lease, resumed, confirmed = _admit(store, task, record, stage)
+    admitted = _admit(store, task, job_id, stage)
+    if not isinstance(admitted, tuple):
+        return admitted
+    record, lease, resumed, confirmed = admitted
     if record.project:
         _fair_share(store, record.job_id, started=True)
     try:

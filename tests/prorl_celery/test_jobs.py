@@ -262,3 +262,64 @@ def test_a_change_that_takes_the_stage_lease_happens_only_with_it(store, redis_c
     assert store.transition(job_id, JobStatus.INIT, lease_token="mine", take_lease_ms=60000,
                             stage_state=StageState.RUNNING) == (True, JobStatus.INIT)
     assert redis_client.get(lease) == b"mine" and 0 < redis_client.pttl(lease) <= 60000
+
+
+def test_a_stage_is_admitted_in_one_step_with_its_counts_worker_and_wait(store):
+    """``admit``: the record as it was, and the change a stage delivery makes (running, the lease
+    taken, its count, its worker, the wait since it was enqueued) in one script."""
+    from prorl_celery import keys
+
+    assert store.admit("nope", JobStatus.INIT, "w", "t0", 5000) is None
+    job_id = _new(store)
+    store.redis.hset(keys.job(job_id), mapping={"t_enqueued": 100.0, "queue_s": 1.5})
+    first = store.admit(job_id, JobStatus.INIT, "init@a", "t1", 5000, now=102.0, t_stage_start=102.0)
+    assert first.admitted and first.why == ""
+    assert first.record.status is JobStatus.QUEUED  # as it was
+    assert first.record.attempts == {"init": 1} and first.record.queue_s == pytest.approx(3.5)
+    now = store.get(job_id)
+    assert (now.status, now.stage_state) == (JobStatus.INIT, StageState.RUNNING)
+    assert now.workers == {"init": "init@a"} and now.attempts == {"init": 1}
+    assert now.queue_s == pytest.approx(3.5) and now.t_stage_start == 102.0
+    assert store.redis.get(keys.stage_lease(job_id)) == b"t1"
+    assert store.counts()["init"] >= 1 and job_id in store.ids_in(JobStatus.INIT)
+    # a second delivery while the first holds the lease; the next stage's, early
+    held = store.admit(job_id, JobStatus.INIT, "init@b", "t2", 5000, now=103.0)
+    assert not held.admitted and held.why == "leased" and held.record.attempts == {"init": 1}
+    early = store.admit(job_id, JobStatus.RUN, "run@a", "t3", 5000)
+    assert not early.admitted and early.why == "early"
+    # the lease lapsed (its holder died): the stage resumes, counted again, no wait added
+    store.redis.delete(keys.stage_lease(job_id))
+    again = store.admit(job_id, JobStatus.INIT, "init@b", "t4", 5000, now=110.0)
+    assert again.admitted and again.record.status is JobStatus.INIT
+    assert again.record.attempts == {"init": 2} and again.record.queue_s == pytest.approx(3.5)
+    assert store.get(job_id).workers == {"init": "init@b"}
+    # done: a duplicate of it is refused, the next stage admitted with the first stage's counts kept
+    assert store.transition(job_id, None, sources=[JobStatus.INIT], stage_state=StageState.DONE,
+                            t_enqueued=120.0)[0]
+    store.redis.delete(keys.stage_lease(job_id))
+    duplicate = store.admit(job_id, JobStatus.INIT, "init@c", "t5", 5000)
+    assert not duplicate.admitted and duplicate.why == "done"
+    run = store.admit(job_id, JobStatus.RUN, "run@a", "t6", 5000, now=121.25)
+    assert run.admitted and run.record.attempts == {"init": 2, "run": 1}
+    assert run.record.queue_s == pytest.approx(4.75)
+    assert store.get(job_id).workers == {"init": "init@b", "run": "run@a"}
+    assert not store.admit(job_id, JobStatus.INIT, "init@d", "t7", 5000).admitted  # behind it: a duplicate
+    # ended: refused, and the record says so
+    store.redis.delete(keys.stage_lease(job_id))
+    assert store.transition(job_id, JobStatus.CANCELLED)[0]
+    ended = store.admit(job_id, JobStatus.EVAL, "eval@a", "t8", 5000)
+    assert not ended.admitted and ended.record.status is JobStatus.CANCELLED
+    assert store.redis.get(keys.stage_lease(job_id)) is None
+
+
+def test_admission_takes_a_projects_sandboxes_as_a_change_does(store):
+    job_id = uuid.uuid4().hex
+    project = f"p-{uuid.uuid4().hex[:6]}"
+    assert store.create_many([(job_id, JobRequest(instance={"data_source": "shell"}))], project=project,
+                             needs=[3]) == [True]
+    from prorl_celery import keys
+
+    assert store.admit(job_id, JobStatus.INIT, "w", "t", 5000).admitted
+    assert store.redis.get(keys.project_sandboxes(project)) == b"3"
+    assert store.redis.hget(keys.job(job_id), "sandboxes_held") == b"3"
+    assert store.counts(project)["init"] == 1 and store.counts(project)["queued"] == 0
