@@ -59,6 +59,12 @@ def _cmd_api(args: argparse.Namespace) -> int:
         print(f"refusing to serve: {exc}", file=sys.stderr)
         return 2
     _raise_open_files_limit()  # before the options: the connection limit fits what it allows
+    from celery._state import _set_task_join_will_block
+
+    # The API never waits on a task's result (it reads the job store), as a worker never does:
+    # so marked, a chain it sends subscribes to no result channel (Celery's send_task otherwise
+    # sends a SUBSCRIBE per job, and an UNSUBSCRIBE once its AsyncResult is dropped).
+    _set_task_join_will_block(True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = make_server(create_app(), host=args.host, port=args.port, reuse_port=args.reuse_port,
                          **_serve_options(args.threads))

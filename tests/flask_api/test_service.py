@@ -47,6 +47,25 @@ def test_batch_of_20_completes(api):
         assert timings["queue"] >= 0
 
 
+def test_the_api_subscribes_to_no_result_channel_for_the_chains_it_sends(api, redis_url):
+    """The API reads the job store, never a task's result: sending a chain costs no SUBSCRIBE
+    (and no later UNSUBSCRIBE) on the result backend, however many jobs a batch holds."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+
+    def subscribes() -> int:
+        return int(client.info("commandstats").get("cmdstat_subscribe", {}).get("calls", 0))
+
+    before = subscribes()
+    reply = requests.post(f"{api}/jobs", json={"jobs": [{"instance": shell("true")} for _ in range(20)]},
+                          timeout=30)
+    assert reply.status_code == 202, reply.text
+    for job_id in reply.json()["job_ids"]:
+        assert wait(api, job_id)["status"] == "completed"
+    assert subscribes() - before == 0
+
+
 def test_each_stage_runs_on_a_worker_of_its_queue(api, redis_url):
     job_id = submit(api, shell("echo hi"))
     view = wait(api, job_id)
