@@ -100,9 +100,11 @@ def _admit(store: JobStore, task: Task, job_id: str, stage: JobStatus
     if not admission.admitted:
         if record.status.terminal:  # cancelled before this stage began: end the chain
             return _ended(task, record, stage, "the job has ended")
-        why = {"done": "already done (a duplicate delivery)", "early": "the previous stage still runs",
-               "leased": f"another delivery holds the lease ({store.redis.get(lease.key)!r})"}
-        raise _skip(record, stage, why.get(admission.why, "the job changed meanwhile"))
+        why = {"done": "already done (a duplicate delivery)", "early": "the previous stage still runs"}.get(
+            admission.why, "the job changed meanwhile")
+        if admission.why == "leased":
+            why = f"another delivery holds the lease ({store.redis.get(lease.key)!r})"
+        raise _skip(record, stage, why)
     confirmed = time.monotonic()
     lease.taken_elsewhere()
     return record, lease, record.status is stage, confirmed
