@@ -216,10 +216,14 @@ def _call(pool: SandboxPool, sandbox_id: str, name: str, body: BaseModel) -> Bas
 
 
 def _exec(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> ExecResult:
-    # waitress tells (channel_request_lookahead > 0) when the caller hung up, e.g. its
-    # worker was killed: the command is interrupted and the sandbox's lease runs again.
-    gone = request.environ.get("waitress.client_disconnected")
-    return pool.exec(sandbox_id, args["command"], args["timeout"], gone)
+    return exec_from(pool, sandbox_id, args, request.environ)
+
+
+def exec_from(pool: SandboxPool, sandbox_id: str, args: dict[str, Any], environ: dict[str, Any]) -> ExecResult:
+    """An exec for the request whose WSGI ``environ`` this is (the app's route and the hot path's):
+    waitress tells (channel_request_lookahead > 0) when the caller hung up, e.g. its worker was
+    killed, and then the command is interrupted and the sandbox's lease runs again."""
+    return pool.exec(sandbox_id, args["command"], args["timeout"], environ.get("waitress.client_disconnected"))
 
 
 def _info(pool: SandboxPool, sandbox_id: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -43,9 +43,8 @@ def hot_routes(flask_app: Any, pool: Any, expected: bytes) -> WSGIApp:
     def call(environ: dict[str, Any], sandbox_id: str, name: str) -> tuple[BaseModel, int]:
         method = host_app.METHODS[name]
         args = dict(_parse(environ, method.request))
-        if name == "exec":  # as app._exec: the caller's hang-up interrupts the command
-            gone = environ.get("waitress.client_disconnected")
-            return method.respond(pool.exec(sandbox_id, args["command"], args["timeout"], gone)), 200
+        if name == "exec":  # from the environ, which the app's own route reads through Flask's request
+            return method.respond(host_app.exec_from(pool, sandbox_id, args, environ)), 200
         return method.respond(host_app._POOL_CALLS[name](pool, sandbox_id, args)), 200
 
     def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
