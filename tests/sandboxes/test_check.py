@@ -55,6 +55,7 @@ def test_check_finds_a_sandbox_that_forgets_its_cwd(sandbox_root, tmp_path):
         box.close()
 
 
+@pytest.mark.slow  # ~10 s: it waits out the check's command timeout
 def test_check_finds_a_timeout_that_leaves_processes(sandbox_root, tmp_path):
     box = LeavesZombieCommands(SandboxSpec(), "check-zombie", {"root": str(sandbox_root)})
     try:
