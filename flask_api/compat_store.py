@@ -60,5 +60,3 @@ class CompatState:
         pipe.delete(keys.compat_jobs(self.project))
         _, ids, _ = pipe.execute()
         return sorted(text(x) for x in ids)
-
-

@@ -227,4 +227,3 @@ class LLMPool:
             wait(WAIT_POLL_S * 5, stop, WAIT_POLL_S)
         if stop():
             raise LLMCallCancelled(f"LLM call of job {job_id} cancelled while waiting for a backend")
-

@@ -95,8 +95,6 @@ class Gate(Protocol):
     def let_go(self) -> None: ...
 
 
-
-
 class RedisGate:
     """:class:`Gate` in Redis: the record ``keys.fork_layer`` (kept ``harbor_fork_ttl_s``) and the
     lock ``keys.fork_lock`` (a token, set if absent, with a TTL its holder renews)."""

@@ -89,4 +89,3 @@ def test_what_the_linger_gathers_is_still_the_callers_own(store):
     late.join()
     assert [i["job_id"] for i in items] == ["mine-1", "mine-2"]
     assert cursor == items[-1]["cursor"]
-
